@@ -1,0 +1,40 @@
+// Command ipvs-proxy replaces kube-proxy: it programs the kernel's IPVS from
+// Kubernetes Services and EndpointSlices.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := &cobra.Command{
+		Use:           "ipvs-proxy",
+		Short:         "A kube-proxy replacement that programs IPVS over netlink",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newRunCommand(), newVersionCommand())
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "ipvs-proxy:", err)
+		os.Exit(1)
+	}
+}
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version) },
+	}
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// options are the settings of `ipvs-proxy run`. Flag names follow
+// kube-proxy's where they mean the same thing.
+type options struct {
+	Kubeconfig        string        `json:"kubeconfig"`
+	HostnameOverride  string        `json:"hostnameOverride"`
+	Interface         string        `json:"interface"`
+	Scheduler         string        `json:"scheduler"`
+	SchedulerFlags    string        `json:"schedulerFlags"`
+	NodePortAddresses []string      `json:"nodePortAddresses"`
+	NodePortRange     string        `json:"nodePortRange"`
+	ExcludeCIDRs      []string      `json:"excludeCIDRs"`
+	IPFamilies        []string      `json:"ipFamilies"`
+	MinSyncPeriod     time.Duration `json:"minSyncPeriod"`
+	SyncPeriod        time.Duration `json:"syncPeriod"`
+	TCPTimeout        time.Duration `json:"tcpTimeout"`
+	TCPFinTimeout     time.Duration `json:"tcpFinTimeout"`
+	UDPTimeout        time.Duration `json:"udpTimeout"`
+	LogLevel          string        `json:"logLevel"`
+	LogFormat         string        `json:"logFormat"`
+}
+
+func defaultOptions() options {
+	return options{
+		Interface:     "ipvs-proxy0",
+		Scheduler:     scheduler.Default,
+		NodePortRange: "30000-32767",
+		IPFamilies:    []string{"IPv4", "IPv6"},
+		MinSyncPeriod: time.Second,
+		SyncPeriod:    30 * time.Second,
+		LogLevel:      "info",
+		LogFormat:     "json",
+	}
+}
+
+func (o *options) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig; empty means in-cluster configuration.")
+	fs.StringVar(&o.HostnameOverride, "hostname-override", o.HostnameOverride, "The name of this node (default: the host name).")
+	fs.StringVar(&o.Interface, "interface", o.Interface, "Dummy interface that holds the virtual IPs (created if missing).")
+	fs.StringVar(&o.Scheduler, "scheduler", o.Scheduler, "Default IPVS scheduler: "+strings.Join(scheduler.Names(), ", ")+".")
+	fs.StringVar(&o.SchedulerFlags, "scheduler-flags", o.SchedulerFlags, "Flags of the default scheduler (sh-fallback, sh-port, mh-fallback, mh-port).")
+	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs of the node addresses that serve node ports (default: all but loopback and the proxy's interface).")
+	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The apiserver's node-port range; node-port virtual servers in it are owned by ipvs-proxy.")
+	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers ipvs-proxy never touches.")
+	fs.StringSliceVar(&o.IPFamilies, "ip-families", o.IPFamilies, "IP families to program: IPv4, IPv6 or both.")
+	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", o.MinSyncPeriod, "Minimum time between syncs; bursts of changes are coalesced.")
+	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Period of the full resync that reads the kernel and repairs drift.")
+	fs.DurationVar(&o.TCPTimeout, "ipvs-tcp-timeout", o.TCPTimeout, "IPVS timeout of idle TCP connections (0: leave as is).")
+	fs.DurationVar(&o.TCPFinTimeout, "ipvs-tcpfin-timeout", o.TCPFinTimeout, "IPVS timeout of TCP connections after FIN (0: leave as is).")
+	fs.DurationVar(&o.UDPTimeout, "ipvs-udp-timeout", o.UDPTimeout, "IPVS timeout of UDP flows (0: leave as is).")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn, error.")
+	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "Log format: json or console.")
+}
+
+func parsePrefixes(what string, in []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range in {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--%s: %q is not a CIDR: %w", what, s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func parsePortRange(s string) (proxier.PortRange, error) {
+	lo, hi, ok := strings.Cut(s, "-")
+	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if !ok || err1 != nil || err2 != nil || a > b || a == 0 {
+		return proxier.PortRange{}, fmt.Errorf("--service-node-port-range: %q is not a port range like 30000-32767", s)
+	}
+	return proxier.PortRange{Min: uint16(a), Max: uint16(b)}, nil
+}
+
+// proxierConfig validates the options and turns them into the proxier's
+// configuration.
+func (o *options) proxierConfig() (proxier.Config, netlinkutil.Timeouts, error) {
+	var cfg proxier.Config
+	var err error
+	cfg.NodeName = o.HostnameOverride
+	if cfg.NodeName == "" {
+		if cfg.NodeName, err = os.Hostname(); err != nil {
+			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("read host name: %w", err)
+		}
+	}
+	cfg.NodeName = strings.ToLower(strings.TrimSpace(cfg.NodeName))
+	if o.Interface == "" || len(o.Interface) > 15 {
+		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--interface: %q is not a valid interface name", o.Interface)
+	}
+	cfg.Interface = o.Interface
+	if err := scheduler.Validate(o.Scheduler); err != nil {
+		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--scheduler: %w", err)
+	}
+	flags, err := scheduler.ParseFlags(o.Scheduler, o.SchedulerFlags)
+	if err != nil {
+		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--scheduler-flags: %w", err)
+	}
+	cfg.Scheduler = scheduler.Spec{Name: o.Scheduler, Flags: flags}
+	if cfg.NodePortAddresses, err = parsePrefixes("nodeport-addresses", o.NodePortAddresses); err != nil {
+		return cfg, netlinkutil.Timeouts{}, err
+	}
+	if cfg.ExcludeCIDRs, err = parsePrefixes("exclude-cidrs", o.ExcludeCIDRs); err != nil {
+		return cfg, netlinkutil.Timeouts{}, err
+	}
+	if cfg.NodePortRange, err = parsePortRange(o.NodePortRange); err != nil {
+		return cfg, netlinkutil.Timeouts{}, err
+	}
+	for _, f := range o.IPFamilies {
+		switch strings.ToLower(strings.TrimSpace(f)) {
+		case "ipv4":
+			cfg.IPv4 = true
+		case "ipv6":
+			cfg.IPv6 = true
+		default:
+			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--ip-families: unknown family %q (IPv4 or IPv6)", f)
+		}
+	}
+	if !cfg.IPv4 && !cfg.IPv6 {
+		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--ip-families: at least one family is needed")
+	}
+	if o.MinSyncPeriod < 0 || o.SyncPeriod <= 0 || o.MinSyncPeriod > o.SyncPeriod {
+		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--min-sync-period (%s) must be between 0 and --sync-period (%s)", o.MinSyncPeriod, o.SyncPeriod)
+	}
+	cfg.MinSyncPeriod, cfg.SyncPeriod = o.MinSyncPeriod, o.SyncPeriod
+	for name, d := range map[string]time.Duration{"ipvs-tcp-timeout": o.TCPTimeout, "ipvs-tcpfin-timeout": o.TCPFinTimeout, "ipvs-udp-timeout": o.UDPTimeout} {
+		if d < 0 || (d > 0 && d < time.Second) {
+			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--%s: %s must be 0 or at least 1s", name, d)
+		}
+	}
+	return cfg, netlinkutil.Timeouts{TCP: o.TCPTimeout, TCPFin: o.TCPFinTimeout, UDP: o.UDPTimeout}, nil
+}

@@ -1,0 +1,12 @@
+//go:build tools
+
+// Package k8sbin pins the Kubernetes control-plane commands that the e2e
+// fixture builds. It is a separate module so that the main module's ./...
+// never sees it and CI needs no `go mod tidy`.
+package k8sbin
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)

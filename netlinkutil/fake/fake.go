@@ -1,0 +1,422 @@
+// Package fake holds in-memory fakes of netlinkutil's kernel interfaces. They
+// keep the state a kernel would, record every call, and can inject errors,
+// so that tests assert the exact writes a sync makes and its recovery.
+package fake
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+)
+
+// Call is one recorded call, rendered as a short line such as
+// "AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1".
+type Call string
+
+// ErrorFunc decides whether a call fails; it sees the rendered call.
+type ErrorFunc func(call Call) error
+
+// IPVS is a fake IPVS table.
+type IPVS struct {
+	mu       sync.Mutex
+	vs       map[netlinkutil.VSKey]netlinkutil.VirtualServer
+	rs       map[netlinkutil.VSKey]map[netlinkutil.RSKey]netlinkutil.RealServer
+	timeouts netlinkutil.Timeouts
+	calls    []Call
+	inject   ErrorFunc
+}
+
+// NewIPVS returns an empty fake IPVS table.
+func NewIPVS() *IPVS {
+	return &IPVS{
+		vs: map[netlinkutil.VSKey]netlinkutil.VirtualServer{},
+		rs: map[netlinkutil.VSKey]map[netlinkutil.RSKey]netlinkutil.RealServer{},
+	}
+}
+
+var _ netlinkutil.IPVS = (*IPVS)(nil)
+
+// InjectErrors installs f; nil removes it.
+func (f *IPVS) InjectErrors(fn ErrorFunc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inject = fn
+}
+
+// Calls returns every call since the last Reset.
+func (f *IPVS) Calls() []Call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+// Writes returns the calls that change state (not List calls).
+func (f *IPVS) Writes() []Call {
+	var out []Call
+	for _, c := range f.Calls() {
+		if !isRead(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Reads returns the List calls.
+func (f *IPVS) Reads() []Call {
+	var out []Call
+	for _, c := range f.Calls() {
+		if isRead(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func isRead(c Call) bool {
+	return len(c) >= 4 && c[:4] == "List"
+}
+
+// ResetCalls forgets recorded calls, keeping state.
+func (f *IPVS) ResetCalls() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = nil
+}
+
+// record appends a call and returns the injected error for it, if any.
+// Callers hold f.mu.
+func (f *IPVS) record(format string, args ...any) error {
+	c := Call(fmt.Sprintf(format, args...))
+	f.calls = append(f.calls, c)
+	if f.inject != nil {
+		return f.inject(c)
+	}
+	return nil
+}
+
+// Dump renders the whole table in a stable order, one line per virtual
+// server followed by its real servers, for whole-state comparisons.
+func (f *IPVS) Dump() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keys := make([]netlinkutil.VSKey, 0, len(f.vs))
+	for k := range f.vs {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, netlinkutil.VSKey.Compare)
+	var out []string
+	for _, k := range keys {
+		out = append(out, f.vs[k].String())
+		rss := make([]netlinkutil.RealServer, 0, len(f.rs[k]))
+		for _, r := range f.rs[k] {
+			rss = append(rss, r)
+		}
+		slices.SortFunc(rss, func(a, b netlinkutil.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+		for _, r := range rss {
+			out = append(out, fmt.Sprintf("  -> %s w=%d", r.RSKey, r.Weight))
+		}
+	}
+	return out
+}
+
+
+// ListVirtualServers implements netlinkutil.IPVS. Like the kernel, it
+// reports the hashed flag on every service.
+func (f *IPVS) ListVirtualServers() ([]netlinkutil.VirtualServer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("ListVirtualServers"); err != nil {
+		return nil, err
+	}
+	out := make([]netlinkutil.VirtualServer, 0, len(f.vs))
+	for _, v := range f.vs {
+		v.Flags |= netlinkutil.FlagHashed
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b netlinkutil.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
+	return out, nil
+}
+
+// ListRealServers implements netlinkutil.IPVS.
+func (f *IPVS) ListRealServers(vs netlinkutil.VSKey) ([]netlinkutil.RealServer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("ListRealServers %s", vs); err != nil {
+		return nil, err
+	}
+	if _, ok := f.vs[vs]; !ok {
+		return nil, fmt.Errorf("list destinations of %s: %w", vs, unix.ESRCH)
+	}
+	out := make([]netlinkutil.RealServer, 0, len(f.rs[vs]))
+	for _, r := range f.rs[vs] {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b netlinkutil.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+	return out, nil
+}
+
+// AddVirtualServer implements netlinkutil.IPVS.
+func (f *IPVS) AddVirtualServer(vs netlinkutil.VirtualServer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("AddVirtualServer %s", vs); err != nil {
+		return err
+	}
+	if _, ok := f.vs[vs.VSKey]; ok {
+		return fmt.Errorf("add %s: %w", vs.VSKey, unix.EEXIST)
+	}
+	if vs.Scheduler == "" {
+		return fmt.Errorf("add %s: no scheduler: %w", vs.VSKey, unix.ENOENT)
+	}
+	vs.Flags &= netlinkutil.FlagsCompared
+	f.vs[vs.VSKey] = vs
+	f.rs[vs.VSKey] = map[netlinkutil.RSKey]netlinkutil.RealServer{}
+	return nil
+}
+
+// UpdateVirtualServer implements netlinkutil.IPVS.
+func (f *IPVS) UpdateVirtualServer(vs netlinkutil.VirtualServer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("UpdateVirtualServer %s", vs); err != nil {
+		return err
+	}
+	if _, ok := f.vs[vs.VSKey]; !ok {
+		return fmt.Errorf("update %s: %w", vs.VSKey, unix.ESRCH)
+	}
+	vs.Flags &= netlinkutil.FlagsCompared
+	f.vs[vs.VSKey] = vs
+	return nil
+}
+
+// DeleteVirtualServer implements netlinkutil.IPVS.
+func (f *IPVS) DeleteVirtualServer(vs netlinkutil.VSKey) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("DeleteVirtualServer %s", vs); err != nil {
+		return err
+	}
+	if _, ok := f.vs[vs]; !ok {
+		return fmt.Errorf("delete %s: %w", vs, unix.ESRCH)
+	}
+	delete(f.vs, vs)
+	delete(f.rs, vs)
+	return nil
+}
+
+// AddRealServer implements netlinkutil.IPVS.
+func (f *IPVS) AddRealServer(vs netlinkutil.VSKey, rs netlinkutil.RealServer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("AddRealServer %s %s w=%d", vs, rs.RSKey, rs.Weight); err != nil {
+		return err
+	}
+	m, ok := f.rs[vs]
+	if !ok {
+		return fmt.Errorf("add destination to %s: %w", vs, unix.ESRCH)
+	}
+	if _, ok := m[rs.RSKey]; ok {
+		return fmt.Errorf("add destination %s: %w", rs.RSKey, unix.EEXIST)
+	}
+	m[rs.RSKey] = netlinkutil.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
+	return nil
+}
+
+// UpdateRealServer implements netlinkutil.IPVS.
+func (f *IPVS) UpdateRealServer(vs netlinkutil.VSKey, rs netlinkutil.RealServer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("UpdateRealServer %s %s w=%d", vs, rs.RSKey, rs.Weight); err != nil {
+		return err
+	}
+	m, ok := f.rs[vs]
+	if !ok {
+		return fmt.Errorf("update destination of %s: %w", vs, unix.ESRCH)
+	}
+	if _, ok := m[rs.RSKey]; !ok {
+		return fmt.Errorf("update destination %s: %w", rs.RSKey, unix.ENOENT)
+	}
+	m[rs.RSKey] = netlinkutil.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
+	return nil
+}
+
+// DeleteRealServer implements netlinkutil.IPVS.
+func (f *IPVS) DeleteRealServer(vs netlinkutil.VSKey, rs netlinkutil.RSKey) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("DeleteRealServer %s %s", vs, rs); err != nil {
+		return err
+	}
+	m, ok := f.rs[vs]
+	if !ok {
+		return fmt.Errorf("delete destination of %s: %w", vs, unix.ESRCH)
+	}
+	if _, ok := m[rs]; !ok {
+		return fmt.Errorf("delete destination %s: %w", rs, unix.ENOENT)
+	}
+	delete(m, rs)
+	return nil
+}
+
+// SetTimeouts implements netlinkutil.IPVS.
+func (f *IPVS) SetTimeouts(t netlinkutil.Timeouts) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("SetTimeouts tcp=%s tcpfin=%s udp=%s", t.TCP, t.TCPFin, t.UDP); err != nil {
+		return err
+	}
+	f.timeouts = t
+	return nil
+}
+
+// Close implements netlinkutil.IPVS.
+func (f *IPVS) Close() {}
+
+// Links is a fake of netlinkutil.Links.
+type Links struct {
+	mu     sync.Mutex
+	links  map[string][]netip.Addr // dummy links and their addresses
+	node   []netip.Addr            // addresses of the node's other links
+	calls  []Call
+	inject ErrorFunc
+}
+
+var _ netlinkutil.Links = (*Links)(nil)
+
+// NewLinks returns a fake whose node has the given addresses.
+func NewLinks(nodeAddrs ...netip.Addr) *Links {
+	return &Links{links: map[string][]netip.Addr{}, node: nodeAddrs}
+}
+
+// InjectErrors installs f; nil removes it.
+func (l *Links) InjectErrors(fn ErrorFunc) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inject = fn
+}
+
+// Writes returns the state-changing calls since the last ResetCalls.
+func (l *Links) Writes() []Call {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Call
+	for _, c := range l.calls {
+		if !isRead(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// ResetCalls forgets recorded calls.
+func (l *Links) ResetCalls() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = nil
+}
+
+// Addresses returns the addresses of a link, sorted.
+func (l *Links) Addresses(name string) []netip.Addr {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := slices.Clone(l.links[name])
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// HasLink reports whether a link exists.
+func (l *Links) HasLink(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.links[name]
+	return ok
+}
+
+func (l *Links) record(format string, args ...any) error {
+	c := Call(fmt.Sprintf(format, args...))
+	l.calls = append(l.calls, c)
+	if l.inject != nil {
+		return l.inject(c)
+	}
+	return nil
+}
+
+// EnsureDummy implements netlinkutil.Links. An existing link is not a
+// write, so it records "ListLink" then.
+func (l *Links) EnsureDummy(name string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.links[name]; ok {
+		return l.record("ListLink %s", name)
+	}
+	if err := l.record("EnsureDummy %s", name); err != nil {
+		return err
+	}
+	l.links[name] = nil
+	return nil
+}
+
+// DeleteLink implements netlinkutil.Links.
+func (l *Links) DeleteLink(name string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record("DeleteLink %s", name); err != nil {
+		return err
+	}
+	delete(l.links, name)
+	return nil
+}
+
+// ListAddresses implements netlinkutil.Links.
+func (l *Links) ListAddresses(name string) ([]netip.Addr, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record("ListAddresses %s", name); err != nil {
+		return nil, err
+	}
+	return slices.Clone(l.links[name]), nil
+}
+
+// AddAddress implements netlinkutil.Links.
+func (l *Links) AddAddress(name string, a netip.Addr) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record("AddAddress %s %s", name, a); err != nil {
+		return err
+	}
+	addrs, ok := l.links[name]
+	if !ok {
+		return fmt.Errorf("link %s not found", name)
+	}
+	if !slices.Contains(addrs, a) {
+		l.links[name] = append(addrs, a)
+	}
+	return nil
+}
+
+// DeleteAddress implements netlinkutil.Links.
+func (l *Links) DeleteAddress(name string, a netip.Addr) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record("DeleteAddress %s %s", name, a); err != nil {
+		return err
+	}
+	l.links[name] = slices.DeleteFunc(l.links[name], func(x netip.Addr) bool { return x == a })
+	return nil
+}
+
+// NodeAddresses implements netlinkutil.Links: the node's addresses (the
+// dummy links' addresses are never included, as the proxy excludes them).
+func (l *Links) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record("ListNodeAddresses"); err != nil {
+		return nil, err
+	}
+	return slices.Clone(l.node), nil
+}

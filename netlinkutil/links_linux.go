@@ -1,0 +1,164 @@
+package netlinkutil
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// kernelLinks implements Links with vishvananda/netlink in the network
+// namespace that was current when NewLinks was called.
+type kernelLinks struct {
+	h *netlink.Handle
+}
+
+// NewLinks opens a route netlink socket in the current network namespace.
+func NewLinks() (Links, error) {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("open route netlink socket: %w", err)
+	}
+	return &kernelLinks{h: h}, nil
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf)
+}
+
+func (l *kernelLinks) EnsureDummy(name string) error {
+	link, err := l.h.LinkByName(name)
+	switch {
+	case isNotFound(err):
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = name
+		if err := l.h.LinkAdd(&netlink.Dummy{LinkAttrs: attrs}); err != nil {
+			return fmt.Errorf("create dummy interface %s (is the dummy module available?): %w", name, err)
+		}
+		if link, err = l.h.LinkByName(name); err != nil {
+			return fmt.Errorf("look up new interface %s: %w", name, err)
+		}
+	case err != nil:
+		return fmt.Errorf("look up interface %s: %w", name, err)
+	case link.Type() != "dummy":
+		return fmt.Errorf("interface %s exists but is of type %q, not dummy", name, link.Type())
+	}
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		if err := l.h.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set interface %s up: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (l *kernelLinks) DeleteLink(name string) error {
+	link, err := l.h.LinkByName(name)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up interface %s: %w", name, err)
+	}
+	if err := l.h.LinkDel(link); err != nil {
+		return fmt.Errorf("delete interface %s: %w", name, err)
+	}
+	return nil
+}
+
+func (l *kernelLinks) ListAddresses(name string) ([]netip.Addr, error) {
+	link, err := l.h.LinkByName(name)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up interface %s: %w", name, err)
+	}
+	addrs, err := l.h.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses of %s: %w", name, err)
+	}
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}
+
+func hostAddr(a netip.Addr) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
+}
+
+func (l *kernelLinks) AddAddress(name string, a netip.Addr) error {
+	link, err := l.h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("look up interface %s: %w", name, err)
+	}
+	addr := hostAddr(a)
+	if a.Is6() {
+		addr.Flags = unix.IFA_F_NODAD // a VIP must be usable at once
+	}
+	if err := l.h.AddrAdd(link, addr); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("bind %s to %s: %w", a, name, err)
+	}
+	return nil
+}
+
+func (l *kernelLinks) DeleteAddress(name string, a netip.Addr) error {
+	link, err := l.h.LinkByName(name)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up interface %s: %w", name, err)
+	}
+	err = l.h.AddrDel(link, hostAddr(a))
+	if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unbind %s from %s: %w", a, name, err)
+	}
+	return nil
+}
+
+func (l *kernelLinks) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
+	links, err := l.h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	skip := map[int]bool{}
+	for _, link := range links {
+		a := link.Attrs()
+		if a.Flags&net.FlagLoopback != 0 {
+			skip[a.Index] = true
+		}
+		for _, e := range exclude {
+			if a.Name == e {
+				skip[a.Index] = true
+			}
+		}
+	}
+	addrs, err := l.h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if skip[a.LinkIndex] {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsMulticast() {
+			continue
+		}
+		out = append(out, ip)
+	}
+	return out, nil
+}

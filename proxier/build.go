@@ -1,0 +1,602 @@
+package proxier
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// buildAffinityDefault is the ClientIP session affinity timeout used when a
+// Service does not set one (the Kubernetes default, 3 hours).
+const buildAffinityDefault = 10800
+
+// buildAffinityMax is the largest timeout the API server accepts.
+const buildAffinityMax = 86400
+
+// Skip reports whether a proxy leaves the Service alone: headless Services
+// (clusterIP "None"), ExternalName Services, Services that have no cluster IP
+// yet, and nil.
+func Skip(svc *corev1.Service) bool {
+	if svc == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return true
+	}
+	ip := svc.Spec.ClusterIP
+	if ip == "" && len(svc.Spec.ClusterIPs) > 0 {
+		ip = svc.Spec.ClusterIPs[0]
+	}
+	ip = strings.TrimSpace(ip)
+	return ip == "" || ip == corev1.ClusterIPNone
+}
+
+// Build turns one Service and its EndpointSlices into the virtual servers the
+// node needs. It does no I/O, its output is sorted, and it never fails:
+// problems with the data become Warnings and the rest of the Service is built.
+// The caller passes the EndpointSlices labelled for the Service.
+func Build(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, node NodeInfo, cfg BuildConfig) ServicePlan {
+	if svc == nil {
+		return ServicePlan{}
+	}
+	plan := ServicePlan{Service: types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}}
+	if Skip(svc) {
+		return plan
+	}
+	b := &planBuilder{svc: svc, node: node, cfg: cfg}
+	b.build(endpointSlices)
+	plan.VirtualServers = b.vss
+	plan.Warnings = b.warnings
+	return plan
+}
+
+// buildFamily is an IP family: 4 or 6.
+type buildFamily int
+
+const (
+	buildIPv4 buildFamily = 4
+	buildIPv6 buildFamily = 6
+)
+
+func (f buildFamily) String() string { return "IPv" + strconv.Itoa(int(f)) }
+
+func buildFamilyOf(a netip.Addr) buildFamily {
+	if a.Is4() {
+		return buildIPv4
+	}
+	return buildIPv6
+}
+
+// buildEndpoint is one EndpointSlice endpoint, parsed.
+type buildEndpoint struct {
+	addr        netip.Addr
+	ready       bool
+	serving     bool
+	terminating bool
+	nodeName    string
+	zone        string
+	forNodes    []string
+	forZones    []string
+}
+
+// rank orders duplicates of one address: a ready copy wins over a
+// serving-terminating one, which wins over anything else.
+func (e *buildEndpoint) rank() int {
+	switch {
+	case e.ready:
+		return 2
+	case e.serving && e.terminating:
+		return 1
+	}
+	return 0
+}
+
+type buildSlicePort struct {
+	name  string
+	proto netlinkutil.Protocol
+	port  uint16
+}
+
+// buildSlice is one EndpointSlice, parsed and validated once.
+type buildSlice struct {
+	family    buildFamily
+	ports     []buildSlicePort
+	endpoints []*buildEndpoint
+}
+
+// buildCandidate is an endpoint paired with the port a Service port resolves to.
+type buildCandidate struct {
+	*buildEndpoint
+	key netlinkutil.RSKey
+}
+
+// buildAddr is one address a Service answers on.
+type buildAddr struct {
+	addr netip.Addr
+	kind AddressKind
+}
+
+// buildAddrs holds a Service's own addresses (cluster, external and load
+// balancer IPs) and the node addresses its node ports listen on.
+type buildAddrs struct{ service, node []buildAddr }
+
+type planBuilder struct {
+	svc  *corev1.Service
+	node NodeInfo
+	cfg  BuildConfig
+
+	sched   scheduler.Spec
+	flags   uint32
+	timeout uint32
+
+	slices   []buildSlice
+	families map[buildFamily]bool // the Service's IP families
+
+	vss      []VSPlan
+	seen     map[netlinkutil.VSKey]string // who claimed each virtual server
+	warnings []string
+}
+
+func (b *planBuilder) warn(format string, args ...any) {
+	w := fmt.Sprintf(format, args...)
+	if !slices.Contains(b.warnings, w) {
+		b.warnings = append(b.warnings, w)
+	}
+}
+
+func (b *planBuilder) build(endpointSlices []*discoveryv1.EndpointSlice) {
+	b.schedule()
+	b.parseSlices(endpointSlices)
+	addrs := b.addresses()
+
+	b.seen = map[netlinkutil.VSKey]string{}
+	for i := range b.svc.Spec.Ports {
+		b.buildPort(&b.svc.Spec.Ports[i], addrs)
+	}
+	slices.SortFunc(b.vss, func(x, y VSPlan) int { return netlinkutil.VSKey.Compare(x.VSKey, y.VSKey) })
+}
+
+
+// schedule resolves the scheduler, its flags and session affinity.
+func (b *planBuilder) schedule() {
+	def := b.cfg.Scheduler
+	if def.Name == "" {
+		def = scheduler.Spec{Name: scheduler.Default}
+	}
+	spec, warnings := scheduler.FromAnnotations(b.svc.Annotations, def)
+	for _, w := range warnings {
+		b.warn("%s", w)
+	}
+	b.sched = spec
+	b.flags = spec.Flags
+
+	if b.svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return
+	}
+	b.flags |= netlinkutil.FlagPersistent
+	b.timeout = buildAffinityDefault
+	if c := b.svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		t := *c.ClientIP.TimeoutSeconds
+		if t <= 0 || t > buildAffinityMax {
+			b.warn("sessionAffinityConfig.clientIP.timeoutSeconds %d is out of range (1-%d); using %d",
+				t, buildAffinityMax, buildAffinityDefault)
+		} else {
+			b.timeout = uint32(t)
+		}
+	}
+}
+
+// buildParseAddr parses an IP address as Kubernetes does: IPv4-mapped IPv6
+// addresses count as IPv4, and legacy IPv4 forms with leading zeros are read
+// as decimal. Zoned, unspecified and multicast addresses are rejected. When
+// it fails, problem completes a warning ("... is not a valid IP address").
+func buildParseAddr(s string) (a netip.Addr, problem string) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		var ok bool
+		if a, ok = buildParseLegacyIPv4(s); !ok {
+			return netip.Addr{}, "is not a valid IP address"
+		}
+	}
+	a = a.Unmap()
+	if a.Zone() != "" {
+		return netip.Addr{}, "has an IPv6 zone"
+	}
+	if a.IsUnspecified() || a.IsMulticast() {
+		return netip.Addr{}, "is not a unicast address"
+	}
+	return a, ""
+}
+
+// buildParseLegacyIPv4 reads dotted-quad IPv4 addresses with leading zeros
+// ("010.000.000.001"), which older API servers accepted, as decimal.
+func buildParseLegacyIPv4(s string) (netip.Addr, bool) {
+	parts := strings.Split(s, ".")
+	if len(parts) != 4 {
+		return netip.Addr{}, false
+	}
+	var b [4]byte
+	for i, p := range parts {
+		if len(p) == 0 || len(p) > 3 || strings.Trim(p, "0123456789") != "" {
+			return netip.Addr{}, false
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil || n > 255 {
+			return netip.Addr{}, false
+		}
+		b[i] = byte(n)
+	}
+	return netip.AddrFrom4(b), true
+}
+
+// allowed reports whether the node may program a virtual server on a: its
+// family is enabled and it is not in an excluded CIDR.
+func (b *planBuilder) allowed(a netip.Addr) bool {
+	if b.cfg.IPv4 || b.cfg.IPv6 {
+		if (a.Is4() && !b.cfg.IPv4) || (a.Is6() && !b.cfg.IPv6) {
+			return false
+		}
+	}
+	for _, p := range b.cfg.ExcludeCIDRs {
+		if p.Contains(a) {
+			return false
+		}
+	}
+	return true
+}
+
+// addresses lists every address the Service answers on, except node
+// addresses (those depend on the port having a nodePort).
+func (b *planBuilder) addresses() (addrs buildAddrs) {
+	spec := &b.svc.Spec
+	b.families = map[buildFamily]bool{}
+	for _, f := range spec.IPFamilies {
+		switch f {
+		case corev1.IPv4Protocol:
+			b.families[buildIPv4] = true
+		case corev1.IPv6Protocol:
+			b.families[buildIPv6] = true
+		}
+	}
+
+	clusterIPs := spec.ClusterIPs
+	if len(clusterIPs) == 0 {
+		clusterIPs = []string{spec.ClusterIP}
+	}
+	for _, s := range clusterIPs {
+		a, problem := buildParseAddr(s)
+		if problem != "" {
+			b.warn("clusterIP %q %s", s, problem)
+			continue
+		}
+		b.families[buildFamilyOf(a)] = true
+		if b.allowed(a) {
+			addrs.service = append(addrs.service, buildAddr{a, KindClusterIP})
+		}
+	}
+
+	for _, s := range spec.ExternalIPs {
+		a, problem := buildParseAddr(s)
+		switch {
+		case problem != "":
+			b.warn("externalIP %q %s", s, problem)
+		case !b.families[buildFamilyOf(a)]:
+			b.warn("externalIP %q: the Service has no %s cluster IP", s, buildFamilyOf(a))
+		case b.allowed(a):
+			addrs.service = append(addrs.service, buildAddr{a, KindExternalIP})
+		}
+	}
+
+	for _, ing := range b.svc.Status.LoadBalancer.Ingress {
+		if ing.IP == "" {
+			continue // hostname-only ingress: nothing for the proxy to do
+		}
+		if ing.IPMode != nil && *ing.IPMode != corev1.LoadBalancerIPModeVIP {
+			if *ing.IPMode != corev1.LoadBalancerIPModeProxy {
+				b.warn("loadBalancer ingress %q: unknown ipMode %q; skipped", ing.IP, *ing.IPMode)
+			}
+			continue // the load balancer proxies to the nodes itself
+		}
+		a, problem := buildParseAddr(ing.IP)
+		switch {
+		case problem != "":
+			b.warn("loadBalancer ingress %q %s", ing.IP, problem)
+		case !b.families[buildFamilyOf(a)]:
+			// Like kube-proxy, only VIPs of the Service's own families.
+		case b.allowed(a):
+			addrs.service = append(addrs.service, buildAddr{a, KindLoadBalancer})
+		}
+	}
+
+	if spec.Type == corev1.ServiceTypeNodePort || spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, a := range b.node.NodePortAddresses {
+			a = a.Unmap()
+			dup := slices.ContainsFunc(addrs.node, func(v buildAddr) bool { return v.addr == a })
+			if a.IsValid() && !dup && b.families[buildFamilyOf(a)] && b.allowed(a) {
+				addrs.node = append(addrs.node, buildAddr{a, KindNodePort})
+			}
+		}
+	}
+	return addrs
+}
+
+// parseSlices validates the EndpointSlices once, in name order, so that
+// warnings are reported once per slice rather than once per port.
+func (b *planBuilder) parseSlices(in []*discoveryv1.EndpointSlice) {
+	sorted := slices.Clone(in)
+	sorted = slices.DeleteFunc(sorted, func(s *discoveryv1.EndpointSlice) bool { return s == nil })
+	slices.SortStableFunc(sorted, func(x, y *discoveryv1.EndpointSlice) int { return cmp.Compare(x.Name, y.Name) })
+
+	for _, s := range sorted {
+		var info buildSlice
+		switch s.AddressType {
+		case discoveryv1.AddressTypeIPv4:
+			info.family = buildIPv4
+		case discoveryv1.AddressTypeIPv6:
+			info.family = buildIPv6
+		case discoveryv1.AddressTypeFQDN:
+			continue // not proxied
+		default:
+			b.warn("EndpointSlice %q: addressType %q is not supported", s.Name, s.AddressType)
+			continue
+		}
+
+		for _, p := range s.Ports {
+			name := buildDeref(p.Name)
+			proto := netlinkutil.TCP
+			if p.Protocol != nil {
+				var err error
+				if proto, err = netlinkutil.ParseProtocol(string(*p.Protocol)); err != nil {
+					continue // cannot match any Service port; reported there
+				}
+			}
+			if p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
+				num := "none"
+				if p.Port != nil {
+					num = strconv.Itoa(int(*p.Port))
+				}
+				b.warn("EndpointSlice %q: port %q has an invalid port number (%s); ignored", s.Name, name, num)
+				continue
+			}
+			info.ports = append(info.ports, buildSlicePort{name, proto, uint16(*p.Port)})
+		}
+
+		for _, e := range s.Endpoints {
+			if len(e.Addresses) == 0 {
+				b.warn("EndpointSlice %q: an endpoint has no addresses; ignored", s.Name)
+				continue
+			}
+			a, problem := buildParseAddr(e.Addresses[0])
+			if problem != "" {
+				b.warn("EndpointSlice %q: endpoint address %q %s", s.Name, e.Addresses[0], problem)
+				continue
+			}
+			if buildFamilyOf(a) != info.family {
+				b.warn("EndpointSlice %q: endpoint address %q is not an %s address", s.Name, e.Addresses[0], info.family)
+				continue
+			}
+			ep := &buildEndpoint{
+				addr:        a,
+				ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
+				serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
+				terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+				nodeName:    buildDeref(e.NodeName),
+				zone:        buildDeref(e.Zone),
+			}
+			if e.Hints != nil {
+				for _, n := range e.Hints.ForNodes {
+					ep.forNodes = append(ep.forNodes, n.Name)
+				}
+				for _, z := range e.Hints.ForZones {
+					ep.forZones = append(ep.forZones, z.Name)
+				}
+			}
+			info.endpoints = append(info.endpoints, ep)
+		}
+		b.slices = append(b.slices, info)
+	}
+}
+
+func buildDeref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func buildPortLabel(p *corev1.ServicePort) string {
+	if p.Name != "" {
+		return strconv.Quote(p.Name)
+	}
+	return strconv.Itoa(int(p.Port))
+}
+
+// buildPort adds the virtual servers of one Service port.
+func (b *planBuilder) buildPort(p *corev1.ServicePort, addrs buildAddrs) {
+	label := buildPortLabel(p)
+	proto := netlinkutil.TCP
+	if p.Protocol != "" {
+		var err error
+		if proto, err = netlinkutil.ParseProtocol(string(p.Protocol)); err != nil {
+			b.warn("port %s: protocol %q is not supported", label, p.Protocol)
+			return
+		}
+	}
+	if p.Port <= 0 || p.Port > 65535 {
+		b.warn("port %s: port number %d is out of range", label, p.Port)
+		return
+	}
+
+	cands := b.candidates(p.Name, proto, label)
+	for _, a := range addrs.service {
+		b.addVS(a, proto, uint16(p.Port), p.Name, label, cands[buildFamilyOf(a.addr)])
+	}
+	if len(addrs.node) > 0 && p.NodePort != 0 {
+		if p.NodePort < 0 || p.NodePort > 65535 {
+			b.warn("port %s: nodePort %d is out of range", label, p.NodePort)
+			return
+		}
+		for _, a := range addrs.node {
+			b.addVS(a, proto, uint16(p.NodePort), p.Name, label, cands[buildFamilyOf(a.addr)])
+		}
+	}
+}
+
+// candidates collects, per family, the endpoints of every slice with the
+// port a Service port resolves to: the slice port of the same name and
+// protocol. Duplicates (same address and port) are merged, the ready copy
+// winning. The result is sorted by address and port.
+func (b *planBuilder) candidates(name string, proto netlinkutil.Protocol, label string) map[buildFamily][]buildCandidate {
+	byKey := map[netlinkutil.RSKey]buildCandidate{}
+	matched, anyEndpoints := false, false
+	for _, s := range b.slices {
+		anyEndpoints = anyEndpoints || len(s.endpoints) > 0
+		for _, sp := range s.ports {
+			if sp.name != name || sp.proto != proto {
+				continue
+			}
+			matched = true
+			for _, e := range s.endpoints {
+				key := netlinkutil.RSKey{Address: e.addr, Port: sp.port}
+				if old, dup := byKey[key]; !dup || e.rank() > old.rank() {
+					byKey[key] = buildCandidate{e, key}
+				}
+			}
+		}
+	}
+	if anyEndpoints && !matched {
+		b.warn("port %s: no EndpointSlice has a %s port named %q; the port has no endpoints", label, proto, name)
+	}
+	out := map[buildFamily][]buildCandidate{}
+	for _, c := range byKey {
+		f := buildFamilyOf(c.key.Address)
+		out[f] = append(out[f], c)
+	}
+	for _, cs := range out {
+		slices.SortFunc(cs, func(x, y buildCandidate) int { return netlinkutil.RSKey.Compare(x.key, y.key) })
+	}
+	return out
+}
+
+func (b *planBuilder) addVS(a buildAddr, proto netlinkutil.Protocol, port uint16, portName, label string, cands []buildCandidate) {
+	key := netlinkutil.VSKey{Address: a.addr, Protocol: proto, Port: port}
+	claim := fmt.Sprintf("%s of port %s", a.kind, label)
+	if first, dup := b.seen[key]; dup {
+		b.warn("virtual server %s is claimed twice (%s, %s); keeping the first", key, first, claim)
+		return
+	}
+	b.seen[key] = claim
+
+	var selected []buildCandidate
+	if b.localOnly(a.kind) {
+		selected = b.local(cands)
+	} else {
+		selected = b.topology(buildUsable(cands))
+	}
+	var rss []netlinkutil.RealServer
+	for _, c := range selected {
+		rss = append(rss, netlinkutil.RealServer{RSKey: c.key, Weight: 1})
+	}
+	b.vss = append(b.vss, VSPlan{
+		VirtualServer: netlinkutil.VirtualServer{
+			VSKey:     key,
+			Scheduler: b.sched.Name,
+			Flags:     b.flags,
+			Timeout:   b.timeout,
+		},
+		Kind:        a.kind,
+		PortName:    portName,
+		RealServers: rss,
+	})
+}
+
+// localOnly reports whether the traffic policy for this kind of address is
+// Local.
+func (b *planBuilder) localOnly(kind AddressKind) bool {
+	if kind.External() {
+		return b.svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	}
+	itp := b.svc.Spec.InternalTrafficPolicy
+	return itp != nil && *itp == corev1.ServiceInternalTrafficPolicyLocal
+}
+
+func buildFilter(cs []buildCandidate, keep func(buildCandidate) bool) []buildCandidate {
+	var out []buildCandidate
+	for _, c := range cs {
+		if keep(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// buildUsable returns the ready endpoints or, when none is ready, the serving
+// terminating ones.
+func buildUsable(cs []buildCandidate) []buildCandidate {
+	if ready := buildFilter(cs, func(c buildCandidate) bool { return c.ready }); len(ready) > 0 {
+		return ready
+	}
+	return buildFilter(cs, func(c buildCandidate) bool { return c.serving && c.terminating })
+}
+
+// local returns the usable endpoints on this node (Local traffic policy).
+func (b *planBuilder) local(cs []buildCandidate) []buildCandidate {
+	if b.node.Name == "" {
+		return nil
+	}
+	return buildUsable(buildFilter(cs, func(c buildCandidate) bool { return c.nodeName == b.node.Name }))
+}
+
+// topology narrows the usable endpoints of a Cluster traffic policy path:
+// first by topology hints (node hints, then zone hints) when every endpoint
+// has them and some are for this node; otherwise by the Service's
+// trafficDistribution; otherwise not at all.
+func (b *planBuilder) topology(cs []buildCandidate) []buildCandidate {
+	if len(cs) == 0 {
+		return cs
+	}
+	name, zone := b.node.Name, b.node.Zone
+	all := func(has func(buildCandidate) bool) bool {
+		for _, c := range cs {
+			if !has(c) {
+				return false
+			}
+		}
+		return true
+	}
+	if name != "" && all(func(c buildCandidate) bool { return len(c.forNodes) > 0 }) {
+		if m := buildFilter(cs, func(c buildCandidate) bool { return slices.Contains(c.forNodes, name) }); len(m) > 0 {
+			return m
+		}
+	}
+	if zone != "" && all(func(c buildCandidate) bool { return len(c.forZones) > 0 }) {
+		if m := buildFilter(cs, func(c buildCandidate) bool { return slices.Contains(c.forZones, zone) }); len(m) > 0 {
+			return m
+		}
+	}
+
+	switch buildDeref(b.svc.Spec.TrafficDistribution) {
+	case corev1.ServiceTrafficDistributionPreferSameNode:
+		if name != "" {
+			if m := buildFilter(cs, func(c buildCandidate) bool { return c.nodeName == name }); len(m) > 0 {
+				return m
+			}
+		}
+		fallthrough
+	case corev1.ServiceTrafficDistributionPreferClose, corev1.ServiceTrafficDistributionPreferSameZone:
+		if zone != "" {
+			if m := buildFilter(cs, func(c buildCandidate) bool { return c.zone == zone }); len(m) > 0 {
+				return m
+			}
+		}
+	}
+	return cs
+}

@@ -1,0 +1,72 @@
+package proxier
+
+import (
+	"net/netip"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// AddressKind says which of a Service's addresses a virtual server serves.
+type AddressKind string
+
+// Kinds of Service addresses.
+const (
+	KindClusterIP    AddressKind = "ClusterIP"
+	KindNodePort     AddressKind = "NodePort"
+	KindExternalIP   AddressKind = "ExternalIP"
+	KindLoadBalancer AddressKind = "LoadBalancer"
+)
+
+// External reports whether traffic to this kind of address comes from outside
+// the cluster (and so follows externalTrafficPolicy).
+func (k AddressKind) External() bool { return k != KindClusterIP }
+
+// Bound reports whether addresses of this kind are bound to the proxy's dummy
+// interface (node-port addresses belong to the node already).
+func (k AddressKind) Bound() bool { return k != KindNodePort }
+
+// VSPlan is one virtual server that a Service needs, with its real servers.
+type VSPlan struct {
+	netlinkutil.VirtualServer
+	Kind AddressKind
+	// PortName is the Service port's name ("" for a single unnamed port).
+	PortName string
+	// RealServers are sorted by address, then port.
+	RealServers []netlinkutil.RealServer
+}
+
+// ServicePlan is everything one Kubernetes Service asks of the kernel. It is
+// plain data, built by Build, compared with go-cmp in tests and diffed
+// against the kernel by the reconciler.
+type ServicePlan struct {
+	Service types.NamespacedName
+	// VirtualServers is sorted by VSKey (address, protocol, port).
+	VirtualServers []VSPlan
+	// Warnings are problems with the Service's data that did not stop it
+	// being programmed (an unknown scheduler, a port that cannot be
+	// resolved). Each becomes a Kubernetes Event and a log line.
+	Warnings []string
+}
+
+// NodeInfo is what the builder needs to know of the node it runs on.
+type NodeInfo struct {
+	Name string
+	// Zone is the node's topology.kubernetes.io/zone label.
+	Zone string
+	// NodePortAddresses are the addresses node ports listen on, already
+	// filtered by --nodeport-addresses.
+	NodePortAddresses []netip.Addr
+}
+
+// BuildConfig is the part of the configuration that shapes plans.
+type BuildConfig struct {
+	// Scheduler is the default scheduler (--scheduler) and its flags.
+	Scheduler scheduler.Spec
+	// IPFamilies the node can serve; empty means both.
+	IPv4, IPv6 bool
+	// ExcludeCIDRs are never programmed and never touched (--exclude-cidrs).
+	ExcludeCIDRs []netip.Prefix
+}

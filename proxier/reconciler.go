@@ -1,0 +1,484 @@
+package proxier
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+)
+
+// Ownership is the rule that tells ipvs-proxy's kernel objects from anyone
+// else's. ipvs-proxy owns, and so may change or delete:
+//   - every address bound to its dummy interface;
+//   - every virtual server whose address is bound to that interface;
+//   - every virtual server on one of the node's own addresses whose port lies
+//     in the node-port range;
+//   - every virtual server that a Service currently asks for.
+//
+// Nothing inside ExcludeCIDRs is ever owned. Everything else in the kernel
+// (virtual servers of other tools, fwmark services) is left untouched.
+type Ownership struct {
+	Interface     string
+	NodePortRange PortRange
+	ExcludeCIDRs  []netip.Prefix
+}
+
+// PortRange is an inclusive range of ports.
+type PortRange struct{ Min, Max uint16 }
+
+// Contains reports whether p is in the range.
+func (r PortRange) Contains(p uint16) bool { return p >= r.Min && p <= r.Max }
+
+func (o Ownership) excluded(a netip.Addr) bool {
+	for _, p := range o.ExcludeCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// SyncStats describes one sync.
+type SyncStats struct {
+	Full     bool
+	Services int // Services applied
+	Writes   int // netlink writes (IPVS and addresses)
+	Reads    int // netlink dumps
+	Duration time.Duration
+}
+
+// Reconciler applies ServicePlans to the kernel. It keeps the desired plans,
+// a view of the owned part of the kernel (read in bulk on a full sync and
+// kept current by its own writes), and applies only differences. It is not
+// safe for concurrent use; the proxier's sync loop owns it.
+type Reconciler struct {
+	ipvs  netlinkutil.IPVS
+	links netlinkutil.Links
+	own   Ownership
+	log   *zap.Logger
+
+	plans     map[types.NamespacedName]ServicePlan
+	owner     map[netlinkutil.VSKey]types.NamespacedName // which Service holds each VS
+	conflicts map[netlinkutil.VSKey][]types.NamespacedName
+	dirty     map[types.NamespacedName]bool
+
+	kernel map[netlinkutil.VSKey]netlinkutil.VirtualServer // owned VSs in the kernel
+	bound  map[netip.Addr]bool                             // addresses on the dummy
+	vsCount, rsCount int // over all plans
+
+	// failed is set when a write failed: the next sync must be full.
+	failed bool
+	synced bool // a full sync has completed once
+}
+
+// NewReconciler returns a reconciler with no desired state; its first sync
+// is full.
+func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, own Ownership, log *zap.Logger) *Reconciler {
+	return &Reconciler{
+		ipvs: ipvs, links: links, own: own, log: log,
+		plans:     map[types.NamespacedName]ServicePlan{},
+		owner:     map[netlinkutil.VSKey]types.NamespacedName{},
+		conflicts: map[netlinkutil.VSKey][]types.NamespacedName{},
+		dirty:     map[types.NamespacedName]bool{},
+		kernel:    map[netlinkutil.VSKey]netlinkutil.VirtualServer{},
+		bound:     map[netip.Addr]bool{},
+	}
+}
+
+// SetPlan records the desired plan of a Service; nil removes the Service.
+// Nothing reaches the kernel before the next Sync.
+func (r *Reconciler) SetPlan(name types.NamespacedName, plan *ServicePlan) {
+	old, had := r.plans[name]
+	if had {
+		r.count(old, -1)
+	}
+	defer func() {
+		if p, ok := r.plans[name]; ok {
+			r.count(p, 1)
+		}
+	}()
+	if plan == nil {
+		if !had {
+			return
+		}
+		delete(r.plans, name)
+	} else {
+		if had && planEqual(old, *plan) {
+			return
+		}
+		r.plans[name] = *plan
+	}
+	r.dirty[name] = true
+}
+
+func (r *Reconciler) count(p ServicePlan, sign int) {
+	r.vsCount += sign * len(p.VirtualServers)
+	for _, v := range p.VirtualServers {
+		r.rsCount += sign * len(v.RealServers)
+	}
+}
+
+// Counts returns the numbers of virtual and real servers the plans want.
+func (r *Reconciler) Counts() (virtualServers, realServers int) { return r.vsCount, r.rsCount }
+
+// Plan returns the desired plan of a Service.
+func (r *Reconciler) Plan(name types.NamespacedName) (ServicePlan, bool) {
+	p, ok := r.plans[name]
+	return p, ok
+}
+
+// Plans returns every desired plan, sorted by Service name.
+func (r *Reconciler) Plans() []ServicePlan {
+	out := make([]ServicePlan, 0, len(r.plans))
+	for _, p := range r.plans {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Service.String() < out[j].Service.String() })
+	return out
+}
+
+// Pending reports whether a sync has work to do.
+func (r *Reconciler) Pending() bool { return len(r.dirty) > 0 || r.failed || !r.synced }
+
+// ForceFull makes the next Sync a full one.
+func (r *Reconciler) ForceFull() { r.failed = true }
+
+// Sync applies what changed since the last sync; it reads the kernel in bulk
+// and repairs everything when full is set, when a previous write failed, or
+// before the first full sync. The error joins every failed write; the
+// Services whose writes succeeded are programmed regardless.
+func (r *Reconciler) Sync(full bool) (SyncStats, error) {
+	start := time.Now()
+	full = full || r.failed || !r.synced
+	st := SyncStats{Full: full}
+	var errs []error
+	var names []types.NamespacedName
+	if full {
+		if err := r.readKernel(&st); err != nil {
+			r.failed = true
+			st.Duration = time.Since(start)
+			return st, err
+		}
+		names = make([]types.NamespacedName, 0, len(r.plans))
+		for n := range r.plans {
+			names = append(names, n)
+		}
+	} else {
+		for n := range r.dirty {
+			names = append(names, n)
+		}
+	}
+	// Applying may mark other Services dirty (a released conflict); those
+	// are left for the next sync.
+	clear(r.dirty)
+	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
+
+	// Addresses first, so that every VS being added is on an owned address.
+	errs = append(errs, r.bindAddresses(&st)...)
+	for _, n := range names {
+		if err := r.applyService(n, &st); err != nil {
+			errs = append(errs, fmt.Errorf("service %s: %w", n, err))
+		}
+	}
+	if full {
+		errs = append(errs, r.pruneVirtualServers(&st)...)
+	}
+	errs = append(errs, r.unbindAddresses(&st)...)
+
+	err := errors.Join(errs...)
+	r.failed = err != nil
+	if full && err == nil {
+		r.synced = true
+	}
+	st.Services = len(names)
+	st.Duration = time.Since(start)
+	return st, err
+}
+
+// readKernel replaces the view of the kernel with one dump of virtual
+// servers and one of the dummy's addresses.
+func (r *Reconciler) readKernel(st *SyncStats) error {
+	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
+		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
+	}
+	bound, err := r.links.ListAddresses(r.own.Interface)
+	if err != nil {
+		return fmt.Errorf("list addresses of %s: %w", r.own.Interface, err)
+	}
+	nodeAddrs, err := r.links.NodeAddresses(r.own.Interface)
+	if err != nil {
+		return fmt.Errorf("list node addresses: %w", err)
+	}
+	vss, err := r.ipvs.ListVirtualServers()
+	if err != nil {
+		return fmt.Errorf("list IPVS services: %w", err)
+	}
+	st.Reads += 4
+	clear(r.bound)
+	for _, a := range bound {
+		if !r.own.excluded(a) {
+			r.bound[a] = true
+		}
+	}
+	node := map[netip.Addr]bool{}
+	for _, a := range nodeAddrs {
+		node[a] = true
+	}
+	// Rebuild the owner index from the desired plans, so that a conflict
+	// lost earlier can be won now that its holder is gone.
+	clear(r.owner)
+	clear(r.conflicts)
+	clear(r.kernel)
+	for _, vs := range vss {
+		a := vs.Address
+		owned := !r.own.excluded(a) && (r.bound[a] || (node[a] && r.own.NodePortRange.Contains(vs.Port)))
+		if owned || r.desired(vs.VSKey) {
+			r.kernel[vs.VSKey] = vs
+		}
+	}
+	return nil
+}
+
+// desired reports whether some plan asks for the virtual server.
+func (r *Reconciler) desired(k netlinkutil.VSKey) bool {
+	if _, ok := r.owner[k]; ok {
+		return true
+	}
+	for _, p := range r.plans {
+		for _, vs := range p.VirtualServers {
+			if vs.VSKey == k {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// wantedAddresses is the set of addresses the plans need bound.
+func (r *Reconciler) wantedAddresses() map[netip.Addr]bool {
+	want := map[netip.Addr]bool{}
+	for _, p := range r.plans {
+		for _, vs := range p.VirtualServers {
+			if vs.Kind.Bound() && !r.own.excluded(vs.Address) {
+				want[vs.Address] = true
+			}
+		}
+	}
+	return want
+}
+
+func (r *Reconciler) bindAddresses(st *SyncStats) []error {
+	var errs []error
+	want := r.wantedAddresses()
+	addrs := make([]netip.Addr, 0)
+	for a := range want {
+		if !r.bound[a] {
+			addrs = append(addrs, a)
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	for _, a := range addrs {
+		st.Writes++
+		if err := r.links.AddAddress(r.own.Interface, a); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		r.bound[a] = true
+	}
+	return errs
+}
+
+func (r *Reconciler) unbindAddresses(st *SyncStats) []error {
+	var errs []error
+	want := r.wantedAddresses()
+	addrs := make([]netip.Addr, 0)
+	for a := range r.bound {
+		if !want[a] {
+			addrs = append(addrs, a)
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	for _, a := range addrs {
+		// A VS left on the address (a failed delete) keeps it bound, so
+		// that the VS stays owned and is deleted by the next full sync.
+		if r.vsOnAddress(a) {
+			continue
+		}
+		st.Writes++
+		if err := r.links.DeleteAddress(r.own.Interface, a); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(r.bound, a)
+	}
+	return errs
+}
+
+func (r *Reconciler) vsOnAddress(a netip.Addr) bool {
+	for k := range r.kernel {
+		if k.Address == a {
+			return true
+		}
+	}
+	return false
+}
+
+// applyService makes the kernel hold exactly the Service's plan: it claims,
+// adds or updates its virtual servers, diffs their real servers against a
+// fresh read of the kernel, and deletes the virtual servers it no longer
+// wants.
+func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) error {
+	plan, exists := r.plans[name]
+	var errs []error
+	want := map[netlinkutil.VSKey]bool{}
+	if exists {
+		for _, vs := range plan.VirtualServers {
+			if r.own.excluded(vs.Address) {
+				continue
+			}
+			if holder, ok := r.owner[vs.VSKey]; ok && holder != name {
+				if !slices.Contains(r.conflicts[vs.VSKey], name) {
+					r.conflicts[vs.VSKey] = append(r.conflicts[vs.VSKey], name)
+					r.log.Warn("virtual server already belongs to another Service",
+						zap.String("service", name.String()), zap.Stringer("virtualServer", vs.VSKey),
+						zap.String("holder", holder.String()))
+				}
+				continue
+			}
+			r.owner[vs.VSKey] = name
+			want[vs.VSKey] = true
+			if err := r.applyVirtualServer(vs, st); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	// Release what the Service held and no longer wants.
+	for k, holder := range r.owner {
+		if holder != name || want[k] {
+			continue
+		}
+		delete(r.owner, k)
+		if _, ok := r.kernel[k]; ok {
+			st.Writes++
+			if err := r.ipvs.DeleteVirtualServer(k); err != nil {
+				errs = append(errs, err)
+			} else {
+				delete(r.kernel, k)
+			}
+		}
+		// A Service that lost this VS in a conflict may have it now.
+		for _, other := range r.conflicts[k] {
+			r.dirty[other] = true
+		}
+		delete(r.conflicts, k)
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Reconciler) applyVirtualServer(vs VSPlan, st *SyncStats) error {
+	cur, inKernel := r.kernel[vs.VSKey]
+	var have []netlinkutil.RealServer
+	switch {
+	case !inKernel:
+		st.Writes++
+		if err := r.ipvs.AddVirtualServer(vs.VirtualServer); err != nil {
+			return err
+		}
+		r.kernel[vs.VSKey] = vs.VirtualServer
+	default:
+		if !cur.Equal(vs.VirtualServer) {
+			st.Writes++
+			if err := r.ipvs.UpdateVirtualServer(vs.VirtualServer); err != nil {
+				return err
+			}
+			r.kernel[vs.VSKey] = vs.VirtualServer
+		}
+		st.Reads++
+		var err error
+		if have, err = r.ipvs.ListRealServers(vs.VSKey); err != nil {
+			return err
+		}
+	}
+	return r.applyRealServers(vs, have, st)
+}
+
+func (r *Reconciler) applyRealServers(vs VSPlan, have []netlinkutil.RealServer, st *SyncStats) error {
+	var errs []error
+	cur := make(map[netlinkutil.RSKey]netlinkutil.RealServer, len(have))
+	for _, rs := range have {
+		cur[rs.RSKey] = rs
+	}
+	for _, rs := range vs.RealServers {
+		old, ok := cur[rs.RSKey]
+		delete(cur, rs.RSKey)
+		switch {
+		case !ok:
+			st.Writes++
+			if err := r.ipvs.AddRealServer(vs.VSKey, rs); err != nil {
+				errs = append(errs, err)
+			}
+		case old.Weight != rs.Weight:
+			st.Writes++
+			if err := r.ipvs.UpdateRealServer(vs.VSKey, rs); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	gone := make([]netlinkutil.RSKey, 0, len(cur))
+	for k := range cur {
+		gone = append(gone, k)
+	}
+	slices.SortFunc(gone, netlinkutil.RSKey.Compare)
+	for _, k := range gone {
+		st.Writes++
+		if err := r.ipvs.DeleteRealServer(vs.VSKey, k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// pruneVirtualServers deletes owned virtual servers that no Service holds.
+func (r *Reconciler) pruneVirtualServers(st *SyncStats) []error {
+	var errs []error
+	keys := make([]netlinkutil.VSKey, 0)
+	for k := range r.kernel {
+		if _, held := r.owner[k]; !held {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, netlinkutil.VSKey.Compare)
+	for _, k := range keys {
+		st.Writes++
+		if err := r.ipvs.DeleteVirtualServer(k); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(r.kernel, k)
+	}
+	return errs
+}
+
+
+func planEqual(a, b ServicePlan) bool {
+	if a.Service != b.Service || len(a.VirtualServers) != len(b.VirtualServers) || !slices.Equal(a.Warnings, b.Warnings) {
+		return false
+	}
+	for i := range a.VirtualServers {
+		x, y := a.VirtualServers[i], b.VirtualServers[i]
+		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
+			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q netlinkutil.RealServer) bool {
+				return p.RSKey == q.RSKey && p.Weight == q.Weight
+			}) {
+			return false
+		}
+	}
+	return true
+}
