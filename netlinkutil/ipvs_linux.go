@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,6 +21,11 @@ type kernelIPVS struct {
 // namespace. It fails when the kernel has no IPVS (module ip_vs not loaded
 // and not loadable).
 func NewIPVS() (IPVS, error) {
+	// moby/ipvs only logs when the IPVS generic netlink family is missing,
+	// and its calls then "succeed" without doing anything: ask first.
+	if _, err := netlink.GenlFamilyGet("IPVS"); err != nil {
+		return nil, fmt.Errorf("the kernel has no IPVS (generic netlink family IPVS not found; is the ip_vs module loaded?): %w", err)
+	}
 	h, err := ipvs.New("")
 	if err != nil {
 		return nil, fmt.Errorf("open IPVS netlink socket (is the ip_vs module loaded?): %w", err)

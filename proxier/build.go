@@ -163,7 +163,6 @@ func (b *planBuilder) build(endpointSlices []*discoveryv1.EndpointSlice) {
 	slices.SortFunc(b.vss, func(x, y VSPlan) int { return netlinkutil.VSKey.Compare(x.VSKey, y.VSKey) })
 }
 
-
 // schedule resolves the scheduler, its flags and session affinity.
 func (b *planBuilder) schedule() {
 	def := b.cfg.Scheduler

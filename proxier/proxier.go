@@ -365,7 +365,11 @@ func (p *Proxier) SyncOnce(full bool) error {
 	p.metrics.SyncDuration.WithLabelValues(kind).Observe(st.Duration.Seconds())
 	p.metrics.WritesPerSync.Observe(float64(st.Writes))
 	p.countServers()
-	p.log.Debug("synced", zap.String("kind", kind), zap.Int("services", st.Services),
+	logAt := p.log.Debug
+	if st.Full {
+		logAt = p.log.Info
+	}
+	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services),
 		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("took", st.Duration))
 	if err != nil {
 		p.fail(err)

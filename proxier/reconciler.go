@@ -69,9 +69,9 @@ type Reconciler struct {
 	conflicts map[netlinkutil.VSKey][]types.NamespacedName
 	dirty     map[types.NamespacedName]bool
 
-	kernel map[netlinkutil.VSKey]netlinkutil.VirtualServer // owned VSs in the kernel
-	bound  map[netip.Addr]bool                             // addresses on the dummy
-	vsCount, rsCount int // over all plans
+	kernel           map[netlinkutil.VSKey]netlinkutil.VirtualServer // owned VSs in the kernel
+	bound            map[netip.Addr]bool                             // addresses on the dummy
+	vsCount, rsCount int                                             // over all plans
 
 	// failed is set when a write failed: the next sync must be full.
 	failed bool
@@ -465,7 +465,6 @@ func (r *Reconciler) pruneVirtualServers(st *SyncStats) []error {
 	}
 	return errs
 }
-
 
 func planEqual(a, b ServicePlan) bool {
 	if a.Service != b.Service || len(a.VirtualServers) != len(b.VirtualServers) || !slices.Equal(a.Warnings, b.Warnings) {

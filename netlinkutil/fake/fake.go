@@ -124,7 +124,6 @@ func (f *IPVS) Dump() []string {
 	return out
 }
 
-
 // ListVirtualServers implements netlinkutil.IPVS. Like the kernel, it
 // reports the hashed flag on every service.
 func (f *IPVS) ListVirtualServers() ([]netlinkutil.VirtualServer, error) {
