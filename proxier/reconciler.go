@@ -223,7 +223,8 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 	st.Reads += 4
 	clear(r.bound)
 	for _, a := range bound {
-		if !r.own.excluded(a) {
+		// The kernel's own link-local address of the interface is not ours.
+		if !r.own.excluded(a) && !a.IsLinkLocalUnicast() {
 			r.bound[a] = true
 		}
 	}
@@ -285,8 +286,7 @@ func (r *Reconciler) bindAddresses(st *SyncStats) []error {
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	for _, a := range addrs {
-		st.Writes++
-		if err := r.links.AddAddress(r.own.Interface, a); err != nil {
+		if err := r.write(st, "bind", a, func() error { return r.links.AddAddress(r.own.Interface, a) }); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -311,8 +311,7 @@ func (r *Reconciler) unbindAddresses(st *SyncStats) []error {
 		if r.vsOnAddress(a) {
 			continue
 		}
-		st.Writes++
-		if err := r.links.DeleteAddress(r.own.Interface, a); err != nil {
+		if err := r.write(st, "unbind", a, func() error { return r.links.DeleteAddress(r.own.Interface, a) }); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -366,8 +365,7 @@ func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) erro
 		}
 		delete(r.owner, k)
 		if _, ok := r.kernel[k]; ok {
-			st.Writes++
-			if err := r.ipvs.DeleteVirtualServer(k); err != nil {
+			if err := r.write(st, "delete virtual server", k, func() error { return r.ipvs.DeleteVirtualServer(k) }); err != nil {
 				errs = append(errs, err)
 			} else {
 				delete(r.kernel, k)
@@ -387,15 +385,13 @@ func (r *Reconciler) applyVirtualServer(vs VSPlan, st *SyncStats) error {
 	var have []netlinkutil.RealServer
 	switch {
 	case !inKernel:
-		st.Writes++
-		if err := r.ipvs.AddVirtualServer(vs.VirtualServer); err != nil {
+		if err := r.write(st, "add virtual server", vs.VirtualServer, func() error { return r.ipvs.AddVirtualServer(vs.VirtualServer) }); err != nil {
 			return err
 		}
 		r.kernel[vs.VSKey] = vs.VirtualServer
 	default:
 		if !cur.Equal(vs.VirtualServer) {
-			st.Writes++
-			if err := r.ipvs.UpdateVirtualServer(vs.VirtualServer); err != nil {
+			if err := r.write(st, "update virtual server", vs.VirtualServer, func() error { return r.ipvs.UpdateVirtualServer(vs.VirtualServer) }); err != nil {
 				return err
 			}
 			r.kernel[vs.VSKey] = vs.VirtualServer
@@ -420,13 +416,11 @@ func (r *Reconciler) applyRealServers(vs VSPlan, have []netlinkutil.RealServer, 
 		delete(cur, rs.RSKey)
 		switch {
 		case !ok:
-			st.Writes++
-			if err := r.ipvs.AddRealServer(vs.VSKey, rs); err != nil {
+			if err := r.write(st, "add real server to "+vs.VSKey.String(), rs.RSKey, func() error { return r.ipvs.AddRealServer(vs.VSKey, rs) }); err != nil {
 				errs = append(errs, err)
 			}
 		case old.Weight != rs.Weight:
-			st.Writes++
-			if err := r.ipvs.UpdateRealServer(vs.VSKey, rs); err != nil {
+			if err := r.write(st, "update real server of "+vs.VSKey.String(), rs.RSKey, func() error { return r.ipvs.UpdateRealServer(vs.VSKey, rs) }); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -437,8 +431,7 @@ func (r *Reconciler) applyRealServers(vs VSPlan, have []netlinkutil.RealServer, 
 	}
 	slices.SortFunc(gone, netlinkutil.RSKey.Compare)
 	for _, k := range gone {
-		st.Writes++
-		if err := r.ipvs.DeleteRealServer(vs.VSKey, k); err != nil {
+		if err := r.write(st, "delete real server of "+vs.VSKey.String(), k, func() error { return r.ipvs.DeleteRealServer(vs.VSKey, k) }); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -456,8 +449,7 @@ func (r *Reconciler) pruneVirtualServers(st *SyncStats) []error {
 	}
 	slices.SortFunc(keys, netlinkutil.VSKey.Compare)
 	for _, k := range keys {
-		st.Writes++
-		if err := r.ipvs.DeleteVirtualServer(k); err != nil {
+		if err := r.write(st, "delete virtual server", k, func() error { return r.ipvs.DeleteVirtualServer(k) }); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -480,4 +472,14 @@ func planEqual(a, b ServicePlan) bool {
 		}
 	}
 	return true
+}
+
+// write makes one kernel write, counting it and logging it at debug level.
+func (r *Reconciler) write(st *SyncStats, op string, obj fmt.Stringer, fn func() error) error {
+	st.Writes++
+	err := fn()
+	if ce := r.log.Check(zap.DebugLevel, "kernel write"); ce != nil {
+		ce.Write(zap.String("op", op), zap.Stringer("object", obj), zap.Error(err))
+	}
+	return err
 }

@@ -247,7 +247,7 @@ func TestReconcilerOwnership(t *testing.T) {
 	if err := links.EnsureDummy(testIface); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []string{"10.96.0.99", "10.200.0.1"} {
+	for _, a := range []string{"10.96.0.99", "10.200.0.1", "fe80::1"} {
 		if err := links.AddAddress(testIface, netip.MustParseAddr(a)); err != nil {
 			t.Fatal(err)
 		}

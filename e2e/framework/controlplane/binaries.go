@@ -1,0 +1,291 @@
+package controlplane
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The commands built from the wrapper module, with the name each binary gets.
+var commands = []struct{ pkg, binary string }{
+	{"k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"},
+	{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"},
+	// The main package of etcd's server module is named "server".
+	{"go.etcd.io/etcd/server/v3", "etcd"},
+}
+
+// Binary names inside the directory that EnsureBinaries returns.
+const (
+	BinAPIServer         = "kube-apiserver"
+	BinControllerManager = "kube-controller-manager"
+	BinEtcd              = "etcd"
+)
+
+// CacheDir is where built control-plane binaries are kept between test runs:
+// $IPVS_PROXY_CACHE if set, else $HOME/.cache/ipvs-proxy (or the user cache
+// directory when HOME is unset).
+func CacheDir() string {
+	if d := os.Getenv("IPVS_PROXY_CACHE"); d != "" {
+		return d
+	}
+	if home := os.Getenv("HOME"); home != "" {
+		return filepath.Join(home, ".cache", "ipvs-proxy")
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "ipvs-proxy")
+	}
+	return filepath.Join(os.TempDir(), "ipvs-proxy-cache")
+}
+
+// EnsureBinaries returns a directory holding kube-apiserver,
+// kube-controller-manager and etcd, built from the wrapper module e2e/k8sbin
+// with the Go toolchain on PATH (or /usr/local/go/bin/go). The directory is
+// <cacheDir>/k8s-<version>-<hash>, where the hash covers the wrapper's
+// go.mod and go.sum and the build recipe, so a version bump builds afresh.
+// Nothing is built when the directory exists. Concurrent callers, also in
+// other processes, are serialised with a file lock; the build goes to a
+// temporary directory that is renamed into place, so a killed build leaves
+// nothing that looks complete.
+//
+// A cold build takes several minutes and about 2 GB of memory.
+func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
+	modDir, err := wrapperModuleDir()
+	if err != nil {
+		return "", err
+	}
+	goMod, err := os.ReadFile(filepath.Join(modDir, "go.mod"))
+	if err != nil {
+		return "", fmt.Errorf("read wrapper module: %w", err)
+	}
+	goSum, err := os.ReadFile(filepath.Join(modDir, "go.sum"))
+	if err != nil {
+		return "", fmt.Errorf("read wrapper module: %w", err)
+	}
+	version, err := kubernetesVersion(goMod)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", filepath.Join(modDir, "go.mod"), err)
+	}
+	ldflags, err := versionLDFlags(version)
+	if err != nil {
+		return "", err
+	}
+
+	h := sha256.New()
+	for _, part := range [][]byte{goMod, goSum, []byte(ldflags)} {
+		h.Write(part)
+		h.Write([]byte{0})
+	}
+	for _, c := range commands {
+		fmt.Fprintf(h, "%s=%s\n", c.pkg, c.binary)
+	}
+	binDir := filepath.Join(cacheDir, "k8s-"+version+"-"+hex.EncodeToString(h.Sum(nil))[:12])
+	if complete(binDir) {
+		return binDir, nil
+	}
+
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return "", fmt.Errorf("create cache dir: %w", err)
+	}
+	unlock, err := lockFile(ctx, binDir+".lock")
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	// Another process may have finished the build while we waited.
+	if complete(binDir) {
+		return binDir, nil
+	}
+	// Whoever left a temporary build directory behind is gone: it would
+	// still hold the lock otherwise.
+	if stale, _ := filepath.Glob(binDir + ".build-*"); len(stale) > 0 {
+		for _, d := range stale {
+			_ = os.RemoveAll(d)
+		}
+	}
+	if _, err := os.Stat(binDir); err == nil {
+		// Present but incomplete (should not happen with the rename).
+		if err := os.RemoveAll(binDir); err != nil {
+			return "", fmt.Errorf("remove incomplete %s: %w", binDir, err)
+		}
+	}
+
+	tmp, err := os.MkdirTemp(cacheDir, filepath.Base(binDir)+".build-")
+	if err != nil {
+		return "", fmt.Errorf("create build dir: %w", err)
+	}
+	defer os.RemoveAll(tmp) // a no-op after the rename
+	if err := goBuild(ctx, modDir, tmp, ldflags); err != nil {
+		return "", err
+	}
+	if err := os.Rename(filepath.Join(tmp, "server"), filepath.Join(tmp, BinEtcd)); err != nil {
+		return "", fmt.Errorf("rename etcd binary: %w", err)
+	}
+	if !complete(tmp) {
+		return "", fmt.Errorf("go build in %s did not produce all of %s", modDir, binaryNames())
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil { // MkdirTemp made it 0700
+		return "", fmt.Errorf("chmod build dir: %w", err)
+	}
+	if err := os.Rename(tmp, binDir); err != nil {
+		return "", fmt.Errorf("move binaries into place: %w", err)
+	}
+	return binDir, nil
+}
+
+// goBuild builds every command of the wrapper module into outDir.
+func goBuild(ctx context.Context, modDir, outDir, ldflags string) error {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
+		if _, serr := os.Stat(goBin); serr != nil {
+			return fmt.Errorf("no go toolchain on PATH nor at %s: %w", goBin, err)
+		}
+	}
+	args := []string{"build", "-trimpath", "-ldflags", ldflags, "-o", outDir + string(filepath.Separator)}
+	for _, c := range commands {
+		args = append(args, c.pkg)
+	}
+	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Dir = modDir
+	// The binaries run on this machine, whatever the caller cross-compiles to.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off",
+		"GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// Own process group, so that cancelling also stops the compilers.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+
+	start := time.Now()
+	if err := spawn(cmd); err != nil {
+		return fmt.Errorf("start go build: %w", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return fmt.Errorf("go build in %s after %s: %w\n%s", modDir, time.Since(start).Round(time.Second),
+			err, tail(out.Bytes(), 60))
+	}
+	return nil
+}
+
+// lockFile takes an exclusive flock on path, polling so that ctx can cancel
+// the wait. The returned func releases it.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file: %w", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() {
+				_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+				_ = f.Close()
+			}, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("wait for lock %s (another build running?): %w", path, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// complete reports whether dir holds every binary.
+func complete(dir string) bool {
+	for _, c := range commands {
+		fi, err := os.Stat(filepath.Join(dir, c.binary))
+		if err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func binaryNames() string {
+	var names []string
+	for _, c := range commands {
+		names = append(names, c.binary)
+	}
+	return strings.Join(names, ", ")
+}
+
+// wrapperModuleDir finds e2e/k8sbin: next to this source file when the test
+// binary was built without -trimpath, else above the working directory
+// (go test runs a test binary in its package's folder).
+func wrapperModuleDir() (string, error) {
+	const rel = "e2e/k8sbin"
+	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+		d := filepath.Join(filepath.Dir(file), "..", "..", "k8sbin")
+		if isModule(d) {
+			return d, nil
+		}
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find %s: %w", rel, err)
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if c := filepath.Join(d, filepath.FromSlash(rel)); isModule(c) {
+			return c, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("find %s: not next to this source file nor above %s", rel, wd)
+		}
+	}
+}
+
+func isModule(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "go.mod"))
+	return err == nil
+}
+
+// kubernetesVersion reads the required version of k8s.io/kubernetes.
+func kubernetesVersion(goMod []byte) (string, error) {
+	sc := bufio.NewScanner(bytes.NewReader(goMod))
+	for sc.Scan() {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(sc.Text()), "require"))
+		if len(f) >= 2 && f[0] == "k8s.io/kubernetes" && strings.HasPrefix(f[1], "v1.") {
+			return f[1], nil
+		}
+	}
+	return "", errors.New("no requirement of k8s.io/kubernetes v1.x")
+}
+
+// versionLDFlags stamps the version into the binaries as the upstream build
+// does; unstamped binaries report v0.0.0-master.
+func versionLDFlags(version string) (string, error) {
+	parts := strings.SplitN(strings.TrimPrefix(version, "v"), ".", 3)
+	if len(parts) < 2 {
+		return "", fmt.Errorf("odd Kubernetes version %q", version)
+	}
+	major, minor := parts[0], parts[1]
+	flags := []string{"-s", "-w"}
+	for _, pkg := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
+		flags = append(flags,
+			"-X", pkg+".gitVersion="+version,
+			"-X", pkg+".gitMajor="+major,
+			"-X", pkg+".gitMinor="+minor,
+			"-X", pkg+".gitTreeState=clean")
+	}
+	return strings.Join(flags, " "), nil
+}

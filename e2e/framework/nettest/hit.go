@@ -1,0 +1,186 @@
+package nettest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Kinds of failed attempts, the prefix of each HitResult.Errors entry.
+const (
+	// ErrRefused: the connection was refused (TCP RST, or ICMP port
+	// unreachable for UDP).
+	ErrRefused = "refused"
+	// ErrTimeout: no answer within the attempt's timeout.
+	ErrTimeout = "timeout"
+	// ErrUnreachable: no route, or the neighbour did not answer ARP/ND.
+	ErrUnreachable = "unreachable"
+	// ErrReset: the connection was reset after it was set up.
+	ErrReset = "reset"
+	// ErrClosed: the connection was closed without an answer.
+	ErrClosed = "closed"
+	// ErrOther: anything else.
+	ErrOther = "other"
+)
+
+// DefaultHitTimeout bounds one attempt (connect and answer) when
+// HitConfig.Timeout is 0.
+const DefaultHitTimeout = 2 * time.Second
+
+// HitConfig says where and how often to connect.
+type HitConfig struct {
+	// Netns is the named namespace to connect from; "" is the current one.
+	Netns string
+	// Proto is "tcp" or "udp".
+	Proto string
+	// Addr is host:port, e.g. 10.96.0.10:80 or [fd00::10]:80.
+	Addr string
+	// N is the number of attempts, one new connection (or UDP socket) each,
+	// made one after the other.
+	N int
+	// Timeout bounds each attempt; 0 means DefaultHitTimeout.
+	Timeout time.Duration
+}
+
+// HitResult counts the answers of a Hit.
+type HitResult struct {
+	// Answers counts answers by backend name.
+	Answers map[string]int `json:"answers"`
+	// Clients counts the client addresses the backends saw.
+	Clients map[string]int `json:"clients"`
+	// Errors has one entry per failed attempt, "<kind>: <detail>" with kind
+	// one of the Err* constants.
+	Errors []string `json:"errors"`
+}
+
+// Total is the number of answered attempts.
+func (r HitResult) Total() int {
+	n := 0
+	for _, c := range r.Answers {
+		n += c
+	}
+	return n
+}
+
+// ErrorCount is the number of failed attempts of the given kind ("" counts
+// all).
+func (r HitResult) ErrorCount(kind string) int {
+	n := 0
+	for _, e := range r.Errors {
+		if kind == "" || strings.HasPrefix(e, kind+":") {
+			n++
+		}
+	}
+	return n
+}
+
+// Hit connects c.N times and counts who answered. It fails only on a bad
+// configuration or a namespace it cannot enter; failed attempts are
+// recorded in the result. It stops early when ctx ends.
+func Hit(ctx context.Context, c HitConfig) (HitResult, error) {
+	res := HitResult{Answers: map[string]int{}, Clients: map[string]int{}, Errors: []string{}}
+	if c.Proto != "tcp" && c.Proto != "udp" {
+		return res, fmt.Errorf("hit: protocol %q: want tcp or udp", c.Proto)
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return res, fmt.Errorf("hit: address %q: %w", c.Addr, err)
+	}
+	timeout := c.Timeout
+	if timeout <= 0 {
+		timeout = DefaultHitTimeout
+	}
+	for i := 0; i < c.N; i++ {
+		if err := ctx.Err(); err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("%s: stopped after %d of %d attempts: %v", ErrOther, i, c.N, err))
+			break
+		}
+		line, err := attempt(ctx, c.Netns, c.Proto, c.Addr, timeout)
+		if err != nil {
+			var nsErr *netnsError
+			if errors.As(err, &nsErr) {
+				return res, nsErr.err
+			}
+			res.Errors = append(res.Errors, classify(err)+": "+err.Error())
+			continue
+		}
+		name, client, _ := strings.Cut(strings.TrimSpace(line), " ")
+		res.Answers[name]++
+		if client != "" {
+			res.Clients[client]++
+		}
+	}
+	return res, nil
+}
+
+// netnsError marks a failure to enter the namespace, which ends Hit.
+type netnsError struct{ err error }
+
+func (e *netnsError) Error() string { return e.err.Error() }
+
+func attempt(ctx context.Context, ns, proto, addr string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var conn net.Conn
+	var dialErr error
+	if err := Do(ns, func() error {
+		var d net.Dialer
+		conn, dialErr = d.DialContext(ctx, proto, addr)
+		return nil
+	}); err != nil {
+		return "", &netnsError{err}
+	}
+	if dialErr != nil {
+		return "", dialErr
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	if err := conn.SetDeadline(deadline); err != nil {
+		return "", err
+	}
+	if proto == "udp" {
+		if _, err := conn.Write([]byte("hello\n")); err != nil {
+			return "", err
+		}
+		buf := make([]byte, 1024)
+		n, err := conn.Read(buf)
+		if err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		if errors.Is(err, io.EOF) && line == "" {
+			return "", fmt.Errorf("connection to %s closed without an answer: %w", addr, err)
+		}
+		if !errors.Is(err, io.EOF) {
+			return "", err
+		}
+	}
+	return line, nil
+}
+
+func classify(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return ErrRefused
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &ne) && ne.Timeout():
+		return ErrTimeout
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return ErrUnreachable
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return ErrReset
+	case errors.Is(err, io.EOF):
+		return ErrClosed
+	}
+	return ErrOther
+}

@@ -1,0 +1,290 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+)
+
+// call sends one request to the agent and decodes its answer into out
+// (unless nil).
+func (v *VM) call(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:"+strconv.Itoa(v.hostPort)+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+v.token)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := v.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("agent %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e agentapi.ErrorResponse
+		b, _ := io.ReadAll(resp.Body)
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return fmt.Errorf("agent %s: %s", path, e.Error)
+		}
+		return fmt.Errorf("agent %s: %s: %s", path, resp.Status, tail(string(b), 500))
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("agent %s: decode answer: %w", path, err)
+	}
+	return nil
+}
+
+// Command is a command to run in the guest.
+type Command struct {
+	Argv []string
+	// Env is added to the agent's environment (PATH covers /usr/local/bin,
+	// /usr/sbin, ...; IPVS_PROXY_IN_VM=1).
+	Env   []string
+	Dir   string
+	Stdin []byte
+	// Timeout kills the command in the guest; 0 means ctx's deadline, or
+	// the agent's default of 10 minutes.
+	Timeout time.Duration
+}
+
+// Result is the outcome of a command run in the guest.
+type Result struct {
+	Stdout, Stderr string
+	// ExitCode is -1 when a signal ended the command.
+	ExitCode int
+	TimedOut bool
+}
+
+// Exec runs c in the guest to completion. The error reports failures to
+// run it (the agent unreachable, no such executable), not its exit status.
+func (v *VM) Exec(ctx context.Context, c Command) (Result, error) {
+	if len(c.Argv) == 0 {
+		return Result{}, errors.New("vm: exec: empty argv")
+	}
+	req := agentapi.RunRequest{Argv: c.Argv, Env: c.Env, Dir: c.Dir, Stdin: c.Stdin}
+	timeout := c.Timeout
+	if d, ok := ctx.Deadline(); ok && (timeout <= 0 || time.Until(d) < timeout) {
+		// Let the guest end the command a little before ctx does, so that
+		// the caller gets its output with TimedOut rather than ctx's error.
+		timeout = time.Until(d)
+		if timeout > 2*time.Second {
+			timeout -= time.Second
+		}
+	}
+	if timeout > 0 {
+		req.TimeoutMS = max(timeout.Milliseconds(), 1)
+	}
+	var resp agentapi.RunResponse
+	if err := v.call(ctx, "POST", agentapi.PathRun, req, &resp); err != nil {
+		return Result{}, fmt.Errorf("vm: run %q: %w", c.Argv, err)
+	}
+	if resp.Error != "" {
+		return Result{}, fmt.Errorf("vm: run %q: %s", c.Argv, resp.Error)
+	}
+	return Result{Stdout: string(resp.Stdout), Stderr: string(resp.Stderr), ExitCode: resp.ExitCode, TimedOut: resp.TimedOut}, nil
+}
+
+// Run runs argv in the guest.
+func (v *VM) Run(ctx context.Context, argv ...string) (Result, error) {
+	return v.Exec(ctx, Command{Argv: argv})
+}
+
+// RunOK runs argv in the guest and returns its stdout; a non-zero exit
+// status is an error that carries stderr.
+func (v *VM) RunOK(ctx context.Context, argv ...string) (string, error) {
+	r, err := v.Run(ctx, argv...)
+	if err != nil {
+		return r.Stdout, err
+	}
+	if r.ExitCode != 0 {
+		what := fmt.Sprintf("exit status %d", r.ExitCode)
+		if r.TimedOut {
+			what = "timed out"
+		}
+		return r.Stdout, fmt.Errorf("vm: %q: %s: %s", argv, what, strings.TrimSpace(r.Stderr))
+	}
+	return r.Stdout, nil
+}
+
+// WriteFile writes a file in the guest (atomically, creating its parent
+// directories).
+func (v *VM) WriteFile(ctx context.Context, path string, data []byte, mode os.FileMode) error {
+	if err := v.call(ctx, "POST", agentapi.PathWrite, agentapi.WriteRequest{Path: path, Mode: uint32(mode.Perm()), Data: data}, nil); err != nil {
+		return fmt.Errorf("vm: write %s: %w", path, err)
+	}
+	return nil
+}
+
+// Hit runs `vmagent hit` in the guest and returns its counts.
+func (v *VM) Hit(ctx context.Context, c nettest.HitConfig) (nettest.HitResult, error) {
+	argv := []string{agentapi.AgentPath, "hit", "--proto", c.Proto, "--addr", c.Addr, "--n", strconv.Itoa(c.N)}
+	if c.Netns != "" {
+		argv = append(argv, "--netns", c.Netns)
+	}
+	if c.Timeout > 0 {
+		argv = append(argv, "--timeout", c.Timeout.String())
+	}
+	var res nettest.HitResult
+	out, err := v.RunOK(ctx, argv...)
+	if err != nil {
+		return res, err
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		return res, fmt.Errorf("vm: hit: decode %q: %w", out, err)
+	}
+	return res, nil
+}
+
+// Proc is a process running in the background in the guest.
+type Proc struct {
+	vm   *VM
+	id   int
+	argv []string
+
+	mu       sync.Mutex
+	out      []byte
+	next     int64
+	exited   bool
+	exitCode int
+}
+
+// Start starts argv in the background in the guest, in a process group of
+// its own; its stdout and stderr are collected together.
+func (v *VM) Start(ctx context.Context, argv ...string) (*Proc, error) {
+	if len(argv) == 0 {
+		return nil, errors.New("vm: start: empty argv")
+	}
+	var resp agentapi.StartResponse
+	if err := v.call(ctx, "POST", agentapi.PathStart, agentapi.StartRequest{Argv: argv}, &resp); err != nil {
+		return nil, fmt.Errorf("vm: start %q: %w", argv, err)
+	}
+	return &Proc{vm: v, id: resp.ID, argv: argv}, nil
+}
+
+func (p *Proc) update(st agentapi.ProcStatus) {
+	if st.From > p.next {
+		p.out = fmt.Appendf(p.out, "\n[... %d bytes of output dropped ...]\n", st.From-p.next)
+	}
+	p.out = append(p.out, st.Output...)
+	p.next = st.Next
+	p.exited, p.exitCode = st.Exited, st.ExitCode
+}
+
+func (p *Proc) refresh(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited {
+		return nil
+	}
+	var st agentapi.ProcStatus
+	if err := p.vm.call(ctx, "POST", agentapi.PathOutput, agentapi.OutputRequest{ID: p.id, Since: p.next}, &st); err != nil {
+		return fmt.Errorf("vm: process %q: %w", p.argv, err)
+	}
+	p.update(st)
+	return nil
+}
+
+// Output is the process's output so far (what was last seen, if the agent
+// cannot be reached).
+func (p *Proc) Output() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = p.refresh(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return string(p.out)
+}
+
+// Exited reports whether the process has ended, and its exit status (-1
+// when a signal ended it).
+func (p *Proc) Exited(ctx context.Context) (exited bool, code int, err error) {
+	err = p.refresh(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exited, p.exitCode, err
+}
+
+// Wait waits for the process to end and returns its exit status (-1 when a
+// signal ended it).
+func (p *Proc) Wait(ctx context.Context) (int, error) {
+	for {
+		exited, code, err := p.Exited(ctx)
+		if err != nil || exited {
+			return code, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("vm: wait for %q: %w", p.argv, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// WaitFor waits until the process's output contains s; it fails when the
+// process ends first.
+func (p *Proc) WaitFor(ctx context.Context, s string) error {
+	for {
+		exited, code, err := p.Exited(ctx)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		found, out := bytes.Contains(p.out, []byte(s)), string(p.out)
+		p.mu.Unlock()
+		if found {
+			return nil
+		}
+		if exited {
+			return fmt.Errorf("vm: %q exited with status %d before printing %q; output:\n%s", p.argv, code, s, tail(out, 3000))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vm: %q did not print %q: %w; output:\n%s", p.argv, s, ctx.Err(), tail(out, 3000))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Stop ends the process: SIGTERM to its process group, SIGKILL after 5 s.
+// A process that has already ended is no error.
+func (p *Proc) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited {
+		return nil
+	}
+	var st agentapi.ProcStatus
+	if err := p.vm.call(ctx, "POST", agentapi.PathStop, agentapi.StopRequest{ID: p.id, Since: p.next}, &st); err != nil {
+		return fmt.Errorf("vm: stop %q: %w", p.argv, err)
+	}
+	p.update(st)
+	return nil
+}

@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+)
+
+func tcpPort(name string, port int32) corev1.ServicePort {
+	return bed.Port(name, corev1.ProtocolTCP, port)
+}
+
+func udpPort(name string, port int32) corev1.ServicePort {
+	return bed.Port(name, corev1.ProtocolUDP, port)
+}
+
+// createService creates a Service without a selector (its EndpointSlices
+// are made by the test, as for a Service without selectors).
+func (e env) createService(t *testing.T, ns, name string, ports []corev1.ServicePort, mutate ...func(*corev1.Service)) *corev1.Service {
+	t.Helper()
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       corev1.ServiceSpec{Ports: ports},
+	}
+	for _, m := range mutate {
+		m(svc)
+	}
+	out, err := e.Client.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create service %s/%s: %v", ns, name, err)
+	}
+	return out
+}
+
+// setSlice sets the Service's EndpointSlice of a family to the backends.
+func (e env) setSlice(t *testing.T, svc *corev1.Service, family discoveryv1.AddressType, bes []backend, mutate ...func(*discoveryv1.Endpoint)) {
+	t.Helper()
+	if err := e.SetEndpoints(context.Background(), svc, family, bes, mutate...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func names(bes []backend) []string {
+	out := make([]string, len(bes))
+	for i, b := range bes {
+		out[i] = b.Name
+	}
+	sort.Strings(out)
+	return out
+}
+
+func hostPort(ip string, port int32) string {
+	return net.JoinHostPort(ip, strconv.Itoa(int(port)))
+}
+
+// expectBackends waits until connections to addr reach exactly the named
+// backends (round robin: two connections each), with no errors.
+func (e env) expectBackends(t *testing.T, proto, addr string, want []string) {
+	t.Helper()
+	sort.Strings(want)
+	n := max(2*len(want), 2)
+	eventually(t, 30*time.Second, func() error {
+		res := e.hit(t, proto, addr, n)
+		var got []string
+		for name := range res.Answers {
+			got = append(got, name)
+		}
+		sort.Strings(got)
+		if !slices.Equal(got, want) || len(res.Errors) > 0 {
+			return fmt.Errorf("%s %s: answers %v errors %v, want exactly %v", proto, addr, res.Answers, res.Errors, want)
+		}
+		return nil
+	})
+}
+
+// expectNoAnswer waits until connections to addr get no answer at all
+// (refused: the virtual server has no real servers, or does not exist).
+func (e env) expectNoAnswer(t *testing.T, proto, addr string) {
+	t.Helper()
+	eventually(t, 30*time.Second, func() error {
+		res := e.hit(t, proto, addr, 2)
+		if len(res.Answers) > 0 {
+			return fmt.Errorf("%s %s still answered: %v", proto, addr, res.Answers)
+		}
+		return nil
+	})
+}
+
+// expectTable waits until `ipvsadm -Ln` (with args) contains every line
+// of want and none of notWant.
+func (e env) expectTable(t *testing.T, want, notWant []string, args ...string) string {
+	t.Helper()
+	var out string
+	eventually(t, 30*time.Second, func() error {
+		out = e.ipvsadm(t, args...)
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				return fmt.Errorf("ipvsadm -Ln %v has no %q:\n%s", args, w, out)
+			}
+		}
+		for _, w := range notWant {
+			if strings.Contains(out, w) {
+				return fmt.Errorf("ipvsadm -Ln %v still has %q:\n%s", args, w, out)
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+// vipsBound returns the addresses on the proxy's interface.
+func (e env) vipsBound(t *testing.T) string {
+	t.Helper()
+	out, err := e.VM.RunOK(context.Background(), "ip", "addr", "show", "dev", proxyIface)
+	if err != nil {
+		t.Fatalf("ip addr: %v", err)
+	}
+	return out
+}

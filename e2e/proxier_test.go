@@ -1,0 +1,277 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// TestClusterIPMultiPortTCPAndUDP: one Service, a TCP and a UDP port, two
+// backends; both ports reach both backends through the clusterIP.
+func TestClusterIPMultiPortTCPAndUDP(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 2)
+	svc := e.createService(t, ns, "web", []corev1.ServicePort{tcpPort("http", 80), udpPort("dns", 53)})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	ip := svc.Spec.ClusterIP
+	e.expectTable(t, []string{
+		"TCP  " + hostPort(ip, 80) + " rr",
+		"UDP  " + hostPort(ip, 53) + " rr",
+		"-> " + hostPort(bes[0].Addr, backendPort),
+		"-> " + hostPort(bes[1].Addr, backendPort),
+	}, nil)
+	e.expectBackends(t, "tcp", hostPort(ip, 80), names(bes))
+	e.expectBackends(t, "udp", hostPort(ip, 53), names(bes))
+	if !strings.Contains(e.vipsBound(t), ip+"/32") {
+		t.Errorf("clusterIP %s is not bound to %s:\n%s", ip, proxyIface, e.vipsBound(t))
+	}
+}
+
+// TestNodePortExternalIPAndLoadBalancer: the external addresses of a
+// LoadBalancer Service: a node port on the node's address, an externalIP,
+// and the load balancer's ingress IP.
+func TestNodePortExternalIPAndLoadBalancer(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 2)
+	const extIP, lbIP, proxyIP = "10.251.0.10", "10.251.0.11", "10.251.0.12"
+	svc := e.createService(t, ns, "lb", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalIPs = []string{extIP}
+	})
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP},
+		{IP: proxyIP, IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}}
+	if _, err := e.Client.CoreV1().Services(ns).UpdateStatus(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("set load balancer status: %v", err)
+	}
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	nodePort := svc.Spec.Ports[0].NodePort
+	for _, addr := range []string{hostPort(nodeAddr, nodePort), hostPort(extIP, 80), hostPort(lbIP, 80)} {
+		e.expectBackends(t, "tcp", addr, names(bes))
+	}
+	// ipMode Proxy: the load balancer proxies itself, the node must not.
+	e.expectTable(t, nil, []string{proxyIP})
+	bound := e.vipsBound(t)
+	for _, ip := range []string{extIP, lbIP} {
+		if !strings.Contains(bound, ip+"/32") {
+			t.Errorf("%s not bound to %s:\n%s", ip, proxyIface, bound)
+		}
+	}
+	if strings.Contains(bound, nodeAddr) {
+		t.Errorf("the node address was bound to %s", proxyIface)
+	}
+}
+
+// TestIPv6ClusterIP: an IPv6 single-stack Service served from an IPv6
+// EndpointSlice.
+func TestIPv6ClusterIP(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 2)
+	svc := e.createService(t, ns, "web6", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+	})
+	if !strings.Contains(svc.Spec.ClusterIP, ":") {
+		t.Fatalf("clusterIP %q is not IPv6", svc.Spec.ClusterIP)
+	}
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv6, bes)
+	e.expectTable(t, []string{"TCP  " + hostPort(svc.Spec.ClusterIP, 80) + " rr"}, nil)
+	e.expectBackends(t, "tcp", hostPort(svc.Spec.ClusterIP, 80), names(bes))
+}
+
+// TestSessionAffinity: ClientIP affinity keeps one client on one backend.
+func TestSessionAffinity(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 3)
+	svc := e.createService(t, ns, "sticky", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To(int32(600))}}
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.expectTable(t, []string{"TCP  " + addr + " rr persistent 600"}, nil)
+	eventually(t, 30*time.Second, func() error {
+		res := e.hit(t, "tcp", addr, 9)
+		if len(res.Answers) != 1 || res.Total() != 9 {
+			return fmt.Errorf("answers %v errors %v: want all 9 from one backend", res.Answers, res.Errors)
+		}
+		return nil
+	})
+}
+
+// TestExternalTrafficPolicyLocal: external addresses reach only this
+// node's endpoints, the clusterIP reaches all of them.
+func TestExternalTrafficPolicyLocal(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 2, nodeName, otherNode)
+	svc := e.createService(t, ns, "local", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	e.expectBackends(t, "tcp", hostPort(svc.Spec.ClusterIP, 80), names(bes))
+	e.expectBackends(t, "tcp", hostPort(nodeAddr, svc.Spec.Ports[0].NodePort), []string{bes[0].Name})
+
+	// With no local endpoint left, the node port answers nobody.
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes[1:])
+	e.expectNoAnswer(t, "tcp", hostPort(nodeAddr, svc.Spec.Ports[0].NodePort))
+	e.expectBackends(t, "tcp", hostPort(svc.Spec.ClusterIP, 80), []string{bes[1].Name})
+}
+
+// TestSchedulerAnnotation: the per-Service scheduler shows in the kernel,
+// follows changes, and an unknown one falls back to the default with an
+// Event on the Service.
+func TestSchedulerAnnotation(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 2)
+	svc := e.createService(t, ns, "sched", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Annotations = map[string]string{"ipvs-proxy.io/scheduler": "sh", "ipvs-proxy.io/scheduler-flags": "sh-port"}
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.expectTable(t, []string{"TCP  " + addr + " sh"}, nil)
+
+	setAnnotation := func(v string) {
+		t.Helper()
+		cur, err := e.Client.CoreV1().Services(ns).Get(context.Background(), svc.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Annotations = map[string]string{"ipvs-proxy.io/scheduler": v}
+		if _, err := e.Client.CoreV1().Services(ns).Update(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setAnnotation("lc")
+	e.expectTable(t, []string{"TCP  " + addr + " lc"}, nil)
+	setAnnotation("fastest")
+	e.expectTable(t, []string{"TCP  " + addr + " rr"}, nil)
+	eventually(t, 30*time.Second, func() error {
+		evs, err := e.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Name == svc.Name && strings.Contains(ev.Message, `unknown IPVS scheduler "fastest"`) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no Event about the unknown scheduler among %d events", len(evs.Items))
+	})
+	e.expectBackends(t, "tcp", addr, names(bes))
+}
+
+// TestScaleEndpointsAndDelete: endpoints added and removed show in
+// traffic; a deleted Service leaves the kernel and its VIP the interface.
+func TestScaleEndpointsAndDelete(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 3)
+	svc := e.createService(t, ns, "scale", []corev1.ServicePort{tcpPort("http", 80)})
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes[:1])
+	e.expectBackends(t, "tcp", addr, names(bes[:1]))
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	e.expectBackends(t, "tcp", addr, names(bes))
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes[1:2])
+	e.expectBackends(t, "tcp", addr, names(bes[1:2]))
+
+	// Not ready, not serving: the virtual server stays, with no real
+	// servers, and refuses connections.
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes[1:2], func(ep *discoveryv1.Endpoint) {
+		ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(true)}
+	})
+	e.expectTable(t, []string{"TCP  " + addr + " rr"}, []string{"-> " + hostPort(bes[1].Addr, backendPort)})
+	res := e.hit(t, "tcp", addr, 2)
+	if len(res.Answers) != 0 || res.ErrorCount("refused") != 2 {
+		t.Errorf("with no endpoints: answers %v errors %v, want two refusals", res.Answers, res.Errors)
+	}
+
+	if err := e.Client.CoreV1().Services(ns).Delete(context.Background(), svc.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.expectTable(t, nil, []string{addr})
+	eventually(t, 30*time.Second, func() error {
+		if b := e.vipsBound(t); strings.Contains(b, svc.Spec.ClusterIP+"/32") {
+			return fmt.Errorf("VIP %s still bound:\n%s", svc.Spec.ClusterIP, b)
+		}
+		return nil
+	})
+}
+
+// TestDriftRepairAndRestart: a real server deleted by hand comes back at
+// the next full resync; an agent restart with unchanged Services makes no
+// writes and leaves the kernel's counters running.
+func TestDriftRepairAndRestart(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 2)
+	svc := e.createService(t, ns, "drift", []corev1.ServicePort{tcpPort("http", 80)})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.expectBackends(t, "tcp", addr, names(bes))
+
+	if _, err := e.VM.RunOK(context.Background(), "ipvsadm", "-d", "-t", addr, "-r", hostPort(bes[0].Addr, backendPort)); err != nil {
+		t.Fatal(err)
+	}
+	e.expectTable(t, []string{"-> " + hostPort(bes[0].Addr, backendPort)}, nil, "-t", addr)
+
+	// Restart. Connections made before count in the kernel's statistics;
+	// a re-created virtual server would start from zero.
+	statsBefore := connCount(t, e.ipvsadm(t, "--stats", "-t", addr))
+	if statsBefore == 0 {
+		t.Fatalf("no connections counted before the restart")
+	}
+	if err := e.StopAgent(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.StartAgent(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	first := firstFullSync(e.AgentOutput())
+	if !strings.Contains(first, `"writes":0`) {
+		t.Errorf("the first sync after a restart made writes: %s", first)
+	}
+	if after := connCount(t, e.ipvsadm(t, "--stats", "-t", addr)); after < statsBefore {
+		t.Errorf("connection count went from %d to %d: the virtual server was re-created", statsBefore, after)
+	}
+	e.expectBackends(t, "tcp", addr, names(bes))
+}
+
+var statsLine = regexp.MustCompile(`(?m)^TCP\s+\S+\s+(\d+)`)
+
+// connCount reads a virtual server's connection counter from
+// `ipvsadm -Ln --stats -t ...`.
+func connCount(t *testing.T, out string) int {
+	t.Helper()
+	m := statsLine.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no stats line in:\n%s", out)
+	}
+	var n int
+	fmt.Sscan(m[1], &n)
+	return n
+}
+
+// firstFullSync returns the agent's log line of its first full sync.
+func firstFullSync(log string) string {
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, `"kind":"full"`) {
+			return l
+		}
+	}
+	return ""
+}

@@ -1,0 +1,242 @@
+// Command vmagent runs inside the test VM. The VM's /init starts it as
+//
+//	vmagent agent --listen 10.0.2.15:7777 --token-file /etc/vmagent.token
+//
+// to serve the host's requests (run a command, start/read/stop a background
+// process, write a file, power off; see package agentapi). Its other
+// subcommands wrap package nettest so that host-side tests can build
+// namespaces and drive traffic with plain commands:
+//
+//	vmagent netns add NAME --veth-host-addr 10.0.1.1/24 --addr 10.0.1.2/24 [--addr6 fd00:1::2/64 [--veth-host-addr6 fd00:1::1/64]]
+//	vmagent netns del NAME
+//	vmagent netns exec NAME -- COMMAND [ARG...]
+//	vmagent serve [--netns NAME] --name be1 --port 8080 [--tcp] [--udp]
+//	vmagent hit [--netns NAME] --proto tcp|udp --addr 10.96.0.10:80 [--n 6] [--timeout 2s]
+//
+// serve runs in the foreground (start it as a background process), prints
+// "READY ..." once it listens, and serves TCP and UDP when neither --tcp
+// nor --udp is given. hit prints a nettest.HitResult as JSON:
+// {"answers":{"be1":3,"be2":3},"clients":{"10.0.3.2":6},"errors":[]}.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+)
+
+const usage = `usage:
+  vmagent agent [--listen ADDR] [--token-file PATH]
+  vmagent netns add NAME --veth-host-addr CIDR --addr CIDR [--addr6 CIDR [--veth-host-addr6 CIDR]]
+  vmagent netns del NAME
+  vmagent netns exec NAME -- COMMAND [ARG...]
+  vmagent serve [--netns NAME] --name NAME --port PORT [--tcp] [--udp]
+  vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
+`
+
+// errUsage makes main print the usage and exit with status 2.
+var errUsage = errors.New("bad usage")
+
+func main() {
+	err := run(os.Args[1:], os.Stdout)
+	if errors.Is(err, errUsage) {
+		fmt.Fprintf(os.Stderr, "vmagent: %v\n%s", err, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vmagent: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: no subcommand", errUsage)
+	}
+	switch args[0] {
+	case "agent":
+		return agentCmd(args[1:])
+	case "netns":
+		return netnsCmd(args[1:])
+	case "serve":
+		return serveCmd(args[1:], stdout)
+	case "hit":
+		return hitCmd(args[1:], stdout)
+	}
+	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
+}
+
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %s: %v", errUsage, fs.Name(), err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: %s: unexpected arguments %q", errUsage, fs.Name(), fs.Args())
+	}
+	return nil
+}
+
+func agentCmd(args []string) error {
+	fs := newFlags("agent")
+	listen := fs.String("listen", fmt.Sprintf("%s:%d", agentapi.GuestAddr, agentapi.Port), "address to serve on")
+	tokenFile := fs.String("token-file", agentapi.TokenPath, "file holding the bearer token")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return runAgent(*listen, *tokenFile)
+}
+
+// prefixFlag is a netip.Prefix flag that keeps the host bits (10.0.1.2/24).
+type prefixFlag struct{ p *netip.Prefix }
+
+func (f prefixFlag) String() string {
+	if f.p == nil || !f.p.IsValid() {
+		return ""
+	}
+	return f.p.String()
+}
+
+func (f prefixFlag) Set(s string) error {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return err
+	}
+	*f.p = p
+	return nil
+}
+
+func netnsCmd(args []string) error {
+	if len(args) < 2 {
+		return fmt.Errorf("%w: netns: need add|del|exec NAME", errUsage)
+	}
+	verb, name, rest := args[0], args[1], args[2:]
+	switch verb {
+	case "add":
+		var c nettest.NetnsConfig
+		fs := newFlags("netns add")
+		fs.Var(prefixFlag{&c.HostAddr}, "veth-host-addr", "root-side veth address, the namespace's gateway (10.0.1.1/24)")
+		fs.Var(prefixFlag{&c.Addr}, "addr", "namespace address (10.0.1.2/24)")
+		fs.Var(prefixFlag{&c.HostAddr6}, "veth-host-addr6", "root-side IPv6 veth address (default: the first of --addr6's prefix)")
+		fs.Var(prefixFlag{&c.Addr6}, "addr6", "namespace IPv6 address")
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
+		return nettest.AddNetns(name, c)
+	case "del":
+		if len(rest) > 0 {
+			return fmt.Errorf("%w: netns del: unexpected arguments %q", errUsage, rest)
+		}
+		return nettest.DelNetns(name)
+	case "exec":
+		if len(rest) > 0 && rest[0] == "--" {
+			rest = rest[1:]
+		}
+		if len(rest) == 0 {
+			return fmt.Errorf("%w: netns exec: no command", errUsage)
+		}
+		return execIn(name, rest)
+	}
+	return fmt.Errorf("%w: netns: unknown verb %q", errUsage, verb)
+}
+
+// execIn replaces this process with argv, running in the named namespace
+// (like `ip netns exec`, which the guest's busybox lacks).
+func execIn(name string, argv []string) error {
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return err
+	}
+	runtime.LockOSThread() // execve keeps the namespaces of the calling thread
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", name, err)
+	}
+	if err := netns.Set(ns); err != nil {
+		return fmt.Errorf("netns %s: enter: %w", name, err)
+	}
+	return syscall.Exec(path, argv, os.Environ())
+}
+
+func serveCmd(args []string, stdout io.Writer) error {
+	var c nettest.ServeConfig
+	fs := newFlags("serve")
+	fs.StringVar(&c.Netns, "netns", "", "namespace to serve in (default: the root namespace)")
+	fs.StringVar(&c.Name, "name", "", "name to answer with")
+	fs.IntVar(&c.Port, "port", 0, "TCP/UDP port")
+	fs.BoolVar(&c.TCP, "tcp", false, "serve TCP")
+	fs.BoolVar(&c.UDP, "udp", false, "serve UDP")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if !c.TCP && !c.UDP {
+		c.TCP, c.UDP = true, true
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	s, err := nettest.Serve(c)
+	if err != nil {
+		return err
+	}
+	var protos []string
+	if c.TCP {
+		protos = append(protos, "tcp")
+	}
+	if c.UDP {
+		protos = append(protos, "udp")
+	}
+	ns := c.Netns
+	if ns == "" {
+		ns = "-"
+	}
+	fmt.Fprintf(stdout, "READY %s netns=%s port=%d %s\n", c.Name, ns, c.Port, strings.Join(protos, "+"))
+	<-sigs
+	return s.Close()
+}
+
+func hitCmd(args []string, stdout io.Writer) error {
+	var c nettest.HitConfig
+	fs := newFlags("hit")
+	fs.StringVar(&c.Netns, "netns", "", "namespace to connect from (default: the root namespace)")
+	fs.StringVar(&c.Proto, "proto", "tcp", "tcp or udp")
+	fs.StringVar(&c.Addr, "addr", "", "HOST:PORT to connect to")
+	fs.IntVar(&c.N, "n", 1, "number of connections")
+	fs.DurationVar(&c.Timeout, "timeout", nettest.DefaultHitTimeout, "timeout of one connection")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = nettest.DefaultHitTimeout
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	// Bound the whole run too: attempts are sequential.
+	ctx, cancel2 := context.WithTimeout(ctx, time.Duration(c.N+1)*(c.Timeout+time.Second))
+	defer cancel2()
+	res, err := nettest.Hit(ctx, c)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(stdout).Encode(res)
+}
