@@ -125,12 +125,16 @@ func run(ctx context.Context) error {
 	}
 	step("the kernel's IPVS table (ipvsadm -Ln in the VM)")
 	fmt.Print(indent(table))
-	vips, err := b.VM.RunOK(ctx, "ip", "-4", "-br", "addr", "show", "dev", bed.Interface)
+	vips, err := b.VM.RunOK(ctx, "ip", "-4", "-o", "addr", "show", "dev", bed.Interface)
 	if err != nil {
 		return err
 	}
-	step("virtual IPs bound to %s", bed.Interface)
-	fmt.Print(indent(vips))
+	step("virtual IPs bound to %s (ip addr show dev %s)", bed.Interface, bed.Interface)
+	for _, l := range strings.Split(vips, "\n") {
+		if f := strings.Fields(l); len(f) >= 4 {
+			fmt.Printf("    %s\n", f[3])
+		}
+	}
 
 	step("six requests to each Service from a client network namespace (%s)", bed.ClientAddr)
 	for i, ex := range examples {
