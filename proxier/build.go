@@ -54,6 +54,8 @@ func Build(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nod
 	b.build(endpointSlices)
 	plan.VirtualServers = b.vss
 	plan.Warnings = b.warnings
+	plan.HealthCheckNodePort = b.healthCheckNodePort
+	plan.LocalEndpoints = len(b.localAddrs)
 	return plan
 }
 
@@ -142,6 +144,10 @@ type planBuilder struct {
 	vss      []VSPlan
 	seen     map[netlinkutil.VSKey]string // who claimed each virtual server
 	warnings []string
+
+	sourceRanges        []netip.Prefix
+	healthCheckNodePort uint16
+	localAddrs          map[netip.Addr]bool // usable endpoints on this node
 }
 
 func (b *planBuilder) warn(format string, args ...any) {
@@ -156,11 +162,35 @@ func (b *planBuilder) build(endpointSlices []*discoveryv1.EndpointSlice) {
 	b.parseSlices(endpointSlices)
 	addrs := b.addresses()
 
+	b.sourceRanges = b.parseSourceRanges()
+	b.localAddrs = map[netip.Addr]bool{}
+	if b.svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && b.svc.Spec.HealthCheckNodePort > 0 {
+		if b.svc.Spec.HealthCheckNodePort > 65535 {
+			b.warn("healthCheckNodePort %d is out of range", b.svc.Spec.HealthCheckNodePort)
+		} else {
+			b.healthCheckNodePort = uint16(b.svc.Spec.HealthCheckNodePort)
+		}
+	}
 	b.seen = map[netlinkutil.VSKey]string{}
 	for i := range b.svc.Spec.Ports {
 		b.buildPort(&b.svc.Spec.Ports[i], addrs)
 	}
 	slices.SortFunc(b.vss, func(x, y VSPlan) int { return netlinkutil.VSKey.Compare(x.VSKey, y.VSKey) })
+}
+
+// parseSourceRanges reads loadBalancerSourceRanges; invalid ones are
+// warned about and left out.
+func (b *planBuilder) parseSourceRanges() []netip.Prefix {
+	var out []netip.Prefix
+	for _, r := range b.svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			b.warn("loadBalancerSourceRanges %q is not a CIDR; ignored", r)
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	return out
 }
 
 // schedule resolves the scheduler, its flags and session affinity.
@@ -495,7 +525,8 @@ func (b *planBuilder) addVS(a buildAddr, proto netlinkutil.Protocol, port uint16
 	b.seen[key] = claim
 
 	var selected []buildCandidate
-	if b.localOnly(a.kind) {
+	local := b.localOnly(a.kind)
+	if local {
 		selected = b.local(cands)
 	} else {
 		selected = b.topology(buildUsable(cands))
@@ -514,7 +545,16 @@ func (b *planBuilder) addVS(a buildAddr, proto netlinkutil.Protocol, port uint16
 		Kind:        a.kind,
 		PortName:    portName,
 		RealServers: rss,
+		Local:       local,
 	})
+	if a.kind == KindLoadBalancer {
+		b.vss[len(b.vss)-1].SourceRanges = b.sourceRanges
+	}
+	if local && a.kind.External() {
+		for _, c := range selected {
+			b.localAddrs[c.key.Address] = true
+		}
+	}
 }
 
 // localOnly reports whether the traffic policy for this kind of address is

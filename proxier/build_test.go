@@ -226,6 +226,21 @@ func sched(name string, flags, timeout uint32, vss ...proxier.VSPlan) []proxier.
 
 func vss(vs ...proxier.VSPlan) []proxier.VSPlan { return vs }
 
+// local marks an expected virtual server as restricted to local endpoints
+// by a Local traffic policy.
+func local(v proxier.VSPlan) proxier.VSPlan {
+	v.Local = true
+	return v
+}
+
+// ranges sets the expected loadBalancerSourceRanges of a virtual server.
+func ranges(v proxier.VSPlan, cidrs ...string) proxier.VSPlan {
+	for _, c := range cidrs {
+		v.SourceRanges = append(v.SourceRanges, netip.MustParsePrefix(c))
+	}
+	return v
+}
+
 func warns(ws ...string) []string { return ws }
 
 const (
@@ -246,6 +261,7 @@ var testCfg = proxier.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}}
 
 var planCmp = []cmp.Option{
 	cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
 	// Compare virtual servers exactly, not with their lenient Equal method.
 	cmp.Comparer(func(a, b netlinkutil.VirtualServer) bool { return a == b }),
 }
@@ -268,6 +284,10 @@ func TestBuild(t *testing.T) {
 		cfg    *proxier.BuildConfig // testCfg if nil
 		want   []proxier.VSPlan
 		warns  []string
+		// localEndpoints and healthCheck are the plan's LocalEndpoints
+		// and HealthCheckNodePort.
+		localEndpoints int
+		healthCheck    uint16
 	}{
 		// ---- addresses and ports ----
 		{
@@ -514,10 +534,11 @@ func TestBuild(t *testing.T) {
 				ep("10.1.0.1", on("node-a")), ep("10.1.0.2", on("node-b")), ep("10.1.0.3", on("node-a"), notReady))),
 			want: vss(
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080"),
-				vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080"),
-				vs(lb, "198.51.100.1:80", tcp, "http", "10.1.0.1:8080"),
-				vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.1:8080"),
+				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080")),
+				local(vs(lb, "198.51.100.1:80", tcp, "http", "10.1.0.1:8080")),
+				local(vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.1:8080")),
 			),
+			localEndpoints: 1,
 		},
 		{
 			name:   "externalTrafficPolicy Local without local endpoints: external kinds empty",
@@ -525,7 +546,7 @@ func TestBuild(t *testing.T) {
 			slices: slices(slice4("web-1", http8080, ep("10.1.0.2", on("node-b")))),
 			want: vss(
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080"),
-				vs(np, "192.168.1.10:30080", tcp, "http"),
+				local(vs(np, "192.168.1.10:30080", tcp, "http")),
 			),
 		},
 		{
@@ -535,15 +556,16 @@ func TestBuild(t *testing.T) {
 				ep("10.1.0.1", on("node-a"), terminating), ep("10.1.0.2", on("node-b")))),
 			want: vss(
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080"),
-				vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080"),
+				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080")),
 			),
+			localEndpoints: 1,
 		},
 		{
 			name:   "internalTrafficPolicy Local: cluster IP local only, external IP all",
 			svc:    svc(itpLocal, externalIPs("203.0.113.5")),
 			slices: slices(slice4("web-1", http8080, ep("10.1.0.1", on("node-a")), ep("10.1.0.2", on("node-b")))),
 			want: vss(
-				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080"),
+				local(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080")),
 				vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080"),
 			),
 		},
@@ -551,7 +573,7 @@ func TestBuild(t *testing.T) {
 			name:   "internalTrafficPolicy Local without local endpoints",
 			svc:    svc(itpLocal),
 			slices: slices(slice4("web-1", http8080, ep("10.1.0.2", on("node-b")))),
-			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http")),
+			want:   vss(local(vs(ci, "10.96.0.10:80", tcp, "http"))),
 		},
 
 		// ---- topology ----
@@ -588,8 +610,26 @@ func TestBuild(t *testing.T) {
 				ep("10.1.0.1", on("node-a"), forZones("zone-b")), ep("10.1.0.2", on("node-b"), forZones("zone-a")))),
 			want: vss(
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080"),
-				vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080"),
+				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080")),
 			),
+			localEndpoints: 1,
+		},
+		{
+			name: "loadBalancerSourceRanges on load balancer IPs only; health check node port",
+			svc: svc(etpLocal, typ(corev1.ServiceTypeLoadBalancer), ports(port("http", "TCP", 80, 30080)),
+				ingress(lbIP("198.51.100.1")), func(s *corev1.Service) {
+					s.Spec.LoadBalancerSourceRanges = []string{"192.0.2.0/24", " 10.20.0.1/16", "bogus"}
+					s.Spec.HealthCheckNodePort = 32000
+				}),
+			slices: slices(slice4("web-1", http8080, ep("10.1.0.1", on("node-a")), ep("10.1.0.2", on("node-a")))),
+			want: vss(
+				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080"),
+				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080")),
+				local(ranges(vs(lb, "198.51.100.1:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080"), "192.0.2.0/24", "10.20.0.0/16")),
+			),
+			warns:          warns(`loadBalancerSourceRanges "bogus" is not a CIDR; ignored`),
+			localEndpoints: 2,
+			healthCheck:    32000,
 		},
 		{
 			name:   "trafficDistribution PreferSameNode: this node's endpoints",
@@ -717,6 +757,9 @@ func TestBuild(t *testing.T) {
 				Service:        types.NamespacedName{Namespace: "ns", Name: "web"},
 				VirtualServers: tc.want,
 				Warnings:       tc.warns,
+
+				LocalEndpoints:      tc.localEndpoints,
+				HealthCheckNodePort: tc.healthCheck,
 			}
 			if diff := cmp.Diff(want, got, planCmp...); diff != "" {
 				t.Errorf("Build() mismatch (-want +got):\n%s", diff)

@@ -36,6 +36,14 @@ type VSPlan struct {
 	PortName string
 	// RealServers are sorted by address, then port.
 	RealServers []netlinkutil.RealServer
+	// Local is set when a Local traffic policy restricts this virtual
+	// server to the node's own endpoints (externalTrafficPolicy for
+	// external kinds, internalTrafficPolicy for clusterIPs): the client's
+	// address must then be preserved, not masqueraded.
+	Local bool
+	// SourceRanges are the Service's loadBalancerSourceRanges, on
+	// KindLoadBalancer virtual servers only; empty allows every source.
+	SourceRanges []netip.Prefix
 }
 
 // ServicePlan is everything one Kubernetes Service asks of the kernel. It is
@@ -49,6 +57,12 @@ type ServicePlan struct {
 	// being programmed (an unknown scheduler, a port that cannot be
 	// resolved). Each becomes a Kubernetes Event and a log line.
 	Warnings []string
+	// HealthCheckNodePort is the Service's healthCheckNodePort (a
+	// LoadBalancer Service with externalTrafficPolicy Local), 0 if none.
+	HealthCheckNodePort uint16
+	// LocalEndpoints counts the distinct usable endpoint addresses on this
+	// node (for the health check of externalTrafficPolicy Local).
+	LocalEndpoints int
 }
 
 // NodeInfo is what the builder needs to know of the node it runs on.

@@ -459,12 +459,14 @@ func (r *Reconciler) pruneVirtualServers(st *SyncStats) []error {
 }
 
 func planEqual(a, b ServicePlan) bool {
-	if a.Service != b.Service || len(a.VirtualServers) != len(b.VirtualServers) || !slices.Equal(a.Warnings, b.Warnings) {
+	if a.Service != b.Service || len(a.VirtualServers) != len(b.VirtualServers) || !slices.Equal(a.Warnings, b.Warnings) ||
+		a.HealthCheckNodePort != b.HealthCheckNodePort || a.LocalEndpoints != b.LocalEndpoints {
 		return false
 	}
 	for i := range a.VirtualServers {
 		x, y := a.VirtualServers[i], b.VirtualServers[i]
 		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
+			x.Local != y.Local || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
 			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q netlinkutil.RealServer) bool {
 				return p.RSKey == q.RSKey && p.Weight == q.Weight
 			}) {
