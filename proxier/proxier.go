@@ -6,6 +6,7 @@ package proxier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -43,16 +44,30 @@ type Config struct {
 	SyncPeriod        time.Duration
 }
 
+// Consumer is another part of the node's data plane driven by the same
+// plans: the iptables glue and the health-check server. It is told of every
+// plan change, then synced after the IPVS reconciler; a failed Sync forces a
+// full resync of everything, like a failed IPVS write.
+type Consumer interface {
+	// Name names the consumer in logs and errors.
+	Name() string
+	// SetPlan records the plan of a Service; nil means it is gone.
+	SetPlan(name types.NamespacedName, plan *ServicePlan)
+	// Sync applies what changed; full re-reads and repairs all of it.
+	Sync(full bool) error
+}
+
 // Proxier watches Services, EndpointSlices and its Node and keeps the kernel
 // in line with them.
 type Proxier struct {
-	cfg      Config
-	client   kubernetes.Interface
-	links    netlinkutil.Links
-	rec      *Reconciler
-	log      *zap.Logger
-	recorder record.EventRecorder
-	metrics  *Metrics
+	cfg       Config
+	client    kubernetes.Interface
+	links     netlinkutil.Links
+	rec       *Reconciler
+	log       *zap.Logger
+	recorder  record.EventRecorder
+	metrics   *Metrics
+	consumers []Consumer
 
 	trigger chan struct{}
 
@@ -86,6 +101,9 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		rebuild:  true,
 	}
 }
+
+// AddConsumer adds a consumer of plans; call it before Run.
+func (p *Proxier) AddConsumer(c Consumer) { p.consumers = append(p.consumers, c) }
 
 // Status is the proxier's health as seen by /healthz.
 type Status struct {
@@ -345,19 +363,28 @@ func (p *Proxier) SyncOnce(full bool) error {
 
 	bcfg := BuildConfig{Scheduler: p.cfg.Scheduler, IPv4: p.cfg.IPv4, IPv6: p.cfg.IPv6, ExcludeCIDRs: p.cfg.ExcludeCIDRs}
 	for n, in := range inputs {
-		if in.svc == nil || Skip(in.svc) {
-			p.rec.SetPlan(n, nil)
+		var plan *ServicePlan
+		if in.svc != nil && !Skip(in.svc) {
+			built := Build(in.svc, in.slices, node, bcfg)
+			plan = &built
+			p.report(n, in.svc, built.Warnings)
+		} else {
 			p.report(n, nil, nil)
-			continue
 		}
-		plan := Build(in.svc, in.slices, node, bcfg)
-		p.rec.SetPlan(n, &plan)
-		p.report(n, in.svc, plan.Warnings)
+		p.rec.SetPlan(n, plan)
+		for _, c := range p.consumers {
+			c.SetPlan(n, plan)
+		}
 	}
-	if !p.rec.Pending() && !full {
+	if !p.rec.Pending() && !full && len(inputs) == 0 {
 		return nil
 	}
 	st, err := p.rec.Sync(full)
+	for _, c := range p.consumers {
+		if cerr := c.Sync(st.Full); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("%s: %w", c.Name(), cerr))
+		}
+	}
 	kind := "partial"
 	if st.Full {
 		kind = "full"

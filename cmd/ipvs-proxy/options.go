@@ -34,6 +34,16 @@ type options struct {
 	UDPTimeout        time.Duration `json:"udpTimeout"`
 	LogLevel          string        `json:"logLevel"`
 	LogFormat         string        `json:"logFormat"`
+
+	// The iptables glue.
+	ClusterCIDRs    []string `json:"clusterCIDRs"`
+	MasqueradeAll   bool     `json:"masqueradeAll"`
+	IPTablesBackend string   `json:"iptablesBackend"`
+	StrictARP       bool     `json:"strictARP"`
+
+	// Operations.
+	MetricsBindAddress string `json:"metricsBindAddress"`
+	HealthzBindAddress string `json:"healthzBindAddress"`
 }
 
 func defaultOptions() options {
@@ -46,6 +56,10 @@ func defaultOptions() options {
 		SyncPeriod:    30 * time.Second,
 		LogLevel:      "info",
 		LogFormat:     "json",
+
+		IPTablesBackend:    "auto",
+		MetricsBindAddress: "127.0.0.1:10249",
+		HealthzBindAddress: "0.0.0.0:10256",
 	}
 }
 
@@ -66,6 +80,12 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.UDPTimeout, "ipvs-udp-timeout", o.UDPTimeout, "IPVS timeout of UDP flows (0: leave as is).")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn, error.")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "Log format: json or console.")
+	fs.StringSliceVar(&o.ClusterCIDRs, "cluster-cidr", o.ClusterCIDRs, "The pods' CIDRs: traffic to clusterIPs from outside them is masqueraded.")
+	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", o.MasqueradeAll, "Masquerade all traffic to clusterIPs.")
+	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto (whichever the node's other rules use), nft or legacy.")
+	fs.BoolVar(&o.StrictARP, "strict-arp", o.StrictARP, "Do not answer ARP for the VIPs on the proxy's interface (arp_ignore=1, arp_announce=2).")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint (/metrics); empty disables it.")
+	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address of /healthz and /livez; empty disables them.")
 }
 
 func parsePrefixes(what string, in []string) ([]netip.Prefix, error) {
