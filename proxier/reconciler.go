@@ -66,8 +66,15 @@ type Reconciler struct {
 
 	plans     map[types.NamespacedName]ServicePlan
 	owner     map[netlinkutil.VSKey]types.NamespacedName // which Service holds each VS
+	held      map[types.NamespacedName]map[netlinkutil.VSKey]bool
 	conflicts map[netlinkutil.VSKey][]types.NamespacedName
 	dirty     map[types.NamespacedName]bool
+
+	// Reference counts over all plans, kept by SetPlan, so that a partial
+	// sync costs what changed, not the number of Services.
+	wantVS   map[netlinkutil.VSKey]int
+	wantAddr map[netip.Addr]int  // addresses to bind
+	touched  map[netip.Addr]bool // wantAddr changed since the last sync
 
 	kernel           map[netlinkutil.VSKey]netlinkutil.VirtualServer // owned VSs in the kernel
 	bound            map[netip.Addr]bool                             // addresses on the dummy
@@ -85,7 +92,11 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, own Ownership
 		ipvs: ipvs, links: links, own: own, log: log,
 		plans:     map[types.NamespacedName]ServicePlan{},
 		owner:     map[netlinkutil.VSKey]types.NamespacedName{},
+		held:      map[types.NamespacedName]map[netlinkutil.VSKey]bool{},
 		conflicts: map[netlinkutil.VSKey][]types.NamespacedName{},
+		wantVS:    map[netlinkutil.VSKey]int{},
+		wantAddr:  map[netip.Addr]int{},
+		touched:   map[netip.Addr]bool{},
 		dirty:     map[types.NamespacedName]bool{},
 		kernel:    map[netlinkutil.VSKey]netlinkutil.VirtualServer{},
 		bound:     map[netip.Addr]bool{},
@@ -118,10 +129,20 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *ServicePlan) {
 	r.dirty[name] = true
 }
 
+// count adds (sign 1) or removes (sign -1) a plan's references.
 func (r *Reconciler) count(p ServicePlan, sign int) {
 	r.vsCount += sign * len(p.VirtualServers)
 	for _, v := range p.VirtualServers {
 		r.rsCount += sign * len(v.RealServers)
+		if r.wantVS[v.VSKey] += sign; r.wantVS[v.VSKey] <= 0 {
+			delete(r.wantVS, v.VSKey)
+		}
+		if v.Kind.Bound() && !r.own.excluded(v.Address) {
+			if r.wantAddr[v.Address] += sign; r.wantAddr[v.Address] <= 0 {
+				delete(r.wantAddr, v.Address)
+			}
+			r.touched[v.Address] = true
+		}
 	}
 }
 
@@ -181,7 +202,7 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
 
 	// Addresses first, so that every VS being added is on an owned address.
-	errs = append(errs, r.bindAddresses(&st)...)
+	errs = append(errs, r.bindAddresses(&st, full)...)
 	for _, n := range names {
 		if err := r.applyService(n, &st); err != nil {
 			errs = append(errs, fmt.Errorf("service %s: %w", n, err))
@@ -190,7 +211,8 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	if full {
 		errs = append(errs, r.pruneVirtualServers(&st)...)
 	}
-	errs = append(errs, r.unbindAddresses(&st)...)
+	errs = append(errs, r.unbindAddresses(&st, full)...)
+	clear(r.touched)
 
 	err := errors.Join(errs...)
 	r.failed = err != nil
@@ -235,53 +257,35 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 	// Rebuild the owner index from the desired plans, so that a conflict
 	// lost earlier can be won now that its holder is gone.
 	clear(r.owner)
+	clear(r.held)
 	clear(r.conflicts)
 	clear(r.kernel)
 	for _, vs := range vss {
 		a := vs.Address
 		owned := !r.own.excluded(a) && (r.bound[a] || (node[a] && r.own.NodePortRange.Contains(vs.Port)))
-		if owned || r.desired(vs.VSKey) {
+		if owned || r.wantVS[vs.VSKey] > 0 {
 			r.kernel[vs.VSKey] = vs
 		}
 	}
 	return nil
 }
 
-// desired reports whether some plan asks for the virtual server.
-func (r *Reconciler) desired(k netlinkutil.VSKey) bool {
-	if _, ok := r.owner[k]; ok {
-		return true
-	}
-	for _, p := range r.plans {
-		for _, vs := range p.VirtualServers {
-			if vs.VSKey == k {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// wantedAddresses is the set of addresses the plans need bound.
-func (r *Reconciler) wantedAddresses() map[netip.Addr]bool {
-	want := map[netip.Addr]bool{}
-	for _, p := range r.plans {
-		for _, vs := range p.VirtualServers {
-			if vs.Kind.Bound() && !r.own.excluded(vs.Address) {
-				want[vs.Address] = true
-			}
-		}
-	}
-	return want
-}
-
-func (r *Reconciler) bindAddresses(st *SyncStats) []error {
+// bindAddresses binds the wanted addresses that are not bound: all of them
+// on a full sync, those whose plans changed on a partial one.
+func (r *Reconciler) bindAddresses(st *SyncStats, full bool) []error {
 	var errs []error
-	want := r.wantedAddresses()
-	addrs := make([]netip.Addr, 0)
-	for a := range want {
-		if !r.bound[a] {
-			addrs = append(addrs, a)
+	var addrs []netip.Addr
+	if full {
+		for a := range r.wantAddr {
+			if !r.bound[a] {
+				addrs = append(addrs, a)
+			}
+		}
+	} else {
+		for a := range r.touched {
+			if r.wantAddr[a] > 0 && !r.bound[a] {
+				addrs = append(addrs, a)
+			}
 		}
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
@@ -295,20 +299,28 @@ func (r *Reconciler) bindAddresses(st *SyncStats) []error {
 	return errs
 }
 
-func (r *Reconciler) unbindAddresses(st *SyncStats) []error {
+// unbindAddresses unbinds the bound addresses no plan wants: all of them on
+// a full sync, those whose plans changed on a partial one. An address that
+// still carries a virtual server (a failed delete) stays bound, so that the
+// virtual server stays owned and the next full sync deletes it.
+func (r *Reconciler) unbindAddresses(st *SyncStats, full bool) []error {
 	var errs []error
-	want := r.wantedAddresses()
-	addrs := make([]netip.Addr, 0)
+	var addrs []netip.Addr
 	for a := range r.bound {
-		if !want[a] {
+		if r.wantAddr[a] == 0 && (full || r.touched[a]) {
 			addrs = append(addrs, a)
 		}
 	}
+	if len(addrs) == 0 {
+		return nil
+	}
+	inUse := map[netip.Addr]bool{}
+	for k := range r.kernel {
+		inUse[k.Address] = true
+	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	for _, a := range addrs {
-		// A VS left on the address (a failed delete) keeps it bound, so
-		// that the VS stays owned and is deleted by the next full sync.
-		if r.vsOnAddress(a) {
+		if inUse[a] {
 			continue
 		}
 		if err := r.write(st, "unbind", a, func() error { return r.links.DeleteAddress(r.own.Interface, a) }); err != nil {
@@ -318,15 +330,6 @@ func (r *Reconciler) unbindAddresses(st *SyncStats) []error {
 		delete(r.bound, a)
 	}
 	return errs
-}
-
-func (r *Reconciler) vsOnAddress(a netip.Addr) bool {
-	for k := range r.kernel {
-		if k.Address == a {
-			return true
-		}
-	}
-	return false
 }
 
 // applyService makes the kernel hold exactly the Service's plan: it claims,
@@ -352,6 +355,10 @@ func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) erro
 				continue
 			}
 			r.owner[vs.VSKey] = name
+			if r.held[name] == nil {
+				r.held[name] = map[netlinkutil.VSKey]bool{}
+			}
+			r.held[name][vs.VSKey] = true
 			want[vs.VSKey] = true
 			if err := r.applyVirtualServer(vs, st); err != nil {
 				errs = append(errs, err)
@@ -359,10 +366,11 @@ func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) erro
 		}
 	}
 	// Release what the Service held and no longer wants.
-	for k, holder := range r.owner {
-		if holder != name || want[k] {
+	for k := range r.held[name] {
+		if want[k] {
 			continue
 		}
+		delete(r.held[name], k)
 		delete(r.owner, k)
 		if _, ok := r.kernel[k]; ok {
 			if err := r.write(st, "delete virtual server", k, func() error { return r.ipvs.DeleteVirtualServer(k) }); err != nil {
@@ -376,6 +384,9 @@ func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) erro
 			r.dirty[other] = true
 		}
 		delete(r.conflicts, k)
+	}
+	if len(r.held[name]) == 0 {
+		delete(r.held, name)
 	}
 	return errors.Join(errs...)
 }
