@@ -36,6 +36,12 @@ type PortRange struct{ Min, Max uint16 }
 // Contains reports whether p is in the range.
 func (r PortRange) Contains(p uint16) bool { return p >= r.Min && p <= r.Max }
 
+// Owns applies the rule to a virtual server in the kernel: bound says its
+// address is on the interface, node that it is one of the node's addresses.
+func (o Ownership) Owns(vs netlinkutil.VSKey, bound, node bool) bool {
+	return !o.excluded(vs.Address) && (bound || (node && o.NodePortRange.Contains(vs.Port)))
+}
+
 func (o Ownership) excluded(a netip.Addr) bool {
 	for _, p := range o.ExcludeCIDRs {
 		if p.Contains(a) {
@@ -262,8 +268,7 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 	clear(r.kernel)
 	for _, vs := range vss {
 		a := vs.Address
-		owned := !r.own.excluded(a) && (r.bound[a] || (node[a] && r.own.NodePortRange.Contains(vs.Port)))
-		if owned || r.wantVS[vs.VSKey] > 0 {
+		if r.own.Owns(vs.VSKey, r.bound[a], node[a]) || r.wantVS[vs.VSKey] > 0 {
 			r.kernel[vs.VSKey] = vs
 		}
 	}
@@ -306,8 +311,12 @@ func (r *Reconciler) bindAddresses(st *SyncStats, full bool) []error {
 func (r *Reconciler) unbindAddresses(st *SyncStats, full bool) []error {
 	var errs []error
 	var addrs []netip.Addr
-	for a := range r.bound {
-		if r.wantAddr[a] == 0 && (full || r.touched[a]) {
+	candidates := r.touched
+	if full {
+		candidates = r.bound
+	}
+	for a := range candidates {
+		if r.bound[a] && r.wantAddr[a] == 0 {
 			addrs = append(addrs, a)
 		}
 	}

@@ -54,6 +54,8 @@ type Options struct {
 	WithControllerManager bool
 	// MemoryMB of the VM (default: the vm package's).
 	MemoryMB int
+	// NoAgent leaves the agent stopped; start it with StartAgent.
+	NoAgent bool
 }
 
 // Bed is a running test bed.
@@ -121,16 +123,19 @@ func Start(ctx context.Context, assets *vm.Assets, opts Options) (_ *Bed, err er
 			return nil, fmt.Errorf("bed: create node %s: %w", n, err)
 		}
 	}
-	if err := b.StartAgent(ctx); err != nil {
-		return nil, err
+	if !opts.NoAgent {
+		if err := b.StartAgent(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
 }
 
-// StartAgent starts `ipvs-proxy run` in the VM and waits for its first
-// full sync.
-func (b *Bed) StartAgent(ctx context.Context) error {
+// StartAgent starts `ipvs-proxy run` in the VM, with Options.AgentArgs and
+// then extra, and waits for its first full sync.
+func (b *Bed) StartAgent(ctx context.Context, extra ...string) error {
 	argv := append([]string{GuestBinary, "run", "--kubeconfig", GuestKubecfg, "--hostname-override", NodeName}, b.opts.AgentArgs...)
+	argv = append(argv, extra...)
 	p, err := b.VM.Start(ctx, argv...)
 	if err != nil {
 		return err
