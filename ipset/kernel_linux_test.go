@@ -1,0 +1,210 @@
+package ipset
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+)
+
+var (
+	a = netip.MustParseAddr
+	p = netip.MustParsePrefix
+)
+
+func sorted(es []Entry) []string {
+	es = slices.Clone(es)
+	slices.SortFunc(es, Entry.Compare)
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.String()
+	}
+	return out
+}
+
+// TestKernelRoundTrip creates a set of every type ipvs-proxy uses, in both
+// families, writes entries and reads them back, on this machine's kernel in
+// a fresh network namespace.
+func TestKernelRoundTrip(t *testing.T) {
+	k := newKernel(t)
+	for _, tc := range []struct {
+		spec    Spec
+		entries []Entry
+	}{
+		{Spec{Name: "IPVSP-T-IP", Type: HashIP, Family: IPv4}, []Entry{{Addr: a("10.96.0.1")}, {Addr: a("10.96.0.2")}}},
+		{Spec{Name: "IPVSP-T-IPPORT", Type: HashIPPort, Family: IPv4}, []Entry{
+			{Addr: a("10.96.0.1"), Proto: netlinkutil.TCP, Port: 80}, {Addr: a("10.96.0.1"), Proto: netlinkutil.UDP, Port: 53},
+			{Addr: a("10.96.0.1"), Proto: netlinkutil.SCTP, Port: 9}}},
+		{Spec{Name: "IPVSP-T-IPPORT6", Type: HashIPPort, Family: IPv6}, []Entry{{Addr: a("fd00::1"), Proto: netlinkutil.TCP, Port: 443}}},
+		{Spec{Name: "IPVSP-T-IPPORTIP", Type: HashIPPortIP, Family: IPv4}, []Entry{
+			{Addr: a("10.100.1.2"), Proto: netlinkutil.TCP, Port: 8080, Addr2: a("10.100.1.2")}}},
+		{Spec{Name: "IPVSP-T-IPPORTNET6", Type: HashIPPortNet, Family: IPv6}, []Entry{
+			{Addr: a("fd00::b"), Proto: netlinkutil.TCP, Port: 80, Net: p("fd00:250::/64")}}},
+		{Spec{Name: "IPVSP-T-NET", Type: HashNet, Family: IPv4}, []Entry{{Net: p("10.100.0.0/14")}, {Net: p("192.0.2.7/32")}}},
+		{Spec{Name: "IPVSP-T-PORTS", Type: BitmapPort, PortTo: 65535}, []Entry{{Port: 10256}, {Port: 31000}}},
+	} {
+		t.Run(string(tc.spec.Type)+"/"+tc.spec.Family.String(), func(t *testing.T) {
+			if err := k.Create(tc.spec); err != nil {
+				t.Fatal(err)
+			}
+			if err := k.Create(tc.spec); err != nil {
+				t.Fatalf("creating the same set again: %v", err)
+			}
+			if err := k.Add(tc.spec.Name, tc.entries...); err != nil {
+				t.Fatal(err)
+			}
+			if err := k.Add(tc.spec.Name, tc.entries[0]); err != nil {
+				t.Fatalf("adding a present entry: %v", err)
+			}
+			got, err := k.List(tc.spec.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.spec.Normalized(), got.Spec); diff != "" {
+				t.Errorf("spec (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(sorted(tc.entries), sorted(got.Entries)); diff != "" {
+				t.Errorf("entries (-want +got):\n%s", diff)
+			}
+			if err := k.Del(tc.spec.Name, tc.entries[0], tc.entries[0]); err != nil {
+				t.Fatalf("deleting an entry twice: %v", err)
+			}
+			got, _ = k.List(tc.spec.Name)
+			if diff := cmp.Diff(sorted(tc.entries[1:]), sorted(got.Entries)); diff != "" {
+				t.Errorf("entries after a delete (-want +got):\n%s", diff)
+			}
+		})
+	}
+	names, err := k.ListNames()
+	if err != nil || len(names) != 7 {
+		t.Errorf("ListNames = %v, %v; want the 7 sets", names, err)
+	}
+
+	other := Spec{Name: "IPVSP-T-IP", Type: HashIP, Family: IPv4, MaxElem: 1024}
+	if err := k.Create(other); !errors.Is(err, ErrMismatch) {
+		t.Errorf("create with another capacity: %v; want ErrMismatch", err)
+	}
+	if err := k.Swap("IPVSP-T-IP", "IPVSP-T-NET"); err == nil {
+		t.Error("swapped sets of different types")
+	}
+	if _, err := k.List("IPVSP-NONE"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("list of a missing set: %v; want ErrNotFound", err)
+	}
+	if err := k.Add("IPVSP-NONE", Entry{Addr: a("10.0.0.1")}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("add to a missing set: %v; want ErrNotFound", err)
+	}
+	for _, n := range names {
+		if err := k.Destroy(n); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := k.Destroy("IPVSP-T-IP"); err != nil {
+		t.Errorf("destroying a missing set: %v", err)
+	}
+}
+
+// TestKernelOwnership: a set without the prefix can be read, not written.
+func TestKernelOwnership(t *testing.T) {
+	k := newKernel(t)
+	all, err := NewKernel(WithOwner(func(string) bool { return true }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer all.Close()
+	foreign := Spec{Name: "FOREIGN", Type: HashIP, Family: IPv4}
+	if err := all.Create(foreign); err != nil {
+		t.Fatal(err)
+	}
+	if err := all.Add("FOREIGN", Entry{Addr: a("192.0.2.1")}); err != nil {
+		t.Fatal(err)
+	}
+	for what, err := range map[string]error{
+		"create":  k.Create(Spec{Name: "OTHER", Type: HashIP, Family: IPv4}),
+		"add":     k.Add("FOREIGN", Entry{Addr: a("192.0.2.2")}),
+		"del":     k.Del("FOREIGN", Entry{Addr: a("192.0.2.1")}),
+		"flush":   k.Flush("FOREIGN"),
+		"swap":    k.Swap("FOREIGN", "IPVSP-X"),
+		"destroy": k.Destroy("FOREIGN"),
+	} {
+		if !errors.Is(err, ErrNotOwned) {
+			t.Errorf("%s of a foreign set: %v; want ErrNotOwned", what, err)
+		}
+	}
+	s, err := k.List("FOREIGN")
+	if err != nil || len(s.Entries) != 1 {
+		t.Errorf("the foreign set: %+v, %v; want it intact and readable", s, err)
+	}
+	if err := all.Destroy("FOREIGN"); err != nil {
+		t.Error(err)
+	}
+}
+
+// onThread runs fn on a goroutine of its own: the test's goroutine is locked
+// to its OS thread (for the namespace), and the library's channel-based
+// attribute parsing costs a thread switch per attribute there, which would
+// distort the timings. The socket stays in the test's namespace.
+func onThread(fn func()) {
+	done := make(chan struct{})
+	go func() { defer close(done); fn() }()
+	<-done
+}
+
+// TestKernelSyncer10k measures the Syncer against the kernel with 10,000
+// entries: a first fill, an idle reread, a difference of 100, and a rebuild.
+func TestKernelSyncer10k(t *testing.T) {
+	k := newKernel(t)
+	s := NewSyncer(k)
+	spec := Spec{Name: "IPVSP-SCALE", Type: HashIPPort, Family: IPv4}
+	contents := func(from, n int) Contents {
+		c := Contents{}
+		for i := from; i < from+n; i++ {
+			c[Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: netlinkutil.TCP, Port: 80}] = struct{}{}
+		}
+		return c
+	}
+	step := func(what string, want Contents, reread bool) Stats {
+		var st Stats
+		var err error
+		var took time.Duration
+		onThread(func() {
+			start := time.Now()
+			st, err = s.Sync(spec, want, reread)
+			took = time.Since(start)
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		t.Logf("%-28s %8v  %+v", what, took.Round(100*time.Microsecond), st)
+		var got Set
+		onThread(func() { got, err = k.List(spec.Name) })
+		if err != nil || len(got.Entries) != len(want) {
+			t.Fatalf("%s: the kernel holds %d entries (%v), want %d", what, len(got.Entries), err, len(want))
+		}
+		for _, e := range got.Entries {
+			if _, ok := want[e]; !ok {
+				t.Fatalf("%s: unexpected entry %s", what, e)
+			}
+		}
+		return st
+	}
+	if st := step("create and add 10,000", contents(0, 10000), false); st.Added != 10000 || !st.Created {
+		t.Errorf("first fill: %+v", st)
+	}
+	if st := step("reread, nothing to do", contents(0, 10000), true); st.Writes() != 0 || st.Reads != 1 {
+		t.Errorf("idle reread: %+v", st)
+	}
+	if st := step("difference of 100 (50+50)", contents(50, 10000), false); st.Added != 50 || st.Deleted != 50 || st.Reads != 0 {
+		t.Errorf("difference: %+v", st)
+	}
+	if st := step("rebuild of 10,000 (swap)", contents(20000, 10000), false); !st.Rebuilt || st.Added != 10000 {
+		t.Errorf("rebuild: %+v", st)
+	}
+	if _, err := k.List(TempName(spec.Name)); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the rebuild left its temporary set: %v", err)
+	}
+}

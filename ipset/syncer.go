@@ -1,0 +1,197 @@
+package ipset
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Contents is what a set should hold.
+type Contents map[Entry]struct{}
+
+// Stats count what a Syncer did.
+type Stats struct {
+	Reads   int  // dumps of a set
+	Added   int  // entries added to a live set
+	Deleted int  // entries deleted from a live set
+	Rebuilt bool // a new set was filled and swapped in (Added counts its entries)
+	Created bool // the set did not exist
+}
+
+// Writes is the number of entry writes.
+func (s Stats) Writes() int { return s.Added + s.Deleted }
+
+// Syncer keeps owned sets equal to desired contents. It remembers what it
+// last read or wrote of each set (its view), so that an update diffs against
+// memory and writes only the difference; a reread dumps the set first and
+// repairs drift. When writing the difference would take more writes than
+// writing the contents afresh (by a margin), or the set's parameters differ
+// from its spec, it fills a new set and swaps it in: rules that use the set see the old contents, then the new, never a
+// half-written set. Not safe for concurrent use.
+type Syncer struct {
+	sets Interface
+	view map[string]*viewed
+}
+
+type viewed struct {
+	spec    Spec
+	entries Contents // nil: unknown, reread before the next diff
+}
+
+// NewSyncer returns a Syncer with an empty view.
+func NewSyncer(sets Interface) *Syncer {
+	return &Syncer{sets: sets, view: map[string]*viewed{}}
+}
+
+// rebuildGain is how many writes a rebuild must save over the difference
+// before it is chosen (it costs four calls of its own).
+const rebuildGain = 100
+
+// TempName is the name of the set a rebuild fills before the swap.
+func TempName(name string) string {
+	const suffix = "-N"
+	if len(name)+len(suffix) > MaxNameLen {
+		name = name[:MaxNameLen-len(suffix)]
+	}
+	return name + suffix
+}
+
+// Sync makes the set spec.Name hold exactly want. With reread, or when the
+// view does not know the set, it dumps the set first (creating it if
+// missing); otherwise it trusts the view. After a failed write the set is
+// forgotten, so the next Sync rereads it.
+func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
+	var st Stats
+	spec = spec.Normalized()
+	if err := spec.Validate(); err != nil {
+		return st, err
+	}
+	if !s.sets.Owns(spec.Name) {
+		return st, fmt.Errorf("ipset: sync %s: %w", spec.Name, ErrNotOwned)
+	}
+	for e := range want {
+		if err := spec.Type.Check(spec.Family, e); err != nil {
+			return st, fmt.Errorf("ipset: set %s: %w", spec.Name, err)
+		}
+	}
+	v := s.view[spec.Name]
+	if reread || v == nil || v.entries == nil || v.spec != spec {
+		var err error
+		if v, err = s.read(spec, &st); err != nil {
+			delete(s.view, spec.Name)
+			return st, err
+		}
+		s.view[spec.Name] = v
+	}
+
+	var add, del []Entry
+	for e := range want {
+		if _, ok := v.entries[e]; !ok {
+			add = append(add, e)
+		}
+	}
+	for e := range v.entries {
+		if _, ok := want[e]; !ok {
+			del = append(del, e)
+		}
+	}
+	if len(add) == 0 && len(del) == 0 && v.spec == spec {
+		return st, nil
+	}
+	if v.spec != spec || (len(add)+len(del) > len(want)+rebuildGain && !st.Created) {
+		err := s.rebuild(spec, want, &st)
+		if err != nil {
+			v.entries = nil
+		}
+		return st, err
+	}
+	slices.SortFunc(add, Entry.Compare)
+	slices.SortFunc(del, Entry.Compare)
+	// Additions first: for a moment the set holds old and new entries,
+	// never neither.
+	if err := s.sets.Add(spec.Name, add...); err != nil {
+		v.entries = nil
+		return st, err
+	}
+	st.Added += len(add)
+	for _, e := range add {
+		v.entries[e] = struct{}{}
+	}
+	if err := s.sets.Del(spec.Name, del...); err != nil {
+		v.entries = nil
+		return st, err
+	}
+	st.Deleted += len(del)
+	for _, e := range del {
+		delete(v.entries, e)
+	}
+	return st, nil
+}
+
+// read dumps the set, creating it if missing. A set whose parameters differ
+// from spec (another capacity) is returned with its own spec, so that Sync
+// rebuilds it; one of another type or family cannot be swapped and is an
+// error.
+func (s *Syncer) read(spec Spec, st *Stats) (*viewed, error) {
+	st.Reads++
+	cur, err := s.sets.List(spec.Name)
+	if errors.Is(err, ErrNotFound) {
+		if err := s.sets.Create(spec); err != nil {
+			return nil, err
+		}
+		st.Created = true
+		return &viewed{spec: spec, entries: Contents{}}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cur.Type != spec.Type || cur.Family != spec.Family {
+		return nil, fmt.Errorf("ipset: set %s is %s %s, want %s %s (run `ipvs-proxy cleanup` to remove the old sets): %w",
+			spec.Name, cur.Type, cur.Family, spec.Type, spec.Family, ErrMismatch)
+	}
+	v := &viewed{spec: cur.Spec.Normalized(), entries: make(Contents, len(cur.Entries))}
+	for _, e := range cur.Entries {
+		v.entries[e] = struct{}{}
+	}
+	return v, nil
+}
+
+// rebuild fills a new set with want and swaps it with the live one.
+func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
+	tmp := spec
+	tmp.Name = TempName(spec.Name)
+	if err := s.sets.Destroy(tmp.Name); err != nil { // a leftover of a crash
+		return err
+	}
+	if err := s.sets.Create(tmp); err != nil {
+		return err
+	}
+	entries := make([]Entry, 0, len(want))
+	for e := range want {
+		entries = append(entries, e)
+	}
+	slices.SortFunc(entries, Entry.Compare)
+	if err := s.sets.Add(tmp.Name, entries...); err != nil {
+		return errors.Join(err, s.sets.Destroy(tmp.Name))
+	}
+	if err := s.sets.Swap(spec.Name, tmp.Name); err != nil {
+		return errors.Join(err, s.sets.Destroy(tmp.Name))
+	}
+	st.Rebuilt = true
+	st.Added += len(entries)
+	contents := make(Contents, len(want))
+	for e := range want {
+		contents[e] = struct{}{}
+	}
+	s.view[spec.Name] = &viewed{spec: spec, entries: contents}
+	return s.sets.Destroy(tmp.Name)
+}
+
+// Destroy destroys a set and forgets it.
+func (s *Syncer) Destroy(name string) error {
+	delete(s.view, name)
+	return s.sets.Destroy(name)
+}
+
+// Forget drops every set from the view: the next Sync of each rereads it.
+func (s *Syncer) Forget() { clear(s.view) }

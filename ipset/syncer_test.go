@@ -1,0 +1,194 @@
+package ipset_test
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+)
+
+var spec = ipset.Spec{Name: "IPVSP-CLUSTER-IP", Type: ipset.HashIPPort, Family: ipset.IPv4}
+
+func ep(ip string, port uint16) ipset.Entry {
+	return ipset.Entry{Addr: netip.MustParseAddr(ip), Proto: netlinkutil.TCP, Port: port}
+}
+
+func contents(es ...ipset.Entry) ipset.Contents {
+	c := ipset.Contents{}
+	for _, e := range es {
+		c[e] = struct{}{}
+	}
+	return c
+}
+
+func sync(t *testing.T, s *ipset.Syncer, want ipset.Contents, reread bool) ipset.Stats {
+	t.Helper()
+	st, err := s.Sync(spec, want, reread)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestSyncerByDifference: the set is created and filled once; later syncs
+// write only the difference, from the view, without reading the kernel.
+func TestSyncerByDifference(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	sync(t, s, contents(ep("10.96.0.1", 80), ep("10.96.0.2", 80)), false)
+	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Create IPVSP-CLUSTER-IP hash:ip,port inet",
+		"Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80 10.96.0.2,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("first sync (-want +got):\n%s", diff)
+	}
+	f.ResetCalls()
+	st := sync(t, s, contents(ep("10.96.0.2", 80), ep("10.96.0.3", 80)), false)
+	if diff := cmp.Diff([]fake.Call{"Add IPVSP-CLUSTER-IP 10.96.0.3,tcp:80", "Del IPVSP-CLUSTER-IP 10.96.0.1,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("second sync (-want +got):\n%s", diff)
+	}
+	if st.Added != 1 || st.Deleted != 1 || st.Reads != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	f.ResetCalls()
+	sync(t, s, contents(ep("10.96.0.2", 80), ep("10.96.0.3", 80)), false)
+	if c := f.Calls(); len(c) != 0 {
+		t.Errorf("an unchanged set made calls: %v", c)
+	}
+}
+
+// TestSyncerRereadRepairsDrift: with reread the kernel's contents are read
+// and drift is repaired; without it, the view is trusted.
+func TestSyncerRereadRepairsDrift(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	want := contents(ep("10.96.0.1", 80), ep("10.96.0.2", 80))
+	sync(t, s, want, false)
+	_ = f.Del(spec.Name, ep("10.96.0.1", 80))
+	_ = f.Add(spec.Name, ep("10.96.9.9", 80))
+	f.ResetCalls()
+	sync(t, s, want, false)
+	if c := f.Calls(); len(c) != 0 {
+		t.Errorf("without reread: %v", c)
+	}
+	sync(t, s, want, true)
+	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80",
+		"Del IPVSP-CLUSTER-IP 10.96.9.9,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("reread (-want +got):\n%s", diff)
+	}
+}
+
+// TestSyncerRebuild: a difference much larger than the contents, or a set
+// of another capacity, is rebuilt in a new set and swapped in.
+func TestSyncerRebuild(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	old := ipset.Contents{}
+	for i := range 300 {
+		old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, 1, byte(i)}), Proto: netlinkutil.TCP, Port: 80}] = struct{}{}
+	}
+	sync(t, s, old, false)
+	f.ResetCalls()
+	st := sync(t, s, contents(ep("10.96.0.1", 80)), false)
+	want := []fake.Call{"Destroy IPVSP-CLUSTER-IP-N", "Create IPVSP-CLUSTER-IP-N hash:ip,port inet",
+		"Add IPVSP-CLUSTER-IP-N 10.96.0.1,tcp:80", "Swap IPVSP-CLUSTER-IP IPVSP-CLUSTER-IP-N", "Destroy IPVSP-CLUSTER-IP-N"}
+	if diff := cmp.Diff(want, f.Calls()); diff != "" {
+		t.Errorf("rebuild (-want +got):\n%s", diff)
+	}
+	if !st.Rebuilt || len(f.Entries(spec.Name)) != 1 {
+		t.Errorf("stats %+v, entries %v", st, f.Entries(spec.Name))
+	}
+
+	// A set left by someone with a smaller capacity is rebuilt with ours.
+	small := spec
+	small.MaxElem = 1024
+	f2 := fake.New()
+	f2.Put(small, ep("10.96.0.1", 80))
+	s2 := ipset.NewSyncer(f2)
+	if st := sync(t, s2, contents(ep("10.96.0.1", 80)), true); !st.Rebuilt {
+		t.Errorf("a set of another capacity was not rebuilt: %+v", st)
+	}
+	got, _ := f2.List(spec.Name)
+	if got.MaxElem != ipset.DefaultMaxElem {
+		t.Errorf("capacity after the rebuild %d", got.MaxElem)
+	}
+}
+
+func TestSyncerErrors(t *testing.T) {
+	t.Run("another type", func(t *testing.T) {
+		f := fake.New()
+		f.Put(ipset.Spec{Name: spec.Name, Type: ipset.HashIP, Family: ipset.IPv4})
+		_, err := ipset.NewSyncer(f).Sync(spec, contents(), true)
+		if !errors.Is(err, ipset.ErrMismatch) || !strings.Contains(err.Error(), "ipvs-proxy cleanup") {
+			t.Errorf("got %v; want ErrMismatch with a remedy", err)
+		}
+	})
+	t.Run("not owned", func(t *testing.T) {
+		foreign := spec
+		foreign.Name = "KUBE-CLUSTER-IP"
+		f := fake.New()
+		if _, err := ipset.NewSyncer(f).Sync(foreign, contents(), true); !errors.Is(err, ipset.ErrNotOwned) {
+			t.Errorf("got %v; want ErrNotOwned", err)
+		}
+		if len(f.Calls()) != 0 {
+			t.Errorf("calls on a foreign set: %v", f.Calls())
+		}
+	})
+	t.Run("bad entry", func(t *testing.T) {
+		if _, err := ipset.NewSyncer(fake.New()).Sync(spec, contents(ipset.Entry{Addr: netip.MustParseAddr("fd00::1"), Proto: netlinkutil.TCP, Port: 1}), false); err == nil {
+			t.Error("an IPv6 entry was accepted into an IPv4 set")
+		}
+	})
+	t.Run("a failed write makes the next sync reread", func(t *testing.T) {
+		f := fake.New()
+		s := ipset.NewSyncer(f)
+		sync(t, s, contents(ep("10.96.0.1", 80)), false)
+		f.InjectErrors(func(c fake.Call) error {
+			if strings.HasPrefix(string(c), "Add") {
+				return errors.New("injected")
+			}
+			return nil
+		})
+		if _, err := s.Sync(spec, contents(ep("10.96.0.1", 80), ep("10.96.0.2", 80)), false); err == nil {
+			t.Fatal("no error")
+		}
+		f.InjectErrors(nil)
+		f.ResetCalls()
+		sync(t, s, contents(ep("10.96.0.1", 80), ep("10.96.0.2", 80)), false)
+		if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Add IPVSP-CLUSTER-IP 10.96.0.2,tcp:80"}, f.Calls()); diff != "" {
+			t.Errorf("after a failure (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestEntry(t *testing.T) {
+	for _, tc := range []struct {
+		typ  ipset.Type
+		fam  ipset.Family
+		e    ipset.Entry
+		want string
+		ok   bool
+	}{
+		{ipset.HashIP, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1")}, "10.0.0.1", true},
+		{ipset.HashIPPort, ipset.IPv6, ipset.Entry{Addr: netip.MustParseAddr("fd00::1"), Proto: netlinkutil.SCTP, Port: 9}, "fd00::1,sctp:9", true},
+		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1"), Proto: netlinkutil.UDP, Port: 53, Addr2: netip.MustParseAddr("10.0.0.2")}, "10.0.0.1,udp:53,10.0.0.2", true},
+		{ipset.HashIPPortNet, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1"), Proto: netlinkutil.TCP, Port: 80, Net: netip.MustParsePrefix("10.250.0.0/24")}, "10.0.0.1,tcp:80,10.250.0.0/24", true},
+		{ipset.HashNet, ipset.IPv4, ipset.Entry{Net: netip.MustParsePrefix("10.0.0.0/8")}, "10.0.0.0/8", true},
+		{ipset.BitmapPort, ipset.None, ipset.Entry{Port: 30000}, "30000", true},
+		{ipset.HashNet, ipset.IPv4, ipset.Entry{Net: netip.MustParsePrefix("0.0.0.0/0")}, "0.0.0.0/0", false},
+		{ipset.HashNet, ipset.IPv4, ipset.Entry{Net: netip.PrefixFrom(netip.MustParseAddr("10.0.0.1"), 8)}, "10.0.0.1/8", false},
+		{ipset.HashIPPort, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1"), Port: 80}, "10.0.0.1,80", false},
+		{ipset.HashIP, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("::ffff:10.0.0.1")}, "::ffff:10.0.0.1", false},
+	} {
+		if got := tc.e.String(); got != tc.want {
+			t.Errorf("String() = %q, want %q", got, tc.want)
+		}
+		if err := tc.typ.Check(tc.fam, tc.e); (err == nil) != tc.ok {
+			t.Errorf("%s %s: Check(%s) = %v, want ok=%v", tc.typ, tc.fam, tc.e, err, tc.ok)
+		}
+	}
+}

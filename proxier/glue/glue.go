@@ -1,0 +1,384 @@
+// Package glue is the iptables glue of ipvs-proxy: what IPVS alone does not
+// do. Connections are masqueraded where the client's address would not
+// route back (clusterIP traffic from outside the cluster CIDR, external
+// traffic under externalTrafficPolicy Cluster, hairpin), LoadBalancer source
+// ranges are enforced, node ports and Service ports are accepted, and new
+// connections to a VIP on a port that is no Service are rejected.
+//
+// The number of iptables rules is constant (Rules, a pure function of the
+// configuration); every per-Service datum is an ipset entry (ServiceEntries,
+// a pure function of a plan). Glue implements proxier.Consumer: it keeps
+// each Service's entries, updates the sets by difference on every sync, and
+// on a full sync also re-reads the sets and the rules and repairs drift.
+//
+// Ownership: the glue creates, changes and deletes only sets named
+// "IPVSP-*", chains named "IPVSP-*", and the rules in built-in chains that
+// jump to those chains. Other sets, chains and rules are never touched.
+package glue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+)
+
+// Config configures the glue.
+type Config struct {
+	// Interface is the proxy's dummy interface (its addresses are not node
+	// addresses).
+	Interface string
+	// NodePortAddresses are the prefixes of the node's own addresses
+	// (--nodeport-addresses; empty means all). When a LoadBalancer's
+	// source range holds one of them, the node itself may reach the
+	// LoadBalancer IP.
+	NodePortAddresses []netip.Prefix
+	// ClusterCIDRs are the pods' prefixes (--cluster-cidr).
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all traffic to clusterIPs.
+	MasqueradeAll bool
+	// IPv4 and IPv6 are the families served.
+	IPv4, IPv6 bool
+}
+
+// Glue programs the iptables glue. It is a proxier.Consumer and, like the
+// reconciler, is driven by the proxier's one sync loop.
+type Glue struct {
+	cfg    Config
+	syncer *ipset.Syncer
+	sets   ipset.Interface
+	ipt    map[ipset.Family]*IPTables
+	links  netlinkutil.Links
+	log    *zap.Logger
+
+	plans     map[types.NamespacedName]*proxier.ServicePlan
+	contrib   map[types.NamespacedName]entries
+	refs      map[setID]map[ipset.Entry]int // how many Services want each entry
+	want      map[setID]ipset.Contents      // the entries with refs > 0
+	dirty     map[setID]bool
+	nodeAddrs []netip.Addr
+
+	synced bool // a full sync has succeeded
+}
+
+var _ proxier.Consumer = (*Glue)(nil)
+
+// New returns the glue. ipt holds the iptables tools of each served family.
+func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links netlinkutil.Links, log *zap.Logger) *Glue {
+	g := &Glue{
+		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log,
+		plans:   map[types.NamespacedName]*proxier.ServicePlan{},
+		contrib: map[types.NamespacedName]entries{},
+		refs:    map[setID]map[ipset.Entry]int{},
+		want:    map[setID]ipset.Contents{},
+		dirty:   map[setID]bool{},
+	}
+	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
+		g.refs[id] = map[ipset.Entry]int{}
+		g.want[id] = ipset.Contents{}
+		g.dirty[id] = true
+	}
+	for _, fam := range g.families() {
+		for _, e := range cidrEntries(cfg.ClusterCIDRs, fam) {
+			g.ref(setID{setClusterCIDR, fam}, e, 1)
+		}
+	}
+	return g
+}
+
+// Name implements proxier.Consumer.
+func (g *Glue) Name() string { return "iptables glue" }
+
+func (g *Glue) families() []ipset.Family {
+	var out []ipset.Family
+	if g.cfg.IPv4 {
+		out = append(out, ipset.IPv4)
+	}
+	if g.cfg.IPv6 {
+		out = append(out, ipset.IPv6)
+	}
+	return out
+}
+
+// ruleConfig is the rule configuration of a family.
+func (g *Glue) ruleConfig(fam ipset.Family) RuleConfig {
+	c := RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll}
+	for _, p := range g.cfg.ClusterCIDRs {
+		if ipset.Of(p.Addr()) != fam {
+			continue
+		}
+		if p.Bits() == 0 { // every source is in the cluster: never masquerade
+			return RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll}
+		}
+		c.ClusterCIDR = true
+	}
+	return c
+}
+
+// ref changes the count of an entry and marks its set dirty when the entry
+// appears or disappears.
+func (g *Glue) ref(id setID, e ipset.Entry, delta int) {
+	refs, ok := g.refs[id]
+	if !ok {
+		return // a family that is not served
+	}
+	n := refs[e] + delta
+	switch {
+	case n <= 0:
+		delete(refs, e)
+		if _, had := g.want[id][e]; had {
+			delete(g.want[id], e)
+			g.dirty[id] = true
+		}
+	default:
+		refs[e] = n
+		if _, had := g.want[id][e]; !had {
+			g.want[id][e] = struct{}{}
+			g.dirty[id] = true
+		}
+	}
+}
+
+// SetPlan implements proxier.Consumer.
+func (g *Glue) SetPlan(name types.NamespacedName, plan *proxier.ServicePlan) {
+	if plan == nil {
+		delete(g.plans, name)
+	} else {
+		g.plans[name] = plan
+	}
+	g.recompute(name)
+}
+
+// recompute replaces a Service's entries with those of its current plan.
+func (g *Glue) recompute(name types.NamespacedName) {
+	next := ServiceEntries(g.plans[name], g.nodeAddrs)
+	prev := g.contrib[name]
+	for id, es := range next {
+		for e := range es {
+			g.ref(id, e, 1)
+		}
+	}
+	for id, es := range prev {
+		for e := range es {
+			g.ref(id, e, -1)
+		}
+	}
+	if len(next) == 0 {
+		delete(g.contrib, name)
+	} else {
+		g.contrib[name] = next
+	}
+	if ce := g.log.Check(zap.DebugLevel, "set entries of a Service"); ce != nil && (len(prev) > 0 || len(next) > 0) {
+		ce.Write(zap.String("service", name.String()), zap.Int("entries", next.count()), zap.Int("before", prev.count()))
+	}
+}
+
+func (e entries) count() int {
+	n := 0
+	for _, es := range e {
+		n += len(es)
+	}
+	return n
+}
+
+// Stats describe one glue sync.
+type Stats struct {
+	Sets       int // sets synced
+	Reads      int // set dumps
+	Added      int
+	Deleted    int
+	Rebuilt    int // sets rebuilt and swapped in
+	Restores   int // iptables-restore runs
+	Duration   time.Duration
+	NodeChange bool
+}
+
+// Sync implements proxier.Consumer. A partial sync writes the difference of
+// the sets that changed, from memory; a full one (and the first) re-reads
+// the node's addresses, every set and the iptables rules, and repairs them.
+func (g *Glue) Sync(full bool) error {
+	st, err := g.SyncStats(full)
+	logAt := g.log.Debug
+	if full && (st.Restores > 0 || st.Added+st.Deleted > 0 || err != nil) {
+		logAt = g.log.Info
+	}
+	logAt("iptables glue synced", zap.Bool("full", full || !g.synced), zap.Int("sets", st.Sets),
+		zap.Int("added", st.Added), zap.Int("deleted", st.Deleted), zap.Int("rebuilt", st.Rebuilt),
+		zap.Int("restores", st.Restores), zap.Duration("took", st.Duration))
+	return err
+}
+
+// SyncStats is Sync, returning what it did.
+func (g *Glue) SyncStats(full bool) (Stats, error) {
+	start := time.Now()
+	first := !g.synced
+	full = full || first
+	var st Stats
+	var errs []error
+	if full {
+		if err := g.refreshNodeAddresses(&st); err != nil {
+			errs = append(errs, err)
+		}
+		g.syncer.Forget()
+	}
+	// Sets first: the rules refer to them, and iptables-restore fails on a
+	// missing set.
+	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
+		if !full && !g.dirty[id] {
+			continue
+		}
+		s, err := g.syncer.Sync(id.spec(), g.want[id], full)
+		st.Sets++
+		st.Reads += s.Reads
+		st.Added += s.Added
+		st.Deleted += s.Deleted
+		if s.Rebuilt {
+			st.Rebuilt++
+		}
+		if err != nil {
+			errs = append(errs, g.setError(id, err))
+			continue
+		}
+		delete(g.dirty, id)
+	}
+	if full {
+		n, err := g.syncRules(first)
+		st.Restores += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if err == nil && first {
+			// Sets of a family no longer served, of an older version, or
+			// a rebuild's leftover: only after the rules that used them
+			// are gone. Listing every set costs, so only at start-up.
+			errs = append(errs, g.destroyStaleSets()...)
+		}
+	}
+	err := errors.Join(errs...)
+	if full && err == nil {
+		g.synced = true
+	}
+	st.Duration = time.Since(start)
+	return st, err
+}
+
+// setError names the Services whose entries a failed set write concerned.
+func (g *Glue) setError(id setID, err error) error {
+	var services []string
+	for name, c := range g.contrib {
+		if len(c[id]) > 0 {
+			services = append(services, name.String())
+			if len(services) == 5 {
+				services = append(services, "...")
+				break
+			}
+		}
+	}
+	slices.Sort(services)
+	g.log.Error("ipset update failed", zap.String("set", id.name()), zap.Strings("services", services), zap.Error(err))
+	return fmt.Errorf("set %s: %w", id.name(), err)
+}
+
+// refreshNodeAddresses reads the node's addresses; when they change, every
+// Service's entries are recomputed (they decide the node's own access to
+// LoadBalancer IPs with source ranges).
+func (g *Glue) refreshNodeAddresses(st *Stats) error {
+	all, err := g.links.NodeAddresses(g.cfg.Interface)
+	if err != nil {
+		return fmt.Errorf("read node addresses: %w", err)
+	}
+	addrs := proxier.FilterNodePortAddresses(all, g.cfg.NodePortAddresses)
+	if slices.Equal(addrs, g.nodeAddrs) {
+		return nil
+	}
+	g.nodeAddrs = addrs
+	st.NodeChange = true
+	for name := range g.plans {
+		g.recompute(name)
+	}
+	return nil
+}
+
+// syncRules reads each family's rules and applies the difference in one
+// iptables-restore per family (one transaction per table). On the first
+// sync, the rules of a family that is not served are removed.
+func (g *Glue) syncRules(first bool) (restores int, err error) {
+	var errs []error
+	for _, fam := range []ipset.Family{ipset.IPv4, ipset.IPv6} {
+		ipt := g.ipt[fam]
+		served := (fam == ipset.IPv4 && g.cfg.IPv4) || (fam == ipset.IPv6 && g.cfg.IPv6)
+		if ipt == nil {
+			if served {
+				errs = append(errs, fmt.Errorf("no iptables tools for %s", fam))
+			}
+			continue
+		}
+		if !served && !first {
+			continue
+		}
+		var want []Table
+		if served {
+			want = Rules(g.ruleConfig(fam))
+		}
+		saved, err := ipt.Save(context.Background())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		input := RestoreInput(want, saved, Owned)
+		if input == "" {
+			continue
+		}
+		restores++
+		if err := ipt.Restore(context.Background(), input); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		g.log.Info("iptables rules applied", zap.Stringer("iptables", ipt), zap.Bool("served", served),
+			zap.Int("lines", countLines(input)))
+	}
+	return restores, errors.Join(errs...)
+}
+
+func countLines(s string) int {
+	n := 0
+	for _, c := range s {
+		if c == '\n' {
+			n++
+		}
+	}
+	return n
+}
+
+// destroyStaleSets destroys owned sets the glue does not use.
+func (g *Glue) destroyStaleSets() []error {
+	names, err := g.sets.ListNames()
+	if err != nil {
+		return []error{err}
+	}
+	used := map[string]bool{}
+	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
+		used[id.name()] = true
+	}
+	var errs []error
+	for _, n := range names {
+		if !g.sets.Owns(n) || used[n] {
+			continue
+		}
+		if err := g.syncer.Destroy(n); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		g.log.Info("destroyed an unused set", zap.String("set", n))
+	}
+	return errs
+}

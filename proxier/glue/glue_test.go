@@ -1,0 +1,329 @@
+package glue
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+)
+
+// nodeLinks is the fake Links with node addresses a test can change.
+type nodeLinks struct {
+	*fake.Links
+	mu    sync.Mutex
+	addrs []netip.Addr
+}
+
+func (l *nodeLinks) NodeAddresses(...string) ([]netip.Addr, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.addrs), nil
+}
+
+func (l *nodeLinks) set(a ...netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.addrs = a
+}
+
+type bed struct {
+	g     *Glue
+	sets  *ipsetfake.Sets
+	ipt   *fakeIPTables
+	links *nodeLinks
+	logs  *observer.ObservedLogs
+}
+
+func newBed(t *testing.T, cfg Config) *bed {
+	t.Helper()
+	b := &bed{sets: ipsetfake.New(), ipt: newFakeIPTables(NFT), links: &nodeLinks{Links: fake.NewLinks(), addrs: []netip.Addr{addr("10.0.2.15")}}}
+	core, logs := observer.New(zap.DebugLevel)
+	b.logs = logs
+	ipt := map[ipset.Family]*IPTables{}
+	for _, fam := range []ipset.Family{ipset.IPv4, ipset.IPv6} {
+		x, err := NewIPTables(b.ipt, NFT, fam)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ipt[fam] = x
+	}
+	b.g = New(cfg, b.sets, ipt, b.links, zap.New(core))
+	return b
+}
+
+var dualStack = Config{Interface: "ipvs-proxy0", ClusterCIDRs: []netip.Prefix{pfx("10.100.0.0/14"), pfx("fd00:100::/24")}, IPv4: true, IPv6: true}
+
+func (b *bed) sync(t *testing.T, full bool) Stats {
+	t.Helper()
+	st, err := b.g.SyncStats(full)
+	if err != nil {
+		t.Fatalf("sync (full=%v): %v", full, err)
+	}
+	return st
+}
+
+func name(n string) types.NamespacedName { return types.NamespacedName{Namespace: "ns", Name: n} }
+
+// service is a plan with a clusterIP, a node port and a real server.
+func service(i int) *proxier.ServicePlan {
+	ip := fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)
+	rs := fmt.Sprintf("10.100.%d.%d:8080", i/250, i%250+2)
+	return &proxier.ServicePlan{Service: name(fmt.Sprint("s", i)), VirtualServers: []proxier.VSPlan{
+		vs(proxier.KindClusterIP, ip, tcp, 80, rs),
+		vs(proxier.KindNodePort, "10.0.2.15", tcp, uint16(30000+i%2768), rs),
+	}}
+}
+
+// TestRuleDumpConstant: the rules applied for 10 and for 10,000 Services
+// are byte-identical (every per-Service datum is in the sets), and they
+// are the rule dump of each family.
+func TestRuleDumpConstant(t *testing.T) {
+	inputs := map[int][]string{}
+	for _, n := range []int{10, 10000} {
+		b := newBed(t, dualStack)
+		for i := range n {
+			p := service(i)
+			b.g.SetPlan(p.Service, p)
+		}
+		start := time.Now()
+		st := b.sync(t, true)
+		t.Logf("%d Services: first sync %v, %d entries added, %d restores", n, time.Since(start).Round(time.Millisecond), st.Added, st.Restores)
+		inputs[n] = b.ipt.restores()
+		if got := len(b.sets.Entries("IPVSP-CLUSTER-IP")); got != n {
+			t.Errorf("%d Services: IPVSP-CLUSTER-IP has %d entries", n, got)
+		}
+	}
+	if diff := cmp.Diff(inputs[10], inputs[10000]); diff != "" {
+		t.Errorf("rules for 10 and 10,000 Services differ (-10 +10000):\n%s", diff)
+	}
+	want := []string{Dump(Rules(RuleConfig{Family: ipset.IPv4, ClusterCIDR: true})), Dump(Rules(RuleConfig{Family: ipset.IPv6, ClusterCIDR: true}))}
+	if diff := cmp.Diff(want, inputs[10]); diff != "" {
+		t.Errorf("restore inputs (-dumps +got):\n%s", diff)
+	}
+}
+
+// TestSyncByDifference: after the first sync, a changed Service writes only
+// its difference to the sets; a Service going away removes its entries but
+// not those another Service still needs; nothing runs iptables.
+func TestSyncByDifference(t *testing.T) {
+	b := newBed(t, dualStack)
+	a := &proxier.ServicePlan{Service: name("a"), VirtualServers: []proxier.VSPlan{
+		vs(proxier.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080"),
+		vs(proxier.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080"),
+	}}
+	c := &proxier.ServicePlan{Service: name("c"), VirtualServers: []proxier.VSPlan{
+		vs(proxier.KindExternalIP, "10.251.0.10", tcp, 443, "10.100.1.2:8443"),
+	}}
+	b.g.SetPlan(a.Service, a)
+	b.g.SetPlan(c.Service, c)
+	b.sync(t, false) // the first sync is full whatever asked
+	restores := len(b.ipt.restores())
+	b.sets.ResetCalls()
+
+	// a gets a second real server.
+	a2 := *a
+	a2.VirtualServers = []proxier.VSPlan{
+		vs(proxier.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
+		vs(proxier.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
+	}
+	b.g.SetPlan(a.Service, &a2)
+	b.sync(t, false)
+	if diff := cmp.Diff([]ipsetfake.Call{"Add IPVSP-HAIRPIN 10.100.2.2,tcp:8080,10.100.2.2"}, b.sets.Calls()); diff != "" {
+		t.Errorf("calls for a new real server (-want +got):\n%s", diff)
+	}
+
+	// a goes: its entries go, the VIP it shares with c stays.
+	b.sets.ResetCalls()
+	b.g.SetPlan(a.Service, nil)
+	b.sync(t, false)
+	want := []ipsetfake.Call{
+		"Del IPVSP-CLUSTER-IP 10.96.0.10,tcp:80",
+		"Del IPVSP-EXTERNAL 10.251.0.10,tcp:80",
+		"Del IPVSP-SERVICE 10.96.0.10,tcp:80 10.251.0.10,tcp:80",
+		"Del IPVSP-VIP 10.96.0.10",
+		"Del IPVSP-HAIRPIN 10.100.1.2,tcp:8080,10.100.1.2 10.100.2.2,tcp:8080,10.100.2.2",
+	}
+	if diff := cmp.Diff(want, b.sets.Calls()); diff != "" {
+		t.Errorf("calls for a deleted Service (-want +got):\n%s", diff)
+	}
+	if got := b.sets.Entries("IPVSP-VIP"); !slices.Equal(got, []string{"10.251.0.10"}) {
+		t.Errorf("IPVSP-VIP = %v; the shared VIP must stay", got)
+	}
+	if n := len(b.ipt.restores()); n != restores {
+		t.Errorf("partial syncs ran iptables-restore %d times", n-restores)
+	}
+
+	// A full sync with nothing changed reads and writes nothing but the
+	// sets' dumps and the rules' saves.
+	b.sets.ResetCalls()
+	st := b.sync(t, true)
+	if w := b.sets.Writes(); len(w) != 0 || st.Restores != 0 {
+		t.Errorf("an idle full sync wrote %v and restored %d times", w, st.Restores)
+	}
+}
+
+// TestFullSyncRepairsDrift: entries removed or added behind the glue's back
+// and a rule deleted are repaired by the next full sync, and only those.
+func TestFullSyncRepairsDrift(t *testing.T) {
+	b := newBed(t, dualStack)
+	p := service(1)
+	b.g.SetPlan(p.Service, p)
+	b.sync(t, true)
+	before := b.sets.Dump()
+
+	_ = b.sets.Del("IPVSP-CLUSTER-IP", ipset.Entry{Addr: addr("10.96.0.2"), Proto: tcp, Port: 80})
+	_ = b.sets.Add("IPVSP-VIP", ipset.Entry{Addr: addr("10.96.9.9")})
+	b.ipt.mu.Lock()
+	b.ipt.tables("nft4")["nat"].rules["IPVSP-POSTROUTING"] = nil
+	b.ipt.mu.Unlock()
+	b.sets.ResetCalls()
+
+	// A partial sync trusts its view: no repair yet.
+	b.sync(t, false)
+	if w := b.sets.Writes(); len(w) != 0 {
+		t.Errorf("a partial sync wrote %v", w)
+	}
+	st := b.sync(t, true)
+	want := []ipsetfake.Call{"Add IPVSP-CLUSTER-IP 10.96.0.2,tcp:80", "Del IPVSP-VIP 10.96.9.9"}
+	if diff := cmp.Diff(want, b.sets.Writes()); diff != "" {
+		t.Errorf("repair writes (-want +got):\n%s", diff)
+	}
+	if st.Restores != 1 {
+		t.Errorf("%d restores; want 1 (IPv4's nat table)", st.Restores)
+	}
+	if diff := cmp.Diff(before, b.sets.Dump()); diff != "" {
+		t.Errorf("sets after the repair (-before +after):\n%s", diff)
+	}
+	if in := RestoreInput(Rules(RuleConfig{Family: ipset.IPv4, ClusterCIDR: true}), ParseSave(b.ipt.dump("nft4")), Owned); in != "" {
+		t.Errorf("rules still differ:\n%s", in)
+	}
+}
+
+// TestFailedWriteIsRetried: a failed set write fails the sync, names the
+// Service in the log, and the next (full) sync writes it.
+func TestFailedWriteIsRetried(t *testing.T) {
+	b := newBed(t, dualStack)
+	b.sync(t, true)
+	b.sets.InjectErrors(func(c ipsetfake.Call) error {
+		if strings.HasPrefix(string(c), "Add IPVSP-CLUSTER-IP") {
+			return errors.New("injected")
+		}
+		return nil
+	})
+	p := service(1)
+	b.g.SetPlan(p.Service, p)
+	_, err := b.g.SyncStats(false)
+	if err == nil || !strings.Contains(err.Error(), "IPVSP-CLUSTER-IP") {
+		t.Fatalf("sync error %v; want one naming the set", err)
+	}
+	logged := b.logs.FilterMessage("ipset update failed").All()
+	if len(logged) != 1 || !slices.Contains(logged[0].ContextMap()["services"].([]any), any("ns/s1")) {
+		t.Errorf("log of the failure %v; want it to name ns/s1", logged)
+	}
+	// The other sets got their entries.
+	if got := b.sets.Entries("IPVSP-SERVICE"); len(got) != 2 {
+		t.Errorf("IPVSP-SERVICE = %v", got)
+	}
+	b.sets.InjectErrors(nil)
+	b.sync(t, true)
+	if got := b.sets.Entries("IPVSP-CLUSTER-IP"); !slices.Equal(got, []string{"10.96.0.2,tcp:80"}) {
+		t.Errorf("IPVSP-CLUSTER-IP after the retry = %v", got)
+	}
+}
+
+// TestStartupRemovesStale: at start-up, the rules and sets of a family no
+// longer served and sets of an older version are removed; other tools'
+// sets and chains stay.
+func TestStartupRemovesStale(t *testing.T) {
+	b := newBed(t, Config{Interface: "ipvs-proxy0", IPv4: true})
+	b.sets.Put(ipset.Spec{Name: "IPVSP-6-VIP", Type: ipset.HashIP, Family: ipset.IPv6})
+	b.sets.Put(ipset.Spec{Name: "IPVSP-OLD", Type: ipset.HashIP, Family: ipset.IPv4}, ipset.Entry{Addr: addr("10.0.0.1")})
+	b.sets.Put(ipset.Spec{Name: "FOREIGN", Type: ipset.HashIP, Family: ipset.IPv4}, ipset.Entry{Addr: addr("10.0.0.1")})
+	b.ipt.put("nft6", "filter", "IPVSP-INPUT", "-m set --match-set IPVSP-6-VIP dst -j DROP")
+	b.ipt.put("nft6", "filter", "INPUT", `-m comment --comment "ipvs-proxy: x" -j IPVSP-INPUT`)
+	b.ipt.put("nft6", "filter", "FOREIGN", "-j ACCEPT")
+	b.sync(t, true)
+
+	for _, n := range b.sets.Names() {
+		if strings.HasPrefix(n, "IPVSP-6-") || n == "IPVSP-OLD" {
+			t.Errorf("stale set %s left", n)
+		}
+	}
+	if got := b.sets.Entries("FOREIGN"); len(got) != 1 {
+		t.Errorf("the foreign set lost its entry: %v", got)
+	}
+	v6 := b.ipt.dump("nft6")
+	if strings.Contains(v6, "IPVSP-") || !strings.Contains(v6, ":FOREIGN") {
+		t.Errorf("ip6tables after start-up:\n%s", v6)
+	}
+	// Later full syncs leave ip6tables alone.
+	calls := len(b.ipt.calls)
+	b.sync(t, true)
+	for _, c := range b.ipt.calls[calls:] {
+		if strings.HasPrefix(c, "ip6tables") {
+			t.Errorf("a later sync ran %s", c)
+		}
+	}
+}
+
+// TestNodeAddressesDecideNodeAccess: the node may reach a firewalled
+// LoadBalancer IP when a source range holds one of its node-port
+// addresses; a change of address is picked up by the next full sync.
+func TestNodeAddressesDecideNodeAccess(t *testing.T) {
+	cfg := dualStack
+	cfg.NodePortAddresses = []netip.Prefix{pfx("192.168.0.0/16")}
+	b := newBed(t, cfg)
+	b.links.set(addr("10.0.2.15"), addr("192.168.1.5"))
+	lb := vs(proxier.KindLoadBalancer, "10.251.0.11", tcp, 80)
+	lb.SourceRanges = []netip.Prefix{pfx("10.0.2.0/24")}
+	p := &proxier.ServicePlan{Service: name("lb"), VirtualServers: []proxier.VSPlan{lb}}
+	b.g.SetPlan(p.Service, p)
+	b.sync(t, true)
+	if got := b.sets.Entries("IPVSP-LB-SRC-IP"); len(got) != 0 {
+		t.Errorf("10.0.2.15 is no node-port address, yet the node is allowed: %v", got)
+	}
+	b.links.set(addr("10.0.2.15"), addr("192.168.1.5"), addr("192.168.10.1"))
+	lb.SourceRanges = []netip.Prefix{pfx("192.168.10.0/24")}
+	b.g.SetPlan(p.Service, &proxier.ServicePlan{Service: name("lb"), VirtualServers: []proxier.VSPlan{lb}})
+	b.sync(t, false)
+	if got := b.sets.Entries("IPVSP-LB-SRC-IP"); len(got) != 0 {
+		t.Errorf("a partial sync saw the new address: %v", got)
+	}
+	b.sync(t, true)
+	if got := b.sets.Entries("IPVSP-LB-SRC-IP"); !slices.Equal(got, []string{"10.251.0.11,tcp:80,10.251.0.11"}) {
+		t.Errorf("IPVSP-LB-SRC-IP = %v; want the node allowed", got)
+	}
+}
+
+// TestRestoreFailure: a failing iptables-restore fails the sync; the next
+// full sync applies the rules.
+func TestRestoreFailure(t *testing.T) {
+	b := newBed(t, dualStack)
+	b.ipt.fail = func(tool string) error {
+		if strings.HasSuffix(tool, "-restore") {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	if _, err := b.g.SyncStats(true); err == nil {
+		t.Fatal("no error from a failed restore")
+	}
+	b.ipt.fail = nil
+	if st := b.sync(t, false); st.Restores != 2 {
+		t.Errorf("the sync after a failed first one made %d restores; want 2", st.Restores)
+	}
+}

@@ -1,0 +1,171 @@
+package glue
+
+import (
+	"strings"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+)
+
+// ChainPrefix starts the name of every iptables chain ipvs-proxy owns.
+const ChainPrefix = "IPVSP-"
+
+// Packet marks. The bits are Kubernetes' conventions (kube-proxy's
+// --iptables-masquerade-bit 14 and kubelet's drop bit 15), so that a node
+// migrating from kube-proxy sees the same meaning on the same bit.
+const (
+	// MarkMasq asks POSTROUTING to masquerade the connection.
+	MarkMasq = "0x4000"
+	// MarkDrop asks filter INPUT/OUTPUT to drop the packet (it came from
+	// outside a LoadBalancer's source ranges).
+	MarkDrop = "0x8000"
+)
+
+// Our chains.
+const (
+	chainServices    = "IPVSP-SERVICES"
+	chainFirewall    = "IPVSP-FIREWALL"
+	chainMarkMasq    = "IPVSP-MARK-MASQ"
+	chainPostrouting = "IPVSP-POSTROUTING"
+	chainInput       = "IPVSP-INPUT"
+	chainForward     = "IPVSP-FORWARD"
+	chainOutput      = "IPVSP-OUTPUT"
+)
+
+// RuleConfig is everything the rules depend on. Services are not part of
+// it: every per-Service datum lives in ipsets, so the rules are the same
+// for 0 and for 100,000 Services.
+type RuleConfig struct {
+	Family ipset.Family
+	// MasqueradeAll masquerades all traffic to clusterIPs.
+	MasqueradeAll bool
+	// ClusterCIDR is set when --cluster-cidr has a prefix of this family:
+	// traffic to clusterIPs from outside it is masqueraded. Without one
+	// (and without MasqueradeAll) clusterIP traffic keeps its source.
+	ClusterCIDR bool
+}
+
+// Jump is one rule in a built-in chain that sends packets to one of ours.
+type Jump struct {
+	Chain   string // the built-in chain
+	Comment string
+	Target  string
+}
+
+// Spec is the jump's rule as iptables-save prints it, without "-A CHAIN".
+func (j Jump) Spec() string {
+	return `-m comment --comment "` + j.Comment + `" -j ` + j.Target
+}
+
+// Table is what ipvs-proxy wants in one iptables table.
+type Table struct {
+	Name string
+	// Chains are our chains, in declaration order.
+	Chains []string
+	// Jumps are inserted at the top of built-in chains.
+	Jumps []Jump
+	// Rules are "-A CHAIN ..." lines of our chains, written as iptables-save
+	// prints them, so that the kernel's state compares equal to them.
+	Rules []string
+}
+
+// Rules returns the tables ipvs-proxy wants for one family. It is a pure
+// function of its configuration.
+//
+// The rules hang off these hooks:
+//
+//   - nat PREROUTING and OUTPUT → IPVSP-SERVICES: the first packet of each
+//     connection to a Service, before IPVS sees it (IPVS schedules remote
+//     traffic in LOCAL_IN and the node's own in LOCAL_OUT, both after
+//     these). Here the connection is marked for masquerade, and packets
+//     from outside a LoadBalancer's source ranges are marked for drop.
+//   - nat POSTROUTING → IPVSP-POSTROUTING: after IPVS has rewritten the
+//     destination to a real server; masquerades the marked connections and
+//     hairpin ones (a pod balanced to itself).
+//   - filter INPUT → IPVSP-INPUT: before IPVS's LOCAL_IN hook; drops marked
+//     packets, accepts Service traffic (VIP and node ports) and health-check
+//     node ports, and rejects new connections to a VIP on any other port
+//     (with a TCP reset, or an ICMP port unreachable).
+//   - filter OUTPUT → IPVSP-OUTPUT: the node's own connections, after IPVS
+//     scheduled them in LOCAL_OUT; drops the marked ones.
+//   - filter FORWARD → IPVSP-FORWARD: real servers' replies cross FORWARD on
+//     their way back to the client; accepted even under a default-drop
+//     policy, like marked traffic.
+func Rules(c RuleConfig) []Table {
+	set := func(base string) string { return SetName(base, c.Family) }
+	hc := SetName(setHealthCheck, ipset.None)
+	reject := "icmp-port-unreachable"
+	if c.Family == ipset.IPv6 {
+		reject = "icmp6-port-unreachable"
+	}
+
+	nat := Table{
+		Name:   "nat",
+		Chains: []string{chainServices, chainFirewall, chainMarkMasq, chainPostrouting},
+		Jumps: []Jump{
+			{"PREROUTING", "ipvs-proxy: Service traffic", chainServices},
+			{"OUTPUT", "ipvs-proxy: Service traffic", chainServices},
+			{"POSTROUTING", "ipvs-proxy: masquerade", chainPostrouting},
+		},
+	}
+	add := func(t *Table, chain string, rule ...string) {
+		t.Rules = append(t.Rules, "-A "+chain+" "+strings.Join(rule, " "))
+	}
+	add(&nat, chainServices, "-m set --match-set", set(setLBFirewall), "dst,dst -j", chainFirewall)
+	switch {
+	case c.MasqueradeAll:
+		add(&nat, chainServices, "-m set --match-set", set(setClusterIP), "dst,dst -j", chainMarkMasq)
+	case c.ClusterCIDR:
+		add(&nat, chainServices, "-m set --match-set", set(setClusterIP), "dst,dst -m set ! --match-set",
+			set(setClusterCIDR), "src -j", chainMarkMasq)
+	}
+	add(&nat, chainServices, "-m set --match-set", set(setExternal), "dst,dst -j", chainMarkMasq)
+	add(&nat, chainFirewall, "-m set --match-set", set(setLBSource), "dst,dst,src -j RETURN")
+	add(&nat, chainFirewall, "-m set --match-set", set(setLBSourceIP), "dst,dst,src -j RETURN")
+	add(&nat, chainFirewall, "-j MARK --set-xmark", MarkDrop+"/"+MarkDrop)
+	add(&nat, chainMarkMasq, "-j MARK --set-xmark", MarkMasq+"/"+MarkMasq)
+	add(&nat, chainPostrouting, "-m set --match-set", set(setHairpin), "dst,dst,src -j MASQUERADE")
+	add(&nat, chainPostrouting, "-m mark ! --mark", MarkMasq+"/"+MarkMasq, "-j RETURN")
+	add(&nat, chainPostrouting, "-j MARK --set-xmark", MarkMasq+"/0x0")
+	add(&nat, chainPostrouting, "-j MASQUERADE --random-fully")
+
+	filter := Table{
+		Name:   "filter",
+		Chains: []string{chainInput, chainForward, chainOutput},
+		Jumps: []Jump{
+			{"INPUT", "ipvs-proxy: source ranges, Service ports, VIP protection", chainInput},
+			{"FORWARD", "ipvs-proxy: marked and established traffic", chainForward},
+			{"OUTPUT", "ipvs-proxy: source ranges of traffic from the node", chainOutput},
+		},
+	}
+	add(&filter, chainInput, "-m mark --mark", MarkDrop+"/"+MarkDrop, "-j DROP")
+	add(&filter, chainInput, "-m set --match-set", set(setService), "dst,dst -j ACCEPT")
+	add(&filter, chainInput, "-p tcp -m set --match-set", hc, "dst -j ACCEPT")
+	// A reset for TCP (ICMP errors are rate-limited per client), an ICMP
+	// port unreachable for the rest.
+	add(&filter, chainInput, "-p tcp -m set --match-set", set(setVIP), "dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset")
+	add(&filter, chainInput, "-m set --match-set", set(setVIP), "dst -m conntrack --ctstate NEW -j REJECT --reject-with", reject)
+	add(&filter, chainForward, "-m mark --mark", MarkMasq+"/"+MarkMasq, "-j ACCEPT")
+	add(&filter, chainForward, "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
+	add(&filter, chainOutput, "-m mark --mark", MarkDrop+"/"+MarkDrop, "-j DROP")
+	return []Table{nat, filter}
+}
+
+// Dump renders tables as an iptables-restore input that creates them on a
+// node without any of ipvs-proxy's rules: the "rule dump".
+func Dump(tables []Table) string {
+	var b strings.Builder
+	for _, t := range tables {
+		b.WriteString("*" + t.Name + "\n")
+		for _, c := range t.Chains {
+			b.WriteString(":" + c + " - [0:0]\n")
+		}
+		for _, j := range t.Jumps {
+			b.WriteString("-I " + j.Chain + " 1 " + j.Spec() + "\n")
+		}
+		for _, r := range t.Rules {
+			b.WriteString(r + "\n")
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.String()
+}

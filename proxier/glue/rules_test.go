@@ -1,0 +1,102 @@
+package glue
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+)
+
+// wantDumpIPv4 is the whole rule dump of IPv4 with a cluster CIDR: every
+// rule ipvs-proxy ever writes, whatever the number of Services.
+const wantDumpIPv4 = `*nat
+:IPVSP-SERVICES - [0:0]
+:IPVSP-FIREWALL - [0:0]
+:IPVSP-MARK-MASQ - [0:0]
+:IPVSP-POSTROUTING - [0:0]
+-I PREROUTING 1 -m comment --comment "ipvs-proxy: Service traffic" -j IPVSP-SERVICES
+-I OUTPUT 1 -m comment --comment "ipvs-proxy: Service traffic" -j IPVSP-SERVICES
+-I POSTROUTING 1 -m comment --comment "ipvs-proxy: masquerade" -j IPVSP-POSTROUTING
+-A IPVSP-SERVICES -m set --match-set IPVSP-LB-FW dst,dst -j IPVSP-FIREWALL
+-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set ! --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-MARK-MASQ
+-A IPVSP-SERVICES -m set --match-set IPVSP-EXTERNAL dst,dst -j IPVSP-MARK-MASQ
+-A IPVSP-FIREWALL -m set --match-set IPVSP-LB-SRC dst,dst,src -j RETURN
+-A IPVSP-FIREWALL -m set --match-set IPVSP-LB-SRC-IP dst,dst,src -j RETURN
+-A IPVSP-FIREWALL -j MARK --set-xmark 0x8000/0x8000
+-A IPVSP-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A IPVSP-POSTROUTING -m set --match-set IPVSP-HAIRPIN dst,dst,src -j MASQUERADE
+-A IPVSP-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A IPVSP-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A IPVSP-POSTROUTING -j MASQUERADE --random-fully
+COMMIT
+*filter
+:IPVSP-INPUT - [0:0]
+:IPVSP-FORWARD - [0:0]
+:IPVSP-OUTPUT - [0:0]
+-I INPUT 1 -m comment --comment "ipvs-proxy: source ranges, Service ports, VIP protection" -j IPVSP-INPUT
+-I FORWARD 1 -m comment --comment "ipvs-proxy: marked and established traffic" -j IPVSP-FORWARD
+-I OUTPUT 1 -m comment --comment "ipvs-proxy: source ranges of traffic from the node" -j IPVSP-OUTPUT
+-A IPVSP-INPUT -m mark --mark 0x8000/0x8000 -j DROP
+-A IPVSP-INPUT -m set --match-set IPVSP-SERVICE dst,dst -j ACCEPT
+-A IPVSP-INPUT -p tcp -m set --match-set IPVSP-HC-NODE-PORT dst -j ACCEPT
+-A IPVSP-INPUT -p tcp -m set --match-set IPVSP-VIP dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset
+-A IPVSP-INPUT -m set --match-set IPVSP-VIP dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
+-A IPVSP-FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A IPVSP-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A IPVSP-OUTPUT -m mark --mark 0x8000/0x8000 -j DROP
+COMMIT
+`
+
+func TestRulesDumpIPv4(t *testing.T) {
+	got := Dump(Rules(RuleConfig{Family: ipset.IPv4, ClusterCIDR: true}))
+	if diff := cmp.Diff(wantDumpIPv4, got); diff != "" {
+		t.Errorf("rule dump (-want +got):\n%s", diff)
+	}
+}
+
+// TestRulesDumpVariants: the other families and masquerade settings change
+// only the set names, the reject type and the clusterIP masquerade rule.
+func TestRulesDumpVariants(t *testing.T) {
+	clusterIPRule := "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set ! --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-MARK-MASQ\n"
+	for _, tc := range []struct {
+		name string
+		cfg  RuleConfig
+		want string
+	}{
+		{"masquerade all", RuleConfig{Family: ipset.IPv4, MasqueradeAll: true, ClusterCIDR: true},
+			strings.Replace(wantDumpIPv4, clusterIPRule, "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n", 1)},
+		{"no cluster CIDR", RuleConfig{Family: ipset.IPv4},
+			strings.Replace(wantDumpIPv4, clusterIPRule, "", 1)},
+		{"IPv6", RuleConfig{Family: ipset.IPv6, ClusterCIDR: true},
+			strings.NewReplacer("--match-set IPVSP-", "--match-set IPVSP-6-",
+				"icmp-port-unreachable", "icmp6-port-unreachable").Replace(wantDumpIPv4)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := strings.ReplaceAll(tc.want, "IPVSP-6-HC-NODE-PORT", "IPVSP-HC-NODE-PORT") // one set for both families
+			if diff := cmp.Diff(want, Dump(Rules(tc.cfg))); diff != "" {
+				t.Errorf("rule dump (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestRulesUseOnlyOwnNames: every chain and set the rules name is ours.
+func TestRulesUseOnlyOwnNames(t *testing.T) {
+	for _, fam := range []ipset.Family{ipset.IPv4, ipset.IPv6} {
+		for _, tab := range Rules(RuleConfig{Family: fam, ClusterCIDR: true}) {
+			for _, r := range tab.Rules {
+				f := strings.Fields(r)
+				if !Owned(tab.Name, f[1]) {
+					t.Errorf("rule in a foreign chain: %s", r)
+				}
+				for i, w := range f {
+					if (w == "--match-set" || w == "-j") && i+1 < len(f) && strings.Contains(f[i+1], "-") && !strings.HasPrefix(f[i+1], "IPVSP-") {
+						t.Errorf("rule names a foreign object: %s", r)
+					}
+				}
+			}
+		}
+	}
+}

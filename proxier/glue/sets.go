@@ -1,0 +1,190 @@
+package glue
+
+import (
+	"net/netip"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+)
+
+// The sets, by base name. Per family: "IPVSP-" + base for IPv4,
+// "IPVSP-6-" + base for IPv6; the health-check ports set serves both.
+const (
+	// setClusterIP: clusterIP,proto:port of every clusterIP virtual server.
+	setClusterIP = "CLUSTER-IP"
+	// setExternal: ip,proto:port of every externalIP, LoadBalancer and
+	// node-port virtual server under externalTrafficPolicy Cluster (these
+	// are masqueraded; under Local the source is preserved).
+	setExternal = "EXTERNAL"
+	// setService: every virtual server, accepted in filter INPUT.
+	setService = "SERVICE"
+	// setVIP: every address on the dummy interface (VIP protection).
+	setVIP = "VIP"
+	// setLBFirewall: LoadBalancer virtual servers with source ranges.
+	setLBFirewall = "LB-FW"
+	// setLBSource: lbIP,proto:port,range for each allowed range.
+	setLBSource = "LB-SRC"
+	// setLBSourceIP: lbIP,proto:port,lbIP when a range holds one of the
+	// node's (node-port) addresses: the node's own connections to a VIP
+	// bound locally come from the VIP itself.
+	setLBSourceIP = "LB-SRC-IP"
+	// setHairpin: rs,proto:rsport,rs for every real server (a pod balanced
+	// to itself is masqueraded, or its reply would skip IPVS).
+	setHairpin = "HAIRPIN"
+	// setClusterCIDR: the --cluster-cidr prefixes.
+	setClusterCIDR = "CLUSTER-CIDR"
+	// setHealthCheck: health-check node ports (bitmap:port, both families).
+	setHealthCheck = "HC-NODE-PORT"
+)
+
+// setTypes gives each base name its type, in a fixed order.
+var setTypes = []struct {
+	base string
+	typ  ipset.Type
+}{
+	{setClusterIP, ipset.HashIPPort},
+	{setExternal, ipset.HashIPPort},
+	{setService, ipset.HashIPPort},
+	{setVIP, ipset.HashIP},
+	{setLBFirewall, ipset.HashIPPort},
+	{setLBSource, ipset.HashIPPortNet},
+	{setLBSourceIP, ipset.HashIPPortIP},
+	{setHairpin, ipset.HashIPPortIP},
+	{setClusterCIDR, ipset.HashNet},
+	{setHealthCheck, ipset.BitmapPort},
+}
+
+// SetName is the name of a set of a family (ipset.None for the bitmap).
+func SetName(base string, f ipset.Family) string {
+	if f == ipset.IPv6 {
+		return ipset.Prefix + "6-" + base
+	}
+	return ipset.Prefix + base
+}
+
+// setID names one set: a base and a family.
+type setID struct {
+	base string
+	fam  ipset.Family
+}
+
+func (id setID) name() string { return SetName(id.base, id.fam) }
+
+func (id setID) spec() ipset.Spec {
+	for _, st := range setTypes {
+		if st.base == id.base {
+			s := ipset.Spec{Name: id.name(), Type: st.typ, Family: id.fam}
+			if st.typ == ipset.BitmapPort {
+				s.PortFrom, s.PortTo = 0, 65535
+			}
+			return s.Normalized()
+		}
+	}
+	panic("glue: unknown set " + id.base)
+}
+
+// setIDs lists the sets of the enabled families, in a fixed order.
+func setIDs(ipv4, ipv6 bool) []setID {
+	var out []setID
+	for _, st := range setTypes {
+		if st.typ == ipset.BitmapPort {
+			out = append(out, setID{st.base, ipset.None})
+			continue
+		}
+		if ipv4 {
+			out = append(out, setID{st.base, ipset.IPv4})
+		}
+		if ipv6 {
+			out = append(out, setID{st.base, ipset.IPv6})
+		}
+	}
+	return out
+}
+
+// entries is one Service's contribution to the sets.
+type entries map[setID]map[ipset.Entry]struct{}
+
+func (e entries) add(base string, fam ipset.Family, en ipset.Entry) {
+	id := setID{base, fam}
+	if e[id] == nil {
+		e[id] = map[ipset.Entry]struct{}{}
+	}
+	e[id][en] = struct{}{}
+}
+
+// ServiceEntries computes the set entries of one Service's plan: a pure
+// function of the plan and the node's addresses (which decide whether the
+// node itself may reach a LoadBalancer IP that has source ranges).
+func ServiceEntries(plan *proxier.ServicePlan, nodeAddrs []netip.Addr) entries {
+	out := entries{}
+	if plan == nil {
+		return out
+	}
+	if plan.HealthCheckNodePort != 0 {
+		out.add(setHealthCheck, ipset.None, ipset.Entry{Port: plan.HealthCheckNodePort})
+	}
+	for _, vs := range plan.VirtualServers {
+		fam := ipset.Of(vs.Address)
+		key := ipset.Entry{Addr: vs.Address, Proto: vs.Protocol, Port: vs.Port}
+		out.add(setService, fam, key)
+		if vs.Kind == proxier.KindClusterIP {
+			out.add(setClusterIP, fam, key)
+		}
+		if vs.Kind.External() && !vs.Local {
+			out.add(setExternal, fam, key)
+		}
+		if vs.Kind.Bound() {
+			out.add(setVIP, fam, ipset.Entry{Addr: vs.Address})
+		}
+		if vs.Kind == proxier.KindLoadBalancer {
+			firewall(out, vs, key, nodeAddrs)
+		}
+		for _, rs := range vs.RealServers {
+			out.add(setHairpin, fam, ipset.Entry{Addr: rs.Address, Proto: vs.Protocol, Port: rs.Port, Addr2: rs.Address})
+		}
+	}
+	return out
+}
+
+// firewall adds a LoadBalancer virtual server's source ranges. Ranges of the
+// other family can never match, so a VIP whose ranges are all of the other
+// family drops everyone; a range of length 0 allows everyone (and ipset
+// cannot hold it), so the virtual server is not firewalled at all.
+func firewall(out entries, vs proxier.VSPlan, key ipset.Entry, nodeAddrs []netip.Addr) {
+	if len(vs.SourceRanges) == 0 {
+		return
+	}
+	fam := ipset.Of(vs.Address)
+	var ranges []netip.Prefix
+	for _, r := range vs.SourceRanges {
+		if ipset.Of(r.Addr()) != fam {
+			continue
+		}
+		if r.Bits() == 0 {
+			return
+		}
+		ranges = append(ranges, r.Masked())
+	}
+	out.add(setLBFirewall, fam, key)
+	fromNode := false
+	for _, r := range ranges {
+		out.add(setLBSource, fam, ipset.Entry{Addr: vs.Address, Proto: vs.Protocol, Port: vs.Port, Net: r})
+		for _, a := range nodeAddrs {
+			fromNode = fromNode || r.Contains(a)
+		}
+	}
+	if fromNode {
+		out.add(setLBSourceIP, fam, ipset.Entry{Addr: vs.Address, Proto: vs.Protocol, Port: vs.Port, Addr2: vs.Address})
+	}
+}
+
+// cidrEntries are the contents of the cluster CIDR set of a family.
+func cidrEntries(cidrs []netip.Prefix, fam ipset.Family) []ipset.Entry {
+	var out []ipset.Entry
+	for _, p := range cidrs {
+		if ipset.Of(p.Addr()) == fam && p.Bits() > 0 {
+			out = append(out, ipset.Entry{Net: p.Masked()})
+		}
+	}
+	return out
+}

@@ -1,0 +1,129 @@
+package glue
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+)
+
+var (
+	tcp  = netlinkutil.TCP
+	udp  = netlinkutil.UDP
+	addr = netip.MustParseAddr
+	pfx  = netip.MustParsePrefix
+)
+
+func vs(kind proxier.AddressKind, a string, proto netlinkutil.Protocol, port uint16, rss ...string) proxier.VSPlan {
+	p := proxier.VSPlan{VirtualServer: netlinkutil.VirtualServer{
+		VSKey: netlinkutil.VSKey{Address: addr(a), Protocol: proto, Port: port}, Scheduler: "rr"}, Kind: kind}
+	for _, r := range rss {
+		ap := netip.MustParseAddrPort(r)
+		p.RealServers = append(p.RealServers, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1})
+	}
+	return p
+}
+
+// render turns entries into "SET: e1 e2" lines, sorted, for comparison.
+func (e entries) render() []string {
+	var out []string
+	for id, es := range e {
+		s := slices.SortedFunc(maps.Keys(es), ipset.Entry.Compare)
+		line := id.name() + ":"
+		for _, en := range s {
+			line += " " + en.String()
+		}
+		out = append(out, line)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestServiceEntries(t *testing.T) {
+	lb := vs(proxier.KindLoadBalancer, "10.251.0.11", tcp, 80, "10.100.1.2:8080")
+	lb.SourceRanges = []netip.Prefix{pfx("10.250.0.0/24"), pfx("192.0.2.0/24"), pfx("fd00::/8")}
+	ext := vs(proxier.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080")
+	ext.Local = true
+	np := vs(proxier.KindNodePort, "10.0.2.15", tcp, 30080, "10.100.1.2:8080")
+	cip6 := vs(proxier.KindClusterIP, "fd00:96::a", udp, 53, "[fd00:101::2]:5353")
+	cip6.Local = true // internalTrafficPolicy Local: clusterIPs are masqueraded the same
+	plan := &proxier.ServicePlan{
+		Service: types.NamespacedName{Namespace: "ns", Name: "web"},
+		VirtualServers: []proxier.VSPlan{
+			vs(proxier.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
+			np, ext, lb, cip6,
+		},
+		HealthCheckNodePort: 31000,
+	}
+	got := ServiceEntries(plan, []netip.Addr{addr("10.0.2.15")}).render()
+	want := []string{
+		"IPVSP-6-CLUSTER-IP: fd00:96::a,udp:53",
+		"IPVSP-6-HAIRPIN: fd00:101::2,udp:5353,fd00:101::2",
+		"IPVSP-6-SERVICE: fd00:96::a,udp:53",
+		"IPVSP-6-VIP: fd00:96::a",
+		"IPVSP-CLUSTER-IP: 10.96.0.10,tcp:80",
+		// The node port and the LoadBalancer IP (Cluster) are masqueraded,
+		// the Local externalIP is not.
+		"IPVSP-EXTERNAL: 10.0.2.15,tcp:30080 10.251.0.11,tcp:80",
+		"IPVSP-HAIRPIN: 10.100.1.2,tcp:8080,10.100.1.2 10.100.2.2,tcp:8080,10.100.2.2",
+		"IPVSP-HC-NODE-PORT: 31000",
+		"IPVSP-LB-FW: 10.251.0.11,tcp:80",
+		// Ranges of the other family are left out.
+		"IPVSP-LB-SRC: 10.251.0.11,tcp:80,10.250.0.0/24 10.251.0.11,tcp:80,192.0.2.0/24",
+		"IPVSP-SERVICE: 10.0.2.15,tcp:30080 10.96.0.10,tcp:80 10.251.0.10,tcp:80 10.251.0.11,tcp:80",
+		"IPVSP-VIP: 10.96.0.10 10.251.0.10 10.251.0.11",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("entries (-want +got):\n%s", diff)
+	}
+}
+
+// TestServiceEntriesSourceRanges: when the node may reach a firewalled
+// LoadBalancer IP, and the corner cases of ranges.
+func TestServiceEntriesSourceRanges(t *testing.T) {
+	node := []netip.Addr{addr("10.0.2.15")}
+	for _, tc := range []struct {
+		name   string
+		ranges []string
+		want   []string
+	}{
+		{"range holds the node", []string{"10.0.2.0/24"}, []string{
+			"IPVSP-LB-FW: 10.251.0.11,tcp:80",
+			"IPVSP-LB-SRC-IP: 10.251.0.11,tcp:80,10.251.0.11",
+			"IPVSP-LB-SRC: 10.251.0.11,tcp:80,10.0.2.0/24",
+		}},
+		{"range without the node", []string{"10.250.0.0/24"}, []string{
+			"IPVSP-LB-FW: 10.251.0.11,tcp:80",
+			"IPVSP-LB-SRC: 10.251.0.11,tcp:80,10.250.0.0/24",
+		}},
+		{"only ranges of the other family: everyone is dropped", []string{"fd00::/8"}, []string{
+			"IPVSP-LB-FW: 10.251.0.11,tcp:80",
+		}},
+		{"a /0 range: no firewall", []string{"10.250.0.0/24", "0.0.0.0/0"}, nil},
+		{"no ranges", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := vs(proxier.KindLoadBalancer, "10.251.0.11", tcp, 80)
+			for _, r := range tc.ranges {
+				v.SourceRanges = append(v.SourceRanges, pfx(r))
+			}
+			var got []string
+			for _, l := range ServiceEntries(&proxier.ServicePlan{VirtualServers: []proxier.VSPlan{v}}, node).render() {
+				if set, _, _ := strings.Cut(l, ":"); slices.Contains([]string{"IPVSP-LB-FW", "IPVSP-LB-SRC", "IPVSP-LB-SRC-IP"}, set) {
+					got = append(got, l)
+				}
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("firewall entries (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
