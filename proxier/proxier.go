@@ -81,6 +81,10 @@ type Proxier struct {
 	warnings  map[types.NamespacedName]string
 	lastOK    time.Time
 	lastErr   error
+	// pendingSince is when the oldest change not yet in the kernel was
+	// received, or when syncs began to fail; zero when all is applied.
+	pendingSince time.Time
+	nodeEligible bool
 }
 
 // New returns a Proxier. recorder may be nil (no Events).
@@ -110,13 +114,33 @@ type Status struct {
 	LastSuccessfulSync time.Time
 	LastError          error
 	Pending            int
+	// PendingSince is when the oldest change not yet applied to the
+	// kernel was received, or when syncs began to fail (kube-proxy's
+	// "oldest pending queued"); zero when everything received is applied.
+	PendingSince time.Time
+	// NodeEligible: this node's Node object exists, is not being deleted
+	// and has no ToBeDeletedByClusterAutoscaler taint (kube-proxy's
+	// /healthz rule, so that load balancers drain a node going away).
+	NodeEligible bool
 }
+
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it is
+// about to delete.
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
 // Status returns the sync status.
 func (p *Proxier) Status() Status {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Status{LastSuccessfulSync: p.lastOK, LastError: p.lastErr, Pending: len(p.dirty)}
+	return Status{LastSuccessfulSync: p.lastOK, LastError: p.lastErr, Pending: len(p.dirty),
+		PendingSince: p.pendingSince, NodeEligible: p.nodeEligible}
+}
+
+// queuedLocked records that a change waits to be applied; p.mu is held.
+func (p *Proxier) queuedLocked() {
+	if p.pendingSince.IsZero() {
+		p.pendingSince = time.Now()
+	}
 }
 
 func (p *Proxier) kick() {
@@ -133,6 +157,7 @@ func (p *Proxier) markDirty(name types.NamespacedName, at time.Time) {
 	if _, ok := p.dirty[name]; !ok {
 		p.dirty[name] = at
 	}
+	p.queuedLocked()
 	p.mu.Unlock()
 	p.kick()
 }
@@ -210,7 +235,7 @@ func (p *Proxier) onSlice(obj any, deleted bool) {
 	p.markDirty(name, changeTime(s))
 }
 
-func (p *Proxier) onNode(obj any) {
+func (p *Proxier) onNode(obj any, deleted bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
@@ -219,11 +244,15 @@ func (p *Proxier) onNode(obj any) {
 		return
 	}
 	zone := n.Labels[corev1.LabelTopologyZone]
+	eligible := !deleted && n.DeletionTimestamp == nil &&
+		!slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ToBeDeletedTaint })
 	p.mu.Lock()
+	p.nodeEligible = eligible
 	changed := zone != p.zone
 	p.zone = zone
 	if changed {
 		p.rebuild = true
+		p.queuedLocked()
 	}
 	p.mu.Unlock()
 	if changed {
@@ -247,32 +276,36 @@ func (p *Proxier) Run(ctx context.Context) error {
 		o.LabelSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(notOurs))
-	if _, err := f.Core().V1().Services().Informer().AddEventHandler(handler(p.onService)); err != nil {
+	svcReg, err := f.Core().V1().Services().Informer().AddEventHandler(handler(p.onService))
+	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	if _, err := f.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler(p.onSlice)); err != nil {
+	sliceReg, err := f.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler(p.onSlice))
+	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
 	nf := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.cfg.NodeName).String()
 	}))
-	if _, err := nf.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: p.onNode, UpdateFunc: func(_, o any) { p.onNode(o) }, DeleteFunc: p.onNode,
-	}); err != nil {
+	nodeReg, err := nf.Core().V1().Nodes().Informer().AddEventHandler(handler(p.onNode))
+	if err != nil {
 		return fmt.Errorf("watch node: %w", err)
 	}
 	f.Start(ctx.Done())
 	nf.Start(ctx.Done())
 	defer f.Shutdown()
 	defer nf.Shutdown()
-	p.log.Info("waiting for the informer caches")
-	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("cache of %v did not sync", typ)
-		}
+	// Wait until the handlers, not only the caches, have seen every
+	// existing object: a first full sync on part of the Services would
+	// delete the others' virtual servers and cut their connections.
+	p.log.Info("waiting for the initial list of Services, EndpointSlices and the Node")
+	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced, nodeReg.HasSynced) {
+		return fmt.Errorf("initial list of Services, EndpointSlices and the Node: %w", ctx.Err())
 	}
-	nf.WaitForCacheSync(ctx.Done())
-	p.log.Info("caches synced", zap.Int("services", len(p.services)))
+	p.mu.Lock()
+	n := len(p.services)
+	p.mu.Unlock()
+	p.log.Info("initial list received", zap.Int("services", n))
 	p.loop(ctx)
 	return nil
 }
@@ -320,6 +353,7 @@ func (p *Proxier) loop(ctx context.Context) {
 // SyncOnce builds the plans of changed Services and applies them; full
 // rebuilds and re-reads everything.
 func (p *Proxier) SyncOnce(full bool) error {
+	start := time.Now()
 	if full {
 		if err := p.refreshNodeAddresses(); err != nil {
 			p.fail(err)
@@ -377,6 +411,11 @@ func (p *Proxier) SyncOnce(full bool) error {
 		}
 	}
 	if !p.rec.Pending() && !full && len(inputs) == 0 {
+		p.mu.Lock()
+		if len(p.dirty) == 0 && !p.rebuild {
+			p.pendingSince = time.Time{}
+		}
+		p.mu.Unlock()
 		return nil
 	}
 	st, err := p.rec.Sync(full)
@@ -407,10 +446,18 @@ func (p *Proxier) SyncOnce(full bool) error {
 		p.metrics.ProgrammingLatency.Observe(now.Sub(at).Seconds())
 	}
 	p.metrics.LastSuccessfulSync.Set(float64(now.Unix()))
+	recPending := p.rec.Pending()
 	p.mu.Lock()
 	p.lastOK, p.lastErr = now, nil
+	if len(p.dirty) == 0 && !p.rebuild && !recPending {
+		p.pendingSince = time.Time{}
+	} else {
+		// Changes came in during the sync: they are no older than its
+		// start (an early bound, by at most one sync's duration).
+		p.pendingSince = start
+	}
 	p.mu.Unlock()
-	if p.rec.Pending() {
+	if recPending {
 		p.kick()
 	}
 	return nil
@@ -421,6 +468,7 @@ func (p *Proxier) fail(err error) {
 	p.rec.ForceFull()
 	p.mu.Lock()
 	p.lastErr = err
+	p.queuedLocked()
 	p.mu.Unlock()
 }
 

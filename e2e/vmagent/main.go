@@ -48,6 +48,7 @@ const usage = `usage:
   vmagent netns exec NAME -- COMMAND [ARG...]
   vmagent serve [--netns NAME] --name NAME --port PORT [--tcp] [--udp]
   vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
+  vmagent http [--timeout DURATION] URL
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -78,6 +79,8 @@ func run(args []string, stdout io.Writer) error {
 		return serveCmd(args[1:], stdout)
 	case "hit":
 		return hitCmd(args[1:], stdout)
+	case "http":
+		return httpCmd(args[1:], stdout)
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }

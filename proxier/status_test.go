@@ -1,0 +1,138 @@
+package proxier
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+func newTestProxier(t *testing.T) (*Proxier, *fake.IPVS) {
+	t.Helper()
+	ipvs := fake.NewIPVS()
+	cfg := Config{NodeName: "n1", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"}, NodePortRange: PortRange{30000, 32767},
+		IPv4: true, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute}
+	return New(cfg, nil, ipvs, fake.NewLinks(node), nil, nil, zap.NewNop()), ipvs
+}
+
+func clusterIPService(name, ip string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: ip, ClusterIPs: []string{ip},
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
+	}
+}
+
+// TestStatusPendingSince: a received change is pending until a sync
+// applies it; a failing sync keeps it pending, with the first time it was
+// received; success clears it.
+func TestStatusPendingSince(t *testing.T) {
+	p, ipvs := newTestProxier(t)
+	if st := p.Status(); !st.LastSuccessfulSync.IsZero() || !st.PendingSince.IsZero() {
+		t.Fatalf("fresh proxier: %+v", st)
+	}
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Status(); st.LastSuccessfulSync.IsZero() || !st.PendingSince.IsZero() || st.Pending != 0 {
+		t.Fatalf("after the first sync: %+v", st)
+	}
+
+	before := time.Now()
+	p.onService(clusterIPService("a", "10.96.0.10"), false)
+	st := p.Status()
+	if st.Pending != 1 || st.PendingSince.Before(before) {
+		t.Fatalf("after a change: %+v, want one pending since %v", st, before)
+	}
+	queued := st.PendingSince
+
+	errBusy := errors.New("injected: busy")
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddVirtualServer") {
+			return errBusy
+		}
+		return nil
+	})
+	if err := p.SyncOnce(false); !errors.Is(err, errBusy) {
+		t.Fatalf("SyncOnce = %v, want the injected error", err)
+	}
+	// A second change while failing does not make the pending time younger.
+	p.onService(clusterIPService("b", "10.96.0.11"), false)
+	if err := p.SyncOnce(true); !errors.Is(err, errBusy) {
+		t.Fatalf("SyncOnce = %v, want the injected error", err)
+	}
+	st = p.Status()
+	if !st.PendingSince.Equal(queued) || !errors.Is(st.LastError, errBusy) {
+		t.Fatalf("while failing: %+v, want pending since %v and the error", st, queued)
+	}
+
+	ipvs.InjectErrors(nil)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	st = p.Status()
+	if !st.PendingSince.IsZero() || st.LastError != nil || !st.LastSuccessfulSync.After(queued) {
+		t.Fatalf("after recovery: %+v", st)
+	}
+}
+
+// TestStatusFailureWithoutChanges: a full resync that fails with nothing
+// queued (the kernel refuses a repair) also starts the pending clock.
+func TestStatusFailureWithoutChanges(t *testing.T) {
+	p, ipvs := newTestProxier(t)
+	p.onService(clusterIPService("a", "10.96.0.10"), false)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	ipvs.InjectErrors(func(fake.Call) error { return errors.New("injected") })
+	if err := p.SyncOnce(true); err == nil {
+		t.Fatal("SyncOnce succeeded with every call failing")
+	}
+	if st := p.Status(); st.PendingSince.IsZero() || st.LastError == nil {
+		t.Fatalf("after a failed resync: %+v", st)
+	}
+}
+
+// TestStatusNodeEligible follows kube-proxy: the Node must exist, not be
+// deleting, and not carry the autoscaler's to-be-deleted taint.
+func TestStatusNodeEligible(t *testing.T) {
+	p, _ := newTestProxier(t)
+	if p.Status().NodeEligible {
+		t.Fatal("eligible before the Node was seen")
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	p.onNode(n, false)
+	if !p.Status().NodeEligible {
+		t.Fatal("not eligible with a plain Node")
+	}
+	other := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}
+	p.onNode(other, true)
+	if !p.Status().NodeEligible {
+		t.Fatal("another node's deletion changed eligibility")
+	}
+	tainted := n.DeepCopy()
+	tainted.Spec.Taints = []corev1.Taint{{Key: ToBeDeletedTaint, Effect: corev1.TaintEffectNoSchedule}}
+	p.onNode(tainted, false)
+	if p.Status().NodeEligible {
+		t.Fatal("eligible with the to-be-deleted taint")
+	}
+	p.onNode(n, false)
+	deleting := n.DeepCopy()
+	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	p.onNode(deleting, false)
+	if p.Status().NodeEligible {
+		t.Fatal("eligible while being deleted")
+	}
+	p.onNode(n, false)
+	p.onNode(n, true)
+	if p.Status().NodeEligible {
+		t.Fatal("eligible after the Node was deleted")
+	}
+}
