@@ -7,12 +7,20 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build test unit e2e lint demo clean
+.PHONY: all build image test unit e2e lint demo bench clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ipvs-proxy ./cmd/ipvs-proxy
+
+# The container image, an OCI archive assembled without a container engine
+# from bin/ipvs-proxy and Debian's iptables and kmod (see deploy/image).
+# Files carry the last commit's time, so a rebuild gives the same digest.
+IMAGE ?= ipvs-proxy:latest
+image: build
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
+		$(GO) run ./deploy/image --binary bin/ipvs-proxy --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
 
 # Unit tests run on this machine (netlinkutil's kernel tests skip here and
 # run inside the VM as part of e2e).
@@ -31,6 +39,10 @@ lint:
 
 demo:
 	$(GO) run ./e2e/demo
+
+# Figures at 1,000 and 10,000 Services in the bed (not a test: it prints).
+bench:
+	$(GO) run ./e2e/bench $(BENCH_ARGS)
 
 clean:
 	rm -rf bin

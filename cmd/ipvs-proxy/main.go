@@ -24,7 +24,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCommand(), newVersionCommand())
+	root.AddCommand(newRunCommand(), newPreflightCommand(), newStatusCommand(), newCleanupCommand(), newVersionCommand())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "ipvs-proxy:", err)
 		os.Exit(1)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -170,4 +171,20 @@ func (o *options) proxierConfig() (proxier.Config, netlinkutil.Timeouts, error) 
 		}
 	}
 	return cfg, netlinkutil.Timeouts{TCP: o.TCPTimeout, TCPFin: o.TCPFinTimeout, UDP: o.UDPTimeout}, nil
+}
+
+// glueConfig validates the flags of the iptables glue and turns them into
+// its configuration.
+func (o *options) glueConfig(cfg proxier.Config) (glue.Config, error) {
+	cidrs, err := parsePrefixes("cluster-cidr", o.ClusterCIDRs)
+	if err != nil {
+		return glue.Config{}, err
+	}
+	switch o.IPTablesBackend {
+	case "auto", string(glue.NFT), string(glue.Legacy):
+	default:
+		return glue.Config{}, fmt.Errorf("--iptables-backend: %q is not auto, nft or legacy", o.IPTablesBackend)
+	}
+	return glue.Config{Interface: cfg.Interface, NodePortAddresses: cfg.NodePortAddresses, ClusterCIDRs: cidrs,
+		MasqueradeAll: o.MasqueradeAll, IPv4: cfg.IPv4, IPv6: cfg.IPv6}, nil
 }

@@ -21,16 +21,20 @@ import (
 )
 
 func newRunCommand() *cobra.Command {
-	o := defaultOptions()
+	var of *optionFlags
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Watch Services and EndpointSlices and program IPVS",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd.Context(), &o)
+			o, err := of.resolve() // --config, then the flags set
+			if err != nil {
+				return err
+			}
+			return run(cmd.Context(), o)
 		},
 	}
-	o.addFlags(cmd.Flags())
+	of = newOptionFlags(cmd.Flags())
 	return cmd
 }
 
@@ -93,7 +97,7 @@ var ipvsSysctls = []struct{ name, value string }{
 }
 
 func ensureSysctls(log *zap.Logger, ipv6 bool) error {
-	s := netlinkutil.Sysctls{Root: "/proc/sys"}
+	s := netlinkutil.Sysctls{Root: sysctlRoot()} // /host/proc/sys in the DaemonSet (container.go)
 	all := ipvsSysctls
 	if ipv6 {
 		all = append(all, struct{ name, value string }{"net/ipv6/conf/all/forwarding", "1"})
@@ -138,6 +142,14 @@ func run(ctx context.Context, o *options) error {
 	if err := ensureSysctls(log, cfg.IPv6); err != nil {
 		return err
 	}
+	if err := ensureGlueSysctls(log, o.StrictARP); err != nil {
+		return err
+	}
+	g, closeSets, err := newGlue(o, cfg, links, log)
+	if err != nil {
+		return err
+	}
+	defer closeSets()
 	if timeouts != (netlinkutil.Timeouts{}) {
 		if err := ipvs.SetTimeouts(timeouts); err != nil {
 			return err
@@ -160,5 +172,11 @@ func run(ctx context.Context, o *options) error {
 	reg := prometheus.NewRegistry()
 	metrics := proxier.NewMetrics(reg)
 	p := proxier.New(cfg, client, ipvs, links, recorder, metrics, log)
+	p.AddConsumer(g)
+	stopOps, err := serveOperations(ctx, o, cfg, p, reg, client, links, recorder, log)
+	if err != nil {
+		return err
+	}
+	defer stopOps()
 	return p.Run(ctx)
 }

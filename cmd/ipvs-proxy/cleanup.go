@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+)
+
+// kubeProxyInterface is the dummy interface of kube-proxy's IPVS mode.
+const kubeProxyInterface = "kube-ipvs0"
+
+type cleanupOptions struct {
+	Interface     string
+	NodePortRange string
+	ExcludeCIDRs  []string
+	KubeProxy     bool
+}
+
+func newCleanupCommand() *cobra.Command {
+	o := cleanupOptions{Interface: "ipvs-proxy0", NodePortRange: "30000-32767"}
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove everything ipvs-proxy put in the kernel, and nothing else",
+		Long: `Remove what ipvs-proxy owns: its iptables chains (IPVSP-*) and the jumps to
+them, on both backends and both families; its ipsets (IPVSP-*); its IPVS
+virtual servers (on the addresses of its interface, or on a node address with
+a port in the node-port range); and its dummy interface with the VIPs.
+Everything else stays. Running it twice is fine. Stop the agent first.
+
+With --kube-proxy it also removes what kube-proxy's IPVS mode leaves behind
+when migrating: kube-ipvs0 and its virtual servers, kube-proxy's KUBE-*
+chains and ipsets (not kubelet's chains).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cleanup(cmd.Context(), &o, cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.Interface, "interface", o.Interface, "ipvs-proxy's dummy interface (as given to run).")
+	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The node-port range (as given to run): node-port virtual servers in it are removed.")
+	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers are never touched (as given to run).")
+	fs.BoolVar(&o.KubeProxy, "kube-proxy", o.KubeProxy, "Also remove kube-proxy's IPVS-mode leftovers (kube-ipvs0, KUBE-* chains and sets).")
+	return cmd
+}
+
+// cleanup removes, in this order: the iptables rules (so that no rule uses
+// a set), the ipsets, the virtual servers, and the interfaces (which takes
+// their VIPs along). It goes on after a failure and reports every one.
+func cleanup(ctx context.Context, o *cleanupOptions, out io.Writer) error {
+	if o.Interface == "" || len(o.Interface) > 15 {
+		return fmt.Errorf("--interface: %q is not a valid interface name", o.Interface)
+	}
+	portRange, err := parsePortRange(o.NodePortRange)
+	if err != nil {
+		return err
+	}
+	exclude, err := parsePrefixes("exclude-cidrs", o.ExcludeCIDRs)
+	if err != nil {
+		return err
+	}
+	say := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	var errs []error
+
+	chains := glue.ChainOwner(glue.Owned)
+	sets := ipset.Owner(ipset.Owned)
+	if o.KubeProxy {
+		chains = func(table, chain string) bool { return glue.Owned(table, chain) || glue.KubeProxyChain(table, chain) }
+		sets = func(name string) bool { return ipset.Owned(name) || glue.KubeProxySet(name) }
+	}
+
+	var rep glue.CleanupReport
+	if err := glue.CleanupRules(ctx, glue.Exec{}, chains, &rep); err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range rep.Rules {
+		say("%s", l)
+	}
+	if len(rep.Rules) == 0 {
+		say("iptables: nothing to remove")
+	}
+
+	if k, err := ipset.NewKernel(ipset.WithOwner(sets)); err != nil {
+		say("ipsets: skipped (%v)", err)
+	} else {
+		err := glue.CleanupSets(k, &rep)
+		k.Close()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if len(rep.Sets) == 0 {
+			say("ipsets: nothing to remove")
+		} else {
+			say("ipsets: destroyed %s", strings.Join(rep.Sets, ", "))
+		}
+	}
+
+	links, err := netlinkutil.NewLinks()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	ifaces := []string{o.Interface}
+	if o.KubeProxy {
+		ifaces = append(ifaces, kubeProxyInterface)
+	}
+	if ipvs, err := netlinkutil.NewIPVS(); err != nil {
+		say("ipvs: skipped (%v)", err)
+	} else {
+		for _, iface := range ifaces {
+			own := proxier.Ownership{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}
+			n, err := cleanupVirtualServers(ipvs, links, own)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			what := "virtual servers"
+			if n == 1 {
+				what = "virtual server"
+			}
+			say("ipvs: deleted %d %s owned by %s", n, what, iface)
+		}
+		ipvs.Close()
+	}
+	for _, iface := range ifaces {
+		addrs, err := links.ListAddresses(iface)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if addrs == nil {
+			say("interface %s: not present", iface)
+			continue
+		}
+		if err := links.DeleteLink(iface); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		say("interface %s: deleted with %d addresses", iface, len(addrs))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cleanup incomplete: %w", err)
+	}
+	return nil
+}
+
+// cleanupVirtualServers deletes the virtual servers that the Ownership rule
+// gives to own's interface: the same rule as the reconciler's.
+func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own proxier.Ownership) (int, error) {
+	bound := map[netip.Addr]bool{}
+	addrs, err := links.ListAddresses(own.Interface)
+	if err != nil {
+		return 0, err
+	}
+	for _, a := range addrs {
+		if !a.IsLinkLocalUnicast() {
+			bound[a] = true
+		}
+	}
+	nodeAddrs, err := links.NodeAddresses(own.Interface)
+	if err != nil {
+		return 0, err
+	}
+	vss, err := ipvs.ListVirtualServers()
+	if err != nil {
+		return 0, err
+	}
+	slices.SortFunc(vss, func(a, b netlinkutil.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
+	var errs []error
+	n := 0
+	for _, vs := range vss {
+		if !own.Owns(vs.VSKey, bound[vs.Address], slices.Contains(nodeAddrs, vs.Address)) {
+			continue
+		}
+		if err := ipvs.DeleteVirtualServer(vs.VSKey); err != nil {
+			errs = append(errs, fmt.Errorf("delete virtual server %s: %w", vs.VSKey, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}

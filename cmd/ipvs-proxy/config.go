@@ -1,0 +1,376 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+)
+
+// The config file (--config) is YAML whose keys are the json names of the
+// options' fields (kubeconfig, scheduler, syncPeriod, ...): the same
+// settings as the flags. Values start from the defaults, the file
+// overrides them, and flags given on the command line override the file.
+
+// optionFlags binds the options to a command's flags, with --config.
+type optionFlags struct {
+	opts       options
+	fs         *pflag.FlagSet
+	configFile string
+}
+
+// newOptionFlags adds the option flags and --config to fs.
+func newOptionFlags(fs *pflag.FlagSet) *optionFlags {
+	of := &optionFlags{opts: defaultOptions(), fs: fs}
+	of.opts.addFlags(fs)
+	fs.StringVar(&of.configFile, "config", "", "YAML file of options, keyed by their camelCase names (e.g. syncPeriod: 30s); flags on the command line override it.")
+	return of
+}
+
+// resolve returns the validated options: the defaults, overridden by the
+// config file, overridden by the flags set on the command line.
+func (of *optionFlags) resolve() (*options, error) {
+	o := of.opts
+	if of.configFile == "" {
+		if err := o.validate(); err != nil {
+			return nil, err
+		}
+		return &o, nil
+	}
+	o, file, keys, err := loadConfigFile(of.fs, of.configFile)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.validate(); err != nil {
+		// Blame the file's own fields when they are wrong by themselves
+		// (a flag may have fixed a bad value, so only when the merge fails).
+		if ferr := validateConfigFields(file, keys); ferr != nil {
+			return nil, fmt.Errorf("config file %s: %w", of.configFile, ferr)
+		}
+		return nil, fmt.Errorf("%w (options from the command line and config file %s)", err, of.configFile)
+	}
+	return &o, nil
+}
+
+// loadConfigFile reads the config file over the defaults (file), then
+// applies the flags that were set on the command line (merged). keys are
+// the fields the file sets.
+func loadConfigFile(flags *pflag.FlagSet, path string) (merged, file options, keys []string, err error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return merged, file, nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	file = defaultOptions()
+	if keys, err = decodeConfig(data, &file); err != nil {
+		return merged, file, nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	merged = file
+	if err := replayFlags(flags, &merged); err != nil {
+		return merged, file, nil, err
+	}
+	return merged, file, keys, nil
+}
+
+// replayFlags sets on o every option flag that was set on fs.
+func replayFlags(fs *pflag.FlagSet, o *options) error {
+	replay := pflag.NewFlagSet("replay", pflag.ContinueOnError)
+	o.addFlags(replay)
+	var errs []error
+	fs.Visit(func(f *pflag.Flag) {
+		to := replay.Lookup(f.Name)
+		if to == nil {
+			return // not an option (--config, --output, ...)
+		}
+		from, fromSlice := f.Value.(pflag.SliceValue)
+		dst, dstSlice := to.Value.(pflag.SliceValue)
+		var err error
+		if fromSlice && dstSlice {
+			err = dst.Replace(from.GetSlice())
+		} else {
+			err = to.Value.Set(f.Value.String())
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", f.Name, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// configField is one option as the config file names it.
+type configField struct {
+	index int // in options
+}
+
+// configFields lists the options' fields by their json names.
+func configFields() map[string]configField {
+	t := reflect.TypeOf(options{})
+	out := map[string]configField{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" || !f.IsExported() {
+			continue
+		}
+		out[name] = configField{index: i}
+	}
+	return out
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// describeType says what a config value must look like.
+func describeType(t reflect.Type) string {
+	switch {
+	case t == durationType:
+		return "a duration such as 30s or 1m30s"
+	case t.Kind() == reflect.String:
+		return "a string"
+	case t.Kind() == reflect.Bool:
+		return "true or false"
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
+		return "a list of strings"
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
+		return "an integer"
+	}
+	return "a " + t.String()
+}
+
+// jsonKind names the kind of a JSON value for error messages.
+func jsonKind(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '"':
+		return "a string"
+	case '{':
+		return "a mapping"
+	case '[':
+		return "a list"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// decodeConfig reads YAML options onto o, strictly: unknown and duplicate
+// keys and values of the wrong type are errors naming the key. It returns
+// the keys it set.
+func decodeConfig(data []byte, o *options) ([]string, error) {
+	j, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("not valid YAML: %w", err)
+	}
+	j = bytes.TrimSpace(j)
+	if len(j) == 0 || string(j) == "null" {
+		return nil, nil // an empty file
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(j, &m); err != nil {
+		return nil, fmt.Errorf("the top level must be a mapping of option names to values, not %s", jsonKind(j))
+	}
+	fields := configFields()
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	v := reflect.ValueOf(o).Elem()
+	var errs []error
+	for _, k := range keys {
+		f, ok := fields[k]
+		if !ok {
+			errs = append(errs, unknownField(k, fields))
+			continue
+		}
+		if err := decodeValue(m[k], v.Field(f.index)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", k, err))
+		}
+	}
+	return keys, joinErrors(errs)
+}
+
+// joinErrors joins errors on one line, so that each follows the file's name.
+func joinErrors(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	msgs := make([]string, len(errs))
+	for i, err := range errs {
+		msgs[i] = err.Error()
+	}
+	return fmt.Errorf("%d errors: %s", len(errs), strings.Join(msgs, "; "))
+}
+
+func unknownField(k string, fields map[string]configField) error {
+	known := make([]string, 0, len(fields))
+	best, bestDist := "", 3 // suggest a name at most 2 edits away
+	for n := range fields {
+		known = append(known, n)
+		if d := editDistance(strings.ToLower(n), strings.ToLower(k)); d < bestDist || (d == bestDist && n < best) {
+			best, bestDist = n, d
+		}
+	}
+	if best != "" {
+		return fmt.Errorf("unknown field %q (did you mean %q?)", k, best)
+	}
+	slices.Sort(known)
+	return fmt.Errorf("unknown field %q (known: %s)", k, strings.Join(known, ", "))
+}
+
+// editDistance is the Levenshtein distance of two strings.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// decodeValue sets one field from its JSON value. null keeps the default;
+// durations are strings such as "30s"; a list of strings may also be
+// written as one comma-separated string, as on the command line.
+func decodeValue(raw json.RawMessage, dst reflect.Value) error {
+	if jsonKind(raw) == "null" {
+		return nil
+	}
+	t := dst.Type()
+	switch {
+	case t == durationType:
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return fmt.Errorf("want %s, got %s", describeType(t), jsonKind(raw))
+		}
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("%q is not %s", s, describeType(t))
+		}
+		dst.SetInt(int64(d))
+		return nil
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String && jsonKind(raw) == "a string":
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return err
+		}
+		var list []string
+		for _, part := range strings.Split(s, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				list = append(list, part)
+			}
+		}
+		dst.Set(reflect.ValueOf(list).Convert(t))
+		return nil
+	}
+	p := reflect.New(t)
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(p.Interface()); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return fmt.Errorf("want %s, got %s", describeType(t), jsonKind(raw))
+		}
+		return err
+	}
+	dst.Set(p.Elem())
+	return nil
+}
+
+// configFieldGroups are options validated together: one is meaningless
+// without the other.
+func configFieldGroups() [][]string {
+	return [][]string{{"scheduler", "schedulerFlags"}, {"minSyncPeriod", "syncPeriod"}}
+}
+
+// flagPrefix is the "--flag-name: " that validation errors start with; a
+// config file error names the field instead.
+var flagPrefix = regexp.MustCompile(`^--[a-z0-9-]+: `)
+
+// validateConfigFields validates each value the file sets on its own (with
+// its group), so that an error names the file's field rather than a flag.
+func validateConfigFields(file options, keys []string) error {
+	fields := configFields()
+	fv := reflect.ValueOf(file)
+	var errs []error
+	done := map[string]bool{}
+	for _, k := range keys {
+		if done[k] {
+			continue
+		}
+		group := []string{k}
+		for _, g := range configFieldGroups() {
+			if slices.Contains(g, k) {
+				group = g
+			}
+		}
+		probe := defaultOptions()
+		pv := reflect.ValueOf(&probe).Elem()
+		for _, name := range group {
+			done[name] = true
+			f := fields[name]
+			pv.Field(f.index).Set(fv.Field(f.index))
+		}
+		if err := probe.validate(); err != nil {
+			msg := flagPrefix.ReplaceAllString(err.Error(), "")
+			errs = append(errs, fmt.Errorf("%s: %s", k, msg))
+		}
+	}
+	return joinErrors(errs)
+}
+
+// validate checks every option that has a fixed form, as run does.
+func (o *options) validate() error {
+	cfg, _, err := o.proxierConfig()
+	if err != nil {
+		return err
+	}
+	if _, err := o.glueConfig(cfg); err != nil {
+		return err
+	}
+	if _, err := newLogger(o.LogLevel, o.LogFormat); err != nil {
+		return err
+	}
+	for _, a := range []struct{ flag, addr string }{
+		{"metrics-bind-address", o.MetricsBindAddress}, {"healthz-bind-address", o.HealthzBindAddress},
+	} {
+		if a.addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return fmt.Errorf("--%s: %q is not host:port: %w", a.flag, a.addr, err)
+		}
+	}
+	return nil
+}

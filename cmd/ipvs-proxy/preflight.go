@@ -1,0 +1,678 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/probe"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// Statuses of a preflight check. WARN passes; FAIL is a missing requirement.
+const (
+	statusOK   = "OK"
+	statusWarn = "WARN"
+	statusFail = "FAIL"
+)
+
+// preflightCheck is one line of the preflight report.
+type preflightCheck struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Detail string `json:"detail"`
+	// Remedy is one line that says how to fix a FAIL or WARN.
+	Remedy string `json:"remedy,omitempty"`
+}
+
+// preflightReport is what `ipvs-proxy preflight` prints.
+type preflightReport struct {
+	Kernel string           `json:"kernel"`
+	OK     bool             `json:"ok"`
+	Failed int              `json:"failed"`
+	Warned int              `json:"warned"`
+	Checks []preflightCheck `json:"checks"`
+}
+
+// moduleChecker tells the state of kernel modules and loads them
+// (kmod.Checker).
+type moduleChecker interface {
+	Check(module string) kmod.Info
+	Load(ctx context.Context, module string) error
+	// Refresh forgets what was read (a probe may have loaded a module).
+	Refresh()
+}
+
+// errNoAPI means there is no Kubernetes configuration to read Services with.
+var errNoAPI = errors.New("no Kubernetes configuration (no --kubeconfig, and not in a cluster)")
+
+// preflightSystem is the node as preflight sees it. Each part is a probe
+// that tests replace with a fake.
+type preflightSystem struct {
+	kernel  string
+	modules moduleChecker
+	// ipvs looks up the IPVS generic netlink family.
+	ipvs func() error
+	// dummy creates and deletes a dummy interface; ipset an ipset of a type.
+	dummy func() error
+	ipset func(typ string) error
+	// iptables runs the iptables tools, as the glue does.
+	iptables glue.Runner
+	// sysctl reads a parameter ("net/ipv4/ip_forward") under sysctlRoot;
+	// sysctlWritable tells whether it could be written.
+	sysctlRoot     string
+	sysctl         func(name string) (string, error)
+	sysctlWritable func(name string) error
+	// capEff returns the effective capability set.
+	capEff func() (uint64, error)
+	// schedulersInUse maps the schedulers that Services' annotations name
+	// to those Services; errNoAPI when there is no configuration.
+	schedulersInUse func(ctx context.Context) (map[string][]string, int, error)
+}
+
+// preflightConfig is what the checks depend on.
+type preflightConfig struct {
+	scheduler       string
+	ipv6            bool
+	strictARP       bool
+	iptablesBackend string
+	allSchedulers   bool
+	loadModules     bool
+}
+
+// Linux capability numbers (linux/capability.h).
+const (
+	capNetAdmin  = 12
+	capSysModule = 16
+)
+
+func newPreflightCommand() *cobra.Command {
+	var of *optionFlags
+	var output string
+	var all, load bool
+	cmd := &cobra.Command{
+		Use:   "preflight",
+		Short: "Check that this node has what ipvs-proxy needs (exit status 1 if not)",
+		Long: `Check that this node has what ipvs-proxy needs: the IPVS core, the modules of
+the schedulers in use (the default and those named by Services' annotations,
+when the API is reachable; every one with --all-schedulers), nf_conntrack, the
+ipset types and the dummy interface type (by trying them in a temporary network
+namespace), an iptables backend, the sysctls run sets, and the capabilities.
+It prints a table (or JSON) with a remedy per failure, and exits with status 1
+when a requirement is missing. With --load-modules it loads missing modules.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return fmt.Errorf("--output: %q is neither table nor json", output)
+			}
+			o, err := of.resolve()
+			if err != nil {
+				return err
+			}
+			cfg, _, err := o.proxierConfig()
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(o.LogLevel, o.LogFormat)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = log.Sync() }()
+			sys, err := newPreflightSystem(o, log)
+			if err != nil {
+				return err
+			}
+			pc := preflightConfig{scheduler: cfg.Scheduler.Name, ipv6: cfg.IPv6, strictARP: o.StrictARP,
+				iptablesBackend: o.IPTablesBackend, allSchedulers: all, loadModules: load}
+			rep := runPreflight(cmd.Context(), sys, pc, log)
+			if err := writePreflight(cmd.OutOrStdout(), rep, output); err != nil {
+				return err
+			}
+			if !rep.OK {
+				var names []string
+				for _, c := range rep.Checks {
+					if c.Status == statusFail {
+						names = append(names, c.Name)
+					}
+				}
+				return fmt.Errorf("preflight failed: %d requirement(s) missing: %s", len(names), strings.Join(names, ", "))
+			}
+			return nil
+		},
+	}
+	of = newOptionFlags(cmd.Flags())
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format: table or json.")
+	cmd.Flags().BoolVar(&all, "all-schedulers", false, "Check the module of every IPVS scheduler, not only those in use.")
+	cmd.Flags().BoolVar(&load, "load-modules", false, "Load missing modules with modprobe (needs CAP_SYS_MODULE).")
+	return cmd
+}
+
+// newPreflightSystem returns the probes of the real node.
+func newPreflightSystem(o *options, log *zap.Logger) (*preflightSystem, error) {
+	mods, err := kmod.NewChecker()
+	if err != nil {
+		return nil, err
+	}
+	rel, _ := kmod.Release()
+	sysctls := sysctlRoot() // where run reads and writes them (container.go)
+	return &preflightSystem{
+		kernel:  rel,
+		modules: mods,
+		ipvs:    probe.IPVS,
+		dummy: func() error {
+			where, err := probe.Dummy()
+			log.Debug("probed the dummy interface type", zap.String("in", string(where)), zap.Error(err))
+			return err
+		},
+		ipset: func(typ string) error {
+			where, err := probe.IPSet(typ)
+			log.Debug("probed an ipset type", zap.String("type", typ), zap.String("in", string(where)), zap.Error(err))
+			return err
+		},
+		iptables:   glue.Exec{},
+		sysctlRoot: sysctls,
+		sysctl: func(name string) (string, error) {
+			b, err := os.ReadFile(filepath.Join(sysctls, name))
+			return strings.TrimSpace(string(b)), err
+		},
+		sysctlWritable: func(name string) error { return unix.Access(filepath.Join(sysctls, name), unix.W_OK) },
+		capEff:         readCapEff,
+		schedulersInUse: func(ctx context.Context) (map[string][]string, int, error) {
+			return schedulersInUse(ctx, o)
+		},
+	}, nil
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// readCapEff reads the effective capabilities of this process.
+func readCapEff() (uint64, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, fmt.Errorf("read capabilities: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return 0, fmt.Errorf("read capabilities: CapEff %q: %w", v, err)
+			}
+			return caps, nil
+		}
+	}
+	return 0, fmt.Errorf("read capabilities: no CapEff in /proc/self/status")
+}
+
+// serviceSelector leaves out the Services that the proxier leaves out
+// (another proxy's, and headless ones), as proxier.Run does.
+const serviceSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+
+// schedulersInUse lists the Services and returns the schedulers their
+// annotations name, with the Services naming each, and the number of
+// Services read.
+func schedulersInUse(ctx context.Context, o *options) (map[string][]string, int, error) {
+	if o.Kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, 0, errNoAPI
+	}
+	client, err := kubeClient(o.Kubeconfig)
+	if err != nil {
+		return nil, 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	services, err := listServices(ctx, client)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := map[string][]string{}
+	n := 0
+	for i := range services {
+		svc := &services[i]
+		if proxier.Skip(svc) {
+			continue
+		}
+		n++
+		name, ok := svc.Annotations[scheduler.AnnotationScheduler]
+		name = strings.ToLower(strings.TrimSpace(name))
+		if !ok || scheduler.Validate(name) != nil {
+			continue // unknown names fall back to --scheduler
+		}
+		out[name] = append(out[name], svc.Namespace+"/"+svc.Name)
+	}
+	return out, n, nil
+}
+
+// listServices lists the Services the proxier serves (serviceSelector), in
+// pages.
+func listServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Service, error) {
+	var out []corev1.Service
+	opts := metav1.ListOptions{LabelSelector: serviceSelector, Limit: 500}
+	for {
+		list, err := client.CoreV1().Services("").List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list Services: %w", err)
+		}
+		out = append(out, list.Items...)
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
+		}
+	}
+}
+
+// runPreflight runs every check. It never fails: a probe that cannot run
+// is a failed check.
+func runPreflight(ctx context.Context, sys *preflightSystem, pc preflightConfig, log *zap.Logger) preflightReport {
+	p := &preflight{ctx: ctx, sys: sys, cfg: pc, log: log}
+	p.capabilities()
+	p.ipvsCore()
+	p.schedulers()
+	p.module("nf_conntrack", "nf_conntrack", "connection tracking", "needed by IPVS's conntrack and the iptables rules")
+	p.ipsets()
+	p.dummyType()
+	p.iptables()
+	p.sysctls()
+	rep := preflightReport{Kernel: sys.kernel, Checks: p.checks}
+	for _, c := range p.checks {
+		switch c.Status {
+		case statusFail:
+			rep.Failed++
+		case statusWarn:
+			rep.Warned++
+		}
+	}
+	rep.OK = rep.Failed == 0
+	return rep
+}
+
+type preflight struct {
+	ctx    context.Context
+	sys    *preflightSystem
+	cfg    preflightConfig
+	log    *zap.Logger
+	checks []preflightCheck
+}
+
+func (p *preflight) add(name, status, detail, remedy string) {
+	if status == statusOK {
+		remedy = ""
+	}
+	p.checks = append(p.checks, preflightCheck{Name: name, Status: status, Detail: detail, Remedy: remedy})
+}
+
+// safely runs a probe, turning a panic into an error.
+func safely(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("probe failed: %v", r)
+		}
+	}()
+	return fn()
+}
+
+func (p *preflight) capabilities() {
+	caps, err := p.sys.capEff()
+	if err != nil {
+		p.add("capability CAP_NET_ADMIN", statusFail, err.Error(), "run ipvs-proxy where /proc/self/status is readable")
+		return
+	}
+	has := func(c uint) bool { return caps&(1<<c) != 0 }
+	if has(capNetAdmin) {
+		p.add("capability CAP_NET_ADMIN", statusOK, "present (IPVS, addresses, ipsets, iptables)", "")
+	} else {
+		p.add("capability CAP_NET_ADMIN", statusFail, "missing: ipvs-proxy cannot program IPVS, addresses or iptables",
+			"run as root, or add NET_ADMIN to the container's securityContext.capabilities")
+	}
+	if !p.cfg.loadModules {
+		return
+	}
+	if has(capSysModule) {
+		p.add("capability CAP_SYS_MODULE", statusOK, "present (--load-modules)", "")
+	} else {
+		p.add("capability CAP_SYS_MODULE", statusFail, "missing: --load-modules cannot load kernel modules",
+			"add SYS_MODULE to the container's capabilities, or load the modules on the node and drop --load-modules")
+	}
+}
+
+// moduleState checks a module and, with --load-modules, loads it when it
+// is not present. note says what happened.
+func (p *preflight) moduleState(module string) (info kmod.Info, note string) {
+	info = p.sys.modules.Check(module)
+	if info.State.Present() || !p.cfg.loadModules || info.State == kmod.Missing {
+		return info, ""
+	}
+	err := safely(func() error { return p.sys.modules.Load(p.ctx, module) })
+	if err != nil {
+		p.log.Warn("could not load a kernel module", zap.String("module", module), zap.Error(err))
+		return info, "; " + err.Error()
+	}
+	p.log.Info("loaded a kernel module", zap.String("module", module))
+	after := p.sys.modules.Check(module)
+	if after.State.Present() {
+		return after, " (loaded now by modprobe)"
+	}
+	return after, ""
+}
+
+// moduleRemedy says how to get a module that is not there.
+func moduleRemedy(info kmod.Info, what string) string {
+	switch info.State {
+	case kmod.Loadable:
+		return "modprobe " + info.Name + " (or rerun with --load-modules)"
+	case kmod.Unknown:
+		return "mount /lib/modules read-only from the host, or modprobe " + info.Name + " on the node"
+	}
+	return "use a kernel built with " + what + " (module " + info.Name + ")"
+}
+
+// probed checks a feature by trying it, with its module's state as a note.
+func (p *preflight) probed(name, module, what, tried string, try func() error) {
+	info, note := p.moduleState(module)
+	err := safely(try)
+	if err != nil {
+		p.add(name, statusFail, err.Error()+"; "+info.Detail+note, moduleRemedy(info, what))
+		return
+	}
+	if !info.State.Present() {
+		// Trying it may have made the kernel load the module; if not, the
+		// module is built in without a trace in /sys/module.
+		p.sys.modules.Refresh()
+		if info = p.sys.modules.Check(module); !info.State.Present() {
+			info.Detail = info.Name + " is in the kernel"
+		}
+	}
+	p.add(name, statusOK, tried+"; "+info.Detail+note, "")
+}
+
+func (p *preflight) ipvsCore() {
+	p.probed("IPVS core", "ip_vs", "IPVS", "generic netlink family IPVS found", func() error {
+		if err := p.sys.ipvs(); err != nil {
+			return fmt.Errorf("the kernel has no IPVS: %w", err)
+		}
+		return nil
+	})
+}
+
+func (p *preflight) schedulers() {
+	users := map[string][]string{}
+	users[p.cfg.scheduler] = []string{"--scheduler"}
+	if p.cfg.allSchedulers {
+		for _, s := range scheduler.Names() {
+			if _, ok := users[s]; !ok {
+				users[s] = []string{"--all-schedulers"}
+			}
+		}
+	} else {
+		inUse, n, err := p.sys.schedulersInUse(p.ctx)
+		switch {
+		case errors.Is(err, errNoAPI):
+			p.add("schedulers in use", statusOK, "no Kubernetes configuration: only --scheduler is checked", "")
+		case err != nil:
+			p.add("schedulers in use", statusWarn, "cannot read Services' scheduler annotations: "+err.Error()+"; only --scheduler is checked",
+				"check --kubeconfig and the API server, or use --all-schedulers")
+		default:
+			var named []string
+			for s, svcs := range inUse {
+				users[s] = append(users[s], svcs...)
+				named = append(named, s)
+			}
+			slices.Sort(named)
+			detail := fmt.Sprintf("%d Services read; annotation %s names no scheduler", n, scheduler.AnnotationScheduler)
+			if len(named) > 0 {
+				detail = fmt.Sprintf("%d Services read; annotations name %s", n, strings.Join(named, ", "))
+			}
+			p.add("schedulers in use", statusOK, detail, "")
+		}
+	}
+	names := make([]string, 0, len(users))
+	for s := range users {
+		names = append(names, s)
+	}
+	slices.Sort(names)
+	for _, s := range names {
+		by := users[s]
+		if len(by) > 3 {
+			by = append(by[:3:3], fmt.Sprintf("%d more", len(users[s])-3))
+		}
+		module, _ := scheduler.Module(s)
+		p.module("scheduler "+s, module, "the IPVS scheduler "+s, "used by "+strings.Join(by, ", "))
+	}
+}
+
+// module checks a module with no functional probe: loaded or built in is
+// OK; loadable is OK with a note (the kernel loads it on first use);
+// unknown is a warning; missing fails. what names the feature, usedBy says
+// what needs it.
+func (p *preflight) module(name, module, what, usedBy string) {
+	info, note := p.moduleState(module)
+	detail := info.Detail + note + "; " + usedBy
+	switch info.State {
+	case kmod.Loaded, kmod.Builtin:
+		p.add(name, statusOK, detail, "")
+	case kmod.Loadable:
+		if p.cfg.loadModules { // modprobe failed
+			p.add(name, statusWarn, detail, "modprobe "+info.Name+" on the node")
+			return
+		}
+		p.add(name, statusOK, detail+"; the kernel loads it on first use", "")
+	case kmod.Unknown:
+		p.add(name, statusWarn, detail, moduleRemedy(info, what))
+	default:
+		p.add(name, statusFail, detail, moduleRemedy(info, what))
+	}
+}
+
+func (p *preflight) ipsets() {
+	for _, typ := range probe.IPSetTypes() {
+		p.probed("ipset "+typ, probe.IPSetModule(typ), "the ipset type "+typ, "created and destroyed a trial set",
+			func() error { return p.sys.ipset(typ) })
+	}
+}
+
+func (p *preflight) dummyType() {
+	p.probed("dummy interface", "dummy", "dummy interfaces", "created and deleted a trial dummy interface", p.sys.dummy)
+}
+
+// iptablesBackend is what one iptables backend holds.
+type iptablesBackend struct {
+	backend glue.Backend
+	err     error // not installed, or its save failed
+	rules   int
+	hint    bool // kubelet's KUBE-IPTABLES-HINT chain is there
+}
+
+func (b iptablesBackend) String() string {
+	if b.err != nil {
+		return "iptables-" + string(b.backend) + ": " + b.err.Error()
+	}
+	s := fmt.Sprintf("iptables-%s: %d rules", b.backend, b.rules)
+	if b.hint {
+		s += " and kubelet's KUBE-IPTABLES-HINT"
+	}
+	return s
+}
+
+// kubeletHint is the chain kubelet creates in the mangle table of the
+// backend it uses, for other components to follow.
+const kubeletHint = "KUBE-IPTABLES-HINT"
+
+// readBackend reads one backend's IPv4 tables with the glue's tools.
+func (p *preflight) readBackend(b glue.Backend) iptablesBackend {
+	out := iptablesBackend{backend: b}
+	t, err := glue.NewIPTables(p.sys.iptables, b, ipset.IPv4)
+	if err != nil {
+		out.err = err
+		return out
+	}
+	saved, err := t.Save(p.ctx)
+	if err != nil {
+		out.err = err
+		return out
+	}
+	out.rules = saved.RuleCount()
+	if m := saved["mangle"]; m != nil && slices.Contains(m.Chains, kubeletHint) {
+		out.hint = true
+	}
+	return out
+}
+
+// iptables checks the backend run would use, chosen as the glue chooses
+// it (glue.DetectBackend), and that it works.
+func (p *preflight) iptables() {
+	const name = "iptables backend"
+	const install = "install iptables (iptables-nft or iptables-legacy tools, iptables 1.8 or later)"
+	backends := map[glue.Backend]iptablesBackend{}
+	for _, b := range []glue.Backend{glue.NFT, glue.Legacy} {
+		backends[b] = p.readBackend(b)
+	}
+	facts := backends[glue.NFT].String() + "; " + backends[glue.Legacy].String()
+	chosen, reason, err := glue.DetectBackend(p.sys.iptables, p.cfg.iptablesBackend)
+	if err != nil {
+		p.add(name, statusFail, "no usable iptables: "+facts, install)
+		return
+	}
+	use := backends[chosen]
+	if use.err != nil {
+		p.add(name, statusFail, "run would use "+string(chosen)+" ("+reason+"), which does not work: "+facts,
+			install+", or choose another --iptables-backend")
+		return
+	}
+	if p.cfg.ipv6 {
+		t, err := glue.NewIPTables(p.sys.iptables, chosen, ipset.IPv6)
+		if err == nil {
+			_, err = t.Save(p.ctx)
+		}
+		if err != nil {
+			p.add(name, statusFail, "run would use "+string(chosen)+" ("+reason+"), but its IPv6 tools do not work: "+err.Error(),
+				"install ip6tables, or drop IPv6 from --ip-families")
+			return
+		}
+	}
+	for other, b := range backends {
+		if other != chosen && b.hint && !use.hint {
+			p.add(name, statusWarn, "run would use "+string(chosen)+" ("+reason+"), but kubelet uses "+string(other)+": "+facts,
+				"use --iptables-backend "+string(other))
+			return
+		}
+	}
+	p.add(name, statusOK, "run uses "+string(chosen)+" ("+reason+"); "+facts, "")
+}
+
+// sysctlRemedy says how to make the sysctls writable in a container.
+const sysctlRemedy = "mount the node's /proc/sys/net writable at " + hostProcSys + "/net (as deploy/daemonset.yaml does)"
+
+// preflightSysctl is one kernel setting run needs.
+type preflightSysctl struct{ name, value, why string }
+
+func (p *preflight) wantedSysctls() []preflightSysctl {
+	var out []preflightSysctl
+	for _, s := range ipvsSysctls {
+		out = append(out, preflightSysctl{s.name, s.value, "run"})
+	}
+	if p.cfg.ipv6 {
+		out = append(out, preflightSysctl{"net/ipv6/conf/all/forwarding", "1", "run"})
+	}
+	if p.cfg.strictARP {
+		for _, s := range glueSysctls {
+			out = append(out, preflightSysctl{s.name, s.value, "--strict-arp"})
+		}
+	}
+	return out
+}
+
+func (p *preflight) sysctls() {
+	for _, s := range p.wantedSysctls() {
+		name := "sysctl " + strings.ReplaceAll(s.name, "/", ".")
+		val, err := p.sys.sysctl(s.name)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			remedy := "use a kernel that has it"
+			if strings.HasPrefix(s.name, "net/ipv4/vs/") {
+				remedy = "load IPVS (modprobe ip_vs): the net.ipv4.vs settings come with it"
+			} else if strings.HasPrefix(s.name, "net/ipv6/") {
+				remedy = "enable IPv6 on the node, or drop IPv6 from --ip-families"
+			}
+			p.add(name, statusFail, "does not exist", remedy)
+			continue
+		case err != nil:
+			p.add(name, statusFail, "cannot read it: "+err.Error(), "run as root with /proc/sys readable")
+			continue
+		}
+		detail := fmt.Sprintf("= %s, %s sets %s", val, s.why, s.value)
+		if val == s.value {
+			detail = fmt.Sprintf("= %s, as %s sets it", val, s.why)
+		}
+		if err := p.sys.sysctlWritable(s.name); err != nil {
+			if val == s.value {
+				p.add(name, statusWarn, detail+"; not writable: "+err.Error(), sysctlRemedy+" so that run can keep it set")
+			} else {
+				p.add(name, statusFail, detail+"; not writable: "+err.Error(), sysctlRemedy+", or set it on the node")
+			}
+			continue
+		}
+		where := ""
+		if p.sys.sysctlRoot != "" && p.sys.sysctlRoot != "/proc/sys" {
+			where = " (under " + p.sys.sysctlRoot + ")"
+		}
+		p.add(name, statusOK, detail+"; writable"+where, "")
+	}
+}
+
+// writePreflight prints the report as a table or JSON.
+func writePreflight(w io.Writer, rep preflightReport, output string) error {
+	if output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return fmt.Errorf("write the report: %w", err)
+		}
+		return nil
+	}
+	nameW, statusW := len("CHECK"), len("STATUS")
+	for _, c := range rep.Checks {
+		nameW = max(nameW, len(c.Name))
+		statusW = max(statusW, len(c.Status))
+	}
+	bw := bufio.NewWriter(w)
+	fmt.Fprintf(bw, "%-*s  %-*s  %s\n", nameW, "CHECK", statusW, "STATUS", "DETAIL")
+	for _, c := range rep.Checks {
+		fmt.Fprintf(bw, "%-*s  %-*s  %s\n", nameW, c.Name, statusW, c.Status, c.Detail)
+		if c.Remedy != "" {
+			fmt.Fprintf(bw, "%-*s  %-*s  remedy: %s\n", nameW, "", statusW, "", c.Remedy)
+		}
+	}
+	verdict := "ready for ipvs-proxy"
+	if !rep.OK {
+		verdict = "NOT ready for ipvs-proxy"
+	}
+	fmt.Fprintf(bw, "\nkernel %s: %d checks, %d failed, %d warnings: %s\n", rep.Kernel, len(rep.Checks), rep.Failed, rep.Warned, verdict)
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("write the report: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,422 @@
+package main
+
+// The agent's operational endpoints: Prometheus metrics, /healthz and /livez
+// on kube-proxy's conventions, and the health-check node ports of
+// externalTrafficPolicy Local Services.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/healthcheck"
+)
+
+// healthTimeout is how long changes may stay unapplied, or the apiserver
+// unreachable, before /healthz fails: twice the full-resync period, as in
+// kube-proxy (which allows 2 × --sync-period between a queued change and
+// its sync). A failed sync is retried with a backoff of at most one sync
+// period, so one failed retry is tolerated, two are not.
+func healthTimeout(syncPeriod time.Duration) time.Duration { return 2 * syncPeriod }
+
+// probeInterval is the period of the apiserver reachability probe: half
+// the health timeout, at least 1 s and at most 30 s (one cheap GET /version
+// per node per interval).
+func probeInterval(timeout time.Duration) time.Duration {
+	return min(max(timeout/2, time.Second), 30*time.Second)
+}
+
+// apiProbe tracks whether the apiserver answers. The proxier's informers
+// retry a lost watch silently (and a dead apiserver sends no events), so
+// an outage is invisible in the proxier's status: while the apiserver
+// cannot be reached, whatever changes in the cluster is pending without the
+// proxier knowing.
+type apiProbe struct {
+	check    func(ctx context.Context) error
+	interval time.Duration
+	now      func() time.Time
+	log      *zap.Logger
+
+	mu           sync.Mutex
+	failingSince time.Time // first failure since the last success; zero when reachable
+	lastErr      error
+}
+
+// versionCheck asks the apiserver for /version, which every authenticated
+// client may read (system:public-info-viewer) and which touches no storage.
+func versionCheck(client kubernetes.Interface) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error(); err != nil {
+			return fmt.Errorf("GET /version: %w", err)
+		}
+		return nil
+	}
+}
+
+func (a *apiProbe) probeOnce(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, a.interval)
+	err := a.check(pctx)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case err == nil && !a.failingSince.IsZero():
+		a.log.Info("apiserver reachable again", zap.Duration("after", a.now().Sub(a.failingSince)))
+		a.failingSince, a.lastErr = time.Time{}, nil
+	case err != nil && a.failingSince.IsZero():
+		a.log.Warn("apiserver unreachable", zap.Error(err))
+		a.failingSince, a.lastErr = a.now(), err
+	case err != nil:
+		a.lastErr = err
+	}
+}
+
+func (a *apiProbe) run(ctx context.Context) {
+	t := time.NewTicker(a.interval)
+	defer t.Stop()
+	for {
+		a.probeOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// unreachable returns when the apiserver stopped answering (zero if it
+// answers) and the last error.
+func (a *apiProbe) unreachable() (time.Time, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.failingSince, a.lastErr
+}
+
+// healthReport is the body of /healthz and /livez: kube-proxy's fields
+// (lastUpdated, currentTime, nodeEligible on /healthz only, healthy) and
+// ipvs-proxy's details.
+type healthReport struct {
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible,omitempty"`
+	Healthy      bool      `json:"healthy"`
+
+	LastSuccessfulSync        *time.Time `json:"lastSuccessfulSync,omitempty"`
+	PendingSince              *time.Time `json:"pendingSince,omitempty"`
+	APIServerUnreachableSince *time.Time `json:"apiserverUnreachableSince,omitempty"`
+	LastError                 string     `json:"lastError,omitempty"`
+	// Reasons say why the report is unhealthy.
+	Reasons []string `json:"reasons,omitempty"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// healthz decides the agent's health on kube-proxy's conventions:
+//
+//   - /livez is the proxier's own health: healthy once a first sync has
+//     succeeded, and as long as no change has waited longer than the
+//     timeout to reach the kernel (a failing sync keeps changes waiting).
+//   - /healthz adds, as kube-proxy does, that the node is eligible (its
+//     Node exists, is not being deleted, has no autoscaler to-be-deleted
+//     taint), and that the apiserver has not been unreachable for longer
+//     than the timeout (the proxier's view would be stale).
+//
+// When healthy, lastUpdated is the current time, for kube-proxy
+// compatibility; otherwise it is the last successful sync.
+type healthz struct {
+	status  func() proxier.Status
+	api     *apiProbe // nil: not probed
+	timeout time.Duration
+	now     func() time.Time
+	log     *zap.Logger
+
+	mu   sync.Mutex
+	last map[string]bool // last health per endpoint, to log changes
+}
+
+// proxyHealthy is the /livez condition (and the one the health-check node
+// ports use, as kube-proxy's do).
+func (h *healthz) proxyHealthy() bool { return h.report(false).Healthy }
+
+func (h *healthz) report(withNode bool) healthReport {
+	st := h.status()
+	now := h.now()
+	r := healthReport{CurrentTime: now, Healthy: true, LastUpdated: st.LastSuccessfulSync,
+		LastSuccessfulSync: timePtr(st.LastSuccessfulSync), PendingSince: timePtr(st.PendingSince)}
+	if st.LastError != nil {
+		r.LastError = st.LastError.Error()
+	}
+	fail := func(format string, args ...any) {
+		r.Healthy = false
+		r.Reasons = append(r.Reasons, fmt.Sprintf(format, args...))
+	}
+	if st.LastSuccessfulSync.IsZero() {
+		fail("no successful sync yet")
+	}
+	if !st.PendingSince.IsZero() && now.Sub(st.PendingSince) >= h.timeout {
+		fail("changes unapplied for %s (limit %s)", now.Sub(st.PendingSince).Round(time.Second), h.timeout)
+	}
+	if withNode {
+		r.NodeEligible = &st.NodeEligible
+		if !st.NodeEligible {
+			fail("node not eligible: its Node is missing, being deleted or tainted %s", proxier.ToBeDeletedTaint)
+		}
+		if h.api != nil {
+			since, err := h.api.unreachable()
+			r.APIServerUnreachableSince = timePtr(since)
+			if !since.IsZero() && now.Sub(since) >= h.timeout {
+				fail("apiserver unreachable for %s (limit %s): %v", now.Sub(since).Round(time.Second), h.timeout, err)
+			}
+		}
+	}
+	if r.Healthy {
+		r.LastUpdated = now
+	}
+	return r
+}
+
+func (h *healthz) handler(endpoint string, withNode bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		r := h.report(withNode)
+		code := http.StatusOK
+		if !r.Healthy {
+			code = http.StatusServiceUnavailable
+		}
+		h.logChange(endpoint, r)
+		body, err := json.Marshal(r)
+		if err != nil { // times, strings and bools: cannot fail
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(code)
+		_, _ = w.Write(append(body, '\n'))
+	})
+}
+
+func (h *healthz) logChange(endpoint string, r healthReport) {
+	h.mu.Lock()
+	old, seen := h.last[endpoint]
+	h.last[endpoint] = r.Healthy
+	h.mu.Unlock()
+	switch {
+	case r.Healthy && seen && !old:
+		h.log.Info("healthy again", zap.String("endpoint", endpoint))
+	case !r.Healthy && (!seen || old):
+		h.log.Warn("unhealthy", zap.String("endpoint", endpoint), zap.Strings("reasons", r.Reasons))
+	}
+}
+
+// opsConfig is what startOperations needs; fields are injected in tests.
+type opsConfig struct {
+	MetricsAddr, HealthzAddr string
+	SyncPeriod               time.Duration
+	Registry                 *prometheus.Registry
+	Status                   func() proxier.Status
+	// APICheck probes the apiserver; nil disables the probe.
+	APICheck func(ctx context.Context) error
+	// HealthCheckAddrs are the addresses of the health-check node ports
+	// (empty: all).
+	HealthCheckAddrs []netip.Addr
+	Recorder         record.EventRecorder
+	Now              func() time.Time
+}
+
+// operations are the running endpoints; stop ends them.
+type operations struct {
+	health      *healthz
+	healthCheck *healthcheck.Server
+	addrs       map[string]net.Addr // bound address by configured address
+	servers     []*http.Server
+	cancel      context.CancelFunc
+	done        sync.WaitGroup
+	log         *zap.Logger
+}
+
+// startOperations binds the metrics and health addresses (an address in
+// use is an error at once, e.g. kube-proxy still running), serves them, and
+// starts the apiserver probe. The health-check node ports open as the
+// proxier syncs: add ops.healthCheck as a consumer.
+func startOperations(ctx context.Context, c opsConfig, log *zap.Logger) (*operations, error) {
+	log = log.With(zap.String("component", "operations"))
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	timeout := healthTimeout(c.SyncPeriod)
+	ops := &operations{addrs: map[string]net.Addr{}, log: log}
+	ctx, ops.cancel = context.WithCancel(ctx)
+	healthzTotal := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kubeproxy_healthz_total", Help: "Cumulative proxy healthz HTTP status.",
+	}, []string{"code"})
+	livezTotal := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kubeproxy_livez_total", Help: "Cumulative proxy livez HTTP status.",
+	}, []string{"code"})
+	if c.Registry != nil {
+		for _, col := range []prometheus.Collector{healthzTotal, livezTotal,
+			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+			if err := c.Registry.Register(col); err != nil {
+				return nil, fmt.Errorf("register metrics: %w", err)
+			}
+		}
+	}
+	h := &healthz{status: c.Status, timeout: timeout, now: c.Now, log: log, last: map[string]bool{}}
+	if c.APICheck != nil {
+		h.api = &apiProbe{check: c.APICheck, interval: probeInterval(timeout), now: c.Now, log: log}
+	}
+	ops.health = h
+	ops.healthCheck = healthcheck.New(healthcheck.Config{Addresses: c.HealthCheckAddrs, ProxyHealthy: h.proxyHealthy,
+		Recorder: c.Recorder}, log)
+
+	// kube-proxy's endpoint names; one address may serve both.
+	muxes := map[string]*http.ServeMux{}
+	mux := func(addr string) *http.ServeMux {
+		if muxes[addr] == nil {
+			muxes[addr] = http.NewServeMux()
+		}
+		return muxes[addr]
+	}
+	codeCounter := func(cv *prometheus.CounterVec, next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+			next.ServeHTTP(rec, r)
+			cv.WithLabelValues(fmt.Sprint(rec.code)).Inc()
+		})
+	}
+	if c.HealthzAddr != "" {
+		mux(c.HealthzAddr).Handle("/healthz", codeCounter(healthzTotal, h.handler("healthz", true)))
+		mux(c.HealthzAddr).Handle("/livez", codeCounter(livezTotal, h.handler("livez", false)))
+	}
+	if c.MetricsAddr != "" {
+		if c.Registry == nil {
+			return nil, errors.New("metrics: no registry")
+		}
+		mux(c.MetricsAddr).Handle("/metrics", promhttp.HandlerFor(c.Registry, promhttp.HandlerOpts{
+			Registry: c.Registry, ErrorLog: zap.NewStdLog(log), MaxRequestsInFlight: 4, Timeout: 30 * time.Second,
+		}))
+	}
+	for addr, m := range muxes {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			ops.stop()
+			return nil, fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address): %w", addr, err)
+		}
+		ops.addrs[addr] = ln.Addr()
+		srv := &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: zap.NewStdLog(log)}
+		ops.servers = append(ops.servers, srv)
+		ops.done.Add(1)
+		go func() {
+			defer ops.done.Done()
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("HTTP server stopped", zap.String("address", addr), zap.Error(err))
+			}
+		}()
+		log.Info("serving", zap.String("address", ln.Addr().String()), zap.Strings("paths", muxPaths(addr, c)))
+	}
+	if h.api != nil {
+		ops.done.Add(1)
+		go func() {
+			defer ops.done.Done()
+			h.api.run(ctx)
+		}()
+	}
+	return ops, nil
+}
+
+func muxPaths(addr string, c opsConfig) []string {
+	var p []string
+	if addr == c.HealthzAddr {
+		p = append(p, "/healthz", "/livez")
+	}
+	if addr == c.MetricsAddr {
+		p = append(p, "/metrics")
+	}
+	return p
+}
+
+// stop shuts the HTTP servers down (in-flight requests get 2 s), closes
+// the health-check node ports and stops the probe.
+func (ops *operations) stop() {
+	ops.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, s := range ops.servers {
+		if err := s.Shutdown(ctx); err != nil {
+			_ = s.Close()
+		}
+	}
+	if ops.healthCheck != nil {
+		if err := ops.healthCheck.Close(); err != nil {
+			ops.log.Warn("close health checks", zap.Error(err))
+		}
+	}
+	ops.done.Wait()
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.code = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// healthCheckAddresses are the node addresses the health-check node ports
+// listen on: with --nodeport-addresses, the node's addresses in those
+// CIDRs (read once at start, as kube-proxy does); else every address.
+func healthCheckAddresses(links netlinkutil.Links, cfg proxier.Config, log *zap.Logger) []netip.Addr {
+	if len(cfg.NodePortAddresses) == 0 {
+		return nil
+	}
+	all, err := links.NodeAddresses(cfg.Interface)
+	addrs := proxier.FilterNodePortAddresses(all, cfg.NodePortAddresses)
+	if err != nil || len(addrs) == 0 {
+		log.Warn("no node address matches --nodeport-addresses; health-check node ports listen on every address",
+			zap.Error(err))
+		return nil
+	}
+	return addrs
+}
+
+// serveOperations starts the operational endpoints of `ipvs-proxy run` and
+// adds the health-check node ports to the proxier; the returned function
+// stops them.
+func serveOperations(ctx context.Context, o *options, cfg proxier.Config, p *proxier.Proxier, reg *prometheus.Registry,
+	client kubernetes.Interface, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
+	ops, err := startOperations(ctx, opsConfig{
+		MetricsAddr: strings.TrimSpace(o.MetricsBindAddress), HealthzAddr: strings.TrimSpace(o.HealthzBindAddress),
+		SyncPeriod: cfg.SyncPeriod, Registry: reg, Status: p.Status, APICheck: versionCheck(client),
+		HealthCheckAddrs: healthCheckAddresses(links, cfg, log), Recorder: recorder,
+	}, log)
+	if err != nil {
+		return nil, err
+	}
+	p.AddConsumer(ops.healthCheck)
+	return ops.stop, nil
+}

@@ -1,0 +1,469 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+var (
+	stNodeAddr = netip.MustParseAddr("192.168.1.10")
+	stExcluded = netip.MustParsePrefix("10.200.0.0/16")
+)
+
+func statusConfig() proxier.Config {
+	return proxier.Config{NodeName: "node-1", Interface: "ipvs-proxy0", Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: proxier.PortRange{Min: 30000, Max: 32767}, ExcludeCIDRs: []netip.Prefix{stExcluded}, IPv4: true, IPv6: true}
+}
+
+func stService(name, ip string, mutate ...func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: ip, ClusterIPs: []string{ip},
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports:      []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	for _, m := range mutate {
+		m(s)
+	}
+	return s
+}
+
+func stSlice(svc string, addrs ...string) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(8080))}},
+	}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			NodeName: ptr.To("node-1")})
+	}
+	return s
+}
+
+// statusObjects: a ClusterIP Service, a NodePort one with an unnamed port,
+// one with persistence and the sh scheduler with a flag, and one whose
+// externalIP is excluded.
+func statusObjects() []runtime.Object {
+	return []runtime.Object{
+		stService("web", "10.96.0.10"), stSlice("web", "10.0.1.1", "10.0.1.2"),
+		stService("np", "10.96.0.11", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports = []corev1.ServicePort{{Protocol: corev1.ProtocolTCP, Port: 8000, NodePort: 30080, TargetPort: intstr.FromInt32(8080)}}
+		}),
+		func() *discoveryv1.EndpointSlice {
+			s := stSlice("np", "10.0.2.1")
+			s.Ports[0].Name = ptr.To("")
+			return s
+		}(),
+		stService("sticky", "10.96.0.12", func(s *corev1.Service) {
+			s.Annotations = map[string]string{scheduler.AnnotationScheduler: "sh", scheduler.AnnotationFlags: "sh-port"}
+			s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			s.Spec.ExternalIPs = []string{"10.200.0.5"}
+		}), stSlice("sticky", "10.0.3.1"),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}},
+	}
+}
+
+// programmed returns a fake kernel programmed by the reconciler from the
+// objects, as run would program it, plus a virtual server of another tool.
+func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
+	t.Helper()
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(stNodeAddr)
+	cfg := statusConfig()
+	rec := proxier.NewReconciler(ipvs, links, proxier.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}, zap.NewNop())
+	node := proxier.NodeInfo{Name: cfg.NodeName, NodePortAddresses: []netip.Addr{stNodeAddr}}
+	bcfg := proxier.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	slicesOf := map[string][]*discoveryv1.EndpointSlice{}
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			slicesOf[s.Labels[discoveryv1.LabelServiceName]] = append(slicesOf[s.Labels[discoveryv1.LabelServiceName]], s)
+		}
+	}
+	for _, o := range objs {
+		if svc, ok := o.(*corev1.Service); ok {
+			plan := proxier.Build(svc, slicesOf[svc.Name], node, bcfg)
+			rec.SetPlan(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, &plan)
+		}
+	}
+	if _, err := rec.Sync(true); err != nil {
+		t.Fatal(err)
+	}
+	// Another tool's virtual server, on an address that is not ours.
+	other := netlinkutil.VirtualServer{VSKey: vsKey("172.16.0.1", 80), Scheduler: "wlc"}
+	if err := ipvs.AddVirtualServer(other); err != nil {
+		t.Fatal(err)
+	}
+	return ipvs, links
+}
+
+func vsKey(addr string, port uint16) netlinkutil.VSKey {
+	return netlinkutil.VSKey{Address: netip.MustParseAddr(addr), Protocol: netlinkutil.TCP, Port: port}
+}
+
+func rsKey(addr string) netlinkutil.RSKey {
+	return netlinkutil.RSKey{Address: netip.MustParseAddr(addr), Port: 8080}
+}
+
+func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes.Interface, apiErr error) statusReport {
+	t.Helper()
+	rep, err := collectStatus(context.Background(), statusConfig(), ipvs, links, client, apiErr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func findVS(rep statusReport, k netlinkutil.VSKey) *statusVirtualServer {
+	for i := range rep.VirtualServers {
+		if rep.VirtualServers[i].key == k {
+			return &rep.VirtualServers[i]
+		}
+	}
+	return nil
+}
+
+func TestStatusNoDrift(t *testing.T) {
+	objs := statusObjects()
+	ipvs, links := programmed(t, objs)
+	rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
+	if !rep.API.Available || !rep.DriftKnown || rep.API.Services != 3 {
+		t.Errorf("api %+v driftKnown %v, want available with 3 Services", rep.API, rep.DriftKnown)
+	}
+	if len(rep.Drift) != 0 {
+		t.Errorf("drift right after the reconciler's sync: %+v", rep.Drift)
+	}
+	if rep.OtherVirtualServers != 1 {
+		t.Errorf("other virtual servers: %d, want 1 (another tool's)", rep.OtherVirtualServers)
+	}
+	want := []struct {
+		key       netlinkutil.VSKey
+		service   string
+		kind      string
+		scheduler string
+		flags     []string
+		timeout   uint32
+		rss       []string
+	}{
+		{vsKey("10.96.0.10", 80), "ns/web:http", "ClusterIP", "rr", nil, 0, []string{"10.0.1.1", "10.0.1.2"}},
+		{vsKey("10.96.0.11", 8000), "ns/np:8000", "ClusterIP", "rr", nil, 0, []string{"10.0.2.1"}},
+		{vsKey("192.168.1.10", 30080), "ns/np:8000", "NodePort", "rr", nil, 0, []string{"10.0.2.1"}},
+		{vsKey("10.96.0.12", 80), "ns/sticky:http", "ClusterIP", "sh", []string{"persistent", "sh-port"}, 10800, []string{"10.0.3.1"}},
+	}
+	if len(rep.VirtualServers) != len(want) {
+		t.Errorf("%d virtual servers, want %d: %+v", len(rep.VirtualServers), len(want), rep.VirtualServers)
+	}
+	for _, w := range want {
+		vs := findVS(rep, w.key)
+		if vs == nil {
+			t.Errorf("no virtual server %s", w.key)
+			continue
+		}
+		var rss []string
+		for _, rs := range vs.RealServers {
+			rss = append(rss, rs.Address)
+			if rs.Port != 8080 || rs.Weight != 1 || !rs.InKernel || rs.Drift != "" {
+				t.Errorf("%s: real server %+v", w.key, rs)
+			}
+		}
+		if vs.Service != w.service || vs.Kind != w.kind || vs.Scheduler != w.scheduler || !slices.Equal(vs.Flags, w.flags) ||
+			vs.PersistenceTimeout != w.timeout || !slices.Equal(rss, w.rss) || !vs.InKernel || !vs.Wanted || len(vs.Drift) > 0 {
+			t.Errorf("%s = %+v, want %+v", w.key, *vs, w)
+		}
+	}
+	// Sorted by Service, then virtual server.
+	var order []string
+	for _, vs := range rep.VirtualServers {
+		order = append(order, vs.key.String())
+	}
+	if want := []string{"10.96.0.11:8000/TCP", "192.168.1.10:30080/TCP", "10.96.0.12:80/TCP", "10.96.0.10:80/TCP"}; !slices.Equal(order, want) {
+		t.Errorf("order %v, want %v", order, want)
+	}
+}
+
+func TestStatusDrift(t *testing.T) {
+	web := vsKey("10.96.0.10", 80)
+	tests := []struct {
+		name   string
+		mutate func(t *testing.T, ipvs *fake.IPVS, links *fake.Links)
+		// drift kinds by virtual server
+		want  map[string][]string
+		other int
+		check func(t *testing.T, rep statusReport)
+	}{
+		{
+			name: "a real server deleted by hand",
+			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
+				must(t, ipvs.DeleteRealServer(web, rsKey("10.0.1.1")))
+			},
+			want: map[string][]string{"10.96.0.10:80/TCP": {driftMissingRS}},
+			check: func(t *testing.T, rep statusReport) {
+				rs := findVS(rep, web).RealServers
+				if len(rs) != 2 || rs[0].Address != "10.0.1.1" || rs[0].Drift != "missing" || rs[0].InKernel || !rs[1].InKernel {
+					t.Errorf("real servers %+v: want 10.0.1.1 missing, 10.0.1.2 in the kernel", rs)
+				}
+				if !strings.Contains(rep.Drift[0].Detail, "10.0.1.1:8080 w=1 is wanted, not in the kernel") || rep.Drift[0].Service != "ns/web:http" {
+					t.Errorf("drift %+v", rep.Drift[0])
+				}
+			},
+		},
+		{
+			name: "an extra real server and a different weight",
+			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
+				must(t, ipvs.AddRealServer(web, netlinkutil.RealServer{RSKey: rsKey("10.0.9.9"), Weight: 1}))
+				must(t, ipvs.UpdateRealServer(web, netlinkutil.RealServer{RSKey: rsKey("10.0.1.2"), Weight: 5}))
+			},
+			want: map[string][]string{"10.96.0.10:80/TCP": {driftWeight, driftExtraRS}},
+			check: func(t *testing.T, rep statusReport) {
+				for _, rs := range findVS(rep, web).RealServers {
+					if rs.Address == "10.0.1.2" && (rs.Drift != "weight" || rs.Weight != 5 || rs.WantWeight != 1) {
+						t.Errorf("real server %+v: want weight drift 5, wanted 1", rs)
+					}
+				}
+			},
+		},
+		{
+			name: "a different scheduler",
+			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
+				must(t, ipvs.UpdateVirtualServer(netlinkutil.VirtualServer{VSKey: web, Scheduler: "wrr"}))
+			},
+			want: map[string][]string{"10.96.0.10:80/TCP": {driftDifferentVS}},
+			check: func(t *testing.T, rep statusReport) {
+				if d := rep.Drift[0].Detail; d != "kernel has 10.96.0.10:80/TCP wrr, wanted 10.96.0.10:80/TCP rr" {
+					t.Errorf("detail %q", d)
+				}
+			},
+		},
+		{
+			name: "different persistence",
+			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
+				k := vsKey("10.96.0.12", 80)
+				must(t, ipvs.UpdateVirtualServer(netlinkutil.VirtualServer{VSKey: k, Scheduler: "sh",
+					Flags: netlinkutil.FlagPersistent | netlinkutil.FlagSched2, Timeout: 60}))
+			},
+			want: map[string][]string{"10.96.0.12:80/TCP": {driftDifferentVS}},
+		},
+		{
+			name: "a virtual server deleted by hand",
+			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
+				must(t, ipvs.DeleteVirtualServer(web))
+			},
+			want: map[string][]string{"10.96.0.10:80/TCP": {driftMissingVS}},
+			check: func(t *testing.T, rep statusReport) {
+				vs := findVS(rep, web)
+				if vs.InKernel || !vs.Wanted || vs.Service != "ns/web:http" || len(vs.RealServers) != 2 || vs.RealServers[0].Drift != "missing" {
+					t.Errorf("%+v: want a wanted, missing virtual server with its 2 real servers missing", *vs)
+				}
+			},
+		},
+		{
+			name: "owned virtual servers no Service wants; others left alone",
+			mutate: func(t *testing.T, ipvs *fake.IPVS, links *fake.Links) {
+				// On a bound address: owned.
+				must(t, links.AddAddress("ipvs-proxy0", netip.MustParseAddr("10.96.0.99")))
+				must(t, ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("10.96.0.99", 80), Scheduler: "rr"}))
+				// On the node address, in the node-port range: owned.
+				must(t, ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("192.168.1.10", 31999), Scheduler: "rr"}))
+				// On the node address, outside the range: not ours.
+				must(t, ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("192.168.1.10", 8080), Scheduler: "rr"}))
+				// Bound but excluded: never ours.
+				must(t, links.AddAddress("ipvs-proxy0", netip.MustParseAddr("10.200.0.7")))
+				must(t, ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("10.200.0.7", 80), Scheduler: "rr"}))
+			},
+			want:  map[string][]string{"10.96.0.99:80/TCP": {driftUnwantedVS}, "192.168.1.10:31999/TCP": {driftUnwantedVS}},
+			other: 3,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := statusObjects()
+			ipvs, links := programmed(t, objs)
+			tt.mutate(t, ipvs, links)
+			rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
+			got := map[string][]string{}
+			for _, d := range rep.Drift {
+				got[d.VirtualServer] = append(got[d.VirtualServer], d.Kind)
+			}
+			for vs, kinds := range got {
+				slices.Sort(kinds)
+				got[vs] = kinds
+			}
+			for vs, kinds := range tt.want {
+				slices.Sort(kinds)
+				if !slices.Equal(got[vs], kinds) {
+					t.Errorf("drift of %s: %v, want %v", vs, got[vs], kinds)
+				}
+				if k := findVS(rep, mustKey(vs)); k == nil || !slices.Equal(sorted(k.Drift), kinds) {
+					t.Errorf("virtual server %s: drift %v, want %v", vs, k, kinds)
+				}
+			}
+			if len(got) != len(tt.want) {
+				t.Errorf("drift %v, want %v", got, tt.want)
+			}
+			if want := max(tt.other, 1); rep.OtherVirtualServers != want {
+				t.Errorf("other virtual servers: %d, want %d", rep.OtherVirtualServers, want)
+			}
+			if tt.check != nil {
+				tt.check(t, rep)
+			}
+			// The table names every drift.
+			var b bytes.Buffer
+			if err := writeStatus(&b, rep, "table"); err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range rep.Drift {
+				if !strings.Contains(b.String(), d.Kind+" "+d.VirtualServer) {
+					t.Errorf("the table lacks %s %s:\n%s", d.Kind, d.VirtualServer, b.String())
+				}
+			}
+		})
+	}
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
+func mustKey(s string) netlinkutil.VSKey {
+	ap := netip.MustParseAddrPort(strings.TrimSuffix(s, "/TCP"))
+	return netlinkutil.VSKey{Address: ap.Addr(), Protocol: netlinkutil.TCP, Port: ap.Port()}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStatusWithoutAPI(t *testing.T) {
+	objs := statusObjects()
+	ipvs, links := programmed(t, objs)
+	failing := k8sfake.NewClientset(objs...)
+	failing.PrependReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	for _, tt := range []struct {
+		name   string
+		client kubernetes.Interface
+		apiErr error
+		want   string
+	}{
+		{"no configuration", nil, errNoAPI, "no Kubernetes configuration"},
+		{"a bad kubeconfig", nil, errors.New("load Kubernetes client configuration: no such file"), "no such file"},
+		{"the API fails", failing, nil, "list Services: connection refused"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := collect(t, ipvs, links, tt.client, tt.apiErr)
+			if rep.API.Available || rep.DriftKnown || rep.Drift != nil || !strings.Contains(rep.API.Error, tt.want) {
+				t.Errorf("api %+v driftKnown %v drift %v; want unavailable (%q), drift unknown", rep.API, rep.DriftKnown, rep.Drift, tt.want)
+			}
+			// The kernel's view: every owned virtual server, no names.
+			if len(rep.VirtualServers) != 4 {
+				t.Errorf("%d virtual servers, want the 4 owned ones", len(rep.VirtualServers))
+			}
+			for _, vs := range rep.VirtualServers {
+				if vs.Service != "" || vs.Kind != "" || vs.Wanted || !vs.InKernel || len(vs.RealServers) == 0 {
+					t.Errorf("%+v: want the kernel's view with no name", vs)
+				}
+			}
+			var b bytes.Buffer
+			if err := writeStatus(&b, rep, "table"); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range []string{"no API access (", "drift: unknown without API access", "10.96.0.10:80/TCP", "10.0.1.2:8080"} {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("the table lacks %q:\n%s", w, b.String())
+				}
+			}
+		})
+	}
+}
+
+func TestStatusConflictAndWarnings(t *testing.T) {
+	objs := []runtime.Object{
+		stService("a", "10.96.0.20", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"10.251.0.1"} }),
+		stService("b", "10.96.0.21", func(s *corev1.Service) {
+			s.Spec.ExternalIPs = []string{"10.251.0.1"}
+			s.Annotations = map[string]string{scheduler.AnnotationScheduler: "fastest"}
+		}),
+	}
+	ipvs, links := programmed(t, objs)
+	rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
+	if len(rep.Drift) != 0 {
+		t.Errorf("drift: %+v", rep.Drift)
+	}
+	if vs := findVS(rep, vsKey("10.251.0.1", 80)); vs == nil || vs.Service != "ns/a:http" || vs.Kind != "ExternalIP" {
+		t.Errorf("the shared externalIP: %+v, want held by ns/a (first by name)", vs)
+	}
+	joined := strings.Join(rep.Warnings, "\n")
+	for _, w := range []string{"ns/b: virtual server 10.251.0.1:80/TCP is also wanted by ns/a, which holds it", `ns/b: annotation ipvs-proxy.io/scheduler: unknown IPVS scheduler "fastest"`} {
+		if !strings.Contains(joined, w) {
+			t.Errorf("warnings %q lack %q", rep.Warnings, w)
+		}
+	}
+}
+
+func TestWriteStatus(t *testing.T) {
+	objs := statusObjects()
+	ipvs, links := programmed(t, objs)
+	must(t, ipvs.DeleteRealServer(vsKey("10.96.0.10", 80), rsKey("10.0.1.1")))
+	rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
+	var b bytes.Buffer
+	if err := writeStatus(&b, rep, "table"); err != nil {
+		t.Fatal(err)
+	}
+	want := `node node-1, interface ipvs-proxy0; 3 Services read from the API
+SERVICE         KIND       VIRTUAL SERVER          SCHEDULER                     REAL SERVER    WEIGHT  ACTIVE  INACTIVE  DRIFT
+ns/np:8000      ClusterIP  10.96.0.11:8000/TCP     rr                            10.0.2.1:8080  1       0       0
+ns/np:8000      NodePort   192.168.1.10:30080/TCP  rr                            10.0.2.1:8080  1       0       0
+ns/sticky:http  ClusterIP  10.96.0.12:80/TCP       sh persistent,sh-port 10800s  10.0.3.1:8080  1       0       0
+ns/web:http     ClusterIP  10.96.0.10:80/TCP       rr                            10.0.1.1:8080  1       -       -         missing
+                                                                                 10.0.1.2:8080  1       0       0
+virtual servers of others (left alone): 1
+drift: 1
+  missing-real-server 10.96.0.10:80/TCP (ns/web:http): real server 10.0.1.1:8080 w=1 is wanted, not in the kernel
+`
+	if got := b.String(); got != want {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+	b.Reset()
+	if err := writeStatus(&b, rep, "json"); err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{`"service": "ns/web:http"`, `"kind": "ClusterIP"`, `"activeConns": 0`, `"drift": "missing"`,
+		`"kind": "missing-real-server"`, `"driftKnown": true`, `"flags": [`, `"persistenceTimeout": 10800`} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("JSON lacks %s:\n%s", w, b.String())
+		}
+	}
+}

@@ -1,0 +1,306 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+)
+
+// The agent's endpoints as the bed runs it (agentArgs), reached from
+// inside the VM.
+const (
+	healthzURL = "http://127.0.0.1:10256/healthz"
+	livezURL   = "http://127.0.0.1:10256/livez"
+	metricsURL = "http://127.0.0.1:10249/metrics"
+	// healthLimit is 2 × the bed's --sync-period (5s): how long the
+	// apiserver may be unreachable before /healthz fails.
+	healthLimit = 10 * time.Second
+)
+
+// httpGet GETs url inside the VM (argv: prefix, e.g. a netns exec, then
+// vmagent http); code 0 means no HTTP answer at all.
+func (e env) httpGet(t *testing.T, url string, prefix ...string) (code int, body string) {
+	t.Helper()
+	argv := append(append([]string{}, prefix...), "vmagent", "http", "--timeout", "5s", url)
+	r, err := e.VM.Run(context.Background(), argv...)
+	if err != nil {
+		t.Fatalf("vmagent http %s: %v", url, err)
+	}
+	if r.ExitCode != 0 {
+		return 0, strings.TrimSpace(r.Stderr)
+	}
+	var res struct {
+		Status int    `json:"status"`
+		Body   string `json:"body"`
+	}
+	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
+		t.Fatalf("vmagent http %s: %q: %v", url, r.Stdout, err)
+	}
+	return res.Status, res.Body
+}
+
+// scrape reads the agent's metrics: sample (name with its labels as
+// written) -> value.
+func (e env) scrape(t *testing.T) map[string]float64 {
+	t.Helper()
+	code, body := e.httpGet(t, metricsURL)
+	if code != 200 {
+		t.Fatalf("GET %s: %d %s", metricsURL, code, body)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+// endpointsOn are EndpointSlice entries without processes behind them
+// (for what only counts endpoints), in 10.103.0.0/24.
+func endpointsOn(nodes ...string) []backend {
+	var out []backend
+	for i, n := range nodes {
+		out = append(out, bed.Backend{Name: fmt.Sprintf("ep%d", i), Addr: fmt.Sprintf("10.103.0.%d", i+10), Node: n})
+	}
+	return out
+}
+
+// TestMetricsScraped: metrics scraped inside the VM change when a Service
+// is added: virtual and real servers, the programming latency histogram,
+// the syncs.
+func TestMetricsScraped(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	before := e.scrape(t)
+	const (
+		vs       = "ipvs_proxy_virtual_servers"
+		rs       = "ipvs_proxy_real_servers"
+		latency  = "kubeproxy_network_programming_duration_seconds_count"
+		partial  = `kubeproxy_sync_proxy_rules_duration_seconds_count{kind="partial"}`
+		lastSync = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+	)
+	for _, m := range []string{vs, rs, latency, lastSync, `kubeproxy_sync_proxy_rules_duration_seconds_count{kind="full"}`,
+		"ipvs_proxy_sync_errors_total", "go_goroutines", "process_resident_memory_bytes"} {
+		if _, ok := before[m]; !ok {
+			t.Errorf("metric %s missing", m)
+		}
+	}
+	start := time.Now()
+	svc := e.createService(t, ns, "metrics", []corev1.ServicePort{tcpPort("http", 80), tcpPort("alt", 8080)})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, endpointsOn(nodeName, otherNode))
+	var after map[string]float64
+	eventually(t, 30*time.Second, func() error {
+		after = e.scrape(t)
+		switch {
+		case after[vs] < before[vs]+2:
+			return fmt.Errorf("%s %v -> %v, want +2", vs, before[vs], after[vs])
+		case after[rs] < before[rs]+4:
+			return fmt.Errorf("%s %v -> %v, want +4", rs, before[rs], after[rs])
+		case after[latency] <= before[latency]:
+			return fmt.Errorf("%s %v -> %v, want more", latency, before[latency], after[latency])
+		case after[partial] <= before[partial]:
+			return fmt.Errorf("%s %v -> %v, want more", partial, before[partial], after[partial])
+		case after[lastSync] < before[lastSync] || after[lastSync] == 0:
+			return fmt.Errorf("%s %v -> %v", lastSync, before[lastSync], after[lastSync])
+		}
+		return nil
+	})
+	t.Logf("after %v: %s %v->%v, %s %v->%v, %s %v->%v, %s %v->%v", time.Since(start).Round(time.Millisecond),
+		vs, before[vs], after[vs], rs, before[rs], after[rs], latency, before[latency], after[latency],
+		partial, before[partial], after[partial])
+	e.expectTable(t, []string{"TCP  " + hostPort(svc.Spec.ClusterIP, 80) + " rr"}, nil)
+	if after["ipvs_proxy_sync_errors_total"] != before["ipvs_proxy_sync_errors_total"] {
+		t.Errorf("sync errors %v -> %v", before["ipvs_proxy_sync_errors_total"], after["ipvs_proxy_sync_errors_total"])
+	}
+}
+
+// healthOf GETs a health endpoint and decodes its JSON.
+func (e env) healthOf(t *testing.T, url string) (int, map[string]any) {
+	t.Helper()
+	code, body := e.httpGet(t, url)
+	var m map[string]any
+	if code != 0 {
+		if err := json.Unmarshal([]byte(body), &m); err != nil {
+			t.Fatalf("GET %s: %d %q: %v", url, code, body, err)
+		}
+	}
+	return code, m
+}
+
+// waitHealth waits until url answers want.
+func (e env) waitHealth(t *testing.T, url string, want int, timeout time.Duration) map[string]any {
+	t.Helper()
+	var body map[string]any
+	eventually(t, timeout, func() error {
+		var code int
+		code, body = e.healthOf(t, url)
+		if code != want {
+			return fmt.Errorf("GET %s: %d %v, want %d", url, code, body, want)
+		}
+		return nil
+	})
+	return body
+}
+
+// TestHealthzFollowsAPIServer: /healthz answers kube-proxy's JSON; it turns
+// 503 once the apiserver has been unreachable for 2 × --sync-period, while
+// /livez (the kernel sync) stays healthy; it is healthy again when the
+// apiserver returns, and the agent's watches resume.
+func TestHealthzFollowsAPIServer(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	body := e.waitHealth(t, healthzURL, 200, time.Minute)
+	for _, k := range []string{"lastUpdated", "currentTime", "nodeEligible", "healthy", "lastSuccessfulSync"} {
+		if _, ok := body[k]; !ok {
+			t.Errorf("/healthz body lacks %q: %v", k, body)
+		}
+	}
+	if body["nodeEligible"] != true || body["healthy"] != true {
+		t.Errorf("/healthz: %v", body)
+	}
+	if code, lbody := e.healthOf(t, livezURL); code != 200 || lbody["nodeEligible"] != nil {
+		t.Errorf("/livez: %d %v (want 200, no nodeEligible)", code, lbody)
+	}
+
+	// The bed is shared: whatever happens, the apiserver comes back and
+	// the agent is healthy before the next test.
+	apiDown := false
+	t.Cleanup(func() {
+		if apiDown {
+			if err := e.CP.StartAPIServer(context.Background()); err != nil {
+				t.Errorf("restart the apiserver: %v", err)
+				return
+			}
+			e.waitHealth(t, healthzURL, 200, 2*time.Minute)
+		}
+	})
+
+	stopCalled := time.Now()
+	apiDown = true
+	e.CP.StopAPIServer()
+	stopped := time.Now()
+	var unhealthy map[string]any
+	eventually(t, 90*time.Second, func() error {
+		if code, lbody := e.healthOf(t, livezURL); code != 200 {
+			t.Errorf("/livez %d while only the apiserver is down: %v", code, lbody)
+		}
+		code, hbody := e.healthOf(t, healthzURL)
+		if code != 503 {
+			return fmt.Errorf("/healthz %d after %v without the apiserver", code, time.Since(stopped).Round(time.Second))
+		}
+		unhealthy = hbody
+		return nil
+	})
+	tookDown := time.Since(stopCalled)
+	reasons := fmt.Sprint(unhealthy["reasons"])
+	if !strings.Contains(reasons, "apiserver unreachable") || unhealthy["healthy"] != false || unhealthy["apiserverUnreachableSince"] == nil {
+		t.Errorf("unhealthy /healthz body: %v", unhealthy)
+	}
+	if tookDown < healthLimit {
+		t.Errorf("/healthz failed %v after the apiserver stopped, before the limit %v", tookDown, healthLimit)
+	}
+
+	restart := time.Now()
+	if err := e.CP.StartAPIServer(context.Background()); err != nil {
+		t.Fatalf("restart the apiserver: %v", err)
+	}
+	apiDown = false
+	apiBack := time.Since(restart)
+	e.waitHealth(t, healthzURL, 200, 2*time.Minute)
+	tookUp := time.Since(restart)
+
+	// The agent's watches resume: a new Service is programmed.
+	svc := e.createService(t, ns, "after-outage", []corev1.ServicePort{tcpPort("http", 80)})
+	created := time.Now()
+	eventually(t, 2*time.Minute, func() error {
+		if out := e.ipvsadm(t); !strings.Contains(out, hostPort(svc.Spec.ClusterIP, 80)) {
+			return fmt.Errorf("%s not programmed after the apiserver came back", hostPort(svc.Spec.ClusterIP, 80))
+		}
+		return nil
+	})
+	t.Logf("apiserver stopped in %v; /healthz 503 after %v (limit %v); apiserver ready %v after restart, /healthz 200 after %v; "+
+		"a new Service programmed %v after its creation",
+		stopped.Sub(stopCalled).Round(time.Millisecond), tookDown.Round(time.Millisecond), healthLimit,
+		apiBack.Round(time.Millisecond), tookUp.Round(time.Millisecond), time.Since(created).Round(time.Millisecond))
+}
+
+// TestHealthCheckNodePort: a LoadBalancer Service with
+// externalTrafficPolicy Local gets a health-check node port on the node:
+// 200 with the count of this node's endpoints, 503 when it has none,
+// closed when the Service goes.
+func TestHealthCheckNodePort(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	svc := e.createService(t, ns, "local", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	port := svc.Spec.HealthCheckNodePort
+	if port == 0 {
+		t.Fatalf("the apiserver allocated no healthCheckNodePort: %+v", svc.Spec)
+	}
+	url := fmt.Sprintf("http://%s/", hostPort(nodeAddr, port))
+	eps := endpointsOn(nodeName, nodeName, otherNode)
+
+	type answer struct {
+		Service struct {
+			Namespace, Name string
+		} `json:"service"`
+		LocalEndpoints int `json:"localEndpoints"`
+	}
+	expect := func(want, wantCount int, prefix ...string) {
+		t.Helper()
+		eventually(t, 30*time.Second, func() error {
+			code, body := e.httpGet(t, url, prefix...)
+			if code != want {
+				return fmt.Errorf("GET %s: %d %s, want %d", url, code, body, want)
+			}
+			if want == 0 {
+				return nil
+			}
+			var a answer
+			if err := json.Unmarshal([]byte(body), &a); err != nil {
+				return fmt.Errorf("GET %s: %q: %v", url, body, err)
+			}
+			if a.LocalEndpoints != wantCount || a.Service.Namespace != ns || a.Service.Name != "local" {
+				return fmt.Errorf("GET %s: %s, want %d local endpoints of %s/local", url, body, wantCount, ns)
+			}
+			return nil
+		})
+	}
+
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, eps)
+	expect(200, 2)
+	// As a load balancer's probe would come: from outside the node's
+	// namespace.
+	expect(200, 2, "vmagent", "netns", "exec", bed.ClientNetns, "--")
+
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, eps[2:])
+	expect(503, 0)
+
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, eps[:1])
+	expect(200, 1)
+
+	if err := e.Client.CoreV1().Services(ns).Delete(context.Background(), svc.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect(0, 0)
+}
