@@ -105,27 +105,60 @@ func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
 		}
 		return st, err
 	}
+	return st, s.apply(spec.Name, v, add, del, &st)
+}
+
+// SyncChanged is Sync for a partial update: only the entries in changed may
+// differ between want and the set, so only they are looked at, and the cost
+// is that of the change, not of the set. Without a current view of the set
+// it falls back to Sync.
+func (s *Syncer) SyncChanged(spec Spec, want Contents, changed []Entry) (Stats, error) {
+	spec = spec.Normalized()
+	v := s.view[spec.Name]
+	if v == nil || v.entries == nil || v.spec != spec || !s.sets.Owns(spec.Name) {
+		return s.Sync(spec, want, false)
+	}
+	var st Stats
+	var add, del []Entry
+	for _, e := range changed {
+		_, wanted := want[e]
+		_, have := v.entries[e]
+		switch {
+		case wanted && !have:
+			if err := spec.Type.Check(spec.Family, e); err != nil {
+				return st, fmt.Errorf("ipset: set %s: %w", spec.Name, err)
+			}
+			add = append(add, e)
+		case !wanted && have:
+			del = append(del, e)
+		}
+	}
+	return st, s.apply(spec.Name, v, add, del, &st)
+}
+
+// apply adds, then deletes, entries of a live set and keeps the view.
+func (s *Syncer) apply(name string, v *viewed, add, del []Entry, st *Stats) error {
 	slices.SortFunc(add, Entry.Compare)
 	slices.SortFunc(del, Entry.Compare)
 	// Additions first: for a moment the set holds old and new entries,
 	// never neither.
-	if err := s.sets.Add(spec.Name, add...); err != nil {
+	if err := s.sets.Add(name, add...); err != nil {
 		v.entries = nil
-		return st, err
+		return err
 	}
 	st.Added += len(add)
 	for _, e := range add {
 		v.entries[e] = struct{}{}
 	}
-	if err := s.sets.Del(spec.Name, del...); err != nil {
+	if err := s.sets.Del(name, del...); err != nil {
 		v.entries = nil
-		return st, err
+		return err
 	}
 	st.Deleted += len(del)
 	for _, e := range del {
 		delete(v.entries, e)
 	}
-	return st, nil
+	return nil
 }
 
 // read dumps the set, creating it if missing. A set whose parameters differ

@@ -192,3 +192,41 @@ func TestEntry(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncerChanged: a partial update looks only at the changed entries
+// (an entry that did not change is not re-added even if the kernel lost it:
+// that is the full resync's job), and without a view it falls back to a
+// full comparison.
+func TestSyncerChanged(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	changed := func(want ipset.Contents, es ...ipset.Entry) ipset.Stats {
+		t.Helper()
+		st, err := s.SyncChanged(spec, want, es)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	// No view yet: a full comparison (read, create, fill).
+	changed(contents(ep("10.96.0.1", 80), ep("10.96.0.2", 80)))
+	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Create IPVSP-CLUSTER-IP hash:ip,port inet",
+		"Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80 10.96.0.2,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("first sync (-want +got):\n%s", diff)
+	}
+	f.ResetCalls()
+	st := changed(contents(ep("10.96.0.2", 80), ep("10.96.0.3", 80), ep("10.96.0.4", 80)),
+		ep("10.96.0.1", 80), ep("10.96.0.3", 80))
+	if diff := cmp.Diff([]fake.Call{"Add IPVSP-CLUSTER-IP 10.96.0.3,tcp:80", "Del IPVSP-CLUSTER-IP 10.96.0.1,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("partial sync (-want +got):\n%s", diff)
+	}
+	if st.Added != 1 || st.Deleted != 1 || st.Reads != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	// A full sync finds the entry that the partial one did not look at.
+	f.ResetCalls()
+	sync(t, s, contents(ep("10.96.0.2", 80), ep("10.96.0.3", 80), ep("10.96.0.4", 80)), true)
+	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Add IPVSP-CLUSTER-IP 10.96.0.4,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("full sync (-want +got):\n%s", diff)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -60,11 +61,13 @@ type Glue struct {
 	links  netlinkutil.Links
 	log    *zap.Logger
 
-	plans     map[types.NamespacedName]*proxier.ServicePlan
-	contrib   map[types.NamespacedName]entries
-	refs      map[setID]map[ipset.Entry]int // how many Services want each entry
-	want      map[setID]ipset.Contents      // the entries with refs > 0
-	dirty     map[setID]bool
+	plans   map[types.NamespacedName]*proxier.ServicePlan
+	contrib map[types.NamespacedName]entries
+	refs    map[setID]map[ipset.Entry]int // how many Services want each entry
+	want    map[setID]ipset.Contents      // the entries with refs > 0
+	// dirty holds, per set, the entries whose membership changed since
+	// the set was last synced.
+	dirty     map[setID]map[ipset.Entry]struct{}
 	nodeAddrs []netip.Addr
 
 	synced bool // a full sync has succeeded
@@ -80,12 +83,12 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		contrib: map[types.NamespacedName]entries{},
 		refs:    map[setID]map[ipset.Entry]int{},
 		want:    map[setID]ipset.Contents{},
-		dirty:   map[setID]bool{},
+		dirty:   map[setID]map[ipset.Entry]struct{}{},
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
 		g.refs[id] = map[ipset.Entry]int{}
 		g.want[id] = ipset.Contents{}
-		g.dirty[id] = true
+		g.dirty[id] = map[ipset.Entry]struct{}{}
 	}
 	for _, fam := range g.families() {
 		for _, e := range cidrEntries(cfg.ClusterCIDRs, fam) {
@@ -137,15 +140,24 @@ func (g *Glue) ref(id setID, e ipset.Entry, delta int) {
 		delete(refs, e)
 		if _, had := g.want[id][e]; had {
 			delete(g.want[id], e)
-			g.dirty[id] = true
+			g.changed(id, e)
 		}
 	default:
 		refs[e] = n
 		if _, had := g.want[id][e]; !had {
 			g.want[id][e] = struct{}{}
-			g.dirty[id] = true
+			g.changed(id, e)
 		}
 	}
+}
+
+// changed records that an entry's membership changed since the last sync,
+// so that a partial sync looks at just those entries.
+func (g *Glue) changed(id setID, e ipset.Entry) {
+	if g.dirty[id] == nil {
+		g.dirty[id] = map[ipset.Entry]struct{}{}
+	}
+	g.dirty[id][e] = struct{}{}
 }
 
 // SetPlan implements proxier.Consumer.
@@ -233,10 +245,17 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	// Sets first: the rules refer to them, and iptables-restore fails on a
 	// missing set.
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
-		if !full && !g.dirty[id] {
+		changed, dirty := g.dirty[id]
+		if !full && !dirty {
 			continue
 		}
-		s, err := g.syncer.Sync(id.spec(), g.want[id], full)
+		var s ipset.Stats
+		var err error
+		if full {
+			s, err = g.syncer.Sync(id.spec(), g.want[id], true)
+		} else {
+			s, err = g.syncer.SyncChanged(id.spec(), g.want[id], slices.Collect(maps.Keys(changed)))
+		}
 		st.Sets++
 		st.Reads += s.Reads
 		st.Added += s.Added
