@@ -11,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
 )
 
 func newIPVS(t *testing.T) IPVS {
@@ -19,7 +21,7 @@ func newIPVS(t *testing.T) IPVS {
 	if err == nil {
 		_, err = h.ListVirtualServers()
 	}
-	requireKernel(t, "IPVS", err)
+	nltest.Require(t, "IPVS", err)
 	t.Cleanup(h.Close)
 	return h
 }
@@ -34,7 +36,7 @@ var addrCmp = cmp.Comparer(func(a, b netip.Addr) bool { return a == b })
 // TestIPVSTable programs virtual and real servers (IPv4 and IPv6) and reads
 // them back from the kernel.
 func TestIPVSTable(t *testing.T) {
-	inFreshNetns(t)
+	nltest.InFreshNetns(t)
 	h := newIPVS(t)
 	// The kernel refuses (EINVAL) a NAT real server whose IPv4 address has
 	// no route: give the backends' 10.0.0.0/8 one.
@@ -136,11 +138,11 @@ func TestIPVSTable(t *testing.T) {
 // backends in their own namespaces and connects to it, over TCP and UDP,
 // from a client namespace: every backend must answer.
 func TestIPVSRealTraffic(t *testing.T) {
-	inFreshNetns(t)
+	nltest.InFreshNetns(t)
 	h := newIPVS(t)
 	l := newLinks(t)
 	if err := l.EnsureDummy("ipvs-test0"); err != nil {
-		requireKernel(t, "dummy interfaces", err)
+		nltest.Require(t, "dummy interfaces", err)
 	}
 	vip := netip.MustParseAddr("10.96.0.10")
 	if err := l.AddAddress("ipvs-test0", vip); err != nil {

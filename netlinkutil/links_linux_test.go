@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/vishvananda/netlink"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
 )
 
 func newLinks(t *testing.T) Links {
@@ -29,7 +31,7 @@ func addrs(s ...string) []netip.Addr {
 // TestAddresses binds and unbinds host addresses on a link, in a fresh
 // namespace on the machine's own kernel (a veth: no dummy module needed).
 func TestAddresses(t *testing.T) {
-	inFreshNetns(t)
+	nltest.InFreshNetns(t)
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = "vips0"
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "vips0-peer"}); err != nil {
@@ -95,11 +97,11 @@ func TestAddresses(t *testing.T) {
 // TestDummy creates the VIP interface. The machine's own kernel may lack the
 // dummy module; the VM's has it.
 func TestDummy(t *testing.T) {
-	inFreshNetns(t)
+	nltest.InFreshNetns(t)
 	l := newLinks(t)
 	err := l.EnsureDummy("ipvs-test0")
 	if err != nil && missingFeature(err) {
-		requireKernel(t, "dummy interfaces", err)
+		nltest.Require(t, "dummy interfaces", err)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -428,7 +428,8 @@ func (p *Proxier) SyncOnce(full bool) error {
 	if st.Full {
 		kind = "full"
 	}
-	p.metrics.SyncDuration.WithLabelValues(kind).Observe(st.Duration.Seconds())
+	total := time.Since(start)
+	p.metrics.SyncDuration.WithLabelValues(kind).Observe(total.Seconds())
 	p.metrics.WritesPerSync.Observe(float64(st.Writes))
 	p.countServers()
 	logAt := p.log.Debug
@@ -436,7 +437,8 @@ func (p *Proxier) SyncOnce(full bool) error {
 		logAt = p.log.Info
 	}
 	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services),
-		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("took", st.Duration))
+		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
+		zap.Duration("took", total))
 	if err != nil {
 		p.fail(err)
 		return err
