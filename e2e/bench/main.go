@@ -273,6 +273,9 @@ func flush(ctx context.Context, b *bed.Bed) error {
 	if out, _ := b.VM.RunOK(ctx, "ipvsadm", "-Ln"); strings.Contains(out, "\nTCP ") {
 		return fmt.Errorf("IPVS not empty after a flush:\n%s", out)
 	}
+	// Deleting thousands of addresses leaves the kernel work to finish in
+	// the background; let it, so that what comes next is timed alone.
+	time.Sleep(5 * time.Second)
 	return nil
 }
 
