@@ -106,6 +106,10 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	}
 }
 
+// SetConntrack makes syncs clear the conntrack entries of removed UDP real
+// servers; call it before Run.
+func (p *Proxier) SetConntrack(c netlinkutil.Conntrack) { p.rec.SetConntrack(c) }
+
 // AddConsumer adds a consumer of plans; call it before Run.
 func (p *Proxier) AddConsumer(c Consumer) { p.consumers = append(p.consumers, c) }
 

@@ -65,10 +65,11 @@ type SyncStats struct {
 // kept current by its own writes), and applies only differences. It is not
 // safe for concurrent use; the proxier's sync loop owns it.
 type Reconciler struct {
-	ipvs  netlinkutil.IPVS
-	links netlinkutil.Links
-	own   Ownership
-	log   *zap.Logger
+	ipvs      netlinkutil.IPVS
+	links     netlinkutil.Links
+	conntrack netlinkutil.Conntrack // optional
+	own       Ownership
+	log       *zap.Logger
 
 	plans     map[types.NamespacedName]ServicePlan
 	owner     map[netlinkutil.VSKey]types.NamespacedName // which Service holds each VS
@@ -453,10 +454,37 @@ func (r *Reconciler) applyRealServers(vs VSPlan, have []netlinkutil.RealServer, 
 	for _, k := range gone {
 		if err := r.write(st, "delete real server of "+vs.VSKey.String(), k, func() error { return r.ipvs.DeleteRealServer(vs.VSKey, k) }); err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		if vs.Protocol == netlinkutil.UDP {
+			r.clearUDP(vs.VSKey, k)
 		}
 	}
 	return errors.Join(errs...)
 }
+
+// clearUDP deletes the conntrack entries of UDP flows to a real server just
+// removed, so that a client that keeps its source port reaches the
+// remaining ones instead of the old one's stale entry. A failure is logged,
+// not retried: the entries time out (--ipvs-udp-timeout) on their own.
+func (r *Reconciler) clearUDP(vs netlinkutil.VSKey, rs netlinkutil.RSKey) {
+	if r.conntrack == nil {
+		return
+	}
+	n, err := r.conntrack.ClearUDP(vs, rs)
+	if err != nil {
+		r.log.Warn("clear conntrack entries of a removed UDP real server", zap.Stringer("virtualServer", vs),
+			zap.Stringer("realServer", rs), zap.Error(err))
+		return
+	}
+	if ce := r.log.Check(zap.DebugLevel, "cleared conntrack entries"); ce != nil {
+		ce.Write(zap.Stringer("virtualServer", vs), zap.Stringer("realServer", rs), zap.Uint("entries", n))
+	}
+}
+
+// SetConntrack makes the reconciler clear the conntrack entries of removed
+// UDP real servers (nil: it does not).
+func (r *Reconciler) SetConntrack(c netlinkutil.Conntrack) { r.conntrack = c }
 
 // pruneVirtualServers deletes owned virtual servers that no Service holds.
 func (r *Reconciler) pruneVirtualServers(st *SyncStats) []error {

@@ -320,3 +320,21 @@ func TestReconcilerConflict(t *testing.T) {
 		t.Errorf("kernel after handover (-want +got):\n%s", diff)
 	}
 }
+
+// TestReconcilerClearsUDPConntrack: removing a UDP real server clears the
+// conntrack entries of flows to it; a TCP one does not need it.
+func TestReconcilerClearsUDPConntrack(t *testing.T) {
+	r, _, _ := newTestReconciler(t)
+	ct := &fake.Conntrack{}
+	r.SetConntrack(ct)
+	udp := func(rss ...string) VSPlan {
+		p := vsPlan(KindClusterIP, "10.96.0.10:53", "rr", rss...)
+		p.Protocol = netlinkutil.UDP
+		return p
+	}
+	r.SetPlan(svcA, plan(svcA, udp("10.0.1.2:53", "10.0.2.2:53"), vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:80", "10.0.2.2:80")))
+	mustSync(t, r, false)
+	r.SetPlan(svcA, plan(svcA, udp("10.0.2.2:53"), vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
+	mustSync(t, r, false)
+	callsDiff(t, "conntrack calls", []string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53"}, ct.Calls())
+}

@@ -172,6 +172,11 @@ func run(ctx context.Context, o *options) error {
 	reg := prometheus.NewRegistry()
 	metrics := proxier.NewMetrics(reg)
 	p := proxier.New(cfg, client, ipvs, links, recorder, metrics, log)
+	if ct, err := netlinkutil.NewConntrack(); err != nil {
+		log.Warn("no conntrack cleanup for removed UDP real servers", zap.Error(err))
+	} else {
+		p.SetConntrack(ct)
+	}
 	p.AddConsumer(g)
 	stopOps, err := serveOperations(ctx, o, cfg, p, reg, client, links, recorder, log)
 	if err != nil {

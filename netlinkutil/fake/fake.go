@@ -419,3 +419,26 @@ func (l *Links) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
 	}
 	return slices.Clone(l.node), nil
 }
+
+// Conntrack is a fake of netlinkutil.Conntrack that records its calls.
+type Conntrack struct {
+	mu    sync.Mutex
+	calls []Call
+}
+
+var _ netlinkutil.Conntrack = (*Conntrack)(nil)
+
+// ClearUDP implements netlinkutil.Conntrack.
+func (c *Conntrack) ClearUDP(vs netlinkutil.VSKey, rs netlinkutil.RSKey) (uint, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, Call(fmt.Sprintf("ClearUDP %s %s", vs, rs)))
+	return 0, nil
+}
+
+// Calls returns the recorded calls.
+func (c *Conntrack) Calls() []Call {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.calls)
+}
