@@ -438,10 +438,24 @@ func (v *VM) stop() {
 	}
 }
 
-// killByArgv0 kills the processes whose argv[0] is argv0. The guestfwd nc
-// processes need it: QEMU starts them in sessions of their own, so they
-// are not in its process group.
+// killByArgv0 kills the processes whose argv[0] is argv0 and waits (up to
+// 5 s) until they are gone. The guestfwd nc processes need it: QEMU starts
+// them in sessions of their own, so they are not in its process group.
 func killByArgv0(argv0 string) {
+	pids := pidsByArgv0(argv0)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(pids) > 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		pids = pidsByArgv0(argv0)
+	}
+}
+
+// pidsByArgv0 lists the live processes whose argv[0] is argv0 (a zombie has
+// no command line, so it is not listed).
+func pidsByArgv0(argv0 string) []int {
+	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -453,9 +467,19 @@ func killByArgv0(argv0 string) {
 			continue
 		}
 		if first, _, _ := strings.Cut(string(b), "\x00"); first == argv0 {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+			pids = append(pids, pid)
 		}
 	}
+	return pids
+}
+
+// ForwardPIDs lists the host-side processes that serve this VM's guest
+// forward to the apiserver (one per open guest connection).
+func (v *VM) ForwardPIDs() []int {
+	if v.ncPath == "" {
+		return nil
+	}
+	return pidsByArgv0(v.ncPath)
 }
 
 // accelArgs picks the accelerator: KVM when it works here, else TCG (the

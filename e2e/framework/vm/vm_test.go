@@ -5,9 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -205,17 +203,17 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(guestfwdNCs()) == 0 && time.Now().Before(deadline) {
+	for len(v.ForwardPIDs()) == 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if len(guestfwdNCs()) == 0 {
+	if len(v.ForwardPIDs()) == 0 {
 		t.Error("no host-side nc for the open guest connection")
 	}
 
 	if err := v.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	if pids := guestfwdNCs(); len(pids) > 0 {
+	if pids := v.ForwardPIDs(); len(pids) > 0 {
 		t.Errorf("guestfwd nc processes left after Shutdown: %v", pids)
 	}
 	if err := v.Shutdown(); err != nil { // idempotent
@@ -231,22 +229,4 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("console log lacks /init's output:\n%s", v.ConsoleLog())
 	}
 	t.Logf("whole test: %v", time.Since(start).Round(time.Millisecond))
-}
-
-// guestfwdNCs lists the host-side nc processes of VMs' apiserver forwards.
-func guestfwdNCs() []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		argv0, _, _ := strings.Cut(string(b), "\x00")
-		if strings.HasPrefix(argv0, filepath.Join(os.TempDir(), "ipvs-proxy-vm-")) && strings.HasSuffix(argv0, "/bin/nc") {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
