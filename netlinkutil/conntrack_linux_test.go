@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
@@ -28,6 +32,11 @@ func TestConntrackClearUDP(t *testing.T) {
 	vip := netip.MustParseAddr("10.96.0.53")
 	if err := l.AddAddress("ipvs-test0", vip); err != nil {
 		t.Fatal(err)
+	}
+	// Connection tracking runs in a namespace only once something uses it;
+	// on a node, the iptables glue's rules do.
+	if out, err := exec.Command("iptables", "-A", "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP").CombinedOutput(); err != nil {
+		nltest.Require(t, "iptables with conntrack", fmt.Errorf("%w: %s", err, out))
 	}
 	sys := Sysctls{Root: "/proc/sys"}
 	for _, kv := range [][2]string{{"net/ipv4/ip_forward", "1"}, {"net/ipv4/vs/conntrack", "1"}, {"net/ipv4/vs/expire_nodest_conn", "1"}} {
@@ -95,6 +104,13 @@ func TestConntrackClearUDP(t *testing.T) {
 		t.Fatalf("same source port: answered by %q (%v), want %q again (one flow)", again, err, first)
 	}
 	gone := backends[first]
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range flows {
+		t.Logf("conntrack before: %s", f)
+	}
 	if err := h.DeleteRealServer(vs.VSKey, gone); err != nil {
 		t.Fatal(err)
 	}
