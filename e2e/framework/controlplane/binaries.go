@@ -17,13 +17,21 @@ import (
 	"time"
 )
 
-// The commands built from the wrapper module, with the name each binary gets.
-var commands = []struct{ pkg, binary string }{
-	{"k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"},
-	{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"},
-	// The main package of etcd's server module is named "server".
-	{"go.etcd.io/etcd/server/v3", "etcd"},
-}
+// command is a main package of the wrapper module and its binary's name.
+type command struct{ pkg, binary string }
+
+// The commands built from the wrapper module, in two sets: every test needs
+// the first; kube-controller-manager only tests of selectors, so it is built
+// on first use (the cold build of the first set is the longest step of a
+// fresh machine's first run).
+var (
+	coreCommands = []command{
+		{"k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"},
+		// The main package of etcd's server module is named "server".
+		{"go.etcd.io/etcd/server/v3", "etcd"},
+	}
+	kcmCommands = []command{{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"}}
+)
 
 // Binary names inside the directory that EnsureBinaries returns.
 const (
@@ -48,8 +56,8 @@ func CacheDir() string {
 	return filepath.Join(os.TempDir(), "ipvs-proxy-cache")
 }
 
-// EnsureBinaries returns a directory holding kube-apiserver,
-// kube-controller-manager and etcd, built from the wrapper module e2e/k8sbin
+// EnsureBinaries returns a directory holding kube-apiserver and etcd, built
+// from the wrapper module e2e/k8sbin
 // with the Go toolchain on PATH (or /usr/local/go/bin/go). The directory is
 // <cacheDir>/k8s-<version>-<hash>, where the hash covers the wrapper's
 // go.mod and go.sum and the build recipe, so a version bump builds afresh.
@@ -60,6 +68,16 @@ func CacheDir() string {
 //
 // A cold build takes several minutes and about 2 GB of memory.
 func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
+	return ensure(ctx, cacheDir, coreCommands)
+}
+
+// EnsureControllerManager is EnsureBinaries for kube-controller-manager,
+// in a directory of its own.
+func EnsureControllerManager(ctx context.Context, cacheDir string) (string, error) {
+	return ensure(ctx, cacheDir, kcmCommands)
+}
+
+func ensure(ctx context.Context, cacheDir string, commands []command) (string, error) {
 	modDir, err := wrapperModuleDir()
 	if err != nil {
 		return "", err
@@ -90,7 +108,7 @@ func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
 		fmt.Fprintf(h, "%s=%s\n", c.pkg, c.binary)
 	}
 	binDir := filepath.Join(cacheDir, "k8s-"+version+"-"+hex.EncodeToString(h.Sum(nil))[:12])
-	if complete(binDir) {
+	if complete(binDir, commands) {
 		return binDir, nil
 	}
 
@@ -103,7 +121,7 @@ func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
 	}
 	defer unlock()
 	// Another process may have finished the build while we waited.
-	if complete(binDir) {
+	if complete(binDir, commands) {
 		return binDir, nil
 	}
 	// Whoever left a temporary build directory behind is gone: it would
@@ -125,14 +143,16 @@ func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
 		return "", fmt.Errorf("create build dir: %w", err)
 	}
 	defer os.RemoveAll(tmp) // a no-op after the rename
-	if err := goBuild(ctx, modDir, tmp, ldflags); err != nil {
+	if err := goBuild(ctx, modDir, tmp, ldflags, commands); err != nil {
 		return "", err
 	}
-	if err := os.Rename(filepath.Join(tmp, "server"), filepath.Join(tmp, BinEtcd)); err != nil {
-		return "", fmt.Errorf("rename etcd binary: %w", err)
+	if _, err := os.Stat(filepath.Join(tmp, "server")); err == nil {
+		if err := os.Rename(filepath.Join(tmp, "server"), filepath.Join(tmp, BinEtcd)); err != nil {
+			return "", fmt.Errorf("rename etcd binary: %w", err)
+		}
 	}
-	if !complete(tmp) {
-		return "", fmt.Errorf("go build in %s did not produce all of %s", modDir, binaryNames())
+	if !complete(tmp, commands) {
+		return "", fmt.Errorf("go build in %s did not produce all of %s", modDir, binaryNames(commands))
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil { // MkdirTemp made it 0700
 		return "", fmt.Errorf("chmod build dir: %w", err)
@@ -143,8 +163,8 @@ func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
 	return binDir, nil
 }
 
-// goBuild builds every command of the wrapper module into outDir.
-func goBuild(ctx context.Context, modDir, outDir, ldflags string) error {
+// goBuild builds commands of the wrapper module into outDir.
+func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []command) error {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = "/usr/local/go/bin/go"
@@ -210,8 +230,8 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 	}
 }
 
-// complete reports whether dir holds every binary.
-func complete(dir string) bool {
+// complete reports whether dir holds every binary of commands.
+func complete(dir string, commands []command) bool {
 	for _, c := range commands {
 		fi, err := os.Stat(filepath.Join(dir, c.binary))
 		if err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
@@ -221,7 +241,7 @@ func complete(dir string) bool {
 	return true
 }
 
-func binaryNames() string {
+func binaryNames(commands []command) string {
 	var names []string
 	for _, c := range commands {
 		names = append(names, c.binary)

@@ -66,7 +66,8 @@ type Options struct {
 	// ServiceCIDR is passed to --service-cluster-ip-range: one CIDR, or an
 	// IPv4 and an IPv6 one separated by a comma. Default DefaultServiceCIDR.
 	ServiceCIDR string
-	// BinDir holds kube-apiserver, etcd and kube-controller-manager.
+	// BinDir holds kube-apiserver and etcd (and kube-controller-manager,
+	// else it is built on demand with EnsureControllerManager).
 	// Default: EnsureBinaries(ctx, CacheDir()).
 	BinDir string
 }
@@ -90,6 +91,7 @@ type ControlPlane struct {
 	AdminToken string
 
 	binDir      string
+	kcmDir      string // where kube-controller-manager is
 	serviceCIDR string
 	etcdURL     string
 	logf        func(format string, args ...any)
@@ -120,6 +122,14 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		}
 		logf("control plane: binaries ready in %s (%s)", time.Since(began).Round(time.Millisecond), binDir)
 	}
+	kcmDir := opts.BinDir
+	if opts.WithControllerManager && (kcmDir == "" || !complete(kcmDir, kcmCommands)) {
+		began := time.Now()
+		if kcmDir, err = EnsureControllerManager(ctx, CacheDir()); err != nil {
+			return nil, fmt.Errorf("control-plane binaries: %w", err)
+		}
+		logf("control plane: kube-controller-manager ready in %s (%s)", time.Since(began).Round(time.Millisecond), kcmDir)
+	}
 	serviceCIDR := opts.ServiceCIDR
 	if serviceCIDR == "" {
 		serviceCIDR = DefaultServiceCIDR
@@ -135,6 +145,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		Dir:         dir,
 		AdminToken:  randomHex(16),
 		binDir:      binDir,
+		kcmDir:      kcmDir,
 		serviceCIDR: serviceCIDR,
 		logf:        logf,
 		ownerLock:   ownerLock,
@@ -301,7 +312,11 @@ func (cp *ControlPlane) startProcess(name, binary string, args []string, field *
 	if *field != nil && !(*field).exited() {
 		return nil, fmt.Errorf("%s is already running", name)
 	}
-	p, err := startProcess(name, filepath.Join(cp.binDir, binary), args, filepath.Join(cp.Dir, name+".log"))
+	dir := cp.binDir
+	if binary == BinControllerManager {
+		dir = cp.kcmDir
+	}
+	p, err := startProcess(name, filepath.Join(dir, binary), args, filepath.Join(cp.Dir, name+".log"))
 	if err != nil {
 		return nil, err
 	}
