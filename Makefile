@@ -1,6 +1,11 @@
 # ipvs-proxy. `make test` is what CI runs; `make demo` shows it working.
 SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
+# One build configuration for everything — tests on this machine, the
+# binaries for the VM (static, trimmed) and the Kubernetes binaries — so
+# that each package is compiled once and shared through the build cache.
+export CGO_ENABLED := 0
+export GOFLAGS := -trimpath
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
