@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 )
 
 // The config file (--config) is YAML whose keys are the json names of the
@@ -40,6 +42,23 @@ func newOptionFlags(fs *pflag.FlagSet) *optionFlags {
 
 // resolve returns the validated options: the defaults, overridden by the
 // config file, overridden by the flags set on the command line.
+// resolveReport is resolve for the commands that print a report (preflight,
+// status): it also checks --output and derives the proxier's configuration.
+func (of *optionFlags) resolveReport(output string) (*options, proxier.Config, error) {
+	if output != "table" && output != "json" {
+		return nil, proxier.Config{}, fmt.Errorf("--output: %q is neither table nor json", output)
+	}
+	o, err := of.resolve()
+	if err != nil {
+		return nil, proxier.Config{}, err
+	}
+	cfg, _, err := o.proxierConfig()
+	if err != nil {
+		return nil, proxier.Config{}, err
+	}
+	return o, cfg, nil
+}
+
 func (of *optionFlags) resolve() (*options, error) {
 	o := of.opts
 	if of.configFile == "" {

@@ -123,14 +123,7 @@ It prints a table (or JSON) with a remedy per failure, and exits with status 1
 when a requirement is missing. With --load-modules it loads missing modules.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return fmt.Errorf("--output: %q is neither table nor json", output)
-			}
-			o, err := of.resolve()
-			if err != nil {
-				return err
-			}
-			cfg, _, err := o.proxierConfig()
+			o, cfg, err := of.resolveReport(output)
 			if err != nil {
 				return err
 			}

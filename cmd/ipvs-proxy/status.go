@@ -128,14 +128,7 @@ between what the Services want (computed as run computes it, from the API) and
 the kernel. Without API access it shows the kernel's view with no names.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return fmt.Errorf("--output: %q is neither table nor json", output)
-			}
-			o, err := of.resolve()
-			if err != nil {
-				return err
-			}
-			cfg, _, err := o.proxierConfig()
+			o, cfg, err := of.resolveReport(output)
 			if err != nil {
 				return err
 			}
