@@ -97,14 +97,17 @@ func (e env) namespace(t *testing.T) string {
 	if len(name) > 50 {
 		name = name[:50]
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if _, err := e.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+	// A generated suffix: without the namespace controller a deleted
+	// namespace lingers, and -count=N runs the same test again.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-"}}
+	created, err := e.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = e.Client.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = e.Client.CoreV1().Namespaces().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
 	})
-	return name
+	return created.Name
 }
 
 // backends starts n backends, on this node unless nodes says otherwise.

@@ -230,11 +230,17 @@ func TestDriftRepairAndRestart(t *testing.T) {
 	e.expectTable(t, []string{"-> " + hostPort(bes[0].Addr, backendPort)}, nil, "-t", addr)
 
 	// Restart. Connections made before count in the kernel's statistics;
-	// a re-created virtual server would start from zero.
-	statsBefore := connCount(t, e.ipvsadm(t, "--stats", "-t", addr))
-	if statsBefore == 0 {
-		t.Fatalf("no connections counted before the restart")
-	}
+	// a re-created virtual server would start from zero. The kernel
+	// publishes its per-CPU counters from the rate estimator's timer
+	// (every 2 s), so a read right after traffic can still show 0.
+	var statsBefore int
+	eventually(t, 15*time.Second, func() error {
+		statsBefore = connCount(t, e.ipvsadm(t, "--stats", "-t", addr))
+		if statsBefore == 0 {
+			return fmt.Errorf("no connections counted before the restart")
+		}
+		return nil
+	})
 	if err := e.StopAgent(); err != nil {
 		t.Fatal(err)
 	}
