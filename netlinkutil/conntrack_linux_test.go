@@ -17,9 +17,17 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
 )
 
-// TestConntrackClearUDP: a UDP client that keeps its source port talks to a
-// virtual server; its backend is removed and the flow's conntrack entries
-// cleared; the same client, same port, then reaches the remaining backend.
+// TestConntrackClearUDP: two UDP clients that keep their source ports talk
+// to a virtual server, one flow per backend. Clearing the entries of one
+// backend deletes that flow's entry and keeps the other. Then the backend is
+// removed and cleared as the reconciler does; the same client, same port,
+// reaches the remaining backend.
+//
+// Since Linux 5.9, with expire_nodest_conn=1 the kernel also expires the
+// connections of a removed real server (and their conntrack entries) from a
+// work item shortly after the removal, so after the removal this test
+// checks the outcome (no entry left, next datagram answered), not who
+// deleted the entry.
 func TestConntrackClearUDP(t *testing.T) {
 	nltest.InFreshNetns(t)
 	h := newIPVS(t)
@@ -74,11 +82,11 @@ func TestConntrackClearUDP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// ask sends one datagram from 10.0.13.2:40053 and returns who answered.
-	ask := func() (string, error) {
+	// ask sends one datagram from 10.0.13.2:port and returns who answered.
+	ask := func(port int) (string, error) {
 		var answer string
 		err := nettest.Do("ctcli", func() error {
-			c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: 40053})
+			c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: port})
 			if err != nil {
 				return err
 			}
@@ -96,39 +104,83 @@ func TestConntrackClearUDP(t *testing.T) {
 		})
 		return answer, err
 	}
-	first, err := ask()
-	if err != nil {
-		t.Fatalf("first question: %v", err)
+	// flowsTo lists the conntrack entries of flows to the VIP whose reply
+	// comes from rs.
+	flowsTo := func(rs RSKey) []string {
+		t.Helper()
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, f := range flows {
+			if f.Forward.DstIP.Equal(net.IP(vip.AsSlice())) && f.Reverse.SrcIP.Equal(net.IP(rs.Address.AsSlice())) {
+				out = append(out, f.String())
+			}
+		}
+		return out
 	}
-	if again, err := ask(); err != nil || again != first {
+
+	// Two flows, one per backend (rr gives consecutive new flows to
+	// alternate real servers); each keeps its backend while it lives.
+	first, err := ask(40053)
+	if err != nil {
+		t.Fatalf("first client: %v", err)
+	}
+	if again, err := ask(40053); err != nil || again != first {
 		t.Fatalf("same source port: answered by %q (%v), want %q again (one flow)", again, err, first)
 	}
-	gone := backends[first]
-	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	other, err := ask(40054)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("second client: %v", err)
 	}
-	for _, f := range flows {
-		t.Logf("conntrack before: %s", f)
+	if other == first {
+		t.Fatalf("both flows went to %s, want one per backend", first)
 	}
-	if err := h.DeleteRealServer(vs.VSKey, gone); err != nil {
-		t.Fatal(err)
+	gone, kept := backends[first], backends[other]
+	if len(flowsTo(gone)) == 0 || len(flowsTo(kept)) == 0 {
+		t.Fatalf("want a conntrack entry per flow: to %s %v, to %s %v", gone, flowsTo(gone), kept, flowsTo(kept))
 	}
+
+	// Selective: clearing one real server's flows deletes exactly those.
 	n, err := ct.ClearUDP(vs.VSKey, gone)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n == 0 {
-		t.Errorf("no conntrack entry of the flow to %s was deleted", gone)
+	if n != 1 {
+		t.Errorf("cleared %d entries of flows to %s, want 1", n, gone)
+	}
+	if left := flowsTo(gone); len(left) != 0 {
+		t.Errorf("entries of flows to %s left after clearing: %v", gone, left)
+	}
+	if len(flowsTo(kept)) != 1 {
+		t.Errorf("the flow to %s lost its entry: clearing is not selective", kept)
 	}
 	if n, _ := ct.ClearUDP(vs.VSKey, gone); n != 0 {
 		t.Errorf("a second clear deleted %d entries", n)
 	}
-	second, err := ask()
+
+	// Removal, as the reconciler does it: delete the real server, then
+	// clear its flows. The same client, same source port, moves over.
+	if again, err := ask(40053); err != nil || again != first {
+		t.Fatalf("same source port after clearing with the backend still present: %q (%v), want %q", again, err, first)
+	}
+	if err := h.DeleteRealServer(vs.VSKey, gone); err != nil {
+		t.Fatal(err)
+	}
+	n, err = ct.ClearUDP(vs.VSKey, gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after removing %s: cleared %d entries (the kernel may have expired them first)", gone, n)
+	if left := flowsTo(gone); len(left) != 0 {
+		t.Errorf("entries of flows to the removed %s left: %v", gone, left)
+	}
+	second, err := ask(40053)
 	if err != nil {
 		t.Fatalf("after the backend moved, the same client got no answer: %v", err)
 	}
-	if second == first {
-		t.Errorf("answered by the removed backend %s", first)
+	if second != other {
+		t.Errorf("after %s was removed, answered by %s, want %s", first, second, other)
 	}
 }
