@@ -12,11 +12,15 @@
 //	vmagent netns exec NAME -- COMMAND [ARG...]
 //	vmagent serve [--netns NAME] --name be1 --port 8080 [--tcp] [--udp]
 //	vmagent hit [--netns NAME] --proto tcp|udp --addr 10.96.0.10:80 [--n 6] [--timeout 2s]
+//	vmagent hold [--netns NAME] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
 // nor --udp is given. hit prints a nettest.HitResult as JSON:
 // {"answers":{"be1":3,"be2":3},"clients":{"10.0.3.2":6},"errors":[]}.
+// hold keeps one TCP connection and asks on it until it is stopped,
+// printing "answer N <backend> <client>" per answer, or "error ..." and
+// exit status 1 when the connection fails.
 package main
 
 import (
@@ -48,6 +52,7 @@ const usage = `usage:
   vmagent netns exec NAME -- COMMAND [ARG...]
   vmagent serve [--netns NAME] --name NAME --port PORT [--tcp] [--udp]
   vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
+  vmagent hold [--netns NAME] --addr HOST:PORT [--interval DURATION] [--timeout DURATION]
   vmagent http [--timeout DURATION] URL
 `
 
@@ -79,6 +84,8 @@ func run(args []string, stdout io.Writer) error {
 		return serveCmd(args[1:], stdout)
 	case "hit":
 		return hitCmd(args[1:], stdout)
+	case "hold":
+		return holdCmd(args[1:], stdout)
 	case "http":
 		return httpCmd(args[1:], stdout)
 	}
@@ -242,4 +249,19 @@ func hitCmd(args []string, stdout io.Writer) error {
 		return err
 	}
 	return json.NewEncoder(stdout).Encode(res)
+}
+
+func holdCmd(args []string, stdout io.Writer) error {
+	var c nettest.HoldConfig
+	fs := newFlags("hold")
+	fs.StringVar(&c.Netns, "netns", "", "namespace to connect from (default: the root namespace)")
+	fs.StringVar(&c.Addr, "addr", "", "HOST:PORT to connect to")
+	fs.DurationVar(&c.Interval, "interval", 200*time.Millisecond, "pause between questions")
+	fs.DurationVar(&c.Timeout, "timeout", nettest.DefaultHitTimeout, "timeout of the connect and of each answer")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	return nettest.Hold(ctx, c, stdout)
 }

@@ -2,8 +2,11 @@ package nettest
 
 import (
 	"context"
+	"io"
 	"net/netip"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,6 +108,61 @@ func TestServeAndHitAcrossNamespaces(t *testing.T) {
 	if time.Since(start) > 5*time.Second {
 		t.Errorf("short timeouts took %v", time.Since(start))
 	}
+}
+
+// TestHold: one connection answers again and again, and Hold reports how
+// it ended when the backend goes away.
+func TestHold(t *testing.T) {
+	inVM(t)
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addNetns(t, "nhsrv", NetnsConfig{HostAddr: netip.MustParsePrefix("10.21.1.1/24"), Addr: netip.MustParsePrefix("10.21.1.2/24")})
+	addNetns(t, "nhcli", NetnsConfig{HostAddr: netip.MustParsePrefix("10.21.2.1/24"), Addr: netip.MustParsePrefix("10.21.2.2/24")})
+	s, err := Serve(ServeConfig{Netns: "nhsrv", Name: "srv", Port: 9000, TCP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out strings.Builder
+	var mu sync.Mutex
+	done := make(chan error, 1)
+	go func() {
+		done <- Hold(ctx, HoldConfig{Netns: "nhcli", Addr: "10.21.1.2:9000", Interval: 20 * time.Millisecond}, lockedWriter{&mu, &out})
+	}()
+	read := func() string { mu.Lock(); defer mu.Unlock(); return out.String() }
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(read(), "answer 5 srv 10.21.2.2") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no fifth answer on one connection:\n%s", read())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Close ends the open connection too: Hold says so.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(read(), "error ") {
+			t.Errorf("Hold after the backend closed: %v, output:\n%s", err, read())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("Hold did not notice the closed connection:\n%s", read())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func TestNetnsErrors(t *testing.T) {

@@ -1,6 +1,7 @@
 package nettest
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"net"
@@ -23,15 +24,20 @@ type ServeConfig struct {
 }
 
 // Server is a running test backend. Every TCP connection gets one line,
-// "<name> <client-ip>\n", and is then closed; every UDP datagram gets the
-// same line back as one datagram. The client IP is the source address the
-// backend saw, so tests can tell whether traffic was masqueraded.
+// "<name> <client-ip>\n", at once and the same line again for every line
+// the client sends, until the client closes (so a client can hold a
+// long-lived connection); every UDP datagram gets the same line back as one
+// datagram. The client IP is the source address the backend saw, so tests
+// can tell whether traffic was masqueraded.
 type Server struct {
 	name string
 	tcp  net.Listener
 	udp  net.PacketConn
 	wg   sync.WaitGroup
 	once sync.Once
+
+	mu    sync.Mutex
+	conns map[net.Conn]bool
 }
 
 // Serve starts a backend as c says and returns once its sockets are open.
@@ -39,7 +45,7 @@ func Serve(c ServeConfig) (*Server, error) {
 	if c.Name == "" || c.Port <= 0 || c.Port > 65535 || (!c.TCP && !c.UDP) {
 		return nil, fmt.Errorf("serve: need a name, a port and TCP and/or UDP, got %+v", c)
 	}
-	s := &Server{name: c.Name}
+	s := &Server{name: c.Name, conns: map[net.Conn]bool{}}
 	addr := ":" + strconv.Itoa(c.Port)
 	err := Do(c.Netns, func() error {
 		var err error
@@ -85,13 +91,30 @@ func (s *Server) serveTCP() {
 			}
 			continue
 		}
+		if !s.track(c, true) {
+			c.Close()
+			return
+		}
 		go func() {
+			defer s.track(c, false)
 			defer c.Close()
 			var client netip.Addr
 			if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 				client = a.AddrPort().Addr()
 			}
-			_, _ = c.Write([]byte(Reply(s.name, client)))
+			reply := []byte(Reply(s.name, client))
+			if _, err := c.Write(reply); err != nil {
+				return
+			}
+			r := bufio.NewReader(c)
+			for {
+				if _, err := r.ReadString('\n'); err != nil {
+					return
+				}
+				if _, err := c.Write(reply); err != nil {
+					return
+				}
+			}
 		}()
 	}
 }
@@ -115,10 +138,33 @@ func (s *Server) serveUDP() {
 	}
 }
 
-// Close stops the backend and waits for its loops to end.
+// track adds (or removes) an open TCP connection, so that Close can end
+// it; it refuses new ones once the server is closing.
+func (s *Server) track(c net.Conn, add bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !add {
+		delete(s.conns, c)
+		return true
+	}
+	if s.conns == nil {
+		return false
+	}
+	s.conns[c] = true
+	return true
+}
+
+// Close stops the backend, ends its open connections and waits for its
+// loops to end.
 func (s *Server) Close() error {
 	var errs []error
 	s.once.Do(func() {
+		s.mu.Lock()
+		for c := range s.conns {
+			c.Close()
+		}
+		s.conns = nil
+		s.mu.Unlock()
 		if s.tcp != nil {
 			errs = append(errs, s.tcp.Close())
 		}
