@@ -12,6 +12,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 )
 
 // TestClusterIPMultiPortTCPAndUDP: one Service, a TCP and a UDP port, two
@@ -210,6 +212,79 @@ func TestScaleEndpointsAndDelete(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestTerminatingEndpointDrains: an endpoint whose pod is terminating but
+// still serving keeps its real server at weight 0: a connection made before
+// goes on answering, new connections go to the other backend. When the
+// endpoint leaves the slice its real server goes, and that connection ends
+// (IPVS with expire_nodest_conn=1) — which is why deleting the real server
+// at the first sign of termination would cut it.
+func TestTerminatingEndpointDrains(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 2)
+	svc := e.createService(t, ns, "drain", []corev1.ServicePort{tcpPort("http", 80)})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.expectBackends(t, "tcp", addr, names(bes))
+
+	ctx := context.Background()
+	hold, err := e.VM.Start(ctx, "vmagent", "hold", "--netns", bed.ClientNetns, "--addr", addr, "--interval", "200ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Stop()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := hold.WaitFor(wctx, "answer 1 "); err != nil {
+		t.Fatal(err)
+	}
+	held := regexp.MustCompile(`answer 1 (\S+)`).FindStringSubmatch(hold.Output())[1]
+	var draining, other backend
+	for _, b := range bes {
+		if b.Name == held {
+			draining = b
+		} else {
+			other = b
+		}
+	}
+	if draining.Name == "" {
+		t.Fatalf("the held connection reached %q, not one of %v", held, names(bes))
+	}
+
+	// The held backend's pod terminates but still serves.
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes, func(ep *discoveryv1.Endpoint) {
+		if ep.Addresses[0] == draining.Addr {
+			ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+		}
+	})
+	weight0 := regexp.MustCompile(`-> ` + regexp.QuoteMeta(hostPort(draining.Addr, backendPort)) + `\s+Masq\s+0\s+1\s`)
+	eventually(t, 30*time.Second, func() error {
+		if out := e.ipvsadm(t, "-t", addr); !weight0.MatchString(out) {
+			return fmt.Errorf("no real server %s with weight 0 and one active connection:\n%s", draining.Addr, out)
+		}
+		return nil
+	})
+	e.expectBackends(t, "tcp", addr, []string{other.Name})
+	answers := strings.Count(hold.Output(), "answer ")
+	// A few more answers on the held connection, from the draining backend.
+	if err := hold.WaitFor(wctx, fmt.Sprintf("answer %d %s ", answers+5, draining.Name)); err != nil {
+		t.Fatalf("the connection to the draining backend stopped answering: %v", err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(hold.Output()), "\n") {
+		if f := strings.Fields(l); len(f) < 3 || f[0] != "answer" || f[2] != draining.Name {
+			t.Errorf("the held connection failed or moved: %q", l)
+		}
+	}
+
+	// The pod is gone: the endpoint leaves the slice, the real server the
+	// kernel, and the held connection ends.
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, []backend{other})
+	e.expectTable(t, []string{"-> " + hostPort(other.Addr, backendPort)}, []string{"-> " + hostPort(draining.Addr, backendPort)}, "-t", addr)
+	if err := hold.WaitFor(wctx, "error "); err != nil {
+		t.Errorf("the held connection outlived its real server: %v", err)
+	}
 }
 
 // TestDriftRepairAndRestart: a real server deleted by hand comes back at

@@ -124,6 +124,10 @@ type RealServer struct {
 	InactiveConns int
 }
 
+// String shows the destination and its weight (a weight of 0 means
+// draining: no new connections).
+func (r RealServer) String() string { return fmt.Sprintf("%s w=%d", r.RSKey, r.Weight) }
+
 // Timeouts are IPVS's connection timeouts; zero leaves a value unchanged.
 type Timeouts struct {
 	TCP, TCPFin, UDP time.Duration

@@ -524,16 +524,35 @@ func (b *planBuilder) addVS(a buildAddr, proto netlinkutil.Protocol, port uint16
 	}
 	b.seen[key] = claim
 
-	var selected []buildCandidate
+	var selected, pool []buildCandidate
 	local := b.localOnly(a.kind)
 	if local {
-		selected = b.local(cands)
+		pool = b.onNode(cands)
+		selected = buildUsable(pool)
 	} else {
+		pool = cands
 		selected = b.topology(buildUsable(cands))
 	}
-	var rss []netlinkutil.RealServer
+	chosen := make(map[netlinkutil.RSKey]bool, len(selected))
 	for _, c := range selected {
-		rss = append(rss, netlinkutil.RealServer{RSKey: c.key, Weight: 1})
+		chosen[c.key] = true
+	}
+	rss := make([]netlinkutil.RealServer, 0, len(pool))
+	for _, c := range pool {
+		switch {
+		case chosen[c.key]:
+			rss = append(rss, netlinkutil.RealServer{RSKey: c.key, Weight: 1})
+		case c.serving && c.terminating:
+			// Draining: a terminating endpoint that still serves keeps
+			// its real server at weight 0, so it gets no new connections
+			// but its established ones go on until the endpoint leaves
+			// the slice (deleting the real server would cut them, since
+			// expire_nodest_conn=1).
+			rss = append(rss, netlinkutil.RealServer{RSKey: c.key, Weight: 0})
+		}
+	}
+	if len(rss) == 0 {
+		rss = nil
 	}
 	b.vss = append(b.vss, VSPlan{
 		VirtualServer: netlinkutil.VirtualServer{
@@ -586,12 +605,12 @@ func buildUsable(cs []buildCandidate) []buildCandidate {
 	return buildFilter(cs, func(c buildCandidate) bool { return c.serving && c.terminating })
 }
 
-// local returns the usable endpoints on this node (Local traffic policy).
-func (b *planBuilder) local(cs []buildCandidate) []buildCandidate {
+// onNode returns the endpoints on this node (Local traffic policy).
+func (b *planBuilder) onNode(cs []buildCandidate) []buildCandidate {
 	if b.node.Name == "" {
 		return nil
 	}
-	return buildUsable(buildFilter(cs, func(c buildCandidate) bool { return c.nodeName == b.node.Name }))
+	return buildFilter(cs, func(c buildCandidate) bool { return c.nodeName == b.node.Name })
 }
 
 // topology narrows the usable endpoints of a Cluster traffic policy path:

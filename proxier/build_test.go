@@ -198,7 +198,8 @@ func forNodes(ns ...string) epOpt {
 // ---- expected plans ----
 
 // vs is an expected virtual server "addr:port" with the default scheduler
-// and real servers "addr:port", weight 1.
+// and real servers "addr:port", weight 1, or "addr:port@0", weight 0
+// (draining).
 func vs(kind proxier.AddressKind, addrPort string, proto netlinkutil.Protocol, portName string, rss ...string) proxier.VSPlan {
 	ap := netip.MustParseAddrPort(addrPort)
 	v := proxier.VSPlan{
@@ -210,8 +211,12 @@ func vs(kind proxier.AddressKind, addrPort string, proto netlinkutil.Protocol, p
 		PortName: portName,
 	}
 	for _, r := range rss {
+		weight := 1
+		if a, ok := strings.CutSuffix(r, "@0"); ok { // draining
+			r, weight = a, 0
+		}
 		rp := netip.MustParseAddrPort(r)
-		v.RealServers = append(v.RealServers, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: rp.Addr(), Port: rp.Port()}, Weight: 1})
+		v.RealServers = append(v.RealServers, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: rp.Addr(), Port: rp.Port()}, Weight: weight})
 	}
 	return v
 }
@@ -460,14 +465,15 @@ func TestBuild(t *testing.T) {
 			name: "ready endpoints only when some are ready",
 			svc:  svc(),
 			slices: slices(slice4("web-1", http8080,
-				ep("10.1.0.1"), ep("10.1.0.2", notReady), ep("10.1.0.3", terminating), ep("10.1.0.4", readyButTrm))),
-			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.4:8080")),
+				ep("10.1.0.1"), ep("10.1.0.2", notReady), ep("10.1.0.3", terminating), ep("10.1.0.4", readyButTrm), ep("10.1.0.5", dying))),
+			// 10.1.0.3 drains: weight 0 keeps its connections, takes no new ones.
+			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.3:8080@0", "10.1.0.4:8080")),
 		},
 		{
 			name:   "nil ready means ready",
 			svc:    svc(),
 			slices: slices(slice4("web-1", http8080, ep("10.1.0.1", nilReady), ep("10.1.0.2", terminating))),
-			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080")),
+			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080@0")),
 		},
 		{
 			name: "none ready: serving-terminating endpoints",
@@ -555,10 +561,29 @@ func TestBuild(t *testing.T) {
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", on("node-a"), terminating), ep("10.1.0.2", on("node-b")))),
 			want: vss(
-				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080"),
+				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080@0", "10.1.0.2:8080"),
 				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080")),
 			),
 			localEndpoints: 1,
+		},
+		{
+			name: "externalTrafficPolicy Local: a local terminating endpoint drains beside a local ready one",
+			svc:  svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
+			slices: slices(slice4("web-1", http8080,
+				ep("10.1.0.1", on("node-a"), terminating), ep("10.1.0.2", on("node-b")), ep("10.1.0.3", on("node-a")),
+				ep("10.1.0.4", on("node-b"), terminating))),
+			want: vss(
+				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080@0", "10.1.0.2:8080", "10.1.0.3:8080", "10.1.0.4:8080@0"),
+				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080@0", "10.1.0.3:8080")),
+			),
+			localEndpoints: 1,
+		},
+		{
+			name: "topology: a terminating endpoint outside the zone drains too",
+			svc:  svc(),
+			slices: slices(slice4("web-1", http8080,
+				ep("10.1.0.1", forZones("zone-a")), ep("10.1.0.2", forZones("zone-b")), ep("10.1.0.3", forZones("zone-b"), terminating))),
+			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.3:8080@0")),
 		},
 		{
 			name:   "internalTrafficPolicy Local: cluster IP local only, external IP all",

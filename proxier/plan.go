@@ -34,7 +34,9 @@ type VSPlan struct {
 	Kind AddressKind
 	// PortName is the Service port's name ("" for a single unnamed port).
 	PortName string
-	// RealServers are sorted by address, then port.
+	// RealServers are sorted by address, then port. Weight 1 serves;
+	// weight 0 drains (a terminating endpoint that still serves while
+	// others are ready: no new connections, established ones go on).
 	RealServers []netlinkutil.RealServer
 	// Local is set when a Local traffic policy restricts this virtual
 	// server to the node's own endpoints (externalTrafficPolicy for

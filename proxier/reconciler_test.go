@@ -39,12 +39,17 @@ func vsKey(addrPort string, proto netlinkutil.Protocol) netlinkutil.VSKey {
 	return netlinkutil.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
 }
 
-// vsPlan builds a plan entry: addrPort of the VS, scheduler, real servers.
+// vsPlan builds a plan entry: addrPort of the VS, scheduler, real servers
+// ("addr:port" weight 1, "addr:port@0" weight 0).
 func vsPlan(kind AddressKind, addrPort, sched string, rss ...string) VSPlan {
 	p := VSPlan{VirtualServer: netlinkutil.VirtualServer{VSKey: vsKey(addrPort, netlinkutil.TCP), Scheduler: sched}, Kind: kind}
 	for _, r := range rss {
+		weight := 1
+		if a, ok := strings.CutSuffix(r, "@0"); ok {
+			r, weight = a, 0
+		}
 		ap := netip.MustParseAddrPort(r)
-		p.RealServers = append(p.RealServers, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1})
+		p.RealServers = append(p.RealServers, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: weight})
 	}
 	return p
 }
@@ -110,6 +115,15 @@ func TestReconcilerWrites(t *testing.T) {
 			plan:     plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS: []string{"AddRealServer 10.96.0.10:80/TCP 10.0.3.2:8080 w=1"},
 			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "  -> 10.0.2.2:8080 w=1",
+				"  -> 10.0.3.2:8080 w=1"},
+		},
+		{
+			// Its pod is terminating but still serving: weight 0, so
+			// established connections go on and new ones go elsewhere.
+			name:     "an endpoint drains",
+			plan:     plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080@0", "10.0.2.2:8080", "10.0.3.2:8080")),
+			wantIPVS: []string{"UpdateRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=0"},
+			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=0", "  -> 10.0.2.2:8080 w=1",
 				"  -> 10.0.3.2:8080 w=1"},
 		},
 		{

@@ -46,10 +46,10 @@ type statusRealServer struct {
 	InactiveConns int    `json:"inactiveConns"`
 	// InKernel is false for a wanted real server the kernel lacks.
 	InKernel bool `json:"inKernel"`
-	// Drift is "", or missing, extra or weight (the wanted weight is in
-	// WantWeight).
+	// Drift is "", or missing, extra or weight; WantWeight is the wanted
+	// weight for missing and weight (0 is a draining real server).
 	Drift      string `json:"drift,omitempty"`
-	WantWeight int    `json:"wantWeight,omitempty"`
+	WantWeight *int   `json:"wantWeight,omitempty"`
 
 	key netlinkutil.RSKey
 }
@@ -342,7 +342,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 		s.Wanted = true
 		for _, rs := range w.plan.RealServers {
 			m := newStatusRS(rs, false)
-			m.Drift, m.WantWeight = "missing", rs.Weight
+			m.Drift, m.WantWeight = "missing", &rs.Weight
 			s.RealServers = append(s.RealServers, m)
 		}
 		rep.drift(s, driftMissingVS, "wanted, not in the kernel: "+w.plan.VirtualServer.String())
@@ -433,7 +433,7 @@ func (r *statusReport) diff(s *statusVirtualServer, have netlinkutil.VirtualServ
 			rs.Drift = "extra"
 			r.drift(s, driftExtraRS, fmt.Sprintf("real server %s w=%d is in the kernel, not wanted", k, rs.Weight))
 		case w.Weight != rs.Weight:
-			rs.Drift, rs.WantWeight = "weight", w.Weight
+			rs.Drift, rs.WantWeight = "weight", &w.Weight
 			r.drift(s, driftWeight, fmt.Sprintf("real server %s has weight %d, wanted %d", k, rs.Weight, w.Weight))
 		}
 	}
@@ -442,7 +442,7 @@ func (r *statusReport) diff(s *statusVirtualServer, have netlinkutil.VirtualServ
 			continue
 		}
 		m := newStatusRS(w, false)
-		m.Drift, m.WantWeight = "missing", w.Weight
+		m.Drift, m.WantWeight = "missing", &w.Weight
 		s.RealServers = append(s.RealServers, m)
 		r.drift(s, driftMissingRS, fmt.Sprintf("real server %s w=%d is wanted, not in the kernel", w.RSKey, w.Weight))
 	}
@@ -506,8 +506,8 @@ func writeStatus(w io.Writer, rep statusReport, output string) error {
 				active, inactive = "-", "-"
 			}
 			weight := strconv.Itoa(rs.Weight)
-			if rs.Drift == "weight" {
-				weight += fmt.Sprintf(" (want %d)", rs.WantWeight)
+			if rs.Drift == "weight" && rs.WantWeight != nil {
+				weight += fmt.Sprintf(" (want %d)", *rs.WantWeight)
 			}
 			fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\n", prefix, rs.key, weight, active, inactive, d)
 		}

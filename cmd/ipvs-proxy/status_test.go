@@ -239,7 +239,7 @@ func TestStatusDrift(t *testing.T) {
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftWeight, driftExtraRS}},
 			check: func(t *testing.T, rep statusReport) {
 				for _, rs := range findVS(rep, web).RealServers {
-					if rs.Address == "10.0.1.2" && (rs.Drift != "weight" || rs.Weight != 5 || rs.WantWeight != 1) {
+					if rs.Address == "10.0.1.2" && (rs.Drift != "weight" || rs.Weight != 5 || rs.WantWeight == nil || *rs.WantWeight != 1) {
 						t.Errorf("real server %+v: want weight drift 5, wanted 1", rs)
 					}
 				}
