@@ -176,6 +176,48 @@ func TestSchedulerAnnotation(t *testing.T) {
 	e.expectBackends(t, "tcp", addr, names(bes))
 }
 
+// TestSchedulerModuleMissing: a Service asks for a scheduler whose module
+// the node's kernel cannot load (here: removed from the VM's
+// /lib/modules). It gets the default scheduler and an Event saying why,
+// and serves; the agent does not crash or stall.
+func TestSchedulerModuleMissing(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	mod, err := e.VM.RunOK(ctx, "sh", "-c", "find /lib/modules -name 'ip_vs_ovf.ko*' | head -n 1")
+	if mod = strings.TrimSpace(mod); err != nil || mod == "" {
+		t.Fatalf("no ip_vs_ovf module in the VM (%v)", err)
+	}
+	if r, err := e.VM.Run(ctx, "rmmod", "ip_vs_ovf"); err == nil && r.ExitCode == 0 {
+		t.Logf("unloaded ip_vs_ovf")
+	}
+	if _, err := e.VM.RunOK(ctx, "mv", mod, mod+".hidden"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = e.VM.RunOK(ctx, "mv", mod+".hidden", mod) })
+
+	ns := e.namespace(t)
+	bes := e.backends(t, 1)
+	svc := e.createService(t, ns, "ovf", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Annotations = map[string]string{"ipvs-proxy.io/scheduler": "ovf"}
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.expectTable(t, []string{"TCP  " + addr + " rr", "-> " + hostPort(bes[0].Addr, backendPort)}, nil)
+	e.expectBackends(t, "tcp", addr, names(bes))
+	eventually(t, 30*time.Second, func() error {
+		evs, err := e.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Name == svc.Name && strings.Contains(ev.Message, `IPVS scheduler "ovf" is not available in this node's kernel (module ip_vs_ovf)`) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no Event about the missing module among %d events", len(evs.Items))
+	})
+}
+
 // TestScaleEndpointsAndDelete: endpoints added and removed show in
 // traffic; a deleted Service leaves the kernel and its VIP the interface.
 func TestScaleEndpointsAndDelete(t *testing.T) {

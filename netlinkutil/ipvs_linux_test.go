@@ -200,3 +200,36 @@ func TestIPVSRealTraffic(t *testing.T) {
 		}
 	}
 }
+
+// TestIPVSMissingScheduler: the kernel answers a scheduler it cannot load
+// with an error that SchedulerUnavailable recognises, on add and on update,
+// and leaves the table as it was.
+func TestIPVSMissingScheduler(t *testing.T) {
+	nltest.InFreshNetns(t)
+	h := newIPVS(t)
+	vs := VirtualServer{VSKey: VSKey{netip.MustParseAddr("10.96.0.12"), TCP, 80}, Scheduler: "nosuch"}
+	err := h.AddVirtualServer(vs)
+	if err == nil || !SchedulerUnavailable(err) {
+		t.Fatalf("add with scheduler %q: %v, want ENOENT", vs.Scheduler, err)
+	}
+	vs.Scheduler = "rr"
+	if err := h.AddVirtualServer(vs); err != nil {
+		t.Fatal(err)
+	}
+	vs.Scheduler = "nosuch"
+	if err := h.UpdateVirtualServer(vs); err == nil || !SchedulerUnavailable(err) {
+		t.Fatalf("update to scheduler %q: %v, want ENOENT", vs.Scheduler, err)
+	}
+	got, err := h.ListVirtualServers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Scheduler != "rr" {
+		t.Errorf("table after the refusals: %v, want the rr virtual server only", got)
+	}
+	// Other errors are not mistaken for a missing scheduler.
+	vs.Scheduler = "rr"
+	if err := h.AddVirtualServer(vs); err == nil || SchedulerUnavailable(err) {
+		t.Errorf("adding an existing virtual server: %v, want an error that is not ENOENT", err)
+	}
+}

@@ -7,9 +7,11 @@ package netlinkutil
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -132,6 +134,11 @@ func (r RealServer) String() string { return fmt.Sprintf("%s w=%d", r.RSKey, r.W
 type Timeouts struct {
 	TCP, TCPFin, UDP time.Duration
 }
+
+// SchedulerUnavailable reports whether an error of AddVirtualServer or
+// UpdateVirtualServer means the kernel lacks the virtual server's scheduler:
+// IPVS answers ENOENT when it cannot find or load module ip_vs_<name>.
+func SchedulerUnavailable(err error) bool { return errors.Is(err, syscall.ENOENT) }
 
 // IPVS is the kernel's IPVS table.
 type IPVS interface {

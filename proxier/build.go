@@ -203,6 +203,11 @@ func (b *planBuilder) schedule() {
 	for _, w := range warnings {
 		b.warn("%s", w)
 	}
+	if spec.Name != def.Name && b.cfg.Unavailable[spec.Name] {
+		mod, _ := scheduler.Module(spec.Name)
+		b.warn("IPVS scheduler %q is not available in this node's kernel (module %s); using the default %q", spec.Name, mod, def.Name)
+		spec = def
+	}
 	b.sched = spec
 	b.flags = spec.Flags
 

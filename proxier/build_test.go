@@ -883,3 +883,21 @@ func TestBuildOddInputNoPanic(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildUnavailableScheduler: a scheduler the kernel refused is replaced
+// by the default, flags and all, with a warning naming the module; the
+// default itself is never replaced.
+func TestBuildUnavailableScheduler(t *testing.T) {
+	cfg := testCfg
+	cfg.Unavailable = map[string]bool{"mh": true, "rr": true}
+	got := proxier.Build(svc(annotate(scheduler.AnnotationScheduler, "mh", scheduler.AnnotationFlags, "mh-port")), nil, testNode, cfg)
+	if diff := cmp.Diff(vss(vs(ci, "10.96.0.10:80", tcp, "http")), got.VirtualServers, planCmp...); diff != "" {
+		t.Errorf("virtual servers (-want +got):\n%s", diff)
+	}
+	if len(got.Warnings) != 1 || !strings.Contains(got.Warnings[0], `"mh" is not available in this node's kernel (module ip_vs_mh); using the default "rr"`) {
+		t.Errorf("warnings %q, want one about ip_vs_mh", got.Warnings)
+	}
+	if got := proxier.Build(svc(annotate(scheduler.AnnotationScheduler, "sh")), nil, testNode, cfg); len(got.Warnings) != 0 || got.VirtualServers[0].Scheduler != "sh" {
+		t.Errorf("an available scheduler: %s, warnings %q", got.VirtualServers[0].Scheduler, got.Warnings)
+	}
+}

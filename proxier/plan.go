@@ -85,4 +85,7 @@ type BuildConfig struct {
 	IPv4, IPv6 bool
 	// ExcludeCIDRs are never programmed and never touched (--exclude-cidrs).
 	ExcludeCIDRs []netip.Prefix
+	// Unavailable are schedulers the node's kernel refused: a Service
+	// asking for one gets the default, with a warning.
+	Unavailable map[string]bool
 }

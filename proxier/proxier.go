@@ -399,7 +399,14 @@ func (p *Proxier) SyncOnce(full bool) error {
 	}
 	p.mu.Unlock()
 
-	bcfg := BuildConfig{Scheduler: p.cfg.Scheduler, IPv4: p.cfg.IPv4, IPv6: p.cfg.IPv6, ExcludeCIDRs: p.cfg.ExcludeCIDRs}
+	// Schedulers the kernel refused make a failed sync; the full resync
+	// that follows rebuilds every Service with the default in their place.
+	unavailable := map[string]bool{}
+	for _, n := range p.rec.UnavailableSchedulers() {
+		unavailable[n] = true
+	}
+	bcfg := BuildConfig{Scheduler: p.cfg.Scheduler, IPv4: p.cfg.IPv4, IPv6: p.cfg.IPv6, ExcludeCIDRs: p.cfg.ExcludeCIDRs,
+		Unavailable: unavailable}
 	for n, in := range inputs {
 		var plan *ServicePlan
 		if in.svc != nil && !Skip(in.svc) {

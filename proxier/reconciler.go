@@ -87,6 +87,10 @@ type Reconciler struct {
 	bound            map[netip.Addr]bool                             // addresses on the dummy
 	vsCount, rsCount int                                             // over all plans
 
+	// unavailable holds the schedulers the kernel refused (ENOENT on add
+	// or update: no module ip_vs_<name>).
+	unavailable map[string]bool
+
 	// failed is set when a write failed: the next sync must be full.
 	failed bool
 	synced bool // a full sync has completed once
@@ -407,12 +411,14 @@ func (r *Reconciler) applyVirtualServer(vs VSPlan, st *SyncStats) error {
 	switch {
 	case !inKernel:
 		if err := r.write(st, "add virtual server", vs.VirtualServer, func() error { return r.ipvs.AddVirtualServer(vs.VirtualServer) }); err != nil {
+			r.noteScheduler(vs.Scheduler, err)
 			return err
 		}
 		r.kernel[vs.VSKey] = vs.VirtualServer
 	default:
 		if !cur.Equal(vs.VirtualServer) {
 			if err := r.write(st, "update virtual server", vs.VirtualServer, func() error { return r.ipvs.UpdateVirtualServer(vs.VirtualServer) }); err != nil {
+				r.noteScheduler(vs.Scheduler, err)
 				return err
 			}
 			r.kernel[vs.VSKey] = vs.VirtualServer
@@ -522,6 +528,29 @@ func planEqual(a, b ServicePlan) bool {
 		}
 	}
 	return true
+}
+
+// noteScheduler remembers a scheduler that the kernel refused.
+func (r *Reconciler) noteScheduler(name string, err error) {
+	if !netlinkutil.SchedulerUnavailable(err) || r.unavailable[name] {
+		return
+	}
+	if r.unavailable == nil {
+		r.unavailable = map[string]bool{}
+	}
+	r.unavailable[name] = true
+	r.log.Warn("the kernel has no such IPVS scheduler", zap.String("scheduler", name), zap.Error(err))
+}
+
+// UnavailableSchedulers lists, sorted, the schedulers that the kernel
+// refused since the reconciler started.
+func (r *Reconciler) UnavailableSchedulers() []string {
+	out := make([]string, 0, len(r.unavailable))
+	for n := range r.unavailable {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // write makes one kernel write, counting it and logging it at debug level.

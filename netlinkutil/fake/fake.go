@@ -29,6 +29,8 @@ type IPVS struct {
 	timeouts netlinkutil.Timeouts
 	calls    []Call
 	inject   ErrorFunc
+	// schedulers the fake kernel has; nil means every one.
+	schedulers map[string]bool
 }
 
 // NewIPVS returns an empty fake IPVS table.
@@ -40,6 +42,26 @@ func NewIPVS() *IPVS {
 }
 
 var _ netlinkutil.IPVS = (*IPVS)(nil)
+
+// SetSchedulers makes the fake kernel know only these schedulers: adding or
+// updating a virtual server with another one fails with ENOENT, as the
+// kernel does when it cannot load ip_vs_<name>. No names means all.
+func (f *IPVS) SetSchedulers(names ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.schedulers = nil
+	if len(names) > 0 {
+		f.schedulers = map[string]bool{}
+		for _, n := range names {
+			f.schedulers[n] = true
+		}
+	}
+}
+
+// knows reports whether the fake kernel has the scheduler. Callers hold f.mu.
+func (f *IPVS) knows(sched string) bool {
+	return sched != "" && (f.schedulers == nil || f.schedulers[sched])
+}
 
 // InjectErrors installs f; nil removes it.
 func (f *IPVS) InjectErrors(fn ErrorFunc) {
@@ -169,8 +191,8 @@ func (f *IPVS) AddVirtualServer(vs netlinkutil.VirtualServer) error {
 	if _, ok := f.vs[vs.VSKey]; ok {
 		return fmt.Errorf("add %s: %w", vs.VSKey, unix.EEXIST)
 	}
-	if vs.Scheduler == "" {
-		return fmt.Errorf("add %s: no scheduler: %w", vs.VSKey, unix.ENOENT)
+	if !f.knows(vs.Scheduler) {
+		return fmt.Errorf("add %s: scheduler %q: %w", vs.VSKey, vs.Scheduler, unix.ENOENT)
 	}
 	vs.Flags &= netlinkutil.FlagsCompared
 	f.vs[vs.VSKey] = vs
@@ -187,6 +209,9 @@ func (f *IPVS) UpdateVirtualServer(vs netlinkutil.VirtualServer) error {
 	}
 	if _, ok := f.vs[vs.VSKey]; !ok {
 		return fmt.Errorf("update %s: %w", vs.VSKey, unix.ESRCH)
+	}
+	if !f.knows(vs.Scheduler) {
+		return fmt.Errorf("update %s: scheduler %q: %w", vs.VSKey, vs.Scheduler, unix.ENOENT)
 	}
 	vs.Flags &= netlinkutil.FlagsCompared
 	f.vs[vs.VSKey] = vs
