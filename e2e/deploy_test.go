@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -280,18 +279,7 @@ func TestDeployRBAC(t *testing.T) {
 	})
 	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, endpointsOn(nodeName))
 	e.expectTable(t, []string{"TCP  " + hostPort(svc.Spec.ClusterIP, 80) + " rr", "-> " + hostPort("10.103.0.10", backendPort)}, nil)
-	eventually(t, 30*time.Second, func() error {
-		evs, err := e.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs.Items {
-			if ev.InvolvedObject.UID == types.UID(svc.UID) && ev.Source.Component == "ipvs-proxy" && ev.Type == corev1.EventTypeWarning {
-				return nil
-			}
-		}
-		return fmt.Errorf("no warning Event from ipvs-proxy on %s/%s among %d", ns, svc.Name, len(evs.Items))
-	})
+	e.expectEvent(t, svc, "")
 	body := e.waitHealth(t, healthzURL, 200, time.Minute)
 	if body["nodeEligible"] != true {
 		t.Errorf("/healthz under RBAC: %v", body)

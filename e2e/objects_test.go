@@ -129,3 +129,22 @@ func (e env) vipsBound(t *testing.T) string {
 	}
 	return out
 }
+
+// expectEvent waits for a Warning Event from ipvs-proxy on svc whose
+// message contains msg ("" matches any).
+func (e env) expectEvent(t *testing.T, svc *corev1.Service, msg string) {
+	t.Helper()
+	eventually(t, 30*time.Second, func() error {
+		evs, err := e.Client.CoreV1().Events(svc.Namespace).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.UID == svc.UID && ev.Source.Component == "ipvs-proxy" && ev.Type == corev1.EventTypeWarning &&
+				strings.Contains(ev.Message, msg) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no warning Event from ipvs-proxy on %s/%s saying %q among %d", svc.Namespace, svc.Name, msg, len(evs.Items))
+	})
+}

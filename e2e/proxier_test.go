@@ -161,18 +161,7 @@ func TestSchedulerAnnotation(t *testing.T) {
 	e.expectTable(t, []string{"TCP  " + addr + " lc"}, nil)
 	setAnnotation("fastest")
 	e.expectTable(t, []string{"TCP  " + addr + " rr"}, nil)
-	eventually(t, 30*time.Second, func() error {
-		evs, err := e.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs.Items {
-			if ev.InvolvedObject.Name == svc.Name && strings.Contains(ev.Message, `unknown IPVS scheduler "fastest"`) {
-				return nil
-			}
-		}
-		return fmt.Errorf("no Event about the unknown scheduler among %d events", len(evs.Items))
-	})
+	e.expectEvent(t, svc, `unknown IPVS scheduler "fastest"`)
 	e.expectBackends(t, "tcp", addr, names(bes))
 }
 
@@ -204,18 +193,7 @@ func TestSchedulerModuleMissing(t *testing.T) {
 	addr := hostPort(svc.Spec.ClusterIP, 80)
 	e.expectTable(t, []string{"TCP  " + addr + " rr", "-> " + hostPort(bes[0].Addr, backendPort)}, nil)
 	e.expectBackends(t, "tcp", addr, names(bes))
-	eventually(t, 30*time.Second, func() error {
-		evs, err := e.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs.Items {
-			if ev.InvolvedObject.Name == svc.Name && strings.Contains(ev.Message, `IPVS scheduler "ovf" is not available in this node's kernel (module ip_vs_ovf)`) {
-				return nil
-			}
-		}
-		return fmt.Errorf("no Event about the missing module among %d events", len(evs.Items))
-	})
+	e.expectEvent(t, svc, `IPVS scheduler "ovf" is not available in this node's kernel (module ip_vs_ovf)`)
 }
 
 // TestScaleEndpointsAndDelete: endpoints added and removed show in
