@@ -194,6 +194,13 @@ func TestSchedulerModuleMissing(t *testing.T) {
 	e.expectTable(t, []string{"TCP  " + addr + " rr", "-> " + hostPort(bes[0].Addr, backendPort)}, nil)
 	e.expectBackends(t, "tcp", addr, names(bes))
 	e.expectEvent(t, svc, `IPVS scheduler "ovf" is not available in this node's kernel (module ip_vs_ovf)`)
+
+	// Gone before the module comes back: the agent remembers a missing
+	// scheduler only until it restarts, and a later test restarts it.
+	if err := e.Client.CoreV1().Services(ns).Delete(ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.expectTable(t, nil, []string{addr})
 }
 
 // TestScaleEndpointsAndDelete: endpoints added and removed show in
