@@ -399,8 +399,8 @@ func (p *Proxier) SyncOnce(full bool) error {
 	}
 	p.mu.Unlock()
 
-	// Schedulers the kernel refused make a failed sync; the full resync
-	// that follows rebuilds every Service with the default in their place.
+	// Schedulers the kernel refused make a failed sync; the next sync
+	// rebuilds every Service, with the default in their place.
 	unavailable := map[string]bool{}
 	for _, n := range p.rec.UnavailableSchedulers() {
 		unavailable[n] = true
@@ -430,6 +430,11 @@ func (p *Proxier) SyncOnce(full bool) error {
 		return nil
 	}
 	st, err := p.rec.Sync(full)
+	if len(p.rec.UnavailableSchedulers()) > len(unavailable) {
+		p.mu.Lock()
+		p.rebuild = true
+		p.mu.Unlock()
+	}
 	for _, c := range p.consumers {
 		if cerr := c.Sync(st.Full); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("%s: %w", c.Name(), cerr))
