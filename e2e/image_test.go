@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"archive/tar"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"debug/elf"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -18,47 +16,10 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/validate"
-)
 
-// extractTar unpacks a tar stream into dir (regular files, directories and
-// symlinks, as the image's files are).
-func extractTar(t *testing.T, r io.Reader, dir string) {
-	t.Helper()
-	tr := tar.NewReader(r)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(dir, filepath.FromSlash(path.Clean("/"+h.Name)))
-		switch h.Typeflag {
-		case tar.TypeDir:
-			err = os.MkdirAll(p, 0o755)
-		case tar.TypeSymlink:
-			if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
-				err = os.Symlink(h.Linkname, p)
-			}
-		case tar.TypeReg:
-			if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
-				var b []byte
-				if b, err = io.ReadAll(tr); err == nil {
-					err = os.WriteFile(p, b, os.FileMode(h.Mode).Perm())
-				}
-			}
-		default:
-			t.Fatalf("%s: entry type %c", h.Name, h.Typeflag)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-}
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ocitest"
+)
 
 // resolve follows symlinks of a path inside root (absolute targets are
 // relative to root).
@@ -118,34 +79,14 @@ func TestImage(t *testing.T) {
 	t.Logf("image archive: %.1f MiB, built (with the binary) in %v", float64(st.Size())/(1<<20), time.Since(start).Round(100*time.Millisecond))
 
 	// The archive is an OCI image layout.
-	lay := filepath.Join(dir, "layout")
-	f, err := os.Open(archive)
+	a, err := ocitest.Open(archive, filepath.Join(dir, "layout"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	extractTar(t, f, lay)
-	f.Close()
-	idx, err := layout.ImageIndexFromPath(lay)
-	if err != nil {
-		t.Fatal(err)
+	if a.Desc.Annotations["io.containerd.image.name"] != "docker.io/library/ipvs-proxy:e2e" {
+		t.Fatalf("index.json: %+v", a.Desc)
 	}
-	if err := validate.Index(idx); err != nil {
-		t.Fatalf("OCI index: %v", err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(im.Manifests) != 1 || im.Manifests[0].Annotations["io.containerd.image.name"] != "docker.io/library/ipvs-proxy:e2e" {
-		t.Fatalf("index.json: %+v", im.Manifests)
-	}
-	img, err := idx.Image(im.Manifests[0].Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := validate.Image(img); err != nil {
-		t.Fatalf("OCI image: %v", err)
-	}
+	img := a.Image
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
@@ -157,13 +98,15 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("image %s: %d layers (%s), packages: %s", im.Manifests[0].Digest, len(m.Layers), layerSizes(m),
+	t.Logf("image %s: %d layers (%s), packages: %s", a.Desc.Digest, len(m.Layers), layerSizes(m),
 		cf.Config.Labels["io.ipvs-proxy.debian-packages"])
 
 	// Its files.
 	root := filepath.Join(dir, "root")
 	flat := mutate.Extract(img)
-	extractTar(t, flat, root)
+	if err := ocitest.Untar(flat, root); err != nil {
+		t.Fatal(err)
+	}
 	flat.Close()
 	execs := []string{"/usr/local/bin/ipvs-proxy", "/usr/sbin/iptables-nft-restore", "/usr/sbin/iptables-nft-save",
 		"/usr/sbin/iptables-legacy-restore", "/usr/sbin/ip6tables-nft-restore", "/usr/sbin/iptables", "/sbin/modprobe"}
