@@ -6,9 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 )
 
@@ -128,10 +125,7 @@ func (e env) vmOK(argv ...string) bool {
 func TestCleanup(t *testing.T) {
 	e := setup(t)
 	e.logGlueState(t)
-	ns := e.namespace(t)
-	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "clean", []corev1.ServicePort{tcpPort("http", 80)})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	_, svc, bes := e.httpService(t, "clean", 1)
 	addr := hostPort(svc.Spec.ClusterIP, 80)
 	e.expectBackends(t, "tcp", addr, names(bes))
 

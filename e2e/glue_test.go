@@ -196,10 +196,7 @@ func TestGlueNodePortSourceAddress(t *testing.T) {
 func TestGlueHairpin(t *testing.T) {
 	e := setup(t)
 	e.logGlueState(t)
-	ns := e.namespace(t)
-	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "self", []corev1.ServicePort{tcpPort("http", 80)})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	_, svc, bes := e.httpService(t, "self", 1)
 	e.expectClients(t, bes[0].Name, hostPort(svc.Spec.ClusterIP, 80), gateway(bes[0]))
 }
 
@@ -263,10 +260,7 @@ func TestGlueLoadBalancerSourceRanges(t *testing.T) {
 func TestGlueVIPProtection(t *testing.T) {
 	e := setup(t)
 	e.logGlueState(t)
-	ns := e.namespace(t)
-	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "vip", []corev1.ServicePort{tcpPort("http", 80)})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	_, svc, bes := e.httpService(t, "vip", 1)
 	e.expectBackends(t, "tcp", hostPort(svc.Spec.ClusterIP, 80), names(bes))
 
 	// A host service on every address of the node, like sshd.
@@ -398,10 +392,7 @@ func TestGlueSetsFollowServices(t *testing.T) {
 func TestGlueLegacyBackend(t *testing.T) {
 	e := setup(t)
 	e.logGlueState(t)
-	ns := e.namespace(t)
-	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "legacy", []corev1.ServicePort{tcpPort("http", 80)})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	_, svc, bes := e.httpService(t, "legacy", 1)
 	addr := hostPort(svc.Spec.ClusterIP, 80)
 
 	if err := e.StopAgent(); err != nil {

@@ -44,6 +44,17 @@ func (e env) createService(t *testing.T, ns, name string, ports []corev1.Service
 	return out
 }
 
+// httpService creates, in a new namespace, a Service with one TCP port 80
+// named http and n backends on this node in its IPv4 EndpointSlice.
+func (e env) httpService(t *testing.T, name string, n int) (ns string, svc *corev1.Service, bes []backend) {
+	t.Helper()
+	ns = e.namespace(t)
+	bes = e.backends(t, n)
+	svc = e.createService(t, ns, name, []corev1.ServicePort{tcpPort("http", 80)})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	return ns, svc, bes
+}
+
 // setSlice sets the Service's EndpointSlice of a family to the backends.
 func (e env) setSlice(t *testing.T, svc *corev1.Service, family discoveryv1.AddressType, bes []backend, mutate ...func(*discoveryv1.Endpoint)) {
 	t.Helper()

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
@@ -305,10 +304,7 @@ func TestPreflightFailsOnHost(t *testing.T) {
 func TestStatusShowsServicesAndDrift(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	ns := e.namespace(t)
-	bes := e.backends(t, 2)
-	svc := e.createService(t, ns, "web", []corev1.ServicePort{tcpPort("http", 80)})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	ns, svc, bes := e.httpService(t, "web", 2)
 	ip := svc.Spec.ClusterIP
 	vip := hostPort(ip, 80)
 	// (Not `ipvsadm -Ln -t VIP`: it fails until the virtual server exists.)

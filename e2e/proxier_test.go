@@ -249,10 +249,7 @@ func TestScaleEndpointsAndDelete(t *testing.T) {
 // at the first sign of termination would cut it.
 func TestTerminatingEndpointDrains(t *testing.T) {
 	e := setup(t)
-	ns := e.namespace(t)
-	bes := e.backends(t, 2)
-	svc := e.createService(t, ns, "drain", []corev1.ServicePort{tcpPort("http", 80)})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	_, svc, bes := e.httpService(t, "drain", 2)
 	addr := hostPort(svc.Spec.ClusterIP, 80)
 	e.expectBackends(t, "tcp", addr, names(bes))
 
@@ -319,10 +316,7 @@ func TestTerminatingEndpointDrains(t *testing.T) {
 // writes and leaves the kernel's counters running.
 func TestDriftRepairAndRestart(t *testing.T) {
 	e := setup(t)
-	ns := e.namespace(t)
-	bes := e.backends(t, 2)
-	svc := e.createService(t, ns, "drift", []corev1.ServicePort{tcpPort("http", 80)})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	_, svc, bes := e.httpService(t, "drift", 2)
 	addr := hostPort(svc.Spec.ClusterIP, 80)
 	e.expectBackends(t, "tcp", addr, names(bes))
 
