@@ -20,9 +20,8 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"golang.org/x/sys/unix"
-
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 )
 
 // Prefix starts the name of every set ipvs-proxy owns.
@@ -136,7 +135,7 @@ func (s Spec) Validate() error {
 // Entries are comparable, so that they can key maps.
 type Entry struct {
 	Addr  netip.Addr
-	Proto netlinkutil.Protocol
+	Proto model.Protocol
 	Port  uint16
 	Addr2 netip.Addr
 	Net   netip.Prefix
@@ -191,7 +190,7 @@ func (e Entry) Compare(o Entry) int {
 // Check reports whether e is a valid entry of a set of type t and family f.
 func (t Type) Check(f Family, e Entry) error {
 	addrOK := func(a netip.Addr) bool { return a.IsValid() && a.Zone() == "" && Of(a) == f && !a.Is4In6() }
-	protoOK := e.Proto == netlinkutil.TCP || e.Proto == netlinkutil.UDP || e.Proto == netlinkutil.SCTP
+	protoOK := e.Proto == model.TCP || e.Proto == model.UDP || e.Proto == model.SCTP
 	netOK := e.Net.IsValid() && Of(e.Net.Addr()) == f && e.Net.Bits() > 0 && e.Net == e.Net.Masked()
 	var ok bool
 	switch t {

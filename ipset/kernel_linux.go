@@ -10,12 +10,11 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 )
 
 // Kernel implements Interface over one nfnetlink socket in the network
@@ -348,7 +347,7 @@ func fromNetlink(t Type, ne netlink.IPSetEntry) (Entry, error) {
 	if ne.Port == nil || ne.Protocol == nil {
 		return bad()
 	}
-	e.Port, e.Proto = *ne.Port, netlinkutil.Protocol(*ne.Protocol)
+	e.Port, e.Proto = *ne.Port, model.Protocol(*ne.Protocol)
 	switch t {
 	case HashIPPortIP:
 		if e.Addr2, ok = addr(ne.IP2); !ok {

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 var (
@@ -38,13 +37,13 @@ func TestKernelRoundTrip(t *testing.T) {
 	}{
 		{Spec{Name: "IPVSP-T-IP", Type: HashIP, Family: IPv4}, []Entry{{Addr: a("10.96.0.1")}, {Addr: a("10.96.0.2")}}},
 		{Spec{Name: "IPVSP-T-IPPORT", Type: HashIPPort, Family: IPv4}, []Entry{
-			{Addr: a("10.96.0.1"), Proto: netlinkutil.TCP, Port: 80}, {Addr: a("10.96.0.1"), Proto: netlinkutil.UDP, Port: 53},
-			{Addr: a("10.96.0.1"), Proto: netlinkutil.SCTP, Port: 9}}},
-		{Spec{Name: "IPVSP-T-IPPORT6", Type: HashIPPort, Family: IPv6}, []Entry{{Addr: a("fd00::1"), Proto: netlinkutil.TCP, Port: 443}}},
+			{Addr: a("10.96.0.1"), Proto: model.TCP, Port: 80}, {Addr: a("10.96.0.1"), Proto: model.UDP, Port: 53},
+			{Addr: a("10.96.0.1"), Proto: model.SCTP, Port: 9}}},
+		{Spec{Name: "IPVSP-T-IPPORT6", Type: HashIPPort, Family: IPv6}, []Entry{{Addr: a("fd00::1"), Proto: model.TCP, Port: 443}}},
 		{Spec{Name: "IPVSP-T-IPPORTIP", Type: HashIPPortIP, Family: IPv4}, []Entry{
-			{Addr: a("10.100.1.2"), Proto: netlinkutil.TCP, Port: 8080, Addr2: a("10.100.1.2")}}},
+			{Addr: a("10.100.1.2"), Proto: model.TCP, Port: 8080, Addr2: a("10.100.1.2")}}},
 		{Spec{Name: "IPVSP-T-IPPORTNET6", Type: HashIPPortNet, Family: IPv6}, []Entry{
-			{Addr: a("fd00::b"), Proto: netlinkutil.TCP, Port: 80, Net: p("fd00:250::/64")}}},
+			{Addr: a("fd00::b"), Proto: model.TCP, Port: 80, Net: p("fd00:250::/64")}}},
 		{Spec{Name: "IPVSP-T-NET", Type: HashNet, Family: IPv4}, []Entry{{Net: p("10.100.0.0/14")}, {Net: p("192.0.2.7/32")}}},
 		{Spec{Name: "IPVSP-T-PORTS", Type: BitmapPort, PortTo: 65535}, []Entry{{Port: 10256}, {Port: 31000}}},
 	} {
@@ -163,7 +162,7 @@ func TestKernelSyncer10k(t *testing.T) {
 	contents := func(from, n int) Contents {
 		c := Contents{}
 		for i := from; i < from+n; i++ {
-			c[Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: netlinkutil.TCP, Port: 80}] = struct{}{}
+			c[Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
 		}
 		return c
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -16,7 +17,7 @@ import (
 type Conntrack interface {
 	// ClearUDP deletes the entries of UDP flows to the virtual server
 	// that were sent to the real server, and returns how many it deleted.
-	ClearUDP(vs VSKey, rs RSKey) (uint, error)
+	ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error)
 }
 
 type kernelConntrack struct {
@@ -33,7 +34,7 @@ func NewConntrack() (Conntrack, error) {
 	return &kernelConntrack{h: h}, nil
 }
 
-func (c *kernelConntrack) ClearUDP(vs VSKey, rs RSKey) (uint, error) {
+func (c *kernelConntrack) ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error) {
 	f := &netlink.ConntrackFilter{}
 	for _, err := range []error{
 		f.AddProtocol(unix.IPPROTO_UDP),

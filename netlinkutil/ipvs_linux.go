@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -40,7 +41,7 @@ func family(a netip.Addr) uint16 {
 	return unix.AF_INET6
 }
 
-func toService(k VSKey) *ipvs.Service {
+func toService(k model.VSKey) *ipvs.Service {
 	s := &ipvs.Service{
 		AddressFamily: family(k.Address),
 		Address:       net.IP(k.Address.AsSlice()),
@@ -54,17 +55,17 @@ func toService(k VSKey) *ipvs.Service {
 	return s
 }
 
-func toKernelVS(v VirtualServer) *ipvs.Service {
+func toKernelVS(v model.VirtualServer) *ipvs.Service {
 	s := toService(v.VSKey)
 	s.SchedName = v.Scheduler
-	s.Flags = v.Flags & FlagsCompared
-	if v.Flags&FlagPersistent != 0 {
+	s.Flags = v.Flags & model.FlagsCompared
+	if v.Flags&model.FlagPersistent != 0 {
 		s.Timeout = v.Timeout
 	}
 	return s
 }
 
-func toDestination(rs RealServer) *ipvs.Destination {
+func toDestination(rs model.RealServer) *ipvs.Destination {
 	return &ipvs.Destination{
 		AddressFamily:   family(rs.Address),
 		Address:         net.IP(rs.Address.AsSlice()),
@@ -79,12 +80,12 @@ func addrFromIP(ip net.IP) (netip.Addr, bool) {
 	return a.Unmap(), ok
 }
 
-func (k *kernelIPVS) ListVirtualServers() ([]VirtualServer, error) {
+func (k *kernelIPVS) ListVirtualServers() ([]model.VirtualServer, error) {
 	svcs, err := k.h.GetServices()
 	if err != nil {
 		return nil, fmt.Errorf("dump IPVS services: %w", err)
 	}
-	out := make([]VirtualServer, 0, len(svcs))
+	out := make([]model.VirtualServer, 0, len(svcs))
 	for _, s := range svcs {
 		if s.FWMark != 0 {
 			continue // fwmark services are never ours
@@ -93,8 +94,8 @@ func (k *kernelIPVS) ListVirtualServers() ([]VirtualServer, error) {
 		if !ok {
 			continue
 		}
-		out = append(out, VirtualServer{
-			VSKey:     VSKey{Address: a, Protocol: Protocol(s.Protocol), Port: s.Port},
+		out = append(out, model.VirtualServer{
+			VSKey:     model.VSKey{Address: a, Protocol: model.Protocol(s.Protocol), Port: s.Port},
 			Scheduler: s.SchedName,
 			Flags:     s.Flags,
 			Timeout:   s.Timeout,
@@ -103,19 +104,19 @@ func (k *kernelIPVS) ListVirtualServers() ([]VirtualServer, error) {
 	return out, nil
 }
 
-func (k *kernelIPVS) ListRealServers(vs VSKey) ([]RealServer, error) {
+func (k *kernelIPVS) ListRealServers(vs model.VSKey) ([]model.RealServer, error) {
 	ds, err := k.h.GetDestinations(toService(vs))
 	if err != nil {
 		return nil, fmt.Errorf("dump IPVS destinations of %s: %w", vs, err)
 	}
-	out := make([]RealServer, 0, len(ds))
+	out := make([]model.RealServer, 0, len(ds))
 	for _, d := range ds {
 		a, ok := addrFromIP(d.Address)
 		if !ok {
 			continue
 		}
-		out = append(out, RealServer{
-			RSKey:         RSKey{Address: a, Port: d.Port},
+		out = append(out, model.RealServer{
+			RSKey:         model.RSKey{Address: a, Port: d.Port},
 			Weight:        d.Weight,
 			ActiveConns:   d.ActiveConnections,
 			InactiveConns: d.InactiveConnections,
@@ -124,43 +125,43 @@ func (k *kernelIPVS) ListRealServers(vs VSKey) ([]RealServer, error) {
 	return out, nil
 }
 
-func (k *kernelIPVS) AddVirtualServer(vs VirtualServer) error {
+func (k *kernelIPVS) AddVirtualServer(vs model.VirtualServer) error {
 	if err := k.h.NewService(toKernelVS(vs)); err != nil {
 		return fmt.Errorf("add IPVS service %s: %w", vs, err)
 	}
 	return nil
 }
 
-func (k *kernelIPVS) UpdateVirtualServer(vs VirtualServer) error {
+func (k *kernelIPVS) UpdateVirtualServer(vs model.VirtualServer) error {
 	if err := k.h.UpdateService(toKernelVS(vs)); err != nil {
 		return fmt.Errorf("update IPVS service %s: %w", vs, err)
 	}
 	return nil
 }
 
-func (k *kernelIPVS) DeleteVirtualServer(vs VSKey) error {
+func (k *kernelIPVS) DeleteVirtualServer(vs model.VSKey) error {
 	if err := k.h.DelService(toService(vs)); err != nil {
 		return fmt.Errorf("delete IPVS service %s: %w", vs, err)
 	}
 	return nil
 }
 
-func (k *kernelIPVS) AddRealServer(vs VSKey, rs RealServer) error {
+func (k *kernelIPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
 	if err := k.h.NewDestination(toService(vs), toDestination(rs)); err != nil {
 		return fmt.Errorf("add IPVS destination %s to %s: %w", rs.RSKey, vs, err)
 	}
 	return nil
 }
 
-func (k *kernelIPVS) UpdateRealServer(vs VSKey, rs RealServer) error {
+func (k *kernelIPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
 	if err := k.h.UpdateDestination(toService(vs), toDestination(rs)); err != nil {
 		return fmt.Errorf("update IPVS destination %s of %s: %w", rs.RSKey, vs, err)
 	}
 	return nil
 }
 
-func (k *kernelIPVS) DeleteRealServer(vs VSKey, rs RSKey) error {
-	if err := k.h.DelDestination(toService(vs), toDestination(RealServer{RSKey: rs})); err != nil {
+func (k *kernelIPVS) DeleteRealServer(vs model.VSKey, rs model.RSKey) error {
+	if err := k.h.DelDestination(toService(vs), toDestination(model.RealServer{RSKey: rs})); err != nil {
 		return fmt.Errorf("delete IPVS destination %s of %s: %w", rs, vs, err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 // Package proxier turns Kubernetes Services and EndpointSlices into IPVS
-// virtual servers. Build (a pure function) makes one Service's plan, the
-// Reconciler applies plans to the kernel by difference, and the Proxier
+// virtual servers. model.Build (a pure function) makes one Service's plan,
+// model.Diff the operations that bring the kernel to the plans, the
+// Reconciler applies them with per-Service status and retries, and the Proxier
 // watches the API and drives both from one sync loop.
 package proxier
 
@@ -26,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -37,7 +39,7 @@ type Config struct {
 	// NodePortAddresses limits node ports to addresses in these prefixes;
 	// empty means every node address.
 	NodePortAddresses []netip.Prefix
-	NodePortRange     PortRange
+	NodePortRange     model.PortRange
 	ExcludeCIDRs      []netip.Prefix
 	IPv4, IPv6        bool
 	MinSyncPeriod     time.Duration
@@ -52,7 +54,7 @@ type Consumer interface {
 	// Name names the consumer in logs and errors.
 	Name() string
 	// SetPlan records the plan of a Service; nil means it is gone.
-	SetPlan(name types.NamespacedName, plan *ServicePlan)
+	SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 	// Sync applies what changed; full re-reads and repairs all of it.
 	Sync(full bool) error
 }
@@ -93,7 +95,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	if metrics == nil {
 		metrics = NewMetrics(nil)
 	}
-	own := Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
 	return &Proxier{
 		cfg: cfg, client: client, links: links, log: log, recorder: recorder, metrics: metrics,
 		rec:      NewReconciler(ipvs, links, own, log),
@@ -384,7 +386,7 @@ func (p *Proxier) SyncOnce(full bool) error {
 			names = append(names, n)
 		}
 	}
-	node := NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs}
+	node := model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs}
 	type input struct {
 		svc    *corev1.Service
 		slices []*discoveryv1.EndpointSlice
@@ -405,12 +407,12 @@ func (p *Proxier) SyncOnce(full bool) error {
 	for _, n := range p.rec.UnavailableSchedulers() {
 		unavailable[n] = true
 	}
-	bcfg := BuildConfig{Scheduler: p.cfg.Scheduler, IPv4: p.cfg.IPv4, IPv6: p.cfg.IPv6, ExcludeCIDRs: p.cfg.ExcludeCIDRs,
+	bcfg := model.BuildConfig{Scheduler: p.cfg.Scheduler, IPv4: p.cfg.IPv4, IPv6: p.cfg.IPv6, ExcludeCIDRs: p.cfg.ExcludeCIDRs,
 		Unavailable: unavailable}
 	for n, in := range inputs {
-		var plan *ServicePlan
-		if in.svc != nil && !Skip(in.svc) {
-			built := Build(in.svc, in.slices, node, bcfg)
+		var plan *model.ServicePlan
+		if in.svc != nil && !model.Skip(in.svc) {
+			built := model.Build(in.svc, in.slices, node, bcfg)
 			plan = &built
 			p.report(n, in.svc, built.Warnings)
 		} else {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -47,7 +48,7 @@ func TestUnavailableSchedulerFallsBack(t *testing.T) {
 	links := fake.NewLinks(node)
 	events := record.NewFakeRecorder(10)
 	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
-		NodePortRange: PortRange{30000, 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute},
 		nil, ipvs, links, events, nil, zap.NewNop())
 	p.onService(testService("hashed", "10.96.0.10", "mh"), false)
 	p.onSlice(testSlice("hashed", "10.0.1.2"), false)

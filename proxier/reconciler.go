@@ -12,44 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
-
-// Ownership is the rule that tells ipvs-proxy's kernel objects from anyone
-// else's. ipvs-proxy owns, and so may change or delete:
-//   - every address bound to its dummy interface;
-//   - every virtual server whose address is bound to that interface;
-//   - every virtual server on one of the node's own addresses whose port lies
-//     in the node-port range;
-//   - every virtual server that a Service currently asks for.
-//
-// Nothing inside ExcludeCIDRs is ever owned. Everything else in the kernel
-// (virtual servers of other tools, fwmark services) is left untouched.
-type Ownership struct {
-	Interface     string
-	NodePortRange PortRange
-	ExcludeCIDRs  []netip.Prefix
-}
-
-// PortRange is an inclusive range of ports.
-type PortRange struct{ Min, Max uint16 }
-
-// Contains reports whether p is in the range.
-func (r PortRange) Contains(p uint16) bool { return p >= r.Min && p <= r.Max }
-
-// Owns applies the rule to a virtual server in the kernel: bound says its
-// address is on the interface, node that it is one of the node's addresses.
-func (o Ownership) Owns(vs netlinkutil.VSKey, bound, node bool) bool {
-	return !o.excluded(vs.Address) && (bound || (node && o.NodePortRange.Contains(vs.Port)))
-}
-
-func (o Ownership) excluded(a netip.Addr) bool {
-	for _, p := range o.ExcludeCIDRs {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
 
 // SyncStats describes one sync.
 type SyncStats struct {
@@ -68,24 +32,24 @@ type Reconciler struct {
 	ipvs      netlinkutil.IPVS
 	links     netlinkutil.Links
 	conntrack netlinkutil.Conntrack // optional
-	own       Ownership
+	own       model.Ownership
 	log       *zap.Logger
 
-	plans     map[types.NamespacedName]ServicePlan
-	owner     map[netlinkutil.VSKey]types.NamespacedName // which Service holds each VS
-	held      map[types.NamespacedName]map[netlinkutil.VSKey]bool
-	conflicts map[netlinkutil.VSKey][]types.NamespacedName
+	plans     map[types.NamespacedName]model.ServicePlan
+	owner     map[model.VSKey]types.NamespacedName // which Service holds each VS
+	held      map[types.NamespacedName]map[model.VSKey]bool
+	conflicts map[model.VSKey][]types.NamespacedName
 	dirty     map[types.NamespacedName]bool
 
 	// Reference counts over all plans, kept by SetPlan, so that a partial
 	// sync costs what changed, not the number of Services.
-	wantVS   map[netlinkutil.VSKey]int
+	wantVS   map[model.VSKey]int
 	wantAddr map[netip.Addr]int  // addresses to bind
 	touched  map[netip.Addr]bool // wantAddr changed since the last sync
 
-	kernel           map[netlinkutil.VSKey]netlinkutil.VirtualServer // owned VSs in the kernel
-	bound            map[netip.Addr]bool                             // addresses on the dummy
-	vsCount, rsCount int                                             // over all plans
+	kernel           map[model.VSKey]model.VirtualServer // owned VSs in the kernel
+	bound            map[netip.Addr]bool                 // addresses on the dummy
+	vsCount, rsCount int                                 // over all plans
 
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
@@ -98,25 +62,25 @@ type Reconciler struct {
 
 // NewReconciler returns a reconciler with no desired state; its first sync
 // is full.
-func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, own Ownership, log *zap.Logger) *Reconciler {
+func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership, log *zap.Logger) *Reconciler {
 	return &Reconciler{
 		ipvs: ipvs, links: links, own: own, log: log,
-		plans:     map[types.NamespacedName]ServicePlan{},
-		owner:     map[netlinkutil.VSKey]types.NamespacedName{},
-		held:      map[types.NamespacedName]map[netlinkutil.VSKey]bool{},
-		conflicts: map[netlinkutil.VSKey][]types.NamespacedName{},
-		wantVS:    map[netlinkutil.VSKey]int{},
+		plans:     map[types.NamespacedName]model.ServicePlan{},
+		owner:     map[model.VSKey]types.NamespacedName{},
+		held:      map[types.NamespacedName]map[model.VSKey]bool{},
+		conflicts: map[model.VSKey][]types.NamespacedName{},
+		wantVS:    map[model.VSKey]int{},
 		wantAddr:  map[netip.Addr]int{},
 		touched:   map[netip.Addr]bool{},
 		dirty:     map[types.NamespacedName]bool{},
-		kernel:    map[netlinkutil.VSKey]netlinkutil.VirtualServer{},
+		kernel:    map[model.VSKey]model.VirtualServer{},
 		bound:     map[netip.Addr]bool{},
 	}
 }
 
 // SetPlan records the desired plan of a Service; nil removes the Service.
 // Nothing reaches the kernel before the next Sync.
-func (r *Reconciler) SetPlan(name types.NamespacedName, plan *ServicePlan) {
+func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	old, had := r.plans[name]
 	if had {
 		r.count(old, -1)
@@ -141,14 +105,14 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *ServicePlan) {
 }
 
 // count adds (sign 1) or removes (sign -1) a plan's references.
-func (r *Reconciler) count(p ServicePlan, sign int) {
+func (r *Reconciler) count(p model.ServicePlan, sign int) {
 	r.vsCount += sign * len(p.VirtualServers)
 	for _, v := range p.VirtualServers {
 		r.rsCount += sign * len(v.RealServers)
 		if r.wantVS[v.VSKey] += sign; r.wantVS[v.VSKey] <= 0 {
 			delete(r.wantVS, v.VSKey)
 		}
-		if v.Kind.Bound() && !r.own.excluded(v.Address) {
+		if v.Kind.Bound() && !r.own.Excluded(v.Address) {
 			if r.wantAddr[v.Address] += sign; r.wantAddr[v.Address] <= 0 {
 				delete(r.wantAddr, v.Address)
 			}
@@ -161,14 +125,14 @@ func (r *Reconciler) count(p ServicePlan, sign int) {
 func (r *Reconciler) Counts() (virtualServers, realServers int) { return r.vsCount, r.rsCount }
 
 // Plan returns the desired plan of a Service.
-func (r *Reconciler) Plan(name types.NamespacedName) (ServicePlan, bool) {
+func (r *Reconciler) Plan(name types.NamespacedName) (model.ServicePlan, bool) {
 	p, ok := r.plans[name]
 	return p, ok
 }
 
 // Plans returns every desired plan, sorted by Service name.
-func (r *Reconciler) Plans() []ServicePlan {
-	out := make([]ServicePlan, 0, len(r.plans))
+func (r *Reconciler) Plans() []model.ServicePlan {
+	out := make([]model.ServicePlan, 0, len(r.plans))
 	for _, p := range r.plans {
 		out = append(out, p)
 	}
@@ -257,7 +221,7 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 	clear(r.bound)
 	for _, a := range bound {
 		// The kernel's own link-local address of the interface is not ours.
-		if !r.own.excluded(a) && !a.IsLinkLocalUnicast() {
+		if !r.own.Excluded(a) && !a.IsLinkLocalUnicast() {
 			r.bound[a] = true
 		}
 	}
@@ -353,10 +317,10 @@ func (r *Reconciler) unbindAddresses(st *SyncStats, full bool) []error {
 func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) error {
 	plan, exists := r.plans[name]
 	var errs []error
-	want := map[netlinkutil.VSKey]bool{}
+	want := map[model.VSKey]bool{}
 	if exists {
 		for _, vs := range plan.VirtualServers {
-			if r.own.excluded(vs.Address) {
+			if r.own.Excluded(vs.Address) {
 				continue
 			}
 			if holder, ok := r.owner[vs.VSKey]; ok && holder != name {
@@ -370,7 +334,7 @@ func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) erro
 			}
 			r.owner[vs.VSKey] = name
 			if r.held[name] == nil {
-				r.held[name] = map[netlinkutil.VSKey]bool{}
+				r.held[name] = map[model.VSKey]bool{}
 			}
 			r.held[name][vs.VSKey] = true
 			want[vs.VSKey] = true
@@ -405,9 +369,9 @@ func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) erro
 	return errors.Join(errs...)
 }
 
-func (r *Reconciler) applyVirtualServer(vs VSPlan, st *SyncStats) error {
+func (r *Reconciler) applyVirtualServer(vs model.VSPlan, st *SyncStats) error {
 	cur, inKernel := r.kernel[vs.VSKey]
-	var have []netlinkutil.RealServer
+	var have []model.RealServer
 	switch {
 	case !inKernel:
 		if err := r.write(st, "add virtual server", vs.VirtualServer, func() error { return r.ipvs.AddVirtualServer(vs.VirtualServer) }); err != nil {
@@ -432,9 +396,9 @@ func (r *Reconciler) applyVirtualServer(vs VSPlan, st *SyncStats) error {
 	return r.applyRealServers(vs, have, st)
 }
 
-func (r *Reconciler) applyRealServers(vs VSPlan, have []netlinkutil.RealServer, st *SyncStats) error {
+func (r *Reconciler) applyRealServers(vs model.VSPlan, have []model.RealServer, st *SyncStats) error {
 	var errs []error
-	cur := make(map[netlinkutil.RSKey]netlinkutil.RealServer, len(have))
+	cur := make(map[model.RSKey]model.RealServer, len(have))
 	for _, rs := range have {
 		cur[rs.RSKey] = rs
 	}
@@ -452,17 +416,17 @@ func (r *Reconciler) applyRealServers(vs VSPlan, have []netlinkutil.RealServer, 
 			}
 		}
 	}
-	gone := make([]netlinkutil.RSKey, 0, len(cur))
+	gone := make([]model.RSKey, 0, len(cur))
 	for k := range cur {
 		gone = append(gone, k)
 	}
-	slices.SortFunc(gone, netlinkutil.RSKey.Compare)
+	slices.SortFunc(gone, model.RSKey.Compare)
 	for _, k := range gone {
 		if err := r.write(st, "delete real server of "+vs.VSKey.String(), k, func() error { return r.ipvs.DeleteRealServer(vs.VSKey, k) }); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if vs.Protocol == netlinkutil.UDP {
+		if vs.Protocol == model.UDP {
 			r.clearUDP(vs.VSKey, k)
 		}
 	}
@@ -473,7 +437,7 @@ func (r *Reconciler) applyRealServers(vs VSPlan, have []netlinkutil.RealServer, 
 // removed, so that a client that keeps its source port reaches the
 // remaining ones instead of the old one's stale entry. A failure is logged,
 // not retried: the entries time out (--ipvs-udp-timeout) on their own.
-func (r *Reconciler) clearUDP(vs netlinkutil.VSKey, rs netlinkutil.RSKey) {
+func (r *Reconciler) clearUDP(vs model.VSKey, rs model.RSKey) {
 	if r.conntrack == nil {
 		return
 	}
@@ -495,13 +459,13 @@ func (r *Reconciler) SetConntrack(c netlinkutil.Conntrack) { r.conntrack = c }
 // pruneVirtualServers deletes owned virtual servers that no Service holds.
 func (r *Reconciler) pruneVirtualServers(st *SyncStats) []error {
 	var errs []error
-	keys := make([]netlinkutil.VSKey, 0)
+	keys := make([]model.VSKey, 0)
 	for k := range r.kernel {
 		if _, held := r.owner[k]; !held {
 			keys = append(keys, k)
 		}
 	}
-	slices.SortFunc(keys, netlinkutil.VSKey.Compare)
+	slices.SortFunc(keys, model.VSKey.Compare)
 	for _, k := range keys {
 		if err := r.write(st, "delete virtual server", k, func() error { return r.ipvs.DeleteVirtualServer(k) }); err != nil {
 			errs = append(errs, err)
@@ -512,7 +476,7 @@ func (r *Reconciler) pruneVirtualServers(st *SyncStats) []error {
 	return errs
 }
 
-func planEqual(a, b ServicePlan) bool {
+func planEqual(a, b model.ServicePlan) bool {
 	if a.Service != b.Service || len(a.VirtualServers) != len(b.VirtualServers) || !slices.Equal(a.Warnings, b.Warnings) ||
 		a.HealthCheckNodePort != b.HealthCheckNodePort || a.LocalEndpoints != b.LocalEndpoints {
 		return false
@@ -521,7 +485,7 @@ func planEqual(a, b ServicePlan) bool {
 		x, y := a.VirtualServers[i], b.VirtualServers[i]
 		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
 			x.Local != y.Local || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
-			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q netlinkutil.RealServer) bool {
+			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q model.RealServer) bool {
 				return p.RSKey == q.RSKey && p.Weight == q.Weight
 			}) {
 			return false

@@ -10,8 +10,8 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 const testIface = "ipvs-proxy0"
@@ -22,8 +22,8 @@ var (
 	node = netip.MustParseAddr("192.168.0.10")
 )
 
-func testOwnership() Ownership {
-	return Ownership{Interface: testIface, NodePortRange: PortRange{30000, 32767},
+func testOwnership() model.Ownership {
+	return model.Ownership{Interface: testIface, NodePortRange: model.PortRange{Min: 30000, Max: 32767},
 		ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16")}}
 }
 
@@ -34,28 +34,28 @@ func newTestReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links) {
 	return NewReconciler(ipvs, links, testOwnership(), zap.NewNop()), ipvs, links
 }
 
-func vsKey(addrPort string, proto netlinkutil.Protocol) netlinkutil.VSKey {
+func vsKey(addrPort string, proto model.Protocol) model.VSKey {
 	ap := netip.MustParseAddrPort(addrPort)
-	return netlinkutil.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
+	return model.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
 }
 
 // vsPlan builds a plan entry: addrPort of the VS, scheduler, real servers
 // ("addr:port" weight 1, "addr:port@0" weight 0).
-func vsPlan(kind AddressKind, addrPort, sched string, rss ...string) VSPlan {
-	p := VSPlan{VirtualServer: netlinkutil.VirtualServer{VSKey: vsKey(addrPort, netlinkutil.TCP), Scheduler: sched}, Kind: kind}
+func vsPlan(kind model.AddressKind, addrPort, sched string, rss ...string) model.VSPlan {
+	p := model.VSPlan{VirtualServer: model.VirtualServer{VSKey: vsKey(addrPort, model.TCP), Scheduler: sched}, Kind: kind}
 	for _, r := range rss {
 		weight := 1
 		if a, ok := strings.CutSuffix(r, "@0"); ok {
 			r, weight = a, 0
 		}
 		ap := netip.MustParseAddrPort(r)
-		p.RealServers = append(p.RealServers, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: weight})
+		p.RealServers = append(p.RealServers, model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: weight})
 	}
 	return p
 }
 
-func plan(name types.NamespacedName, vss ...VSPlan) *ServicePlan {
-	return &ServicePlan{Service: name, VirtualServers: vss}
+func plan(name types.NamespacedName, vss ...model.VSPlan) *model.ServicePlan {
+	return &model.ServicePlan{Service: name, VirtualServers: vss}
 }
 
 func mustSync(t *testing.T, r *Reconciler, full bool) SyncStats {
@@ -85,7 +85,7 @@ func resetCalls(ipvs *fake.IPVS, links *fake.Links) {
 
 func TestReconcilerWrites(t *testing.T) {
 	r, ipvs, links := newTestReconciler(t)
-	a1 := plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080"))
+	a1 := plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080"))
 
 	// Adding a Service: bind its VIP, one VS, one write per real server.
 	r.SetPlan(svcA, a1)
@@ -105,14 +105,14 @@ func TestReconcilerWrites(t *testing.T) {
 
 	steps := []struct {
 		name       string
-		plan       *ServicePlan
+		plan       *model.ServicePlan
 		wantIPVS   []string
 		wantLinks  []string
 		wantKernel []string
 	}{
 		{
 			name:     "add an endpoint",
-			plan:     plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:     plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS: []string{"AddRealServer 10.96.0.10:80/TCP 10.0.3.2:8080 w=1"},
 			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "  -> 10.0.2.2:8080 w=1",
 				"  -> 10.0.3.2:8080 w=1"},
@@ -121,26 +121,26 @@ func TestReconcilerWrites(t *testing.T) {
 			// Its pod is terminating but still serving: weight 0, so
 			// established connections go on and new ones go elsewhere.
 			name:     "an endpoint drains",
-			plan:     plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080@0", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:     plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080@0", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS: []string{"UpdateRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=0"},
 			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=0", "  -> 10.0.2.2:8080 w=1",
 				"  -> 10.0.3.2:8080 w=1"},
 		},
 		{
 			name:       "remove an endpoint",
-			plan:       plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:       plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS:   []string{"DeleteRealServer 10.96.0.10:80/TCP 10.0.1.2:8080"},
 			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.2.2:8080 w=1", "  -> 10.0.3.2:8080 w=1"},
 		},
 		{
 			name:       "change the scheduler",
-			plan:       plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:       plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS:   []string{"UpdateVirtualServer 10.96.0.10:80/TCP sh"},
 			wantKernel: []string{"10.96.0.10:80/TCP sh", "  -> 10.0.2.2:8080 w=1", "  -> 10.0.3.2:8080 w=1"},
 		},
 		{
 			name:       "unchanged plan",
-			plan:       plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:       plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantKernel: []string{"10.96.0.10:80/TCP sh", "  -> 10.0.2.2:8080 w=1", "  -> 10.0.3.2:8080 w=1"},
 		},
 		{
@@ -181,9 +181,9 @@ func TestReconcilerWrites(t *testing.T) {
 // twoServices programs two Services through a first reconciler.
 func twoServices(t *testing.T, r *Reconciler) {
 	t.Helper()
-	r.SetPlan(svcA, plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080"),
-		vsPlan(KindNodePort, "192.168.0.10:30080", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(KindClusterIP, "10.96.0.11:53", "lc", "10.0.1.3:53")))
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080"),
+		vsPlan(model.KindNodePort, "192.168.0.10:30080", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:53", "lc", "10.0.1.3:53")))
 	mustSync(t, r, false)
 }
 
@@ -224,11 +224,11 @@ func TestReconcilerRepairsDrift(t *testing.T) {
 	want := ipvs.Dump()
 
 	// Someone deletes a real server, and changes a scheduler, by hand.
-	k := vsKey("10.96.0.10:80", netlinkutil.TCP)
-	if err := ipvs.DeleteRealServer(k, netlinkutil.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}); err != nil {
+	k := vsKey("10.96.0.10:80", model.TCP)
+	if err := ipvs.DeleteRealServer(k, model.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ipvs.UpdateVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("10.96.0.11:53", netlinkutil.TCP), Scheduler: "wrr"}); err != nil {
+	if err := ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: vsKey("10.96.0.11:53", model.TCP), Scheduler: "wrr"}); err != nil {
 		t.Fatal(err)
 	}
 	resetCalls(ipvs, links)
@@ -247,13 +247,13 @@ func TestReconcilerOwnership(t *testing.T) {
 	// Present before start: a foreign VS on an address that is not ours, a
 	// foreign VS on a node address outside the node-port range, an excluded
 	// VS on our interface, and a stale VS of ours on our interface.
-	foreign := []netlinkutil.VirtualServer{
-		{VSKey: vsKey("172.16.0.1:80", netlinkutil.TCP), Scheduler: "wlc"},
-		{VSKey: vsKey("192.168.0.10:8443", netlinkutil.TCP), Scheduler: "rr"},
-		{VSKey: vsKey("10.200.0.1:80", netlinkutil.TCP), Scheduler: "rr"},
+	foreign := []model.VirtualServer{
+		{VSKey: vsKey("172.16.0.1:80", model.TCP), Scheduler: "wlc"},
+		{VSKey: vsKey("192.168.0.10:8443", model.TCP), Scheduler: "rr"},
+		{VSKey: vsKey("10.200.0.1:80", model.TCP), Scheduler: "rr"},
 	}
-	for _, v := range append(foreign, netlinkutil.VirtualServer{VSKey: vsKey("10.96.0.99:80", netlinkutil.TCP), Scheduler: "rr"},
-		netlinkutil.VirtualServer{VSKey: vsKey("192.168.0.10:30999", netlinkutil.TCP), Scheduler: "rr"}) {
+	for _, v := range append(foreign, model.VirtualServer{VSKey: vsKey("10.96.0.99:80", model.TCP), Scheduler: "rr"},
+		model.VirtualServer{VSKey: vsKey("192.168.0.10:30999", model.TCP), Scheduler: "rr"}) {
 		if err := ipvs.AddVirtualServer(v); err != nil {
 			t.Fatal(err)
 		}
@@ -267,7 +267,7 @@ func TestReconcilerOwnership(t *testing.T) {
 		}
 	}
 	resetCalls(ipvs, links)
-	r.SetPlan(svcA, plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr")))
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr")))
 	mustSync(t, r, false)
 	callsDiff(t, "ipvs writes", []string{
 		"AddVirtualServer 10.96.0.10:80/TCP rr",
@@ -292,8 +292,8 @@ func TestReconcilerRecoversFromWriteError(t *testing.T) {
 		}
 		return nil
 	})
-	r.SetPlan(svcA, plan(svcA, vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
 	_, err := r.Sync(false)
 	if !errors.Is(err, errBusy) || !strings.Contains(err.Error(), "default/a") {
 		t.Fatalf("Sync error = %v, want the injected error naming default/a", err)
@@ -321,8 +321,8 @@ func TestReconcilerConflict(t *testing.T) {
 	r, ipvs, _ := newTestReconciler(t)
 	// Two Services claim the same externalIP and port: the first one holds
 	// it; the second gets it once the first lets go.
-	r.SetPlan(svcA, plan(svcA, vsPlan(KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")))
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")))
 	mustSync(t, r, false)
 	if diff := cmp.Diff([]string{"172.20.0.5:80/TCP rr", "  -> 10.0.1.2:8080 w=1"}, ipvs.Dump()); diff != "" {
 		t.Errorf("kernel (-want +got):\n%s", diff)
@@ -341,14 +341,14 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 	r, _, _ := newTestReconciler(t)
 	ct := &fake.Conntrack{}
 	r.SetConntrack(ct)
-	udp := func(rss ...string) VSPlan {
-		p := vsPlan(KindClusterIP, "10.96.0.10:53", "rr", rss...)
-		p.Protocol = netlinkutil.UDP
+	udp := func(rss ...string) model.VSPlan {
+		p := vsPlan(model.KindClusterIP, "10.96.0.10:53", "rr", rss...)
+		p.Protocol = model.UDP
 		return p
 	}
-	r.SetPlan(svcA, plan(svcA, udp("10.0.1.2:53", "10.0.2.2:53"), vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:80", "10.0.2.2:80")))
+	r.SetPlan(svcA, plan(svcA, udp("10.0.1.2:53", "10.0.2.2:53"), vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:80", "10.0.2.2:80")))
 	mustSync(t, r, false)
-	r.SetPlan(svcA, plan(svcA, udp("10.0.2.2:53"), vsPlan(KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
+	r.SetPlan(svcA, plan(svcA, udp("10.0.2.2:53"), vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
 	mustSync(t, r, false)
 	callsDiff(t, "conntrack calls", []string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53"}, ct.Calls())
 }

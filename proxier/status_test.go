@@ -11,13 +11,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
 func newTestProxier(t *testing.T) (*Proxier, *fake.IPVS) {
 	t.Helper()
 	ipvs := fake.NewIPVS()
-	cfg := Config{NodeName: "n1", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"}, NodePortRange: PortRange{30000, 32767},
+	cfg := Config{NodeName: "n1", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"}, NodePortRange: model.PortRange{Min: 30000, Max: 32767},
 		IPv4: true, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute}
 	return New(cfg, nil, ipvs, fake.NewLinks(node), nil, nil, zap.NewNop()), ipvs
 }

@@ -6,14 +6,20 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 )
 
 // Annotations on a Service that choose its scheduler.
 const (
 	AnnotationScheduler = "ipvs-proxy.io/scheduler"
 	AnnotationFlags     = "ipvs-proxy.io/scheduler-flags"
+)
+
+// The kernel's scheduler flags (IP_VS_SVC_F_SCHED1..3); what each means
+// depends on the scheduler (for sh and mh: fallback, port).
+const (
+	FlagSched1 uint32 = 0x0008
+	FlagSched2 uint32 = 0x0010
+	FlagSched3 uint32 = 0x0020
 )
 
 // Default is the scheduler used when nothing else is configured.
@@ -31,10 +37,10 @@ var flags = map[string]struct {
 	scheduler string
 	bit       uint32
 }{
-	"sh-fallback": {"sh", netlinkutil.FlagSched1},
-	"sh-port":     {"sh", netlinkutil.FlagSched2},
-	"mh-fallback": {"mh", netlinkutil.FlagSched1},
-	"mh-port":     {"mh", netlinkutil.FlagSched2},
+	"sh-fallback": {"sh", FlagSched1},
+	"sh-port":     {"sh", FlagSched2},
+	"mh-fallback": {"mh", FlagSched1},
+	"mh-port":     {"mh", FlagSched2},
 }
 
 // Names lists every scheduler ipvs-proxy knows, sorted.

@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 )
 
 func TestFromAnnotations(t *testing.T) {
@@ -21,9 +19,9 @@ func TestFromAnnotations(t *testing.T) {
 		{"sh", map[string]string{AnnotationScheduler: "sh"}, Spec{Name: "sh"}, nil},
 		{"case and space", map[string]string{AnnotationScheduler: " LC "}, Spec{Name: "lc"}, nil},
 		{"sh with flags", map[string]string{AnnotationScheduler: "sh", AnnotationFlags: "sh-fallback, sh-port"},
-			Spec{Name: "sh", Flags: netlinkutil.FlagSched1 | netlinkutil.FlagSched2}, nil},
+			Spec{Name: "sh", Flags: FlagSched1 | FlagSched2}, nil},
 		{"mh port", map[string]string{AnnotationScheduler: "mh", AnnotationFlags: "mh-port"},
-			Spec{Name: "mh", Flags: netlinkutil.FlagSched2}, nil},
+			Spec{Name: "mh", Flags: FlagSched2}, nil},
 		{"unknown scheduler", map[string]string{AnnotationScheduler: "fastest"}, def, []string{`unknown IPVS scheduler "fastest"`}},
 		{"flag of other scheduler", map[string]string{AnnotationScheduler: "rr", AnnotationFlags: "sh-port"},
 			def, []string{`applies to scheduler "sh"`}},

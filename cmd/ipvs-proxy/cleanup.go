@@ -13,8 +13,8 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // kubeProxyInterface is the dummy interface of kube-proxy's IPVS mode.
@@ -117,7 +117,7 @@ func cleanup(ctx context.Context, o *cleanupOptions, out io.Writer) error {
 		say("ipvs: skipped (%v)", err)
 	} else {
 		for _, iface := range ifaces {
-			own := proxier.Ownership{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}
+			own := model.Ownership{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}
 			n, err := cleanupVirtualServers(ipvs, links, own)
 			if err != nil {
 				errs = append(errs, err)
@@ -154,7 +154,7 @@ func cleanup(ctx context.Context, o *cleanupOptions, out io.Writer) error {
 
 // cleanupVirtualServers deletes the virtual servers that the Ownership rule
 // gives to own's interface: the same rule as the reconciler's.
-func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own proxier.Ownership) (int, error) {
+func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership) (int, error) {
 	bound := map[netip.Addr]bool{}
 	addrs, err := links.ListAddresses(own.Interface)
 	if err != nil {
@@ -173,7 +173,7 @@ func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own p
 	if err != nil {
 		return 0, err
 	}
-	slices.SortFunc(vss, func(a, b netlinkutil.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
+	slices.SortFunc(vss, func(a, b model.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
 	var errs []error
 	n := 0
 	for _, vs := range vss {

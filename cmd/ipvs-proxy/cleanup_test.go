@@ -8,9 +8,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // TestCleanupVirtualServers: cleanup deletes the virtual servers the
@@ -26,9 +26,9 @@ func TestCleanupVirtualServers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	key := func(ap string) netlinkutil.VSKey {
+	key := func(ap string) model.VSKey {
 		x := netip.MustParseAddrPort(ap)
-		return netlinkutil.VSKey{Address: x.Addr(), Protocol: netlinkutil.TCP, Port: x.Port()}
+		return model.VSKey{Address: x.Addr(), Protocol: model.TCP, Port: x.Port()}
 	}
 	for _, ap := range []string{
 		"10.96.0.10:80",    // on the interface: ours
@@ -37,11 +37,11 @@ func TestCleanupVirtualServers(t *testing.T) {
 		"10.0.2.15:8080",   // node address, other port: not ours
 		"192.0.2.50:30080", // nobody's address: not ours
 	} {
-		if err := ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: key(ap), Scheduler: "rr"}); err != nil {
+		if err := ipvs.AddVirtualServer(model.VirtualServer{VSKey: key(ap), Scheduler: "rr"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	own := proxier.Ownership{Interface: "ipvs-proxy0", NodePortRange: proxier.PortRange{Min: 30000, Max: 32767},
+	own := model.Ownership{Interface: "ipvs-proxy0", NodePortRange: model.PortRange{Min: 30000, Max: 32767},
 		ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.7.0/24")}}
 	n, err := cleanupVirtualServers(ipvs, links, own)
 	if err != nil || n != 2 {

@@ -13,6 +13,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -105,14 +106,14 @@ func parsePrefixes(what string, in []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func parsePortRange(s string) (proxier.PortRange, error) {
+func parsePortRange(s string) (model.PortRange, error) {
 	lo, hi, ok := strings.Cut(s, "-")
 	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
 	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
 	if !ok || err1 != nil || err2 != nil || a > b || a == 0 {
-		return proxier.PortRange{}, fmt.Errorf("--service-node-port-range: %q is not a port range like 30000-32767", s)
+		return model.PortRange{}, fmt.Errorf("--service-node-port-range: %q is not a port range like 30000-32767", s)
 	}
-	return proxier.PortRange{Min: uint16(a), Max: uint16(b)}, nil
+	return model.PortRange{Min: uint16(a), Max: uint16(b)}, nil
 }
 
 // proxierConfig validates the options and turns them into the proxier's

@@ -25,8 +25,8 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/probe"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -247,7 +247,7 @@ func schedulersInUse(ctx context.Context, o *options) (map[string][]string, int,
 	n := 0
 	for i := range services {
 		svc := &services[i]
-		if proxier.Skip(svc) {
+		if model.Skip(svc) {
 			continue
 		}
 		n++

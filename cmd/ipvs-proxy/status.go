@@ -24,6 +24,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -51,10 +52,10 @@ type statusRealServer struct {
 	Drift      string `json:"drift,omitempty"`
 	WantWeight *int   `json:"wantWeight,omitempty"`
 
-	key netlinkutil.RSKey
+	key model.RSKey
 }
 
-func newStatusRS(rs netlinkutil.RealServer, inKernel bool) statusRealServer {
+func newStatusRS(rs model.RealServer, inKernel bool) statusRealServer {
 	return statusRealServer{Address: rs.Address.String(), Port: rs.Port, Weight: rs.Weight,
 		ActiveConns: rs.ActiveConns, InactiveConns: rs.InactiveConns, InKernel: inKernel, key: rs.RSKey}
 }
@@ -81,7 +82,7 @@ type statusVirtualServer struct {
 	// Drift lists the kinds of drift of this virtual server.
 	Drift []string `json:"drift,omitempty"`
 
-	key netlinkutil.VSKey
+	key model.VSKey
 }
 
 // statusDrift is one difference between the wanted and the kernel state.
@@ -165,7 +166,7 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 
 // wantedVS is a virtual server that a Service's plan asks for.
 type wantedVS struct {
-	plan    proxier.VSPlan
+	plan    model.VSPlan
 	service types.NamespacedName
 	port    string // the Service port's name, or its number when unnamed
 }
@@ -173,7 +174,7 @@ type wantedVS struct {
 // desiredState lists the Services and EndpointSlices and builds their
 // plans as run does. It returns the wanted virtual servers and the number
 // of Services read.
-func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr) (map[netlinkutil.VSKey]wantedVS, int, []string, error) {
+func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr) (map[model.VSKey]wantedVS, int, []string, error) {
 	services, err := listServices(ctx, client)
 	if err != nil {
 		return nil, 0, nil, err
@@ -210,23 +211,23 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 		}
 	}
 
-	node := proxier.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: proxier.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses)}
-	bcfg := proxier.BuildConfig{Scheduler: cfg.Scheduler, IPv4: cfg.IPv4, IPv6: cfg.IPv6, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	node := model.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: proxier.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses)}
+	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: cfg.IPv4, IPv6: cfg.IPv6, ExcludeCIDRs: cfg.ExcludeCIDRs}
 	// On a full sync the reconciler applies Services in the order of their
 	// "namespace/name", so the first one that wants a virtual server holds it.
 	slices.SortFunc(services, func(a, b corev1.Service) int {
 		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
-	want := map[netlinkutil.VSKey]wantedVS{}
+	want := map[model.VSKey]wantedVS{}
 	n := 0
 	for i := range services {
 		svc := &services[i]
-		if proxier.Skip(svc) {
+		if model.Skip(svc) {
 			continue
 		}
 		n++
 		name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-		plan := proxier.Build(svc, slicesOf[name], node, bcfg)
+		plan := model.Build(svc, slicesOf[name], node, bcfg)
 		for _, w := range plan.Warnings {
 			warnings = append(warnings, name.String()+": "+w)
 		}
@@ -256,8 +257,8 @@ func servicePortLabel(svc *corev1.Service, portName string) string {
 }
 
 // owns is the reconciler's rule: a virtual server is ipvs-proxy's when
-// proxier.Ownership says so or when a Service wants it.
-func owns(own proxier.Ownership, bound, node map[netip.Addr]bool, k netlinkutil.VSKey, wanted bool) bool {
+// model.Ownership says so or when a Service wants it.
+func owns(own model.Ownership, bound, node map[netip.Addr]bool, k model.VSKey, wanted bool) bool {
 	return own.Owns(k, bound[k.Address], node[k.Address]) || wanted
 }
 
@@ -266,7 +267,7 @@ func owns(own proxier.Ownership, bound, node map[netip.Addr]bool, k netlinkutil.
 func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
 	client kubernetes.Interface, apiErr error) (statusReport, error) {
 	rep := statusReport{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
-	own := proxier.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
 
 	boundList, err := links.ListAddresses(cfg.Interface)
 	if err != nil {
@@ -291,7 +292,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 		return rep, fmt.Errorf("read the kernel: %w", err)
 	}
 
-	var want map[netlinkutil.VSKey]wantedVS
+	var want map[model.VSKey]wantedVS
 	if apiErr == nil && client != nil {
 		var n int
 		want, n, rep.Warnings, apiErr = desiredState(ctx, client, cfg, nodeAddrs)
@@ -307,7 +308,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 		rep.Drift = []statusDrift{}
 	}
 
-	byKey := map[netlinkutil.VSKey]*statusVirtualServer{}
+	byKey := map[model.VSKey]*statusVirtualServer{}
 	for _, vs := range kernel {
 		w, wanted := want[vs.VSKey]
 		if !owns(own, bound, node, vs.VSKey, wanted) {
@@ -320,7 +321,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 		if err != nil {
 			return rep, fmt.Errorf("read the kernel: %w", err)
 		}
-		slices.SortFunc(rss, func(a, b netlinkutil.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+		slices.SortFunc(rss, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 		for _, rs := range rss {
 			s.RealServers = append(s.RealServers, newStatusRS(rs, true))
 		}
@@ -368,10 +369,10 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 	return rep, nil
 }
 
-func newStatusVS(k netlinkutil.VSKey, vs netlinkutil.VirtualServer) *statusVirtualServer {
+func newStatusVS(k model.VSKey, vs model.VirtualServer) *statusVirtualServer {
 	s := &statusVirtualServer{Address: k.Address.String(), Protocol: k.Protocol.String(), Port: k.Port,
 		Scheduler: vs.Scheduler, Flags: flagNames(vs), RealServers: []statusRealServer{}, key: k}
-	if vs.Flags&netlinkutil.FlagPersistent != 0 {
+	if vs.Flags&model.FlagPersistent != 0 {
 		s.PersistenceTimeout = vs.Timeout
 	}
 	return s
@@ -385,16 +386,16 @@ func (s *statusVirtualServer) name(w wantedVS) {
 
 // flagNames names a virtual server's flags: persistent, one-packet, and the
 // scheduler's own flags (sh-port, ...).
-func flagNames(vs netlinkutil.VirtualServer) []string {
+func flagNames(vs model.VirtualServer) []string {
 	var out []string
-	f := vs.Flags & netlinkutil.FlagsCompared
-	if f&netlinkutil.FlagPersistent != 0 {
+	f := vs.Flags & model.FlagsCompared
+	if f&model.FlagPersistent != 0 {
 		out = append(out, "persistent")
 	}
-	if f&netlinkutil.FlagOnePacket != 0 {
+	if f&model.FlagOnePacket != 0 {
 		out = append(out, "one-packet")
 	}
-	rest := f &^ (netlinkutil.FlagPersistent | netlinkutil.FlagOnePacket)
+	rest := f &^ (model.FlagPersistent | model.FlagOnePacket)
 	for _, name := range []string{"sh-fallback", "sh-port", "mh-fallback", "mh-port"} {
 		if bits, err := scheduler.ParseFlags(vs.Scheduler, name); err == nil && rest&bits != 0 {
 			out = append(out, name)
@@ -414,15 +415,15 @@ func (r *statusReport) drift(s *statusVirtualServer, kind, detail string) {
 
 // diff records the drift between a virtual server in the kernel (with its
 // real servers already in s) and what its Service wants.
-func (r *statusReport) diff(s *statusVirtualServer, have netlinkutil.VirtualServer, want proxier.VSPlan) {
+func (r *statusReport) diff(s *statusVirtualServer, have model.VirtualServer, want model.VSPlan) {
 	if !have.Equal(want.VirtualServer) {
 		r.drift(s, driftDifferentVS, fmt.Sprintf("kernel has %s, wanted %s", have, want.VirtualServer))
 	}
-	wanted := map[netlinkutil.RSKey]netlinkutil.RealServer{}
+	wanted := map[model.RSKey]model.RealServer{}
 	for _, rs := range want.RealServers {
 		wanted[rs.RSKey] = rs
 	}
-	seen := map[netlinkutil.RSKey]bool{}
+	seen := map[model.RSKey]bool{}
 	for i := range s.RealServers {
 		rs := &s.RealServers[i]
 		k := rs.key

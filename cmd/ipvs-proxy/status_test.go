@@ -22,9 +22,9 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -35,7 +35,7 @@ var (
 
 func statusConfig() proxier.Config {
 	return proxier.Config{NodeName: "node-1", Interface: "ipvs-proxy0", Scheduler: scheduler.Spec{Name: "rr"},
-		NodePortRange: proxier.PortRange{Min: 30000, Max: 32767}, ExcludeCIDRs: []netip.Prefix{stExcluded}, IPv4: true, IPv6: true}
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, ExcludeCIDRs: []netip.Prefix{stExcluded}, IPv4: true, IPv6: true}
 }
 
 func stService(name, ip string, mutate ...func(*corev1.Service)) *corev1.Service {
@@ -94,9 +94,9 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 	t.Helper()
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(stNodeAddr)
 	cfg := statusConfig()
-	rec := proxier.NewReconciler(ipvs, links, proxier.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}, zap.NewNop())
-	node := proxier.NodeInfo{Name: cfg.NodeName, NodePortAddresses: []netip.Addr{stNodeAddr}}
-	bcfg := proxier.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	rec := proxier.NewReconciler(ipvs, links, model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}, zap.NewNop())
+	node := model.NodeInfo{Name: cfg.NodeName, NodePortAddresses: []netip.Addr{stNodeAddr}}
+	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true, ExcludeCIDRs: cfg.ExcludeCIDRs}
 	slicesOf := map[string][]*discoveryv1.EndpointSlice{}
 	for _, o := range objs {
 		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
@@ -105,7 +105,7 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 	}
 	for _, o := range objs {
 		if svc, ok := o.(*corev1.Service); ok {
-			plan := proxier.Build(svc, slicesOf[svc.Name], node, bcfg)
+			plan := model.Build(svc, slicesOf[svc.Name], node, bcfg)
 			rec.SetPlan(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, &plan)
 		}
 	}
@@ -113,19 +113,19 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 		t.Fatal(err)
 	}
 	// Another tool's virtual server, on an address that is not ours.
-	other := netlinkutil.VirtualServer{VSKey: vsKey("172.16.0.1", 80), Scheduler: "wlc"}
+	other := model.VirtualServer{VSKey: vsKey("172.16.0.1", 80), Scheduler: "wlc"}
 	if err := ipvs.AddVirtualServer(other); err != nil {
 		t.Fatal(err)
 	}
 	return ipvs, links
 }
 
-func vsKey(addr string, port uint16) netlinkutil.VSKey {
-	return netlinkutil.VSKey{Address: netip.MustParseAddr(addr), Protocol: netlinkutil.TCP, Port: port}
+func vsKey(addr string, port uint16) model.VSKey {
+	return model.VSKey{Address: netip.MustParseAddr(addr), Protocol: model.TCP, Port: port}
 }
 
-func rsKey(addr string) netlinkutil.RSKey {
-	return netlinkutil.RSKey{Address: netip.MustParseAddr(addr), Port: 8080}
+func rsKey(addr string) model.RSKey {
+	return model.RSKey{Address: netip.MustParseAddr(addr), Port: 8080}
 }
 
 func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes.Interface, apiErr error) statusReport {
@@ -137,7 +137,7 @@ func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes
 	return rep
 }
 
-func findVS(rep statusReport, k netlinkutil.VSKey) *statusVirtualServer {
+func findVS(rep statusReport, k model.VSKey) *statusVirtualServer {
 	for i := range rep.VirtualServers {
 		if rep.VirtualServers[i].key == k {
 			return &rep.VirtualServers[i]
@@ -160,7 +160,7 @@ func TestStatusNoDrift(t *testing.T) {
 		t.Errorf("other virtual servers: %d, want 1 (another tool's)", rep.OtherVirtualServers)
 	}
 	want := []struct {
-		key       netlinkutil.VSKey
+		key       model.VSKey
 		service   string
 		kind      string
 		scheduler string
@@ -233,8 +233,8 @@ func TestStatusDrift(t *testing.T) {
 		{
 			name: "an extra real server and a different weight",
 			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
-				must(t, ipvs.AddRealServer(web, netlinkutil.RealServer{RSKey: rsKey("10.0.9.9"), Weight: 1}))
-				must(t, ipvs.UpdateRealServer(web, netlinkutil.RealServer{RSKey: rsKey("10.0.1.2"), Weight: 5}))
+				must(t, ipvs.AddRealServer(web, model.RealServer{RSKey: rsKey("10.0.9.9"), Weight: 1}))
+				must(t, ipvs.UpdateRealServer(web, model.RealServer{RSKey: rsKey("10.0.1.2"), Weight: 5}))
 			},
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftWeight, driftExtraRS}},
 			check: func(t *testing.T, rep statusReport) {
@@ -248,7 +248,7 @@ func TestStatusDrift(t *testing.T) {
 		{
 			name: "a different scheduler",
 			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
-				must(t, ipvs.UpdateVirtualServer(netlinkutil.VirtualServer{VSKey: web, Scheduler: "wrr"}))
+				must(t, ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: web, Scheduler: "wrr"}))
 			},
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftDifferentVS}},
 			check: func(t *testing.T, rep statusReport) {
@@ -261,8 +261,8 @@ func TestStatusDrift(t *testing.T) {
 			name: "different persistence",
 			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
 				k := vsKey("10.96.0.12", 80)
-				must(t, ipvs.UpdateVirtualServer(netlinkutil.VirtualServer{VSKey: k, Scheduler: "sh",
-					Flags: netlinkutil.FlagPersistent | netlinkutil.FlagSched2, Timeout: 60}))
+				must(t, ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: k, Scheduler: "sh",
+					Flags: model.FlagPersistent | model.FlagSched2, Timeout: 60}))
 			},
 			want: map[string][]string{"10.96.0.12:80/TCP": {driftDifferentVS}},
 		},
@@ -284,14 +284,14 @@ func TestStatusDrift(t *testing.T) {
 			mutate: func(t *testing.T, ipvs *fake.IPVS, links *fake.Links) {
 				// On a bound address: owned.
 				must(t, links.AddAddress("ipvs-proxy0", netip.MustParseAddr("10.96.0.99")))
-				must(t, ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("10.96.0.99", 80), Scheduler: "rr"}))
+				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("10.96.0.99", 80), Scheduler: "rr"}))
 				// On the node address, in the node-port range: owned.
-				must(t, ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("192.168.1.10", 31999), Scheduler: "rr"}))
+				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("192.168.1.10", 31999), Scheduler: "rr"}))
 				// On the node address, outside the range: not ours.
-				must(t, ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("192.168.1.10", 8080), Scheduler: "rr"}))
+				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("192.168.1.10", 8080), Scheduler: "rr"}))
 				// Bound but excluded: never ours.
 				must(t, links.AddAddress("ipvs-proxy0", netip.MustParseAddr("10.200.0.7")))
-				must(t, ipvs.AddVirtualServer(netlinkutil.VirtualServer{VSKey: vsKey("10.200.0.7", 80), Scheduler: "rr"}))
+				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("10.200.0.7", 80), Scheduler: "rr"}))
 			},
 			want:  map[string][]string{"10.96.0.99:80/TCP": {driftUnwantedVS}, "192.168.1.10:31999/TCP": {driftUnwantedVS}},
 			other: 3,
@@ -349,9 +349,9 @@ func sorted(s []string) []string {
 	return s
 }
 
-func mustKey(s string) netlinkutil.VSKey {
+func mustKey(s string) model.VSKey {
 	ap := netip.MustParseAddrPort(strings.TrimSuffix(s, "/TCP"))
-	return netlinkutil.VSKey{Address: ap.Addr(), Protocol: netlinkutil.TCP, Port: ap.Port()}
+	return model.VSKey{Address: ap.Addr(), Protocol: model.TCP, Port: ap.Port()}
 }
 
 func must(t *testing.T, err error) {

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // Interface is the dummy interface the floor binds VIPs to: ipvs-proxy's
@@ -93,7 +94,7 @@ func floor(file string) error {
 	}
 	addrTime := time.Since(start)
 	for i, s := range svcs {
-		vs := netlinkutil.VirtualServer{VSKey: netlinkutil.VSKey{Address: vips[i], Protocol: netlinkutil.TCP, Port: s.Port}, Scheduler: "rr"}
+		vs := model.VirtualServer{VSKey: model.VSKey{Address: vips[i], Protocol: model.TCP, Port: s.Port}, Scheduler: "rr"}
 		if err := ipvs.AddVirtualServer(vs); err != nil {
 			return err
 		}
@@ -103,7 +104,7 @@ func floor(file string) error {
 			if err != nil {
 				return fmt.Errorf("real server %q: %w", r, err)
 			}
-			if err := ipvs.AddRealServer(vs.VSKey, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1}); err != nil {
+			if err := ipvs.AddRealServer(vs.VSKey, model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1}); err != nil {
 				return err
 			}
 			calls++
@@ -123,7 +124,7 @@ func latency(args []string) error {
 	if err != nil {
 		return fmt.Errorf("virtual server %q: %w", vsArg, err)
 	}
-	key := netlinkutil.VSKey{Address: ap.Addr(), Protocol: netlinkutil.TCP, Port: ap.Port()}
+	key := model.VSKey{Address: ap.Addr(), Protocol: model.TCP, Port: ap.Port()}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)

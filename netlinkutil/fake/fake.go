@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // Call is one recorded call, rendered as a short line such as
@@ -24,8 +25,8 @@ type ErrorFunc func(call Call) error
 // IPVS is a fake IPVS table.
 type IPVS struct {
 	mu       sync.Mutex
-	vs       map[netlinkutil.VSKey]netlinkutil.VirtualServer
-	rs       map[netlinkutil.VSKey]map[netlinkutil.RSKey]netlinkutil.RealServer
+	vs       map[model.VSKey]model.VirtualServer
+	rs       map[model.VSKey]map[model.RSKey]model.RealServer
 	timeouts netlinkutil.Timeouts
 	calls    []Call
 	inject   ErrorFunc
@@ -36,8 +37,8 @@ type IPVS struct {
 // NewIPVS returns an empty fake IPVS table.
 func NewIPVS() *IPVS {
 	return &IPVS{
-		vs: map[netlinkutil.VSKey]netlinkutil.VirtualServer{},
-		rs: map[netlinkutil.VSKey]map[netlinkutil.RSKey]netlinkutil.RealServer{},
+		vs: map[model.VSKey]model.VirtualServer{},
+		rs: map[model.VSKey]map[model.RSKey]model.RealServer{},
 	}
 }
 
@@ -126,19 +127,19 @@ func (f *IPVS) record(format string, args ...any) error {
 func (f *IPVS) Dump() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	keys := make([]netlinkutil.VSKey, 0, len(f.vs))
+	keys := make([]model.VSKey, 0, len(f.vs))
 	for k := range f.vs {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, netlinkutil.VSKey.Compare)
+	slices.SortFunc(keys, model.VSKey.Compare)
 	var out []string
 	for _, k := range keys {
 		out = append(out, f.vs[k].String())
-		rss := make([]netlinkutil.RealServer, 0, len(f.rs[k]))
+		rss := make([]model.RealServer, 0, len(f.rs[k]))
 		for _, r := range f.rs[k] {
 			rss = append(rss, r)
 		}
-		slices.SortFunc(rss, func(a, b netlinkutil.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+		slices.SortFunc(rss, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 		for _, r := range rss {
 			out = append(out, fmt.Sprintf("  -> %s w=%d", r.RSKey, r.Weight))
 		}
@@ -148,23 +149,23 @@ func (f *IPVS) Dump() []string {
 
 // ListVirtualServers implements netlinkutil.IPVS. Like the kernel, it
 // reports the hashed flag on every service.
-func (f *IPVS) ListVirtualServers() ([]netlinkutil.VirtualServer, error) {
+func (f *IPVS) ListVirtualServers() ([]model.VirtualServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ListVirtualServers"); err != nil {
 		return nil, err
 	}
-	out := make([]netlinkutil.VirtualServer, 0, len(f.vs))
+	out := make([]model.VirtualServer, 0, len(f.vs))
 	for _, v := range f.vs {
-		v.Flags |= netlinkutil.FlagHashed
+		v.Flags |= model.FlagHashed
 		out = append(out, v)
 	}
-	slices.SortFunc(out, func(a, b netlinkutil.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
+	slices.SortFunc(out, func(a, b model.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
 	return out, nil
 }
 
 // ListRealServers implements netlinkutil.IPVS.
-func (f *IPVS) ListRealServers(vs netlinkutil.VSKey) ([]netlinkutil.RealServer, error) {
+func (f *IPVS) ListRealServers(vs model.VSKey) ([]model.RealServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ListRealServers %s", vs); err != nil {
@@ -173,16 +174,16 @@ func (f *IPVS) ListRealServers(vs netlinkutil.VSKey) ([]netlinkutil.RealServer, 
 	if _, ok := f.vs[vs]; !ok {
 		return nil, fmt.Errorf("list destinations of %s: %w", vs, unix.ESRCH)
 	}
-	out := make([]netlinkutil.RealServer, 0, len(f.rs[vs]))
+	out := make([]model.RealServer, 0, len(f.rs[vs]))
 	for _, r := range f.rs[vs] {
 		out = append(out, r)
 	}
-	slices.SortFunc(out, func(a, b netlinkutil.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+	slices.SortFunc(out, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 	return out, nil
 }
 
 // AddVirtualServer implements netlinkutil.IPVS.
-func (f *IPVS) AddVirtualServer(vs netlinkutil.VirtualServer) error {
+func (f *IPVS) AddVirtualServer(vs model.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("AddVirtualServer %s", vs); err != nil {
@@ -194,14 +195,14 @@ func (f *IPVS) AddVirtualServer(vs netlinkutil.VirtualServer) error {
 	if !f.knows(vs.Scheduler) {
 		return fmt.Errorf("add %s: scheduler %q: %w", vs.VSKey, vs.Scheduler, unix.ENOENT)
 	}
-	vs.Flags &= netlinkutil.FlagsCompared
+	vs.Flags &= model.FlagsCompared
 	f.vs[vs.VSKey] = vs
-	f.rs[vs.VSKey] = map[netlinkutil.RSKey]netlinkutil.RealServer{}
+	f.rs[vs.VSKey] = map[model.RSKey]model.RealServer{}
 	return nil
 }
 
 // UpdateVirtualServer implements netlinkutil.IPVS.
-func (f *IPVS) UpdateVirtualServer(vs netlinkutil.VirtualServer) error {
+func (f *IPVS) UpdateVirtualServer(vs model.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("UpdateVirtualServer %s", vs); err != nil {
@@ -213,13 +214,13 @@ func (f *IPVS) UpdateVirtualServer(vs netlinkutil.VirtualServer) error {
 	if !f.knows(vs.Scheduler) {
 		return fmt.Errorf("update %s: scheduler %q: %w", vs.VSKey, vs.Scheduler, unix.ENOENT)
 	}
-	vs.Flags &= netlinkutil.FlagsCompared
+	vs.Flags &= model.FlagsCompared
 	f.vs[vs.VSKey] = vs
 	return nil
 }
 
 // DeleteVirtualServer implements netlinkutil.IPVS.
-func (f *IPVS) DeleteVirtualServer(vs netlinkutil.VSKey) error {
+func (f *IPVS) DeleteVirtualServer(vs model.VSKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("DeleteVirtualServer %s", vs); err != nil {
@@ -234,7 +235,7 @@ func (f *IPVS) DeleteVirtualServer(vs netlinkutil.VSKey) error {
 }
 
 // AddRealServer implements netlinkutil.IPVS.
-func (f *IPVS) AddRealServer(vs netlinkutil.VSKey, rs netlinkutil.RealServer) error {
+func (f *IPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("AddRealServer %s %s w=%d", vs, rs.RSKey, rs.Weight); err != nil {
@@ -247,12 +248,12 @@ func (f *IPVS) AddRealServer(vs netlinkutil.VSKey, rs netlinkutil.RealServer) er
 	if _, ok := m[rs.RSKey]; ok {
 		return fmt.Errorf("add destination %s: %w", rs.RSKey, unix.EEXIST)
 	}
-	m[rs.RSKey] = netlinkutil.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
+	m[rs.RSKey] = model.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
 	return nil
 }
 
 // UpdateRealServer implements netlinkutil.IPVS.
-func (f *IPVS) UpdateRealServer(vs netlinkutil.VSKey, rs netlinkutil.RealServer) error {
+func (f *IPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("UpdateRealServer %s %s w=%d", vs, rs.RSKey, rs.Weight); err != nil {
@@ -265,12 +266,12 @@ func (f *IPVS) UpdateRealServer(vs netlinkutil.VSKey, rs netlinkutil.RealServer)
 	if _, ok := m[rs.RSKey]; !ok {
 		return fmt.Errorf("update destination %s: %w", rs.RSKey, unix.ENOENT)
 	}
-	m[rs.RSKey] = netlinkutil.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
+	m[rs.RSKey] = model.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
 	return nil
 }
 
 // DeleteRealServer implements netlinkutil.IPVS.
-func (f *IPVS) DeleteRealServer(vs netlinkutil.VSKey, rs netlinkutil.RSKey) error {
+func (f *IPVS) DeleteRealServer(vs model.VSKey, rs model.RSKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("DeleteRealServer %s %s", vs, rs); err != nil {
@@ -454,7 +455,7 @@ type Conntrack struct {
 var _ netlinkutil.Conntrack = (*Conntrack)(nil)
 
 // ClearUDP implements netlinkutil.Conntrack.
-func (c *Conntrack) ClearUDP(vs netlinkutil.VSKey, rs netlinkutil.RSKey) (uint, error) {
+func (c *Conntrack) ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls = append(c.calls, Call(fmt.Sprintf("ClearUDP %s %s", vs, rs)))

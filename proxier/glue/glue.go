@@ -31,6 +31,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // Config configures the glue.
@@ -61,7 +62,7 @@ type Glue struct {
 	links  netlinkutil.Links
 	log    *zap.Logger
 
-	plans   map[types.NamespacedName]*proxier.ServicePlan
+	plans   map[types.NamespacedName]*model.ServicePlan
 	contrib map[types.NamespacedName]entries
 	refs    map[setID]map[ipset.Entry]int // how many Services want each entry
 	want    map[setID]ipset.Contents      // the entries with refs > 0
@@ -79,7 +80,7 @@ var _ proxier.Consumer = (*Glue)(nil)
 func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links netlinkutil.Links, log *zap.Logger) *Glue {
 	g := &Glue{
 		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log,
-		plans:   map[types.NamespacedName]*proxier.ServicePlan{},
+		plans:   map[types.NamespacedName]*model.ServicePlan{},
 		contrib: map[types.NamespacedName]entries{},
 		refs:    map[setID]map[ipset.Entry]int{},
 		want:    map[setID]ipset.Contents{},
@@ -161,7 +162,7 @@ func (g *Glue) changed(id setID, e ipset.Entry) {
 }
 
 // SetPlan implements proxier.Consumer.
-func (g *Glue) SetPlan(name types.NamespacedName, plan *proxier.ServicePlan) {
+func (g *Glue) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	if plan == nil {
 		delete(g.plans, name)
 	} else {

@@ -18,7 +18,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // nodeLinks is the fake Links with node addresses a test can change.
@@ -79,12 +79,12 @@ func (b *bed) sync(t *testing.T, full bool) Stats {
 func name(n string) types.NamespacedName { return types.NamespacedName{Namespace: "ns", Name: n} }
 
 // service is a plan with a clusterIP, a node port and a real server.
-func service(i int) *proxier.ServicePlan {
+func service(i int) *model.ServicePlan {
 	ip := fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)
 	rs := fmt.Sprintf("10.100.%d.%d:8080", i/250, i%250+2)
-	return &proxier.ServicePlan{Service: name(fmt.Sprint("s", i)), VirtualServers: []proxier.VSPlan{
-		vs(proxier.KindClusterIP, ip, tcp, 80, rs),
-		vs(proxier.KindNodePort, "10.0.2.15", tcp, uint16(30000+i%2768), rs),
+	return &model.ServicePlan{Service: name(fmt.Sprint("s", i)), VirtualServers: []model.VSPlan{
+		vs(model.KindClusterIP, ip, tcp, 80, rs),
+		vs(model.KindNodePort, "10.0.2.15", tcp, uint16(30000+i%2768), rs),
 	}}
 }
 
@@ -121,12 +121,12 @@ func TestRuleDumpConstant(t *testing.T) {
 // not those another Service still needs; nothing runs iptables.
 func TestSyncByDifference(t *testing.T) {
 	b := newBed(t, dualStack)
-	a := &proxier.ServicePlan{Service: name("a"), VirtualServers: []proxier.VSPlan{
-		vs(proxier.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080"),
-		vs(proxier.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080"),
+	a := &model.ServicePlan{Service: name("a"), VirtualServers: []model.VSPlan{
+		vs(model.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080"),
+		vs(model.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080"),
 	}}
-	c := &proxier.ServicePlan{Service: name("c"), VirtualServers: []proxier.VSPlan{
-		vs(proxier.KindExternalIP, "10.251.0.10", tcp, 443, "10.100.1.2:8443"),
+	c := &model.ServicePlan{Service: name("c"), VirtualServers: []model.VSPlan{
+		vs(model.KindExternalIP, "10.251.0.10", tcp, 443, "10.100.1.2:8443"),
 	}}
 	b.g.SetPlan(a.Service, a)
 	b.g.SetPlan(c.Service, c)
@@ -136,9 +136,9 @@ func TestSyncByDifference(t *testing.T) {
 
 	// a gets a second real server.
 	a2 := *a
-	a2.VirtualServers = []proxier.VSPlan{
-		vs(proxier.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
-		vs(proxier.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
+	a2.VirtualServers = []model.VSPlan{
+		vs(model.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
+		vs(model.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
 	}
 	b.g.SetPlan(a.Service, &a2)
 	b.sync(t, false)
@@ -288,9 +288,9 @@ func TestNodeAddressesDecideNodeAccess(t *testing.T) {
 	cfg.NodePortAddresses = []netip.Prefix{pfx("192.168.0.0/16")}
 	b := newBed(t, cfg)
 	b.links.set(addr("10.0.2.15"), addr("192.168.1.5"))
-	lb := vs(proxier.KindLoadBalancer, "10.251.0.11", tcp, 80)
+	lb := vs(model.KindLoadBalancer, "10.251.0.11", tcp, 80)
 	lb.SourceRanges = []netip.Prefix{pfx("10.0.2.0/24")}
-	p := &proxier.ServicePlan{Service: name("lb"), VirtualServers: []proxier.VSPlan{lb}}
+	p := &model.ServicePlan{Service: name("lb"), VirtualServers: []model.VSPlan{lb}}
 	b.g.SetPlan(p.Service, p)
 	b.sync(t, true)
 	if got := b.sets.Entries("IPVSP-LB-SRC-IP"); len(got) != 0 {
@@ -298,7 +298,7 @@ func TestNodeAddressesDecideNodeAccess(t *testing.T) {
 	}
 	b.links.set(addr("10.0.2.15"), addr("192.168.1.5"), addr("192.168.10.1"))
 	lb.SourceRanges = []netip.Prefix{pfx("192.168.10.0/24")}
-	b.g.SetPlan(p.Service, &proxier.ServicePlan{Service: name("lb"), VirtualServers: []proxier.VSPlan{lb}})
+	b.g.SetPlan(p.Service, &model.ServicePlan{Service: name("lb"), VirtualServers: []model.VSPlan{lb}})
 	b.sync(t, false)
 	if got := b.sets.Entries("IPVSP-LB-SRC-IP"); len(got) != 0 {
 		t.Errorf("a partial sync saw the new address: %v", got)

@@ -4,7 +4,7 @@ import (
 	"net/netip"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // The sets, by base name. Per family: "IPVSP-" + base for IPv4,
@@ -115,7 +115,7 @@ func (e entries) add(base string, fam ipset.Family, en ipset.Entry) {
 // ServiceEntries computes the set entries of one Service's plan: a pure
 // function of the plan and the node's addresses (which decide whether the
 // node itself may reach a LoadBalancer IP that has source ranges).
-func ServiceEntries(plan *proxier.ServicePlan, nodeAddrs []netip.Addr) entries {
+func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) entries {
 	out := entries{}
 	if plan == nil {
 		return out
@@ -127,7 +127,7 @@ func ServiceEntries(plan *proxier.ServicePlan, nodeAddrs []netip.Addr) entries {
 		fam := ipset.Of(vs.Address)
 		key := ipset.Entry{Addr: vs.Address, Proto: vs.Protocol, Port: vs.Port}
 		out.add(setService, fam, key)
-		if vs.Kind == proxier.KindClusterIP {
+		if vs.Kind == model.KindClusterIP {
 			out.add(setClusterIP, fam, key)
 		}
 		if vs.Kind.External() && !vs.Local {
@@ -136,7 +136,7 @@ func ServiceEntries(plan *proxier.ServicePlan, nodeAddrs []netip.Addr) entries {
 		if vs.Kind.Bound() {
 			out.add(setVIP, fam, ipset.Entry{Addr: vs.Address})
 		}
-		if vs.Kind == proxier.KindLoadBalancer {
+		if vs.Kind == model.KindLoadBalancer {
 			firewall(out, vs, key, nodeAddrs)
 		}
 		for _, rs := range vs.RealServers {
@@ -150,7 +150,7 @@ func ServiceEntries(plan *proxier.ServicePlan, nodeAddrs []netip.Addr) entries {
 // other family can never match, so a VIP whose ranges are all of the other
 // family drops everyone; a range of length 0 allows everyone (and ipset
 // cannot hold it), so the virtual server is not firewalled at all.
-func firewall(out entries, vs proxier.VSPlan, key ipset.Entry, nodeAddrs []netip.Addr) {
+func firewall(out entries, vs model.VSPlan, key ipset.Entry, nodeAddrs []netip.Addr) {
 	if len(vs.SourceRanges) == 0 {
 		return
 	}

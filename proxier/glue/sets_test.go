@@ -11,23 +11,22 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 var (
-	tcp  = netlinkutil.TCP
-	udp  = netlinkutil.UDP
+	tcp  = model.TCP
+	udp  = model.UDP
 	addr = netip.MustParseAddr
 	pfx  = netip.MustParsePrefix
 )
 
-func vs(kind proxier.AddressKind, a string, proto netlinkutil.Protocol, port uint16, rss ...string) proxier.VSPlan {
-	p := proxier.VSPlan{VirtualServer: netlinkutil.VirtualServer{
-		VSKey: netlinkutil.VSKey{Address: addr(a), Protocol: proto, Port: port}, Scheduler: "rr"}, Kind: kind}
+func vs(kind model.AddressKind, a string, proto model.Protocol, port uint16, rss ...string) model.VSPlan {
+	p := model.VSPlan{VirtualServer: model.VirtualServer{
+		VSKey: model.VSKey{Address: addr(a), Protocol: proto, Port: port}, Scheduler: "rr"}, Kind: kind}
 	for _, r := range rss {
 		ap := netip.MustParseAddrPort(r)
-		p.RealServers = append(p.RealServers, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1})
+		p.RealServers = append(p.RealServers, model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1})
 	}
 	return p
 }
@@ -48,17 +47,17 @@ func (e entries) render() []string {
 }
 
 func TestServiceEntries(t *testing.T) {
-	lb := vs(proxier.KindLoadBalancer, "10.251.0.11", tcp, 80, "10.100.1.2:8080")
+	lb := vs(model.KindLoadBalancer, "10.251.0.11", tcp, 80, "10.100.1.2:8080")
 	lb.SourceRanges = []netip.Prefix{pfx("10.250.0.0/24"), pfx("192.0.2.0/24"), pfx("fd00::/8")}
-	ext := vs(proxier.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080")
+	ext := vs(model.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080")
 	ext.Local = true
-	np := vs(proxier.KindNodePort, "10.0.2.15", tcp, 30080, "10.100.1.2:8080")
-	cip6 := vs(proxier.KindClusterIP, "fd00:96::a", udp, 53, "[fd00:101::2]:5353")
+	np := vs(model.KindNodePort, "10.0.2.15", tcp, 30080, "10.100.1.2:8080")
+	cip6 := vs(model.KindClusterIP, "fd00:96::a", udp, 53, "[fd00:101::2]:5353")
 	cip6.Local = true // internalTrafficPolicy Local: clusterIPs are masqueraded the same
-	plan := &proxier.ServicePlan{
+	plan := &model.ServicePlan{
 		Service: types.NamespacedName{Namespace: "ns", Name: "web"},
-		VirtualServers: []proxier.VSPlan{
-			vs(proxier.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
+		VirtualServers: []model.VSPlan{
+			vs(model.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080", "10.100.2.2:8080"),
 			np, ext, lb, cip6,
 		},
 		HealthCheckNodePort: 31000,
@@ -111,12 +110,12 @@ func TestServiceEntriesSourceRanges(t *testing.T) {
 		{"no ranges", nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := vs(proxier.KindLoadBalancer, "10.251.0.11", tcp, 80)
+			v := vs(model.KindLoadBalancer, "10.251.0.11", tcp, 80)
 			for _, r := range tc.ranges {
 				v.SourceRanges = append(v.SourceRanges, pfx(r))
 			}
 			var got []string
-			for _, l := range ServiceEntries(&proxier.ServicePlan{VirtualServers: []proxier.VSPlan{v}}, node).render() {
+			for _, l := range ServiceEntries(&model.ServicePlan{VirtualServers: []model.VSPlan{v}}, node).render() {
 				if set, _, _ := strings.Cut(l, ":"); slices.Contains([]string{"IPVSP-LB-FW", "IPVSP-LB-SRC", "IPVSP-LB-SRC-IP"}, set) {
 					got = append(got, l)
 				}

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // Config configures a Server.
@@ -89,7 +90,7 @@ func (s *Server) Name() string { return "health-check node ports" }
 
 // SetPlan implements proxier.Consumer: it records the Service's
 // health-check node port and local endpoint count; Sync applies them.
-func (s *Server) SetPlan(name types.NamespacedName, plan *proxier.ServicePlan) {
+func (s *Server) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if plan == nil || plan.HealthCheckNodePort == 0 {

@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
-
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 )
 
 var (
@@ -37,8 +36,8 @@ func freePort(t *testing.T) uint16 {
 	return uint16(ln.Addr().(*net.TCPAddr).Port)
 }
 
-func plan(name types.NamespacedName, port uint16, local int) *proxier.ServicePlan {
-	return &proxier.ServicePlan{Service: name, HealthCheckNodePort: port, LocalEndpoints: local}
+func plan(name types.NamespacedName, port uint16, local int) *model.ServicePlan {
+	return &model.ServicePlan{Service: name, HealthCheckNodePort: port, LocalEndpoints: local}
 }
 
 // get asks the health check on port; code 0 means the connection failed.

@@ -1,4 +1,4 @@
-package proxier_test
+package model_test
 
 import (
 	"fmt"
@@ -15,8 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -200,11 +199,11 @@ func forNodes(ns ...string) epOpt {
 // vs is an expected virtual server "addr:port" with the default scheduler
 // and real servers "addr:port", weight 1, or "addr:port@0", weight 0
 // (draining).
-func vs(kind proxier.AddressKind, addrPort string, proto netlinkutil.Protocol, portName string, rss ...string) proxier.VSPlan {
+func vs(kind model.AddressKind, addrPort string, proto model.Protocol, portName string, rss ...string) model.VSPlan {
 	ap := netip.MustParseAddrPort(addrPort)
-	v := proxier.VSPlan{
-		VirtualServer: netlinkutil.VirtualServer{
-			VSKey:     netlinkutil.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()},
+	v := model.VSPlan{
+		VirtualServer: model.VirtualServer{
+			VSKey:     model.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()},
 			Scheduler: "rr",
 		},
 		Kind:     kind,
@@ -216,30 +215,30 @@ func vs(kind proxier.AddressKind, addrPort string, proto netlinkutil.Protocol, p
 			r, weight = a, 0
 		}
 		rp := netip.MustParseAddrPort(r)
-		v.RealServers = append(v.RealServers, netlinkutil.RealServer{RSKey: netlinkutil.RSKey{Address: rp.Addr(), Port: rp.Port()}, Weight: weight})
+		v.RealServers = append(v.RealServers, model.RealServer{RSKey: model.RSKey{Address: rp.Addr(), Port: rp.Port()}, Weight: weight})
 	}
 	return v
 }
 
 // sched sets the scheduler, flags and timeout of expected virtual servers.
-func sched(name string, flags, timeout uint32, vss ...proxier.VSPlan) []proxier.VSPlan {
+func sched(name string, flags, timeout uint32, vss ...model.VSPlan) []model.VSPlan {
 	for i := range vss {
 		vss[i].Scheduler, vss[i].Flags, vss[i].Timeout = name, flags, timeout
 	}
 	return vss
 }
 
-func vss(vs ...proxier.VSPlan) []proxier.VSPlan { return vs }
+func vss(vs ...model.VSPlan) []model.VSPlan { return vs }
 
 // local marks an expected virtual server as restricted to local endpoints
 // by a Local traffic policy.
-func local(v proxier.VSPlan) proxier.VSPlan {
+func local(v model.VSPlan) model.VSPlan {
 	v.Local = true
 	return v
 }
 
 // ranges sets the expected loadBalancerSourceRanges of a virtual server.
-func ranges(v proxier.VSPlan, cidrs ...string) proxier.VSPlan {
+func ranges(v model.VSPlan, cidrs ...string) model.VSPlan {
 	for _, c := range cidrs {
 		v.SourceRanges = append(v.SourceRanges, netip.MustParsePrefix(c))
 	}
@@ -249,26 +248,26 @@ func ranges(v proxier.VSPlan, cidrs ...string) proxier.VSPlan {
 func warns(ws ...string) []string { return ws }
 
 const (
-	ci  = proxier.KindClusterIP
-	np  = proxier.KindNodePort
-	eip = proxier.KindExternalIP
-	lb  = proxier.KindLoadBalancer
-	tcp = netlinkutil.TCP
-	udp = netlinkutil.UDP
+	ci  = model.KindClusterIP
+	np  = model.KindNodePort
+	eip = model.KindExternalIP
+	lb  = model.KindLoadBalancer
+	tcp = model.TCP
+	udp = model.UDP
 )
 
-var testNode = proxier.NodeInfo{
+var testNode = model.NodeInfo{
 	Name: "node-a", Zone: "zone-a",
 	NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("2001:db8::10")},
 }
 
-var testCfg = proxier.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}}
+var testCfg = model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}}
 
 var planCmp = []cmp.Option{
 	cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
 	// Compare virtual servers exactly, not with their lenient Equal method.
-	cmp.Comparer(func(a, b netlinkutil.VirtualServer) bool { return a == b }),
+	cmp.Comparer(func(a, b model.VirtualServer) bool { return a == b }),
 }
 
 func TestBuild(t *testing.T) {
@@ -285,9 +284,9 @@ func TestBuild(t *testing.T) {
 		name   string
 		svc    *corev1.Service
 		slices []*discoveryv1.EndpointSlice
-		node   *proxier.NodeInfo    // testNode if nil
-		cfg    *proxier.BuildConfig // testCfg if nil
-		want   []proxier.VSPlan
+		node   *model.NodeInfo    // testNode if nil
+		cfg    *model.BuildConfig // testCfg if nil
+		want   []model.VSPlan
 		warns  []string
 		// localEndpoints and healthCheck are the plan's LocalEndpoints
 		// and HealthCheckNodePort.
@@ -328,7 +327,7 @@ func TestBuild(t *testing.T) {
 			want: vss(
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080"), // TCP (6) < UDP (17) < SCTP (132)
 				vs(ci, "10.96.0.10:53", udp, "dns", "10.1.0.1:5353"),
-				vs(ci, "10.96.0.10:3868", netlinkutil.SCTP, "sig", "10.1.0.1:3869"),
+				vs(ci, "10.96.0.10:3868", model.SCTP, "sig", "10.1.0.1:3869"),
 			),
 		},
 		{
@@ -435,13 +434,13 @@ func TestBuild(t *testing.T) {
 		{
 			name: "IPv4-only node: dual-stack Service gets IPv4 only",
 			svc:  svc(clusterIPs("10.96.0.10", "fd00::10")),
-			cfg:  &proxier.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}, IPv4: true},
+			cfg:  &model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}, IPv4: true},
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 		{
 			name: "excluded CIDR skipped silently",
 			svc:  svc(externalIPs("203.0.113.5", "198.51.100.9")),
-			cfg:  &proxier.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}, ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}},
+			cfg:  &model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}, ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}},
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http"), vs(eip, "198.51.100.9:80", tcp, "http")),
 		},
 
@@ -498,24 +497,24 @@ func TestBuild(t *testing.T) {
 		{
 			name: "ClientIP affinity, default timeout",
 			svc:  svc(affinity(0)),
-			want: sched("rr", netlinkutil.FlagPersistent, 10800, vs(ci, "10.96.0.10:80", tcp, "http")),
+			want: sched("rr", model.FlagPersistent, 10800, vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 		{
 			name: "ClientIP affinity, custom timeout",
 			svc:  svc(affinity(600)),
-			want: sched("rr", netlinkutil.FlagPersistent, 600, vs(ci, "10.96.0.10:80", tcp, "http")),
+			want: sched("rr", model.FlagPersistent, 600, vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 		{
 			name:  "ClientIP affinity, out-of-range timeout",
 			svc:   svc(affinity(-5)),
-			want:  sched("rr", netlinkutil.FlagPersistent, 10800, vs(ci, "10.96.0.10:80", tcp, "http")),
+			want:  sched("rr", model.FlagPersistent, 10800, vs(ci, "10.96.0.10:80", tcp, "http")),
 			warns: warns("sessionAffinityConfig.clientIP.timeoutSeconds -5 is out of range (1-86400); using 10800"),
 		},
 		{
 			name: "scheduler annotation sh with flags, plus affinity",
 			svc: svc(affinity(60), annotate(scheduler.AnnotationScheduler, "sh",
 				scheduler.AnnotationFlags, "sh-fallback,sh-port")),
-			want: sched("sh", netlinkutil.FlagSched1|netlinkutil.FlagSched2|netlinkutil.FlagPersistent, 60,
+			want: sched("sh", model.FlagSched1|model.FlagSched2|model.FlagPersistent, 60,
 				vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 		{
@@ -527,8 +526,8 @@ func TestBuild(t *testing.T) {
 		{
 			name: "default scheduler and flags from the configuration",
 			svc:  svc(),
-			cfg:  &proxier.BuildConfig{Scheduler: scheduler.Spec{Name: "mh", Flags: netlinkutil.FlagSched2}},
-			want: sched("mh", netlinkutil.FlagSched2, 0, vs(ci, "10.96.0.10:80", tcp, "http")),
+			cfg:  &model.BuildConfig{Scheduler: scheduler.Spec{Name: "mh", Flags: model.FlagSched2}},
+			want: sched("mh", model.FlagSched2, 0, vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 
 		// ---- traffic policies ----
@@ -666,7 +665,7 @@ func TestBuild(t *testing.T) {
 			name:   "trafficDistribution PreferSameNode: same zone when none on this node",
 			svc:    svc(distribution(corev1.ServiceTrafficDistributionPreferSameNode)),
 			slices: spread,
-			node:   &proxier.NodeInfo{Name: "node-x", Zone: "zone-a"},
+			node:   &model.NodeInfo{Name: "node-x", Zone: "zone-a"},
 			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080")),
 		},
 		{
@@ -679,7 +678,7 @@ func TestBuild(t *testing.T) {
 			name:   "trafficDistribution PreferSameZone: all when none in this zone",
 			svc:    svc(distribution(corev1.ServiceTrafficDistributionPreferSameZone)),
 			slices: spread,
-			node:   &proxier.NodeInfo{Name: "node-x", Zone: "zone-x"},
+			node:   &model.NodeInfo{Name: "node-x", Zone: "zone-x"},
 			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
 		},
 		{
@@ -774,11 +773,11 @@ func TestBuild(t *testing.T) {
 				cfg = *tc.cfg
 			}
 			svcBefore, slicesBefore := tc.svc.DeepCopy(), deepCopySlices(tc.slices)
-			got := proxier.Build(tc.svc, tc.slices, node, cfg)
+			got := model.Build(tc.svc, tc.slices, node, cfg)
 			if !reflect.DeepEqual(svcBefore, tc.svc) || !reflect.DeepEqual(slicesBefore, tc.slices) {
 				t.Error("Build modified its input")
 			}
-			want := proxier.ServicePlan{
+			want := model.ServicePlan{
 				Service:        types.NamespacedName{Namespace: "ns", Name: "web"},
 				VirtualServers: tc.want,
 				Warnings:       tc.warns,
@@ -808,23 +807,23 @@ func TestBuildSliceOrderIrrelevant(t *testing.T) {
 		slice4("web-b", http8080, ep("10.1.0.2"), ep("10.1.0.1", terminating)),
 		slice6("web-c", http8080, ep("fd01::2"), ep("fd01::1")),
 	)
-	want := proxier.Build(s, in, testNode, testCfg)
+	want := model.Build(s, in, testNode, testCfg)
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 20 {
 		r.Shuffle(len(in), func(i, j int) { in[i], in[j] = in[j], in[i] })
-		if diff := cmp.Diff(want, proxier.Build(s, in, testNode, testCfg), planCmp...); diff != "" {
+		if diff := cmp.Diff(want, model.Build(s, in, testNode, testCfg), planCmp...); diff != "" {
 			t.Fatalf("Build depends on slice order (-first +now):\n%s", diff)
 		}
 	}
 }
 
 func TestBuildNilInput(t *testing.T) {
-	if got := proxier.Build(nil, nil, proxier.NodeInfo{}, proxier.BuildConfig{}); !cmp.Equal(got, proxier.ServicePlan{}, planCmp...) {
+	if got := model.Build(nil, nil, model.NodeInfo{}, model.BuildConfig{}); !cmp.Equal(got, model.ServicePlan{}, planCmp...) {
 		t.Errorf("Build(nil) = %+v, want an empty plan", got)
 	}
 	// A zero configuration and node still build, with the default scheduler.
-	got := proxier.Build(svc(typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
-		slices(slice4("web-1", http8080, ep("10.1.0.1", conds(nil, nil, nil), on("")))), proxier.NodeInfo{}, proxier.BuildConfig{})
+	got := model.Build(svc(typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
+		slices(slice4("web-1", http8080, ep("10.1.0.1", conds(nil, nil, nil), on("")))), model.NodeInfo{}, model.BuildConfig{})
 	want := vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080"))
 	want[0].Scheduler = scheduler.Default
 	if diff := cmp.Diff(want, got.VirtualServers, planCmp...); diff != "" {
@@ -846,7 +845,7 @@ func TestBuildSkip(t *testing.T) {
 		{"NodePort", svc(typ(corev1.ServiceTypeNodePort)), false},
 	}
 	for _, tc := range tests {
-		if got := proxier.Skip(tc.svc); got != tc.want {
+		if got := model.Skip(tc.svc); got != tc.want {
 			t.Errorf("Skip(%s) = %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -877,8 +876,8 @@ func TestBuildOddInputNoPanic(t *testing.T) {
 		&discoveryv1.EndpointSlice{},
 	)
 	for i, s := range odd {
-		for _, node := range []proxier.NodeInfo{testNode, {NodePortAddresses: []netip.Addr{{}}}} {
-			p := proxier.Build(s, odd4, node, testCfg)
+		for _, node := range []model.NodeInfo{testNode, {NodePortAddresses: []netip.Addr{{}}}} {
+			p := model.Build(s, odd4, node, testCfg)
 			t.Logf("case %d: %d virtual servers, warnings %q", i, len(p.VirtualServers), p.Warnings)
 		}
 	}
@@ -890,14 +889,14 @@ func TestBuildOddInputNoPanic(t *testing.T) {
 func TestBuildUnavailableScheduler(t *testing.T) {
 	cfg := testCfg
 	cfg.Unavailable = map[string]bool{"mh": true, "rr": true}
-	got := proxier.Build(svc(annotate(scheduler.AnnotationScheduler, "mh", scheduler.AnnotationFlags, "mh-port")), nil, testNode, cfg)
+	got := model.Build(svc(annotate(scheduler.AnnotationScheduler, "mh", scheduler.AnnotationFlags, "mh-port")), nil, testNode, cfg)
 	if diff := cmp.Diff(vss(vs(ci, "10.96.0.10:80", tcp, "http")), got.VirtualServers, planCmp...); diff != "" {
 		t.Errorf("virtual servers (-want +got):\n%s", diff)
 	}
 	if len(got.Warnings) != 1 || !strings.Contains(got.Warnings[0], `"mh" is not available in this node's kernel (module ip_vs_mh); using the default "rr"`) {
 		t.Errorf("warnings %q, want one about ip_vs_mh", got.Warnings)
 	}
-	if got := proxier.Build(svc(annotate(scheduler.AnnotationScheduler, "sh")), nil, testNode, cfg); len(got.Warnings) != 0 || got.VirtualServers[0].Scheduler != "sh" {
+	if got := model.Build(svc(annotate(scheduler.AnnotationScheduler, "sh")), nil, testNode, cfg); len(got.Warnings) != 0 || got.VirtualServers[0].Scheduler != "sh" {
 		t.Errorf("an available scheduler: %s, warnings %q", got.VirtualServers[0].Scheduler, got.Warnings)
 	}
 }

@@ -1,11 +1,10 @@
-package proxier
+package model
 
 import (
 	"net/netip"
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -30,14 +29,14 @@ func (k AddressKind) Bound() bool { return k != KindNodePort }
 
 // VSPlan is one virtual server that a Service needs, with its real servers.
 type VSPlan struct {
-	netlinkutil.VirtualServer
+	VirtualServer
 	Kind AddressKind
 	// PortName is the Service port's name ("" for a single unnamed port).
 	PortName string
 	// RealServers are sorted by address, then port. Weight 1 serves;
 	// weight 0 drains (a terminating endpoint that still serves while
 	// others are ready: no new connections, established ones go on).
-	RealServers []netlinkutil.RealServer
+	RealServers []RealServer
 	// Local is set when a Local traffic policy restricts this virtual
 	// server to the node's own endpoints (externalTrafficPolicy for
 	// external kinds, internalTrafficPolicy for clusterIPs): the client's

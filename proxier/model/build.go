@@ -1,4 +1,4 @@
-package proxier
+package model
 
 import (
 	"cmp"
@@ -12,7 +12,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -102,7 +101,7 @@ func (e *buildEndpoint) rank() int {
 
 type buildSlicePort struct {
 	name  string
-	proto netlinkutil.Protocol
+	proto Protocol
 	port  uint16
 }
 
@@ -116,7 +115,7 @@ type buildSlice struct {
 // buildCandidate is an endpoint paired with the port a Service port resolves to.
 type buildCandidate struct {
 	*buildEndpoint
-	key netlinkutil.RSKey
+	key RSKey
 }
 
 // buildAddr is one address a Service answers on.
@@ -142,7 +141,7 @@ type planBuilder struct {
 	families map[buildFamily]bool // the Service's IP families
 
 	vss      []VSPlan
-	seen     map[netlinkutil.VSKey]string // who claimed each virtual server
+	seen     map[VSKey]string // who claimed each virtual server
 	warnings []string
 
 	sourceRanges        []netip.Prefix
@@ -171,11 +170,11 @@ func (b *planBuilder) build(endpointSlices []*discoveryv1.EndpointSlice) {
 			b.healthCheckNodePort = uint16(b.svc.Spec.HealthCheckNodePort)
 		}
 	}
-	b.seen = map[netlinkutil.VSKey]string{}
+	b.seen = map[VSKey]string{}
 	for i := range b.svc.Spec.Ports {
 		b.buildPort(&b.svc.Spec.Ports[i], addrs)
 	}
-	slices.SortFunc(b.vss, func(x, y VSPlan) int { return netlinkutil.VSKey.Compare(x.VSKey, y.VSKey) })
+	slices.SortFunc(b.vss, func(x, y VSPlan) int { return VSKey.Compare(x.VSKey, y.VSKey) })
 }
 
 // parseSourceRanges reads loadBalancerSourceRanges; invalid ones are
@@ -214,7 +213,7 @@ func (b *planBuilder) schedule() {
 	if b.svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
 		return
 	}
-	b.flags |= netlinkutil.FlagPersistent
+	b.flags |= FlagPersistent
 	b.timeout = buildAffinityDefault
 	if c := b.svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
 		t := *c.ClientIP.TimeoutSeconds
@@ -384,10 +383,10 @@ func (b *planBuilder) parseSlices(in []*discoveryv1.EndpointSlice) {
 
 		for _, p := range s.Ports {
 			name := buildDeref(p.Name)
-			proto := netlinkutil.TCP
+			proto := TCP
 			if p.Protocol != nil {
 				var err error
-				if proto, err = netlinkutil.ParseProtocol(string(*p.Protocol)); err != nil {
+				if proto, err = ParseProtocol(string(*p.Protocol)); err != nil {
 					continue // cannot match any Service port; reported there
 				}
 			}
@@ -456,10 +455,10 @@ func buildPortLabel(p *corev1.ServicePort) string {
 // buildPort adds the virtual servers of one Service port.
 func (b *planBuilder) buildPort(p *corev1.ServicePort, addrs buildAddrs) {
 	label := buildPortLabel(p)
-	proto := netlinkutil.TCP
+	proto := TCP
 	if p.Protocol != "" {
 		var err error
-		if proto, err = netlinkutil.ParseProtocol(string(p.Protocol)); err != nil {
+		if proto, err = ParseProtocol(string(p.Protocol)); err != nil {
 			b.warn("port %s: protocol %q is not supported", label, p.Protocol)
 			return
 		}
@@ -488,8 +487,8 @@ func (b *planBuilder) buildPort(p *corev1.ServicePort, addrs buildAddrs) {
 // port a Service port resolves to: the slice port of the same name and
 // protocol. Duplicates (same address and port) are merged, the ready copy
 // winning. The result is sorted by address and port.
-func (b *planBuilder) candidates(name string, proto netlinkutil.Protocol, label string) map[buildFamily][]buildCandidate {
-	byKey := map[netlinkutil.RSKey]buildCandidate{}
+func (b *planBuilder) candidates(name string, proto Protocol, label string) map[buildFamily][]buildCandidate {
+	byKey := map[RSKey]buildCandidate{}
 	matched, anyEndpoints := false, false
 	for _, s := range b.slices {
 		anyEndpoints = anyEndpoints || len(s.endpoints) > 0
@@ -499,7 +498,7 @@ func (b *planBuilder) candidates(name string, proto netlinkutil.Protocol, label 
 			}
 			matched = true
 			for _, e := range s.endpoints {
-				key := netlinkutil.RSKey{Address: e.addr, Port: sp.port}
+				key := RSKey{Address: e.addr, Port: sp.port}
 				if old, dup := byKey[key]; !dup || e.rank() > old.rank() {
 					byKey[key] = buildCandidate{e, key}
 				}
@@ -515,13 +514,13 @@ func (b *planBuilder) candidates(name string, proto netlinkutil.Protocol, label 
 		out[f] = append(out[f], c)
 	}
 	for _, cs := range out {
-		slices.SortFunc(cs, func(x, y buildCandidate) int { return netlinkutil.RSKey.Compare(x.key, y.key) })
+		slices.SortFunc(cs, func(x, y buildCandidate) int { return RSKey.Compare(x.key, y.key) })
 	}
 	return out
 }
 
-func (b *planBuilder) addVS(a buildAddr, proto netlinkutil.Protocol, port uint16, portName, label string, cands []buildCandidate) {
-	key := netlinkutil.VSKey{Address: a.addr, Protocol: proto, Port: port}
+func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, label string, cands []buildCandidate) {
+	key := VSKey{Address: a.addr, Protocol: proto, Port: port}
 	claim := fmt.Sprintf("%s of port %s", a.kind, label)
 	if first, dup := b.seen[key]; dup {
 		b.warn("virtual server %s is claimed twice (%s, %s); keeping the first", key, first, claim)
@@ -538,29 +537,29 @@ func (b *planBuilder) addVS(a buildAddr, proto netlinkutil.Protocol, port uint16
 		pool = cands
 		selected = b.topology(buildUsable(cands))
 	}
-	chosen := make(map[netlinkutil.RSKey]bool, len(selected))
+	chosen := make(map[RSKey]bool, len(selected))
 	for _, c := range selected {
 		chosen[c.key] = true
 	}
-	rss := make([]netlinkutil.RealServer, 0, len(pool))
+	rss := make([]RealServer, 0, len(pool))
 	for _, c := range pool {
 		switch {
 		case chosen[c.key]:
-			rss = append(rss, netlinkutil.RealServer{RSKey: c.key, Weight: 1})
+			rss = append(rss, RealServer{RSKey: c.key, Weight: 1})
 		case c.serving && c.terminating:
 			// Draining: a terminating endpoint that still serves keeps
 			// its real server at weight 0, so it gets no new connections
 			// but its established ones go on until the endpoint leaves
 			// the slice (deleting the real server would cut them, since
 			// expire_nodest_conn=1).
-			rss = append(rss, netlinkutil.RealServer{RSKey: c.key, Weight: 0})
+			rss = append(rss, RealServer{RSKey: c.key, Weight: 0})
 		}
 	}
 	if len(rss) == 0 {
 		rss = nil
 	}
 	b.vss = append(b.vss, VSPlan{
-		VirtualServer: netlinkutil.VirtualServer{
+		VirtualServer: VirtualServer{
 			VSKey:     key,
 			Scheduler: b.sched.Name,
 			Flags:     b.flags,

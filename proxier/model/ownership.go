@@ -1,0 +1,40 @@
+package model
+
+import "net/netip"
+
+// Ownership is the rule that tells ipvs-proxy's kernel objects from anyone
+// else's. ipvs-proxy owns, and so may change or delete:
+//   - every address bound to its dummy interface;
+//   - every virtual server whose address is bound to that interface;
+//   - every virtual server on one of the node's own addresses whose port lies
+//     in the node-port range;
+//   - every virtual server that a Service currently asks for.
+//
+// Nothing inside ExcludeCIDRs is ever owned. Everything else in the kernel
+// (virtual servers of other tools, fwmark services) is left untouched.
+type Ownership struct {
+	Interface     string
+	NodePortRange PortRange
+	ExcludeCIDRs  []netip.Prefix
+}
+
+// PortRange is an inclusive range of ports.
+type PortRange struct{ Min, Max uint16 }
+
+// Contains reports whether p is in the range.
+func (r PortRange) Contains(p uint16) bool { return p >= r.Min && p <= r.Max }
+
+// Owns applies the rule to a virtual server in the kernel: bound says its
+// address is on the interface, node that it is one of the node's addresses.
+func (o Ownership) Owns(vs VSKey, bound, node bool) bool {
+	return !o.Excluded(vs.Address) && (bound || (node && o.NodePortRange.Contains(vs.Port)))
+}
+
+func (o Ownership) Excluded(a netip.Addr) bool {
+	for _, p := range o.ExcludeCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,144 @@
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// Protocol is an IP protocol number as IPVS knows it.
+type Protocol uint16
+
+// Protocols that IPVS balances.
+const (
+	TCP  Protocol = 6
+	UDP  Protocol = 17
+	SCTP Protocol = 132
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	case SCTP:
+		return "SCTP"
+	}
+	return fmt.Sprintf("proto-%d", uint16(p))
+}
+
+// ParseProtocol maps "TCP", "udp", "SCTP" to a Protocol.
+func ParseProtocol(s string) (Protocol, error) {
+	switch strings.ToUpper(s) {
+	case "TCP":
+		return TCP, nil
+	case "UDP":
+		return UDP, nil
+	case "SCTP":
+		return SCTP, nil
+	}
+	return 0, fmt.Errorf("unknown protocol %q", s)
+}
+
+// Scheduler flags of IPVS (IP_VS_SVC_F_SCHED1..3) and persistence. The
+// meaning of the scheduler flags depends on the scheduler: for sh, flag 1 is
+// sh-fallback and flag 2 is sh-port; for mh likewise mh-fallback, mh-port.
+const (
+	FlagPersistent uint32 = 0x0001
+	FlagHashed     uint32 = 0x0002 // set by the kernel; never compared
+	FlagOnePacket  uint32 = 0x0004
+	FlagSched1            = scheduler.FlagSched1
+	FlagSched2            = scheduler.FlagSched2
+	FlagSched3            = scheduler.FlagSched3
+
+	// FlagsCompared is the part of a virtual server's flags that ipvs-proxy
+	// sets and therefore compares with the kernel's.
+	FlagsCompared = FlagPersistent | FlagOnePacket | FlagSched1 | FlagSched2 | FlagSched3
+)
+
+// VSKey identifies a virtual server: the kernel looks services up by
+// (address, protocol, port).
+type VSKey struct {
+	Address  netip.Addr
+	Protocol Protocol
+	Port     uint16
+}
+
+func (k VSKey) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Address, k.Port), k.Protocol)
+}
+
+// VirtualServer is one IPVS service.
+type VirtualServer struct {
+	VSKey
+	Scheduler string
+	// Flags holds FlagPersistent and the scheduler flags; other bits are
+	// ignored when comparing.
+	Flags uint32
+	// Timeout is the persistence timeout in seconds (with FlagPersistent).
+	Timeout uint32
+}
+
+// Equal reports whether two virtual servers have the same settings as far as
+// ipvs-proxy programs them.
+func (v VirtualServer) Equal(o VirtualServer) bool {
+	return v.VSKey == o.VSKey && v.Scheduler == o.Scheduler &&
+		v.Flags&FlagsCompared == o.Flags&FlagsCompared &&
+		(v.Flags&FlagPersistent == 0 || v.Timeout == o.Timeout)
+}
+
+func (v VirtualServer) String() string {
+	s := fmt.Sprintf("%s %s", v.VSKey, v.Scheduler)
+	if v.Flags&FlagsCompared != 0 {
+		s += fmt.Sprintf(" flags=%#x", v.Flags&FlagsCompared)
+	}
+	if v.Flags&FlagPersistent != 0 {
+		s += fmt.Sprintf(" persistent=%ds", v.Timeout)
+	}
+	return s
+}
+
+// RSKey identifies a real server within a virtual server.
+type RSKey struct {
+	Address netip.Addr
+	Port    uint16
+}
+
+func (k RSKey) String() string { return netip.AddrPortFrom(k.Address, k.Port).String() }
+
+// RealServer is one IPVS destination. ipvs-proxy always uses masquerading
+// (NAT) forwarding.
+type RealServer struct {
+	RSKey
+	Weight int
+	// Read-only counters filled by List calls.
+	ActiveConns   int
+	InactiveConns int
+}
+
+// String shows the destination and its weight (a weight of 0 means
+// draining: no new connections).
+func (r RealServer) String() string { return fmt.Sprintf("%s w=%d", r.RSKey, r.Weight) }
+
+// Compare orders virtual servers by address, protocol, port.
+func (k VSKey) Compare(o VSKey) int {
+	if c := k.Address.Compare(o.Address); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(k.Protocol, o.Protocol); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.Port, o.Port)
+}
+
+// Compare orders real servers by address, port.
+func (k RSKey) Compare(o RSKey) int {
+	if c := k.Address.Compare(o.Address); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.Port, o.Port)
+}
