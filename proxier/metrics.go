@@ -15,6 +15,9 @@ type Metrics struct {
 	RealServers         prometheus.Gauge
 	WritesPerSync       prometheus.Histogram
 	ServicesWithWarning prometheus.Gauge
+	ServicesFailing     prometheus.Gauge
+	ServicesInConflict  prometheus.Gauge
+	ServiceFailures     prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -31,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: buckets,
 		}),
 		SyncErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ipvs_proxy_sync_errors_total", Help: "Syncs that failed (and forced a full resync).",
+			Name: "ipvs_proxy_sync_errors_total", Help: "Syncs with a failure: a kernel read, a Service's write, or a consumer (iptables glue, health checks).",
 		}),
 		LastSuccessfulSync: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds", Help: "Unix time of the last successful sync.",
@@ -49,10 +52,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ServicesWithWarning: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ipvs_proxy_services_with_warnings", Help: "Services whose data has problems (see their Events).",
 		}),
+		ServicesFailing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ipvs_proxy_services_failing", Help: "Services whose last sync failed; each is retried alone with its own backoff (see ipvs-proxy status).",
+		}),
+		ServicesInConflict: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ipvs_proxy_services_in_conflict", Help: "Services that want a virtual server an older Service holds (see their Events).",
+		}),
+		ServiceFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ipvs_proxy_service_sync_failures_total", Help: "Failed attempts to program a Service.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.SyncDuration, m.ProgrammingLatency, m.SyncErrors, m.LastSuccessfulSync,
-			m.VirtualServers, m.RealServers, m.WritesPerSync, m.ServicesWithWarning)
+			m.VirtualServers, m.RealServers, m.WritesPerSync, m.ServicesWithWarning, m.ServicesFailing,
+			m.ServicesInConflict, m.ServiceFailures)
 	}
 	return m
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -44,12 +45,17 @@ type Config struct {
 	IPv4, IPv6        bool
 	MinSyncPeriod     time.Duration
 	SyncPeriod        time.Duration
+	// RetryBase is the first retry delay of a failed Service or consumer,
+	// doubled per failure up to SyncPeriod; default 1s.
+	RetryBase time.Duration
+	// Clock defaults to the real clock (tests pass a fake one).
+	Clock clock.WithTicker
 }
 
 // Consumer is another part of the node's data plane driven by the same
 // plans: the iptables glue and the health-check server. It is told of every
-// plan change, then synced after the IPVS reconciler; a failed Sync forces a
-// full resync of everything, like a failed IPVS write.
+// plan change, then synced after the IPVS reconciler. A failed Sync is
+// retried with a full Sync of that consumer alone, after its own backoff.
 type Consumer interface {
 	// Name names the consumer in logs and errors.
 	Name() string
@@ -63,6 +69,7 @@ type Consumer interface {
 // in line with them.
 type Proxier struct {
 	cfg       Config
+	clock     clock.WithTicker
 	client    kubernetes.Interface
 	links     netlinkutil.Links
 	rec       *Reconciler
@@ -70,6 +77,13 @@ type Proxier struct {
 	recorder  record.EventRecorder
 	metrics   *Metrics
 	consumers []Consumer
+	// consumerRetry holds the backoff of each consumer whose last Sync
+	// failed (by index in consumers). Only the sync loop touches it.
+	consumerRetry map[int]*backoff
+	// changes holds, per Service, when its oldest change not yet in the
+	// kernel was made (for the programming latency). Only the sync loop
+	// touches it.
+	changes map[types.NamespacedName]time.Time
 
 	trigger chan struct{}
 
@@ -83,8 +97,10 @@ type Proxier struct {
 	warnings  map[types.NamespacedName]string
 	lastOK    time.Time
 	lastErr   error
-	// pendingSince is when the oldest change not yet in the kernel was
-	// received, or when syncs began to fail; zero when all is applied.
+	// pendingSince is when the oldest change not yet synced was received,
+	// or when node-wide failures (a kernel read, a consumer) began; zero
+	// when all is applied. A Service whose own writes fail does not count
+	// here: it is retried alone and reported in its status.
 	pendingSince time.Time
 	nodeEligible bool
 }
@@ -95,16 +111,25 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	if metrics == nil {
 		metrics = NewMetrics(nil)
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.RetryBase <= 0 {
+		cfg.RetryBase = time.Second
+	}
 	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	rcfg := ReconcilerConfig{Ownership: own, RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock}
 	return &Proxier{
-		cfg: cfg, client: client, links: links, log: log, recorder: recorder, metrics: metrics,
-		rec:      NewReconciler(ipvs, links, own, log),
-		trigger:  make(chan struct{}, 1),
-		services: map[types.NamespacedName]*corev1.Service{},
-		slices:   map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
-		dirty:    map[types.NamespacedName]time.Time{},
-		warnings: map[types.NamespacedName]string{},
-		rebuild:  true,
+		cfg: cfg, clock: cfg.Clock, client: client, links: links, log: log, recorder: recorder, metrics: metrics,
+		rec:           NewReconciler(ipvs, links, rcfg, log),
+		consumerRetry: map[int]*backoff{},
+		changes:       map[types.NamespacedName]time.Time{},
+		trigger:       make(chan struct{}, 1),
+		services:      map[types.NamespacedName]*corev1.Service{},
+		slices:        map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
+		dirty:         map[types.NamespacedName]time.Time{},
+		warnings:      map[types.NamespacedName]string{},
+		rebuild:       true,
 	}
 }
 
@@ -145,7 +170,7 @@ func (p *Proxier) Status() Status {
 // queuedLocked records that a change waits to be applied; p.mu is held.
 func (p *Proxier) queuedLocked() {
 	if p.pendingSince.IsZero() {
-		p.pendingSince = time.Now()
+		p.pendingSince = p.clock.Now()
 	}
 }
 
@@ -170,13 +195,13 @@ func (p *Proxier) markDirty(name types.NamespacedName, at time.Time) {
 
 // changeTime is when an EndpointSlice change was triggered, from the
 // annotation the EndpointSlice controller sets, else now.
-func changeTime(obj metav1.Object) time.Time {
+func changeTime(obj metav1.Object, now time.Time) time.Time {
 	if v, ok := obj.GetAnnotations()[corev1.EndpointsLastChangeTriggerTime]; ok {
 		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 			return t
 		}
 	}
-	return time.Now()
+	return now
 }
 
 func serviceName(obj any) (*corev1.Service, bool) {
@@ -215,7 +240,7 @@ func (p *Proxier) onService(obj any, deleted bool) {
 		p.services[name] = s
 	}
 	p.mu.Unlock()
-	p.markDirty(name, time.Now())
+	p.markDirty(name, p.clock.Now())
 }
 
 func (p *Proxier) onSlice(obj any, deleted bool) {
@@ -238,7 +263,7 @@ func (p *Proxier) onSlice(obj any, deleted bool) {
 		m[s.Name] = s
 	}
 	p.mu.Unlock()
-	p.markDirty(name, changeTime(s))
+	p.markDirty(name, changeTime(s, p.clock.Now()))
 }
 
 func (p *Proxier) onNode(obj any, deleted bool) {
@@ -316,105 +341,169 @@ func (p *Proxier) Run(ctx context.Context) error {
 	return nil
 }
 
-// loop runs syncs: partial ones when something changed, no more often than
-// MinSyncPeriod; a full one every SyncPeriod; after a failure, a full one
-// after a backoff that doubles up to SyncPeriod.
+// loop runs syncs: a partial one when something changed, no more often
+// than MinSyncPeriod; a full one every SyncPeriod; and a partial one when a
+// retry is due (a failed Service, consumer or kernel read, each with its
+// own backoff). The retry time is taken from that state at every turn, so
+// events never postpone or drop it.
 func (p *Proxier) loop(ctx context.Context) {
 	full := true
-	backoff := time.Duration(0)
-	var last time.Time
-	periodic := time.NewTicker(p.cfg.SyncPeriod)
-	defer periodic.Stop()
+	var last, nextFull time.Time
 	for {
-		if wait := p.cfg.MinSyncPeriod - time.Since(last); wait > 0 && !last.IsZero() {
+		if wait := p.cfg.MinSyncPeriod - p.clock.Since(last); wait > 0 && !last.IsZero() {
+			t := p.clock.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-time.After(wait):
+			case <-t.C():
 			}
 		}
-		last = time.Now()
-		err := p.SyncOnce(full)
+		last = p.clock.Now()
+		if full {
+			nextFull = last.Add(p.cfg.SyncPeriod)
+		}
+		if err := p.SyncOnce(full); err != nil {
+			p.log.Error("sync failed; what failed is retried with backoff", zap.Error(err),
+				zap.Time("nextRetry", p.nextRetry()))
+		}
 		full = false
+
+		periodic := p.clock.NewTimer(nextFull.Sub(p.clock.Now()))
 		var retry <-chan time.Time
-		if err != nil {
-			backoff = min(max(2*backoff, time.Second), p.cfg.SyncPeriod)
-			p.log.Error("sync failed; a full resync follows", zap.Error(err), zap.Duration("retryIn", backoff))
-			retry = time.After(backoff)
-		} else {
-			backoff = 0
+		var retryTimer clock.Timer
+		if at := p.nextRetry(); !at.IsZero() {
+			retryTimer = p.clock.NewTimer(at.Sub(p.clock.Now()))
+			retry = retryTimer.C()
 		}
 		select {
 		case <-ctx.Done():
-			return
 		case <-p.trigger:
-		case <-periodic.C:
+		case <-periodic.C():
 			full = true
 		case <-retry:
-			full = true
+		}
+		periodic.Stop()
+		if retryTimer != nil {
+			retryTimer.Stop()
+		}
+		if ctx.Err() != nil {
+			return
 		}
 	}
 }
 
-// SyncOnce builds the plans of changed Services and applies them; full
-// rebuilds and re-reads everything.
-func (p *Proxier) SyncOnce(full bool) error {
-	start := time.Now()
-	if full {
-		if err := p.refreshNodeAddresses(); err != nil {
-			p.fail(err)
-			return err
+// nextRetry is when the earliest retry is due (zero: none waits).
+func (p *Proxier) nextRetry() time.Time {
+	next := p.rec.NextRetry()
+	for _, b := range p.consumerRetry {
+		if next.IsZero() || b.next.Before(next) {
+			next = b.next
 		}
 	}
+	return next
+}
+
+// syncInputs is what one sync works from, taken under the lock.
+type syncInputs struct {
+	full     bool
+	node     model.NodeInfo
+	services map[types.NamespacedName]syncInput
+	changed  map[types.NamespacedName]time.Time
+}
+
+type syncInput struct {
+	svc    *corev1.Service
+	slices []*discoveryv1.EndpointSlice
+}
+
+// SyncOnce is one sync, in steps: snapshot the inputs, build the plans of
+// the changed Services, apply them to the kernel, sync the consumers,
+// record the outcome. full rebuilds every plan and re-reads the kernel.
+func (p *Proxier) SyncOnce(full bool) error {
+	start := p.clock.Now()
+	full = full || p.rec.FullDue()
+	in, nodeErr := p.snapshot(full)
+	p.build(in)
+	if !full && !p.rec.Pending() && len(in.services) == 0 && !p.consumersDue() {
+		p.mu.Lock()
+		if len(p.dirty) == 0 && !p.rebuild {
+			p.pendingSince = time.Time{}
+		}
+		p.mu.Unlock()
+		return nodeErr
+	}
+	known := len(p.rec.UnavailableSchedulers())
+	st, err := p.rec.Sync(full)
+	if len(p.rec.UnavailableSchedulers()) > known {
+		p.mu.Lock()
+		p.rebuild = true
+		p.mu.Unlock()
+	}
+	nodeErr = errors.Join(nodeErr, p.syncConsumers(st.Full))
+	p.record(start, st, err, nodeErr)
+	return errors.Join(err, nodeErr)
+}
+
+// snapshot takes the changed Services (all on a rebuild) with their slices
+// and the node's facts; on a full sync it re-reads the node's addresses.
+func (p *Proxier) snapshot(full bool) (syncInputs, error) {
+	var err error
+	if full {
+		err = p.refreshNodeAddresses()
+	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	rebuild := p.rebuild || full
 	p.rebuild = false
-	changed := p.dirty
+	in := syncInputs{full: full, changed: p.dirty,
+		node: model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs}}
 	p.dirty = map[types.NamespacedName]time.Time{}
-	var names []types.NamespacedName
+	names := make([]types.NamespacedName, 0, len(in.changed))
+	for n := range in.changed {
+		names = append(names, n)
+	}
 	if rebuild {
 		for n := range p.services {
-			names = append(names, n)
-		}
-		for n := range changed { // deleted Services
-			if _, ok := p.services[n]; !ok {
+			if _, ok := in.changed[n]; !ok {
 				names = append(names, n)
 			}
 		}
-	} else {
-		for n := range changed {
-			names = append(names, n)
-		}
 	}
-	node := model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs}
-	type input struct {
-		svc    *corev1.Service
-		slices []*discoveryv1.EndpointSlice
-	}
-	inputs := make(map[types.NamespacedName]input, len(names))
+	in.services = make(map[types.NamespacedName]syncInput, len(names))
 	for _, n := range names {
-		in := input{svc: p.services[n]}
+		si := syncInput{svc: p.services[n]}
 		for _, s := range p.slices[n] {
-			in.slices = append(in.slices, s)
+			si.slices = append(si.slices, s)
 		}
-		inputs[n] = in
+		in.services[n] = si
 	}
-	p.mu.Unlock()
+	return in, err
+}
 
-	// Schedulers the kernel refused make a failed sync; the next sync
-	// rebuilds every Service, with the default in their place.
-	unavailable := map[string]bool{}
+// unavailable is the set of schedulers the kernel refused.
+func (p *Proxier) unavailable() map[string]bool {
+	out := map[string]bool{}
 	for _, n := range p.rec.UnavailableSchedulers() {
-		unavailable[n] = true
+		out[n] = true
 	}
+	return out
+}
+
+// build makes the plans of the snapshot's Services and hands them to the
+// reconciler and the consumers; it raises Events for warnings and for
+// conflicts that changed.
+func (p *Proxier) build(in syncInputs) {
+	// Schedulers the kernel refused: the next sync rebuilds every Service,
+	// with the default in their place.
 	bcfg := model.BuildConfig{Scheduler: p.cfg.Scheduler, IPv4: p.cfg.IPv4, IPv6: p.cfg.IPv6, ExcludeCIDRs: p.cfg.ExcludeCIDRs,
-		Unavailable: unavailable}
-	for n, in := range inputs {
+		Unavailable: p.unavailable()}
+	for n, si := range in.services {
 		var plan *model.ServicePlan
-		if in.svc != nil && !model.Skip(in.svc) {
-			built := model.Build(in.svc, in.slices, node, bcfg)
+		if si.svc != nil && !model.Skip(si.svc) {
+			built := model.Build(si.svc, si.slices, in.node, bcfg)
 			plan = &built
-			p.report(n, in.svc, built.Warnings)
+			p.report(n, si.svc, built.Warnings)
 		} else {
 			p.report(n, nil, nil)
 		}
@@ -423,73 +512,155 @@ func (p *Proxier) SyncOnce(full bool) error {
 			c.SetPlan(n, plan)
 		}
 	}
-	if !p.rec.Pending() && !full && len(inputs) == 0 {
-		p.mu.Lock()
-		if len(p.dirty) == 0 && !p.rebuild {
-			p.pendingSince = time.Time{}
-		}
-		p.mu.Unlock()
-		return nil
-	}
-	st, err := p.rec.Sync(full)
-	if len(p.rec.UnavailableSchedulers()) > len(unavailable) {
-		p.mu.Lock()
-		p.rebuild = true
-		p.mu.Unlock()
-	}
-	for _, c := range p.consumers {
-		if cerr := c.Sync(st.Full); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("%s: %w", c.Name(), cerr))
+	for n, at := range in.changed {
+		if old, ok := p.changes[n]; !ok || at.Before(old) {
+			p.changes[n] = at
 		}
 	}
+	for _, n := range p.rec.ConflictChanges() {
+		p.reportConflicts(n)
+	}
+}
+
+// reportConflicts logs a Service's conflicts and raises an Event on it.
+func (p *Proxier) reportConflicts(name types.NamespacedName) {
+	st, ok := p.rec.Status(name)
+	if !ok {
+		return
+	}
+	p.mu.Lock()
+	svc := p.services[name]
+	p.mu.Unlock()
+	if len(st.Conflicts) == 0 {
+		p.log.Info("service no longer in conflict", zap.String("service", name.String()))
+		if p.recorder != nil && svc != nil {
+			p.recorder.Event(svc, corev1.EventTypeNormal, "VirtualServerConflictResolved", "the Service holds every virtual server it wants")
+		}
+		return
+	}
+	msgs := make([]string, len(st.Conflicts))
+	for i, c := range st.Conflicts {
+		msgs[i] = c.String()
+	}
+	msg := strings.Join(msgs, "; ") + "; this Service gets no traffic there"
+	p.log.Warn("virtual servers held by an older Service", zap.String("service", name.String()), zap.Strings("conflicts", msgs))
+	if p.recorder != nil && svc != nil {
+		p.recorder.Event(svc, corev1.EventTypeWarning, "VirtualServerConflict", msg)
+	}
+}
+
+// consumersDue reports whether a consumer's retry is due.
+func (p *Proxier) consumersDue() bool {
+	now := p.clock.Now()
+	for _, b := range p.consumerRetry {
+		if b.due(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// syncConsumers syncs every consumer after the reconciler: fully when the
+// reconciler's sync was full or the consumer's retry is due. A failure is
+// that consumer's alone: it is retried with a full sync after its backoff.
+func (p *Proxier) syncConsumers(full bool) error {
+	now := p.clock.Now()
+	var errs []error
+	for i, c := range p.consumers {
+		b := p.consumerRetry[i]
+		cfull := full || (b != nil && b.due(now))
+		if err := c.Sync(cfull); err != nil {
+			if b == nil {
+				b = &backoff{}
+				p.consumerRetry[i] = b
+			}
+			b.fail(now, p.cfg.RetryBase, max(p.cfg.SyncPeriod, p.cfg.RetryBase))
+			errs = append(errs, fmt.Errorf("%s: %w", c.Name(), err))
+			continue
+		}
+		if cfull || b == nil {
+			delete(p.consumerRetry, i)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// record takes a sync's outcome into metrics, logs and health: recErr is
+// the reconciler's, nodeErr that of the node's addresses and consumers.
+func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
 	kind := "partial"
 	if st.Full {
 		kind = "full"
 	}
-	total := time.Since(start)
+	now := p.clock.Now()
+	total := now.Sub(start)
 	p.metrics.SyncDuration.WithLabelValues(kind).Observe(total.Seconds())
 	p.metrics.WritesPerSync.Observe(float64(st.Writes))
-	p.countServers()
+	p.metrics.ServiceFailures.Add(float64(len(st.Failed)))
+	vs, rs := p.rec.Counts()
+	p.metrics.VirtualServers.Set(float64(vs))
+	p.metrics.RealServers.Set(float64(rs))
+	failing, conflicts := 0, 0
+	for _, s := range p.rec.Statuses() {
+		if s.Failures > 0 {
+			failing++
+		}
+		if len(s.Conflicts) > 0 {
+			conflicts++
+		}
+	}
+	p.metrics.ServicesFailing.Set(float64(failing))
+	p.metrics.ServicesInConflict.Set(float64(conflicts))
 	logAt := p.log.Debug
 	if st.Full {
 		logAt = p.log.Info
 	}
-	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services),
+	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),
 		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
 		zap.Duration("took", total))
-	if err != nil {
-		p.fail(err)
-		return err
+
+	// A change is programmed once its Service is not failing; a failed
+	// kernel read applied nothing.
+	if !st.ReadFailed {
+		for n, at := range p.changes {
+			if s, ok := p.rec.Status(n); ok && s.Failures > 0 {
+				continue
+			}
+			p.metrics.ProgrammingLatency.Observe(now.Sub(at).Seconds())
+			delete(p.changes, n)
+		}
 	}
-	now := time.Now()
-	for _, at := range changed {
-		p.metrics.ProgrammingLatency.Observe(now.Sub(at).Seconds())
+
+	// Health: per-Service failures are the Services' own (status, Events,
+	// metrics); a failed kernel read or consumer is the node's.
+	if recErr != nil || nodeErr != nil {
+		p.metrics.SyncErrors.Inc()
+	}
+	var healthErr error
+	if st.ReadFailed {
+		healthErr = recErr
+	}
+	healthErr = errors.Join(healthErr, nodeErr)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lastErr = errors.Join(recErr, nodeErr)
+	if healthErr != nil {
+		p.queuedLocked()
+		return
 	}
 	p.metrics.LastSuccessfulSync.Set(float64(now.Unix()))
-	recPending := p.rec.Pending()
-	p.mu.Lock()
-	p.lastOK, p.lastErr = now, nil
-	if len(p.dirty) == 0 && !p.rebuild && !recPending {
+	p.lastOK = now
+	switch {
+	case len(p.dirty) == 0 && !p.rebuild && !p.rec.FullDue() && len(p.consumerRetry) == 0:
 		p.pendingSince = time.Time{}
-	} else {
+	default:
 		// Changes came in during the sync: they are no older than its
 		// start (an early bound, by at most one sync's duration).
 		p.pendingSince = start
 	}
-	p.mu.Unlock()
-	if recPending {
+	if p.rec.Pending() {
 		p.kick()
 	}
-	return nil
-}
-
-func (p *Proxier) fail(err error) {
-	p.metrics.SyncErrors.Inc()
-	p.rec.ForceFull()
-	p.mu.Lock()
-	p.lastErr = err
-	p.queuedLocked()
-	p.mu.Unlock()
 }
 
 // refreshNodeAddresses reads the node's addresses for node ports; a change
@@ -550,10 +721,4 @@ func (p *Proxier) report(name types.NamespacedName, svc *corev1.Service, warning
 	if p.recorder != nil && svc != nil {
 		p.recorder.Event(svc, corev1.EventTypeWarning, "IPVSProxyConfig", msg)
 	}
-}
-
-func (p *Proxier) countServers() {
-	vs, rs := p.rec.Counts()
-	p.metrics.VirtualServers.Set(float64(vs))
-	p.metrics.RealServers.Set(float64(rs))
 }

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -18,107 +19,281 @@ import (
 // SyncStats describes one sync.
 type SyncStats struct {
 	Full     bool
-	Services int // Services applied
+	Services int // Services in the sync's scope
 	Writes   int // netlink writes (IPVS and addresses)
 	Reads    int // netlink dumps
 	Duration time.Duration
+	// Applied lists the Services in scope whose every write succeeded;
+	// Failed, those with a failed write or read, with the error.
+	Applied []types.NamespacedName
+	Failed  map[types.NamespacedName]error
+	// ReadFailed: the full sync's kernel read failed, nothing was applied.
+	ReadFailed bool
 }
 
-// Reconciler applies ServicePlans to the kernel. It keeps the desired plans,
-// a view of the owned part of the kernel (read in bulk on a full sync and
-// kept current by its own writes), and applies only differences. It is not
-// safe for concurrent use; the proxier's sync loop owns it.
+// ServiceStatus is what the reconciler knows of one Service.
+type ServiceStatus struct {
+	Service types.NamespacedName
+	// Applied: the last attempt wrote everything the Service holds.
+	Applied bool
+	// Failures counts the attempts that failed in a row; the Service is
+	// retried alone at NextRetry (an exponential backoff).
+	Failures  int
+	LastError string
+	NextRetry time.Time
+	// Conflicts are the virtual servers it wants and an older Service
+	// holds.
+	Conflicts []model.Conflict
+}
+
+// ReconcilerConfig configures a Reconciler.
+type ReconcilerConfig struct {
+	Ownership model.Ownership
+	// RetryBase is the first retry delay of a failed Service (then doubled
+	// per failure up to RetryMax); defaults 1s and 1m.
+	RetryBase, RetryMax time.Duration
+	// Clock defaults to the real clock.
+	Clock clock.PassiveClock
+}
+
+// backoff is one retry schedule: failures in a row and the next attempt.
+type backoff struct {
+	failures int
+	next     time.Time
+}
+
+func (b *backoff) fail(now time.Time, base, max time.Duration) {
+	b.failures++
+	d := base
+	for i := 1; i < b.failures && d < max; i++ {
+		d *= 2
+	}
+	b.next = now.Add(min(d, max))
+}
+
+func (b *backoff) due(now time.Time) bool { return b.failures > 0 && !now.Before(b.next) }
+
+// Reconciler applies ServicePlans to the kernel. It keeps the desired
+// plans, an index of which Services claim each virtual server (the oldest
+// holds it: model.Precedes), a view of the owned part of the kernel (read
+// whole on a full sync, kept current by its own writes) and a status per
+// Service. A sync diffs, with model.Diff, the virtual servers and addresses
+// that changed (partial) or all of them (full), and applies the operations.
+// A Service whose writes fail is retried alone with its own backoff; only a
+// failed kernel read makes the next sync full. It is not safe for
+// concurrent use; the proxier's sync loop owns it.
 type Reconciler struct {
 	ipvs      netlinkutil.IPVS
 	links     netlinkutil.Links
 	conntrack netlinkutil.Conntrack // optional
+	cfg       ReconcilerConfig
 	own       model.Ownership
+	clock     clock.PassiveClock
 	log       *zap.Logger
 
-	plans     map[types.NamespacedName]model.ServicePlan
-	owner     map[model.VSKey]types.NamespacedName // which Service holds each VS
-	held      map[types.NamespacedName]map[model.VSKey]bool
-	conflicts map[model.VSKey][]types.NamespacedName
-	dirty     map[types.NamespacedName]bool
+	plans    map[types.NamespacedName]*model.ServicePlan
+	claims   map[model.VSKey][]types.NamespacedName // by precedence: [0] holds
+	wantAddr map[netip.Addr]int                     // addresses to bind, by reference count
+	kernel   *model.Kernel
 
-	// Reference counts over all plans, kept by SetPlan, so that a partial
-	// sync costs what changed, not the number of Services.
-	wantVS   map[model.VSKey]int
-	wantAddr map[netip.Addr]int  // addresses to bind
-	touched  map[netip.Addr]bool // wantAddr changed since the last sync
+	// What changed since the last sync.
+	dirtyKeys     map[model.VSKey]bool
+	dirtyAddrs    map[netip.Addr]bool
+	dirtyServices map[types.NamespacedName]bool
 
-	kernel           map[model.VSKey]model.VirtualServer // owned VSs in the kernel
-	bound            map[netip.Addr]bool                 // addresses on the dummy
-	vsCount, rsCount int                                 // over all plans
+	status          map[types.NamespacedName]*ServiceStatus
+	retrying        map[types.NamespacedName]*backoff
+	conflictChanged map[types.NamespacedName]bool
+
+	// Writes no Service is answerable for (a virtual server no Service
+	// wants, an address to unbind) that failed: retried with one backoff.
+	orphan      backoff
+	orphanKeys  map[model.VSKey]bool
+	orphanAddrs map[netip.Addr]bool
+
+	full    backoff // a failed kernel read: the next full sync
+	synced  bool    // a full sync has completed once
+	vsCount int
+	rsCount int
 
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
 	unavailable map[string]bool
-
-	// failed is set when a write failed: the next sync must be full.
-	failed bool
-	synced bool // a full sync has completed once
 }
 
 // NewReconciler returns a reconciler with no desired state; its first sync
 // is full.
-func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership, log *zap.Logger) *Reconciler {
+func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg ReconcilerConfig, log *zap.Logger) *Reconciler {
+	if cfg.RetryBase <= 0 {
+		cfg.RetryBase = time.Second
+	}
+	if cfg.RetryMax < cfg.RetryBase {
+		cfg.RetryMax = max(time.Minute, cfg.RetryBase)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	return &Reconciler{
-		ipvs: ipvs, links: links, own: own, log: log,
-		plans:     map[types.NamespacedName]model.ServicePlan{},
-		owner:     map[model.VSKey]types.NamespacedName{},
-		held:      map[types.NamespacedName]map[model.VSKey]bool{},
-		conflicts: map[model.VSKey][]types.NamespacedName{},
-		wantVS:    map[model.VSKey]int{},
-		wantAddr:  map[netip.Addr]int{},
-		touched:   map[netip.Addr]bool{},
-		dirty:     map[types.NamespacedName]bool{},
-		kernel:    map[model.VSKey]model.VirtualServer{},
-		bound:     map[netip.Addr]bool{},
+		ipvs: ipvs, links: links, cfg: cfg, own: cfg.Ownership, clock: cfg.Clock, log: log,
+		plans:           map[types.NamespacedName]*model.ServicePlan{},
+		claims:          map[model.VSKey][]types.NamespacedName{},
+		wantAddr:        map[netip.Addr]int{},
+		kernel:          model.NewKernel(nil, nil),
+		dirtyKeys:       map[model.VSKey]bool{},
+		dirtyAddrs:      map[netip.Addr]bool{},
+		dirtyServices:   map[types.NamespacedName]bool{},
+		status:          map[types.NamespacedName]*ServiceStatus{},
+		retrying:        map[types.NamespacedName]*backoff{},
+		conflictChanged: map[types.NamespacedName]bool{},
+		orphanKeys:      map[model.VSKey]bool{},
+		orphanAddrs:     map[netip.Addr]bool{},
 	}
 }
 
 // SetPlan records the desired plan of a Service; nil removes the Service.
 // Nothing reaches the kernel before the next Sync.
 func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
-	old, had := r.plans[name]
-	if had {
-		r.count(old, -1)
+	old := r.plans[name]
+	if plan != nil && old != nil && planEqual(*old, *plan) {
+		return
 	}
-	defer func() {
-		if p, ok := r.plans[name]; ok {
-			r.count(p, 1)
-		}
-	}()
+	if old != nil {
+		r.claim(name, old, -1)
+	}
 	if plan == nil {
-		if !had {
+		if old == nil {
 			return
 		}
 		delete(r.plans, name)
+		delete(r.status, name)
+		delete(r.retrying, name)
+		delete(r.conflictChanged, name)
 	} else {
-		if had && planEqual(old, *plan) {
-			return
+		p := *plan
+		r.plans[name] = &p
+		r.claim(name, &p, 1)
+		if r.status[name] == nil {
+			r.status[name] = &ServiceStatus{Service: name}
 		}
-		r.plans[name] = *plan
+		r.conflictChanged[name] = true
 	}
-	r.dirty[name] = true
+	r.dirtyServices[name] = true
 }
 
-// count adds (sign 1) or removes (sign -1) a plan's references.
-func (r *Reconciler) count(p model.ServicePlan, sign int) {
+// claim adds (sign 1) or removes (sign -1) a plan's claims on virtual
+// servers and addresses, marking what it touches dirty.
+func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
 	r.vsCount += sign * len(p.VirtualServers)
 	for _, v := range p.VirtualServers {
 		r.rsCount += sign * len(v.RealServers)
-		if r.wantVS[v.VSKey] += sign; r.wantVS[v.VSKey] <= 0 {
-			delete(r.wantVS, v.VSKey)
+		if r.own.Excluded(v.Address) {
+			continue
 		}
-		if v.Kind.Bound() && !r.own.Excluded(v.Address) {
+		k := v.VSKey
+		r.dirtyKeys[k] = true
+		cl := slices.DeleteFunc(r.claims[k], func(n types.NamespacedName) bool { return n == name })
+		if sign > 0 {
+			i, _ := slices.BinarySearchFunc(cl, p, func(n types.NamespacedName, p *model.ServicePlan) int {
+				if model.Precedes(r.plans[n], p) {
+					return -1
+				}
+				return 1
+			})
+			cl = slices.Insert(cl, i, name)
+		}
+		if len(cl) == 0 {
+			delete(r.claims, k)
+		} else {
+			r.claims[k] = cl
+		}
+		for _, n := range cl {
+			r.conflictChanged[n] = true
+		}
+		if v.Kind.Bound() {
 			if r.wantAddr[v.Address] += sign; r.wantAddr[v.Address] <= 0 {
 				delete(r.wantAddr, v.Address)
 			}
-			r.touched[v.Address] = true
+			r.dirtyAddrs[v.Address] = true
 		}
 	}
+}
+
+// holder returns the Service that holds a virtual server and its plan of
+// it.
+func (r *Reconciler) holder(k model.VSKey) (model.Want, bool) {
+	cl := r.claims[k]
+	if len(cl) == 0 {
+		return model.Want{}, false
+	}
+	p := r.plans[cl[0]]
+	i, found := slices.BinarySearchFunc(p.VirtualServers, k, func(v model.VSPlan, k model.VSKey) int { return v.VSKey.Compare(k) })
+	if !found { // plans are sorted by Build; a hand-made one may not be
+		i = slices.IndexFunc(p.VirtualServers, func(v model.VSPlan) bool { return v.VSKey == k })
+	}
+	return model.Want{Service: cl[0], VSPlan: p.VirtualServers[i]}, true
+}
+
+// ConflictChanges returns, sorted, the Services whose conflicts changed
+// since the last call; their Status holds the new ones.
+func (r *Reconciler) ConflictChanges() []types.NamespacedName {
+	var out []types.NamespacedName
+	for n := range r.conflictChanged {
+		st, p := r.status[n], r.plans[n]
+		if st == nil || p == nil {
+			continue
+		}
+		var cs []model.Conflict
+		for _, v := range p.VirtualServers {
+			if cl := r.claims[v.VSKey]; len(cl) > 0 && cl[0] != n {
+				cs = append(cs, model.Conflict{VirtualServer: v.VSKey, Holder: cl[0], Loser: n})
+			}
+		}
+		if !slices.Equal(cs, st.Conflicts) {
+			st.Conflicts = cs
+			out = append(out, n)
+		}
+	}
+	clear(r.conflictChanged)
+	slices.SortFunc(out, compareNames)
+	return out
+}
+
+func compareNames(a, b types.NamespacedName) int {
+	if a.Namespace != b.Namespace {
+		if a.Namespace < b.Namespace {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.Name < b.Name:
+		return -1
+	case a.Name > b.Name:
+		return 1
+	}
+	return 0
+}
+
+// Status returns a Service's status.
+func (r *Reconciler) Status(name types.NamespacedName) (ServiceStatus, bool) {
+	st, ok := r.status[name]
+	if !ok {
+		return ServiceStatus{}, false
+	}
+	out := *st
+	out.Conflicts = slices.Clone(st.Conflicts)
+	return out, true
+}
+
+// Statuses returns every Service's status, sorted by name.
+func (r *Reconciler) Statuses() []ServiceStatus {
+	out := make([]ServiceStatus, 0, len(r.status))
+	for n := range r.status {
+		st, _ := r.Status(n)
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b ServiceStatus) int { return compareNames(a.Service, b.Service) })
+	return out
 }
 
 // Counts returns the numbers of virtual and real servers the plans want.
@@ -127,85 +302,220 @@ func (r *Reconciler) Counts() (virtualServers, realServers int) { return r.vsCou
 // Plan returns the desired plan of a Service.
 func (r *Reconciler) Plan(name types.NamespacedName) (model.ServicePlan, bool) {
 	p, ok := r.plans[name]
-	return p, ok
-}
-
-// Plans returns every desired plan, sorted by Service name.
-func (r *Reconciler) Plans() []model.ServicePlan {
-	out := make([]model.ServicePlan, 0, len(r.plans))
-	for _, p := range r.plans {
-		out = append(out, p)
+	if !ok {
+		return model.ServicePlan{}, false
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Service.String() < out[j].Service.String() })
-	return out
+	return *p, true
 }
 
-// Pending reports whether a sync has work to do.
-func (r *Reconciler) Pending() bool { return len(r.dirty) > 0 || r.failed || !r.synced }
+// FullDue reports whether the next sync must be full: no full sync has
+// succeeded yet, or a failed kernel read's retry is due.
+func (r *Reconciler) FullDue() bool { return !r.synced || r.full.due(r.clock.Now()) }
 
-// ForceFull makes the next Sync a full one.
-func (r *Reconciler) ForceFull() { r.failed = true }
+// Pending reports whether a sync now has work to do.
+func (r *Reconciler) Pending() bool {
+	now := r.clock.Now()
+	if !r.synced || r.full.due(now) || r.orphan.due(now) ||
+		len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0 || len(r.dirtyServices) > 0 {
+		return true
+	}
+	for _, b := range r.retrying {
+		if b.due(now) {
+			return true
+		}
+	}
+	return false
+}
 
-// Sync applies what changed since the last sync; it reads the kernel in bulk
-// and repairs everything when full is set, when a previous write failed, or
-// before the first full sync. The error joins every failed write; the
+// NextRetry is when the earliest retry (of a failed Service, of a failed
+// kernel read, of other failed writes) is due; zero when none waits.
+func (r *Reconciler) NextRetry() time.Time {
+	var next time.Time
+	consider := func(b *backoff) {
+		if b.failures > 0 && (next.IsZero() || b.next.Before(next)) {
+			next = b.next
+		}
+	}
+	consider(&r.full)
+	consider(&r.orphan)
+	for _, b := range r.retrying {
+		consider(b)
+	}
+	return next
+}
+
+// Sync applies what changed since the last sync, and the retries that are
+// due. It is full (reads the kernel whole and repairs everything) when
+// full is set, before the first full sync has succeeded, and when a kernel
+// read failed and its retry is due. The error joins every failure; the
 // Services whose writes succeeded are programmed regardless.
 func (r *Reconciler) Sync(full bool) (SyncStats, error) {
-	start := time.Now()
-	full = full || r.failed || !r.synced
-	st := SyncStats{Full: full}
-	var errs []error
-	var names []types.NamespacedName
+	start := r.clock.Now()
+	now := start
+	full = full || !r.synced || r.full.due(now)
+	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
 	if full {
 		if err := r.readKernel(&st); err != nil {
-			r.failed = true
-			st.Duration = time.Since(start)
+			st.ReadFailed = true
+			r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
+			st.Duration = r.clock.Since(start)
 			return st, err
 		}
-		names = make([]types.NamespacedName, 0, len(r.plans))
-		for n := range r.plans {
-			names = append(names, n)
-		}
+	}
+	keys, addrs, services := r.scope(full, now)
+	want := r.desired(keys, addrs)
+	readFailed := r.readRealServers(&st, keys, want)
+	keys = slices.DeleteFunc(keys, func(k model.VSKey) bool { return readFailed[k] != nil })
+	for k, err := range readFailed {
+		w := want.VirtualServers[k]
+		st.Failed[w.Service] = errors.Join(st.Failed[w.Service], err)
+	}
+
+	ops := model.Diff(want, r.kernel, model.Scope{Keys: keys, Addresses: addrs})
+	orphanErrs := r.apply(&st, ops)
+	r.kernel.RealServers = map[model.VSKey][]model.RealServer{} // no copy of the dump outlives the sync
+
+	if len(orphanErrs) > 0 {
+		r.orphan.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 	} else {
-		for n := range r.dirty {
-			names = append(names, n)
-		}
+		r.orphan = backoff{}
 	}
-	// Applying may mark other Services dirty (a released conflict); those
-	// are left for the next sync.
-	clear(r.dirty)
-	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
-
-	// Addresses first, so that every VS being added is on an owned address.
-	errs = append(errs, r.bindAddresses(&st, full)...)
-	for _, n := range names {
-		if err := r.applyService(n, &st); err != nil {
-			errs = append(errs, fmt.Errorf("service %s: %w", n, err))
-		}
-	}
-	if full {
-		errs = append(errs, r.pruneVirtualServers(&st)...)
-	}
-	errs = append(errs, r.unbindAddresses(&st, full)...)
-	clear(r.touched)
-
-	err := errors.Join(errs...)
-	r.failed = err != nil
-	if full && err == nil {
+	if len(readFailed) > 0 {
+		r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
+	} else if full {
+		r.full = backoff{}
 		r.synced = true
 	}
-	st.Services = len(names)
-	st.Duration = time.Since(start)
-	return st, err
+	errs := r.record(&st, services, now)
+	st.Services = len(services)
+	st.Duration = r.clock.Since(start)
+	return st, errors.Join(append(errs, orphanErrs...)...)
+}
+
+// scope lists the virtual servers, addresses and Services a sync looks at,
+// and clears what it takes of the dirty sets.
+func (r *Reconciler) scope(full bool, now time.Time) ([]model.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
+	services := map[types.NamespacedName]bool{}
+	keySet := map[model.VSKey]bool{}
+	addrSet := map[netip.Addr]bool{}
+	if full {
+		for n := range r.plans {
+			services[n] = true
+		}
+		for n := range r.dirtyServices { // removed ones
+			services[n] = true
+		}
+		for k := range r.claims {
+			keySet[k] = true
+		}
+		for k := range r.kernel.VirtualServers {
+			keySet[k] = true
+		}
+		for a := range r.wantAddr {
+			addrSet[a] = true
+		}
+		for a := range r.kernel.Bound {
+			addrSet[a] = true
+		}
+		clear(r.orphanKeys)
+		clear(r.orphanAddrs)
+	} else {
+		for n := range r.dirtyServices {
+			services[n] = true
+		}
+		for n, b := range r.retrying {
+			if b.due(now) {
+				services[n] = true
+				for _, v := range r.plans[n].VirtualServers {
+					if !r.own.Excluded(v.Address) {
+						keySet[v.VSKey] = true
+					}
+				}
+			}
+		}
+		for k := range r.dirtyKeys {
+			keySet[k] = true
+		}
+		for a := range r.dirtyAddrs {
+			addrSet[a] = true
+		}
+		if r.orphan.due(now) {
+			for k := range r.orphanKeys {
+				keySet[k] = true
+			}
+			for a := range r.orphanAddrs {
+				addrSet[a] = true
+			}
+			clear(r.orphanKeys)
+			clear(r.orphanAddrs)
+		}
+	}
+	clear(r.dirtyKeys)
+	clear(r.dirtyAddrs)
+	clear(r.dirtyServices)
+	keys := make([]model.VSKey, 0, len(keySet))
+	for k := range keySet {
+		keys = append(keys, k)
+		addrSet[k.Address] = true
+		// The holder answers for what happens to its virtual servers.
+		if cl := r.claims[k]; len(cl) > 0 {
+			services[cl[0]] = true
+		}
+	}
+	addrs := make([]netip.Addr, 0, len(addrSet))
+	for a := range addrSet {
+		addrs = append(addrs, a)
+	}
+	slices.SortFunc(keys, model.VSKey.Compare)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return keys, addrs, services
+}
+
+// desired is the part of the desired state that the scope looks at.
+func (r *Reconciler) desired(keys []model.VSKey, addrs []netip.Addr) model.Desired {
+	d := model.Desired{VirtualServers: make(map[model.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{}}
+	for _, k := range keys {
+		if w, ok := r.holder(k); ok {
+			d.VirtualServers[k] = w
+		}
+	}
+	for _, a := range addrs {
+		if r.wantAddr[a] > 0 {
+			d.Addresses[a] = true
+		}
+	}
+	return d
+}
+
+// readRealServers reads the destinations of the virtual servers in scope
+// that are wanted and in the kernel. It returns the reads that failed.
+func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want model.Desired) map[model.VSKey]error {
+	failed := map[model.VSKey]error{}
+	for _, k := range keys {
+		if _, wanted := want.VirtualServers[k]; !wanted {
+			continue
+		}
+		if _, ok := r.kernel.VirtualServers[k]; !ok {
+			continue
+		}
+		st.Reads++
+		rss, err := r.ipvs.ListRealServers(k)
+		if err != nil {
+			failed[k] = fmt.Errorf("read real servers of %s: %w", k, err)
+			continue
+		}
+		r.kernel.RealServers[k] = rss
+	}
+	return failed
 }
 
 // readKernel replaces the view of the kernel with one dump of virtual
-// servers and one of the dummy's addresses.
+// servers and one of the interface's addresses.
 func (r *Reconciler) readKernel(st *SyncStats) error {
 	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
 		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
 	}
-	bound, err := r.links.ListAddresses(r.own.Interface)
+	boundList, err := r.links.ListAddresses(r.own.Interface)
 	if err != nil {
 		return fmt.Errorf("list addresses of %s: %w", r.own.Interface, err)
 	}
@@ -218,219 +528,160 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 		return fmt.Errorf("list IPVS services: %w", err)
 	}
 	st.Reads += 4
-	clear(r.bound)
-	for _, a := range bound {
+	bound := map[netip.Addr]bool{}
+	var boundOwned []netip.Addr
+	for _, a := range boundList {
 		// The kernel's own link-local address of the interface is not ours.
 		if !r.own.Excluded(a) && !a.IsLinkLocalUnicast() {
-			r.bound[a] = true
+			bound[a] = true
+			boundOwned = append(boundOwned, a)
 		}
 	}
 	node := map[netip.Addr]bool{}
 	for _, a := range nodeAddrs {
 		node[a] = true
 	}
-	// Rebuild the owner index from the desired plans, so that a conflict
-	// lost earlier can be won now that its holder is gone.
-	clear(r.owner)
-	clear(r.held)
-	clear(r.conflicts)
-	clear(r.kernel)
+	owned := vss[:0]
 	for _, vs := range vss {
-		a := vs.Address
-		if r.own.Owns(vs.VSKey, r.bound[a], node[a]) || r.wantVS[vs.VSKey] > 0 {
-			r.kernel[vs.VSKey] = vs
+		if r.own.Owns(vs.VSKey, bound[vs.Address], node[vs.Address]) || len(r.claims[vs.VSKey]) > 0 {
+			owned = append(owned, vs)
 		}
 	}
+	r.kernel = model.NewKernel(owned, boundOwned)
 	return nil
 }
 
-// bindAddresses binds the wanted addresses that are not bound: all of them
-// on a full sync, those whose plans changed on a partial one.
-func (r *Reconciler) bindAddresses(st *SyncStats, full bool) []error {
-	var errs []error
-	var addrs []netip.Addr
-	if full {
-		for a := range r.wantAddr {
-			if !r.bound[a] {
-				addrs = append(addrs, a)
-			}
-		}
-	} else {
-		for a := range r.touched {
-			if r.wantAddr[a] > 0 && !r.bound[a] {
-				addrs = append(addrs, a)
-			}
-		}
-	}
-	slices.SortFunc(addrs, netip.Addr.Compare)
-	for _, a := range addrs {
-		if err := r.write(st, "bind", a, func() error { return r.links.AddAddress(r.own.Interface, a) }); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		r.bound[a] = true
-	}
-	return errs
-}
-
-// unbindAddresses unbinds the bound addresses no plan wants: all of them on
-// a full sync, those whose plans changed on a partial one. An address that
-// still carries a virtual server (a failed delete) stays bound, so that the
-// virtual server stays owned and the next full sync deletes it.
-func (r *Reconciler) unbindAddresses(st *SyncStats, full bool) []error {
-	var errs []error
-	var addrs []netip.Addr
-	candidates := r.touched
-	if full {
-		candidates = r.bound
-	}
-	for a := range candidates {
-		if r.bound[a] && r.wantAddr[a] == 0 {
-			addrs = append(addrs, a)
-		}
-	}
-	if len(addrs) == 0 {
-		return nil
-	}
-	inUse := map[netip.Addr]bool{}
-	for k := range r.kernel {
-		inUse[k.Address] = true
-	}
-	slices.SortFunc(addrs, netip.Addr.Compare)
-	for _, a := range addrs {
-		if inUse[a] {
-			continue
-		}
-		if err := r.write(st, "unbind", a, func() error { return r.links.DeleteAddress(r.own.Interface, a) }); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		delete(r.bound, a)
-	}
-	return errs
-}
-
-// applyService makes the kernel hold exactly the Service's plan: it claims,
-// adds or updates its virtual servers, diffs their real servers against a
-// fresh read of the kernel, and deletes the virtual servers it no longer
-// wants.
-func (r *Reconciler) applyService(name types.NamespacedName, st *SyncStats) error {
-	plan, exists := r.plans[name]
-	var errs []error
-	want := map[model.VSKey]bool{}
-	if exists {
-		for _, vs := range plan.VirtualServers {
-			if r.own.Excluded(vs.Address) {
-				continue
-			}
-			if holder, ok := r.owner[vs.VSKey]; ok && holder != name {
-				if !slices.Contains(r.conflicts[vs.VSKey], name) {
-					r.conflicts[vs.VSKey] = append(r.conflicts[vs.VSKey], name)
-					r.log.Warn("virtual server already belongs to another Service",
-						zap.String("service", name.String()), zap.Stringer("virtualServer", vs.VSKey),
-						zap.String("holder", holder.String()))
-				}
-				continue
-			}
-			r.owner[vs.VSKey] = name
-			if r.held[name] == nil {
-				r.held[name] = map[model.VSKey]bool{}
-			}
-			r.held[name][vs.VSKey] = true
-			want[vs.VSKey] = true
-			if err := r.applyVirtualServer(vs, st); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	// Release what the Service held and no longer wants.
-	for k := range r.held[name] {
-		if want[k] {
-			continue
-		}
-		delete(r.held[name], k)
-		delete(r.owner, k)
-		if _, ok := r.kernel[k]; ok {
-			if err := r.write(st, "delete virtual server", k, func() error { return r.ipvs.DeleteVirtualServer(k) }); err != nil {
-				errs = append(errs, err)
+// apply makes the writes of ops, keeping the view of the kernel current. A
+// failed write is recorded against the op's Service in st.Failed; the
+// failures of writes no Service answers for are returned.
+func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
+	var orphan []error
+	unbound := map[netip.Addr]error{} // binds that failed
+	skip := map[model.VSKey]bool{}    // virtual servers whose add or update failed
+	fail := func(op model.Op, err error) {
+		if op.Service == (types.NamespacedName{}) {
+			orphan = append(orphan, err)
+			if op.Kind == model.OpUnbind || op.Kind == model.OpBind {
+				r.orphanAddrs[op.Address] = true
 			} else {
-				delete(r.kernel, k)
+				r.orphanKeys[op.VirtualServer.VSKey] = true
 			}
+			return
 		}
-		// A Service that lost this VS in a conflict may have it now.
-		for _, other := range r.conflicts[k] {
-			r.dirty[other] = true
-		}
-		delete(r.conflicts, k)
+		st.Failed[op.Service] = errors.Join(st.Failed[op.Service], err)
 	}
-	if len(r.held[name]) == 0 {
-		delete(r.held, name)
-	}
-	return errors.Join(errs...)
-}
-
-func (r *Reconciler) applyVirtualServer(vs model.VSPlan, st *SyncStats) error {
-	cur, inKernel := r.kernel[vs.VSKey]
-	var have []model.RealServer
-	switch {
-	case !inKernel:
-		if err := r.write(st, "add virtual server", vs.VirtualServer, func() error { return r.ipvs.AddVirtualServer(vs.VirtualServer) }); err != nil {
-			r.noteScheduler(vs.Scheduler, err)
-			return err
-		}
-		r.kernel[vs.VSKey] = vs.VirtualServer
-	default:
-		if !cur.Equal(vs.VirtualServer) {
-			if err := r.write(st, "update virtual server", vs.VirtualServer, func() error { return r.ipvs.UpdateVirtualServer(vs.VirtualServer) }); err != nil {
-				r.noteScheduler(vs.Scheduler, err)
-				return err
-			}
-			r.kernel[vs.VSKey] = vs.VirtualServer
-		}
-		st.Reads++
+	for _, op := range ops {
+		k := op.VirtualServer.VSKey
 		var err error
-		if have, err = r.ipvs.ListRealServers(vs.VSKey); err != nil {
-			return err
+		switch op.Kind {
+		case model.OpBind:
+			if err = r.write(st, op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) }); err != nil {
+				unbound[op.Address] = err
+				continue
+			}
+			r.kernel.Bound[op.Address] = true
+		case model.OpAddVirtualServer, model.OpUpdateVirtualServer:
+			if berr, ok := unbound[k.Address]; ok {
+				// Not on an owned address: a crash would leak it.
+				skip[k] = true
+				fail(op, fmt.Errorf("%s: address not bound: %w", op, berr))
+				continue
+			}
+			add := op.Kind == model.OpAddVirtualServer
+			if err = r.write(st, op, func() error {
+				if add {
+					return r.ipvs.AddVirtualServer(op.VirtualServer)
+				}
+				return r.ipvs.UpdateVirtualServer(op.VirtualServer)
+			}); err != nil {
+				r.noteScheduler(op.VirtualServer.Scheduler, err)
+				skip[k] = true
+				break
+			}
+			r.kernel.PutVirtualServer(op.VirtualServer)
+		case model.OpAddRealServer, model.OpUpdateRealServer:
+			if skip[k] {
+				continue
+			}
+			add := op.Kind == model.OpAddRealServer
+			err = r.write(st, op, func() error {
+				if add {
+					return r.ipvs.AddRealServer(k, op.RealServer)
+				}
+				return r.ipvs.UpdateRealServer(k, op.RealServer)
+			})
+		case model.OpDeleteRealServer:
+			if skip[k] {
+				continue
+			}
+			if err = r.write(st, op, func() error { return r.ipvs.DeleteRealServer(k, op.RealServer.RSKey) }); err == nil && k.Protocol == model.UDP {
+				r.clearUDP(k, op.RealServer.RSKey)
+			}
+		case model.OpDeleteVirtualServer:
+			if err = r.write(st, op, func() error { return r.ipvs.DeleteVirtualServer(k) }); err == nil {
+				r.kernel.DeleteVirtualServer(k)
+			}
+		case model.OpUnbind:
+			if r.kernel.OnAddress(op.Address) > 0 {
+				// A failed delete left a virtual server on it: it stays
+				// bound, so that the virtual server stays owned.
+				continue
+			}
+			if err = r.write(st, op, func() error { return r.links.DeleteAddress(r.own.Interface, op.Address) }); err == nil {
+				delete(r.kernel.Bound, op.Address)
+			}
+		}
+		if err != nil {
+			fail(op, fmt.Errorf("%s: %w", op, err))
 		}
 	}
-	return r.applyRealServers(vs, have, st)
+	for a, err := range unbound {
+		if !slices.ContainsFunc(ops, func(op model.Op) bool {
+			return op.Service != (types.NamespacedName{}) && op.VirtualServer.Address == a
+		}) {
+			fail(model.Op{Kind: model.OpBind, Address: a}, fmt.Errorf("bind %s: %w", a, err))
+		}
+	}
+	return orphan
 }
 
-func (r *Reconciler) applyRealServers(vs model.VSPlan, have []model.RealServer, st *SyncStats) error {
+// record updates the status of the Services in scope after a sync: those
+// with failures are scheduled for a retry, the others are applied. It
+// returns their errors, naming each Service.
+func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]bool, now time.Time) []error {
 	var errs []error
-	cur := make(map[model.RSKey]model.RealServer, len(have))
-	for _, rs := range have {
-		cur[rs.RSKey] = rs
+	names := make([]types.NamespacedName, 0, len(services))
+	for n := range services {
+		names = append(names, n)
 	}
-	for _, rs := range vs.RealServers {
-		old, ok := cur[rs.RSKey]
-		delete(cur, rs.RSKey)
-		switch {
-		case !ok:
-			if err := r.write(st, "add real server to "+vs.VSKey.String(), rs.RSKey, func() error { return r.ipvs.AddRealServer(vs.VSKey, rs) }); err != nil {
-				errs = append(errs, err)
+	slices.SortFunc(names, compareNames)
+	for _, n := range names {
+		s := r.status[n]
+		err := st.Failed[n]
+		if err == nil {
+			delete(st.Failed, n)
+			if s != nil {
+				s.Applied, s.Failures, s.LastError, s.NextRetry = true, 0, "", time.Time{}
+				delete(r.retrying, n)
 			}
-		case old.Weight != rs.Weight:
-			if err := r.write(st, "update real server of "+vs.VSKey.String(), rs.RSKey, func() error { return r.ipvs.UpdateRealServer(vs.VSKey, rs) }); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	gone := make([]model.RSKey, 0, len(cur))
-	for k := range cur {
-		gone = append(gone, k)
-	}
-	slices.SortFunc(gone, model.RSKey.Compare)
-	for _, k := range gone {
-		if err := r.write(st, "delete real server of "+vs.VSKey.String(), k, func() error { return r.ipvs.DeleteRealServer(vs.VSKey, k) }); err != nil {
-			errs = append(errs, err)
+			st.Applied = append(st.Applied, n)
 			continue
 		}
-		if vs.Protocol == model.UDP {
-			r.clearUDP(vs.VSKey, k)
+		errs = append(errs, fmt.Errorf("service %s: %w", n, err))
+		if s == nil { // removed: its leftovers are the orphan retry's
+			continue
 		}
+		b := r.retrying[n]
+		if b == nil {
+			b = &backoff{}
+			r.retrying[n] = b
+		}
+		b.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
+		s.Applied, s.Failures, s.LastError, s.NextRetry = false, b.failures, err.Error(), b.next
+		r.log.Warn("service not fully programmed; retrying it alone", zap.String("service", n.String()),
+			zap.Int("failures", b.failures), zap.Time("nextRetry", b.next), zap.Error(err))
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // clearUDP deletes the conntrack entries of UDP flows to a real server just
@@ -456,29 +707,9 @@ func (r *Reconciler) clearUDP(vs model.VSKey, rs model.RSKey) {
 // UDP real servers (nil: it does not).
 func (r *Reconciler) SetConntrack(c netlinkutil.Conntrack) { r.conntrack = c }
 
-// pruneVirtualServers deletes owned virtual servers that no Service holds.
-func (r *Reconciler) pruneVirtualServers(st *SyncStats) []error {
-	var errs []error
-	keys := make([]model.VSKey, 0)
-	for k := range r.kernel {
-		if _, held := r.owner[k]; !held {
-			keys = append(keys, k)
-		}
-	}
-	slices.SortFunc(keys, model.VSKey.Compare)
-	for _, k := range keys {
-		if err := r.write(st, "delete virtual server", k, func() error { return r.ipvs.DeleteVirtualServer(k) }); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		delete(r.kernel, k)
-	}
-	return errs
-}
-
 func planEqual(a, b model.ServicePlan) bool {
-	if a.Service != b.Service || len(a.VirtualServers) != len(b.VirtualServers) || !slices.Equal(a.Warnings, b.Warnings) ||
-		a.HealthCheckNodePort != b.HealthCheckNodePort || a.LocalEndpoints != b.LocalEndpoints {
+	if a.Service != b.Service || !a.Created.Equal(b.Created) || len(a.VirtualServers) != len(b.VirtualServers) ||
+		!slices.Equal(a.Warnings, b.Warnings) || a.HealthCheckNodePort != b.HealthCheckNodePort || a.LocalEndpoints != b.LocalEndpoints {
 		return false
 	}
 	for i := range a.VirtualServers {
@@ -518,11 +749,11 @@ func (r *Reconciler) UnavailableSchedulers() []string {
 }
 
 // write makes one kernel write, counting it and logging it at debug level.
-func (r *Reconciler) write(st *SyncStats, op string, obj fmt.Stringer, fn func() error) error {
+func (r *Reconciler) write(st *SyncStats, op model.Op, fn func() error) error {
 	st.Writes++
 	err := fn()
 	if ce := r.log.Check(zap.DebugLevel, "kernel write"); ce != nil {
-		ce.Write(zap.String("op", op), zap.Stringer("object", obj), zap.Error(err))
+		ce.Write(zap.Stringer("op", op), zap.String("service", op.Service.String()), zap.Error(err))
 	}
 	return err
 }

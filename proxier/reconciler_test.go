@@ -2,13 +2,20 @@ package proxier
 
 import (
 	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -31,7 +38,7 @@ func newTestReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links) {
 	t.Helper()
 	ipvs := fake.NewIPVS()
 	links := fake.NewLinks(node)
-	return NewReconciler(ipvs, links, testOwnership(), zap.NewNop()), ipvs, links
+	return NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop()), ipvs, links
 }
 
 func vsKey(addrPort string, proto model.Protocol) model.VSKey {
@@ -203,13 +210,13 @@ func TestReconcilerResyncAndRestartMakeNoWrites(t *testing.T) {
 	callsDiff(t, "full resync reads", []string{
 		"ListVirtualServers",
 		"ListRealServers 10.96.0.10:80/TCP",
-		"ListRealServers 192.168.0.10:30080/TCP",
 		"ListRealServers 10.96.0.11:53/TCP",
+		"ListRealServers 192.168.0.10:30080/TCP",
 	}, ipvs.Reads())
 
 	// A restart: a new reconciler on the same kernel adopts its state.
 	resetCalls(ipvs, links)
-	r2 := NewReconciler(ipvs, links, testOwnership(), zap.NewNop())
+	r2 := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
 	twoServices(t, r2)
 	callsDiff(t, "restart writes", nil, ipvs.Writes())
 	callsDiff(t, "restart link writes", nil, links.Writes())
@@ -283,8 +290,25 @@ func TestReconcilerOwnership(t *testing.T) {
 	}
 }
 
-func TestReconcilerRecoversFromWriteError(t *testing.T) {
-	r, ipvs, links := newTestReconciler(t)
+// newClockedReconciler is newTestReconciler with a fake clock and retries
+// from 1s doubling up to 8s.
+func newClockedReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links, *clocktesting.FakeClock) {
+	t.Helper()
+	ipvs := fake.NewIPVS()
+	links := fake.NewLinks(node)
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	cfg := ReconcilerConfig{Ownership: testOwnership(), RetryBase: time.Second, RetryMax: 8 * time.Second, Clock: clk}
+	return NewReconciler(ipvs, links, cfg, zap.NewNop()), ipvs, links, clk
+}
+
+// TestReconcilerRetriesFailedServiceAlone: a Service whose write fails is
+// retried alone, by partial syncs, after a backoff that doubles up to the
+// maximum; other Services' changes go on meanwhile; the kernel is never
+// dumped whole because of it. (Before the redesign, one failed write made
+// every following sync a full one.)
+func TestReconcilerRetriesFailedServiceAlone(t *testing.T) {
+	r, ipvs, links, clk := newClockedReconciler(t)
+	mustSync(t, r, true) // the first full sync, nothing wanted yet
 	errBusy := errors.New("injected: device or resource busy")
 	ipvs.InjectErrors(func(c fake.Call) error {
 		if strings.HasPrefix(string(c), "AddRealServer 10.96.0.10:80/TCP 10.0.2.2") {
@@ -294,44 +318,227 @@ func TestReconcilerRecoversFromWriteError(t *testing.T) {
 	})
 	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
 	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
-	_, err := r.Sync(false)
+	st, err := r.Sync(false)
 	if !errors.Is(err, errBusy) || !strings.Contains(err.Error(), "default/a") {
 		t.Fatalf("Sync error = %v, want the injected error naming default/a", err)
+	}
+	if st.Full || !errors.Is(st.Failed[svcA], errBusy) || len(st.Failed) != 1 {
+		t.Errorf("stats: full=%v failed=%v, want a partial sync with only default/a failed", st.Full, st.Failed)
+	}
+	if diff := cmp.Diff([]types.NamespacedName{svcB}, st.Applied); diff != "" {
+		t.Errorf("applied (-want +got):\n%s", diff)
 	}
 	// The other Service is programmed regardless.
 	if !strings.Contains(strings.Join(ipvs.Dump(), "\n"), "10.96.0.11:80/TCP rr\n  -> 10.0.1.3:8080 w=1") {
 		t.Errorf("service b not programmed after a's failure:\n%s", strings.Join(ipvs.Dump(), "\n"))
 	}
-	if !r.Pending() {
-		t.Errorf("no sync pending after a failure")
+	sa, _ := r.Status(svcA)
+	wantStatus := ServiceStatus{Service: svcA, Failures: 1, NextRetry: clk.Now().Add(time.Second),
+		LastError: "add-real-server 10.96.0.10:80/TCP 10.0.2.2:8080 w=1: injected: device or resource busy"}
+	if diff := cmp.Diff(wantStatus, sa); diff != "" {
+		t.Errorf("status of a (-want +got):\n%s", diff)
 	}
-	ipvs.InjectErrors(nil)
-	resetCalls(ipvs, links)
-	st := mustSync(t, r, false)
-	if !st.Full {
-		t.Errorf("the sync after a failure was not full")
-	}
-	callsDiff(t, "retry writes", []string{"AddRealServer 10.96.0.10:80/TCP 10.0.2.2:8080 w=1"}, ipvs.Writes())
 	if r.Pending() {
-		t.Errorf("still pending after a successful retry")
+		t.Errorf("a sync is pending before the retry is due")
+	}
+
+	// During a's backoff, a change of b is a partial sync of b alone.
+	resetCalls(ipvs, links)
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080", "10.0.1.4:8080")))
+	st = mustSync(t, r, false)
+	callsDiff(t, "b's change during a's backoff", []string{"AddRealServer 10.96.0.11:80/TCP 10.0.1.4:8080 w=1"}, ipvs.Writes())
+	callsDiff(t, "reads of b's change", []string{"ListRealServers 10.96.0.11:80/TCP"}, ipvs.Reads())
+
+	// The retries back off: 1s, 2s, 4s, 8s, 8s; each reads and writes a's
+	// virtual server only.
+	for i, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 8 * time.Second} {
+		if got := r.NextRetry().Sub(clk.Now()); got != wait {
+			t.Fatalf("retry %d: due in %v, want %v", i+1, got, wait)
+		}
+		clk.Step(wait - time.Millisecond)
+		if r.Pending() {
+			t.Fatalf("retry %d: pending before it is due", i+1)
+		}
+		clk.Step(time.Millisecond)
+		if !r.Pending() {
+			t.Fatalf("retry %d: not pending when due", i+1)
+		}
+		resetCalls(ipvs, links)
+		if st, err = r.Sync(false); !errors.Is(err, errBusy) || st.Full {
+			t.Fatalf("retry %d: full=%v err=%v, want a partial sync failing again", i+1, st.Full, err)
+		}
+		callsDiff(t, "retry reads", []string{"ListRealServers 10.96.0.10:80/TCP"}, ipvs.Reads())
+		callsDiff(t, "retry writes", []string{"AddRealServer 10.96.0.10:80/TCP 10.0.2.2:8080 w=1"}, ipvs.Writes())
+	}
+
+	ipvs.InjectErrors(nil)
+	clk.Step(8 * time.Second)
+	resetCalls(ipvs, links)
+	st = mustSync(t, r, false)
+	if st.Full {
+		t.Errorf("the successful retry was a full sync")
+	}
+	callsDiff(t, "last retry writes", []string{"AddRealServer 10.96.0.10:80/TCP 10.0.2.2:8080 w=1"}, ipvs.Writes())
+	if sa, _ := r.Status(svcA); !sa.Applied || sa.Failures != 0 || sa.LastError != "" || !r.NextRetry().IsZero() || r.Pending() {
+		t.Errorf("after a successful retry: status %+v, next retry %v, pending %v", sa, r.NextRetry(), r.Pending())
 	}
 }
 
-func TestReconcilerConflict(t *testing.T) {
-	r, ipvs, _ := newTestReconciler(t)
-	// Two Services claim the same externalIP and port: the first one holds
-	// it; the second gets it once the first lets go.
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")))
-	mustSync(t, r, false)
-	if diff := cmp.Diff([]string{"172.20.0.5:80/TCP rr", "  -> 10.0.1.2:8080 w=1"}, ipvs.Dump()); diff != "" {
-		t.Errorf("kernel (-want +got):\n%s", diff)
+// TestReconcilerReadFailureForcesFull: only a failed kernel read makes the
+// next sync full, after its backoff.
+func TestReconcilerReadFailureForcesFull(t *testing.T) {
+	r, ipvs, links, clk := newClockedReconciler(t)
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	mustSync(t, r, true)
+	errRead := errors.New("injected: no buffer space")
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "ListRealServers") {
+			return errRead
+		}
+		return nil
+	})
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.1.3:8080")))
+	if _, err := r.Sync(false); !errors.Is(err, errRead) {
+		t.Fatalf("Sync = %v, want the read error", err)
 	}
-	r.SetPlan(svcA, nil)
-	mustSync(t, r, false) // releases; marks b dirty
-	mustSync(t, r, false) // b claims
-	if diff := cmp.Diff([]string{"172.20.0.5:80/TCP rr", "  -> 10.0.2.2:8080 w=1"}, ipvs.Dump()); diff != "" {
-		t.Errorf("kernel after handover (-want +got):\n%s", diff)
+	ipvs.InjectErrors(nil)
+	if r.FullDue() {
+		t.Errorf("a full sync is due before the backoff")
+	}
+	clk.Step(time.Second)
+	if !r.FullDue() {
+		t.Errorf("no full sync due after a failed read and its backoff")
+	}
+	resetCalls(ipvs, links)
+	if st := mustSync(t, r, false); !st.Full {
+		t.Errorf("the sync after the read failure's backoff was not full")
+	}
+	callsDiff(t, "writes of the full retry", []string{"AddRealServer 10.96.0.10:80/TCP 10.0.1.3:8080 w=1"}, ipvs.Writes())
+}
+
+// created returns a plan for a Service created at the given minute.
+func created(p *model.ServicePlan, minute int) *model.ServicePlan {
+	p.Created = time.Date(2026, 1, 1, 0, minute, 0, 0, time.UTC)
+	return p
+}
+
+// TestReconcilerConflict: two Services want the same externalIP and port.
+// The older one holds it, whatever the order in which they arrive and
+// whatever kind of sync runs; the younger one's status names the holder;
+// when the holder lets go, the other takes the virtual server over in
+// place (its real servers replaced, the virtual server kept). (Before the
+// redesign the first to arrive held it until a full resync, which handed
+// it to the first in name order.)
+func TestReconcilerConflict(t *testing.T) {
+	older := func() *model.ServicePlan {
+		return created(plan(svcB, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")), 1)
+	}
+	younger := func() *model.ServicePlan {
+		return created(plan(svcA, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080"),
+			vsPlan(model.KindExternalIP, "172.20.0.5:81", "rr", "10.0.1.2:8081")), 2)
+	}
+	held := []string{"172.20.0.5:80/TCP rr", "  -> 10.0.2.2:8080 w=1", "172.20.0.5:81/TCP rr", "  -> 10.0.1.2:8081 w=1"}
+	for _, order := range []string{"younger first", "older first"} {
+		t.Run(order, func(t *testing.T) {
+			r, ipvs, links := newTestReconciler(t)
+			if order == "younger first" {
+				r.SetPlan(svcA, younger())
+				mustSync(t, r, false)
+				r.SetPlan(svcB, older())
+			} else {
+				r.SetPlan(svcB, older())
+				mustSync(t, r, false)
+				r.SetPlan(svcA, younger())
+			}
+			mustSync(t, r, false)
+			if diff := cmp.Diff(held, ipvs.Dump()); diff != "" {
+				t.Errorf("kernel after a partial sync (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff([]types.NamespacedName{svcA}, r.ConflictChanges()); diff != "" {
+				t.Errorf("conflict changes (-want +got):\n%s", diff)
+			}
+			sa, _ := r.Status(svcA)
+			wantConflicts := []model.Conflict{{VirtualServer: vsKey("172.20.0.5:80", model.TCP), Holder: svcB, Loser: svcA}}
+			if diff := cmp.Diff(wantConflicts, sa.Conflicts, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+				t.Errorf("conflicts of the younger Service (-want +got):\n%s", diff)
+			}
+			// A full resync keeps the holder: no write at all.
+			resetCalls(ipvs, links)
+			mustSync(t, r, true)
+			callsDiff(t, "full resync writes", nil, ipvs.Writes())
+
+			// The holder goes: the other takes the virtual server over in
+			// place.
+			resetCalls(ipvs, links)
+			r.SetPlan(svcB, nil)
+			mustSync(t, r, false)
+			callsDiff(t, "handover writes", []string{
+				"AddRealServer 172.20.0.5:80/TCP 10.0.1.2:8080 w=1",
+				"DeleteRealServer 172.20.0.5:80/TCP 10.0.2.2:8080",
+			}, ipvs.Writes())
+			if diff := cmp.Diff([]types.NamespacedName{svcA}, r.ConflictChanges()); diff != "" {
+				t.Errorf("conflict changes after the handover (-want +got):\n%s", diff)
+			}
+			if sa, _ := r.Status(svcA); len(sa.Conflicts) != 0 {
+				t.Errorf("conflicts after the handover: %v", sa.Conflicts)
+			}
+		})
+	}
+}
+
+// TestReconcilerClaimsMatchAssign: whatever the order of plan changes, the
+// reconciler's incremental holders are the ones model.Assign computes from
+// the final plans at once (the rule status uses).
+func TestReconcilerClaimsMatchAssign(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	names := []types.NamespacedName{}
+	for i := range 6 {
+		names = append(names, types.NamespacedName{Namespace: "ns", Name: fmt.Sprintf("s%d", i)})
+	}
+	vips := []string{"172.20.0.1:80", "172.20.0.1:81", "172.20.0.2:80"}
+	for round := range 200 {
+		r, ipvs, _ := newTestReconciler(t)
+		current := map[types.NamespacedName]*model.ServicePlan{}
+		for range 12 {
+			n := names[rnd.IntN(len(names))]
+			if rnd.IntN(4) == 0 {
+				r.SetPlan(n, nil)
+				delete(current, n)
+				continue
+			}
+			var vss []model.VSPlan
+			for _, v := range vips {
+				if rnd.IntN(2) == 0 {
+					vss = append(vss, vsPlan(model.KindExternalIP, v, "rr", fmt.Sprintf("10.0.%d.%d:80", round%250, rnd.IntN(200)+1)))
+				}
+			}
+			// Creation times collide often, so that names break ties.
+			p := created(plan(n, vss...), rnd.IntN(3))
+			r.SetPlan(n, p)
+			current[n] = p
+			if rnd.IntN(3) == 0 {
+				mustSync(t, r, rnd.IntN(2) == 0)
+			}
+		}
+		mustSync(t, r, false)
+		var plans []*model.ServicePlan
+		for _, n := range names {
+			if p, ok := current[n]; ok {
+				plans = append(plans, p)
+			}
+		}
+		want, _ := model.Assign(plans, testOwnership())
+		var wantDump []string
+		for _, k := range slices.SortedFunc(maps.Keys(want.VirtualServers), model.VSKey.Compare) {
+			w := want.VirtualServers[k]
+			wantDump = append(wantDump, w.VirtualServer.String())
+			for _, rs := range w.RealServers {
+				wantDump = append(wantDump, "  -> "+rs.String())
+			}
+		}
+		if diff := cmp.Diff(wantDump, ipvs.Dump()); diff != "" {
+			t.Fatalf("round %d: kernel differs from model.Assign's holders (-want +got):\n%s", round, diff)
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -54,23 +55,24 @@ func TestStatusPendingSince(t *testing.T) {
 	}
 	queued := st.PendingSince
 
-	errBusy := errors.New("injected: busy")
+	// A failed kernel read is the node's failure: the change stays pending.
+	errRead := errors.New("injected: no buffer space")
 	ipvs.InjectErrors(func(c fake.Call) error {
-		if strings.HasPrefix(string(c), "AddVirtualServer") {
-			return errBusy
+		if c == "ListVirtualServers" {
+			return errRead
 		}
 		return nil
 	})
-	if err := p.SyncOnce(false); !errors.Is(err, errBusy) {
+	if err := p.SyncOnce(true); !errors.Is(err, errRead) {
 		t.Fatalf("SyncOnce = %v, want the injected error", err)
 	}
 	// A second change while failing does not make the pending time younger.
 	p.onService(clusterIPService("b", "10.96.0.11"), false)
-	if err := p.SyncOnce(true); !errors.Is(err, errBusy) {
+	if err := p.SyncOnce(true); !errors.Is(err, errRead) {
 		t.Fatalf("SyncOnce = %v, want the injected error", err)
 	}
 	st = p.Status()
-	if !st.PendingSince.Equal(queued) || !errors.Is(st.LastError, errBusy) {
+	if !st.PendingSince.Equal(queued) || !errors.Is(st.LastError, errRead) {
 		t.Fatalf("while failing: %+v, want pending since %v and the error", st, queued)
 	}
 
@@ -81,6 +83,27 @@ func TestStatusPendingSince(t *testing.T) {
 	st = p.Status()
 	if !st.PendingSince.IsZero() || st.LastError != nil || !st.LastSuccessfulSync.After(queued) {
 		t.Fatalf("after recovery: %+v", st)
+	}
+
+	// A Service whose own write fails is that Service's failure: it is
+	// retried alone and shows in its status; the node stays healthy.
+	errBusy := errors.New("injected: busy")
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddVirtualServer 10.96.0.12") {
+			return errBusy
+		}
+		return nil
+	})
+	p.onService(clusterIPService("c", "10.96.0.12"), false)
+	if err := p.SyncOnce(false); !errors.Is(err, errBusy) {
+		t.Fatalf("SyncOnce = %v, want the injected error", err)
+	}
+	st = p.Status()
+	if !st.PendingSince.IsZero() || !errors.Is(st.LastError, errBusy) {
+		t.Fatalf("with one Service failing: %+v, want nothing pending and the error", st)
+	}
+	if sc, _ := p.rec.Status(types.NamespacedName{Namespace: "default", Name: "c"}); sc.Failures != 1 || !strings.Contains(sc.LastError, "injected: busy") {
+		t.Errorf("status of the failing Service: %+v", sc)
 	}
 }
 

@@ -45,7 +45,8 @@ func Build(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nod
 	if svc == nil {
 		return ServicePlan{}
 	}
-	plan := ServicePlan{Service: types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}}
+	plan := ServicePlan{Service: types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name},
+		Created: svc.CreationTimestamp.Time}
 	if Skip(svc) {
 		return plan
 	}

@@ -2,6 +2,7 @@ package model
 
 import (
 	"net/netip"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -52,6 +53,9 @@ type VSPlan struct {
 // against the kernel by the reconciler.
 type ServicePlan struct {
 	Service types.NamespacedName
+	// Created is the Service's creation time: when two Services want the
+	// same virtual server, the older one holds it (see Precedes).
+	Created time.Time
 	// VirtualServers is sorted by VSKey (address, protocol, port).
 	VirtualServers []VSPlan
 	// Warnings are problems with the Service's data that did not stop it

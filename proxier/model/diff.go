@@ -1,0 +1,305 @@
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Precedes reports whether Service a has precedence over Service b for a
+// virtual server both want: the older Service (creation time) holds it, and
+// between Services created in the same second, the lower namespace/name.
+// Every kind of sync and `ipvs-proxy status` decide conflicts by this rule
+// alone, so a resync never hands a virtual server to another Service.
+func Precedes(a, b *ServicePlan) bool {
+	if !a.Created.Equal(b.Created) {
+		return a.Created.Before(b.Created)
+	}
+	if a.Service.Namespace != b.Service.Namespace {
+		return a.Service.Namespace < b.Service.Namespace
+	}
+	return a.Service.Name < b.Service.Name
+}
+
+// Conflict is a virtual server that Loser wants and Holder holds.
+type Conflict struct {
+	VirtualServer VSKey
+	Holder, Loser types.NamespacedName
+}
+
+func (c Conflict) String() string {
+	return fmt.Sprintf("virtual server %s is held by Service %s, which is older", c.VirtualServer, c.Holder)
+}
+
+// Want is a virtual server that the kernel should hold, with the Service
+// that holds it.
+type Want struct {
+	Service types.NamespacedName
+	VSPlan
+}
+
+// Desired is what the kernel should hold: the virtual servers (each with
+// its one holder) and the addresses to bind to the proxy's interface.
+type Desired struct {
+	VirtualServers map[VSKey]Want
+	Addresses      map[netip.Addr]bool
+}
+
+// Assign decides who holds each virtual server that plans want, by
+// Precedes, and lists the conflicts (sorted by virtual server, then
+// loser). Virtual servers on excluded addresses are left out.
+func Assign(plans []*ServicePlan, own Ownership) (Desired, []Conflict) {
+	d := Desired{VirtualServers: map[VSKey]Want{}, Addresses: map[netip.Addr]bool{}}
+	holder := map[VSKey]*ServicePlan{}
+	var conflicts []Conflict
+	for _, p := range plans {
+		for _, vs := range p.VirtualServers {
+			if own.Excluded(vs.Address) {
+				continue
+			}
+			if vs.Kind.Bound() {
+				d.Addresses[vs.Address] = true
+			}
+			h, taken := holder[vs.VSKey]
+			if taken && Precedes(h, p) {
+				conflicts = append(conflicts, Conflict{VirtualServer: vs.VSKey, Holder: h.Service, Loser: p.Service})
+				continue
+			}
+			if taken {
+				conflicts = append(conflicts, Conflict{VirtualServer: vs.VSKey, Holder: p.Service, Loser: h.Service})
+			}
+			holder[vs.VSKey] = p
+			d.VirtualServers[vs.VSKey] = Want{Service: p.Service, VSPlan: vs}
+		}
+	}
+	// A holder displaced later in the loop left conflicts naming it as
+	// holder: name the final one.
+	for i := range conflicts {
+		conflicts[i].Holder = holder[conflicts[i].VirtualServer].Service
+	}
+	slices.SortFunc(conflicts, func(a, b Conflict) int {
+		if c := a.VirtualServer.Compare(b.VirtualServer); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Loser.String(), b.Loser.String())
+	})
+	return d, conflicts
+}
+
+// Kernel is a view of the part of the kernel that ipvs-proxy owns: its
+// virtual servers, the real servers of those that were read, and the
+// addresses bound to its interface. The reconciler keeps one current with
+// its own writes; `ipvs-proxy status` reads one whole.
+type Kernel struct {
+	VirtualServers map[VSKey]VirtualServer
+	// RealServers holds the destinations of the virtual servers that were
+	// read; Diff reads it only for virtual servers in its scope.
+	RealServers map[VSKey][]RealServer
+	Bound       map[netip.Addr]bool
+	perAddr     map[netip.Addr]int // virtual servers on each address
+}
+
+// NewKernel returns a view holding vss and bound.
+func NewKernel(vss []VirtualServer, bound []netip.Addr) *Kernel {
+	k := &Kernel{VirtualServers: map[VSKey]VirtualServer{}, RealServers: map[VSKey][]RealServer{},
+		Bound: map[netip.Addr]bool{}, perAddr: map[netip.Addr]int{}}
+	for _, vs := range vss {
+		k.PutVirtualServer(vs)
+	}
+	for _, a := range bound {
+		k.Bound[a] = true
+	}
+	return k
+}
+
+// PutVirtualServer records a virtual server as added or updated.
+func (k *Kernel) PutVirtualServer(vs VirtualServer) {
+	if _, ok := k.VirtualServers[vs.VSKey]; !ok {
+		k.perAddr[vs.Address]++
+	}
+	k.VirtualServers[vs.VSKey] = vs
+}
+
+// DeleteVirtualServer records a virtual server as deleted.
+func (k *Kernel) DeleteVirtualServer(key VSKey) {
+	if _, ok := k.VirtualServers[key]; !ok {
+		return
+	}
+	delete(k.VirtualServers, key)
+	delete(k.RealServers, key)
+	if k.perAddr[key.Address]--; k.perAddr[key.Address] <= 0 {
+		delete(k.perAddr, key.Address)
+	}
+}
+
+// OnAddress counts the virtual servers on an address.
+func (k *Kernel) OnAddress(a netip.Addr) int { return k.perAddr[a] }
+
+// Scope limits a diff: All, or the listed virtual servers and addresses.
+type Scope struct {
+	All       bool
+	Keys      []VSKey
+	Addresses []netip.Addr
+}
+
+// OpKind is the kind of a kernel operation.
+type OpKind uint8
+
+// The kinds of operations, in the order a sync applies them: addresses are
+// bound before their virtual servers are added and unbound after they are
+// deleted, so that a crash in between never leaves a virtual server that
+// the ownership rule does not cover.
+const (
+	OpBind OpKind = iota
+	OpAddVirtualServer
+	OpUpdateVirtualServer
+	OpAddRealServer
+	OpUpdateRealServer
+	OpDeleteRealServer
+	OpDeleteVirtualServer
+	OpUnbind
+)
+
+var opNames = [...]string{"bind", "add-virtual-server", "update-virtual-server", "add-real-server",
+	"update-real-server", "delete-real-server", "delete-virtual-server", "unbind"}
+
+func (k OpKind) String() string {
+	if int(k) < len(opNames) {
+		return opNames[k]
+	}
+	return fmt.Sprintf("op-%d", k)
+}
+
+// Op is one kernel write. Service is the Service it is for: the holder of
+// the virtual server (zero for a virtual server no Service wants, and for
+// addresses).
+type Op struct {
+	Kind    OpKind
+	Service types.NamespacedName
+	// VirtualServer is the wanted one (add, update), or the kernel's.
+	VirtualServer VirtualServer
+	// RealServer is the wanted one (add, update), or the kernel's.
+	RealServer RealServer
+	Address    netip.Addr
+	// Was is what the kernel held before an update: its virtual server's
+	// settings or its real server's weight.
+	WasVirtualServer VirtualServer
+	WasWeight        int
+}
+
+func (o Op) String() string {
+	switch o.Kind {
+	case OpBind, OpUnbind:
+		return fmt.Sprintf("%s %s", o.Kind, o.Address)
+	case OpAddVirtualServer:
+		return fmt.Sprintf("%s %s", o.Kind, o.VirtualServer)
+	case OpUpdateVirtualServer:
+		return fmt.Sprintf("%s %s (was %s)", o.Kind, o.VirtualServer, o.WasVirtualServer)
+	case OpDeleteVirtualServer:
+		return fmt.Sprintf("%s %s", o.Kind, o.VirtualServer.VSKey)
+	case OpUpdateRealServer:
+		return fmt.Sprintf("%s %s %s (was w=%d)", o.Kind, o.VirtualServer.VSKey, o.RealServer, o.WasWeight)
+	case OpDeleteRealServer:
+		return fmt.Sprintf("%s %s %s", o.Kind, o.VirtualServer.VSKey, o.RealServer.RSKey)
+	}
+	return fmt.Sprintf("%s %s %s", o.Kind, o.VirtualServer.VSKey, o.RealServer)
+}
+
+// Diff returns the operations that make the kernel (have) hold want, within
+// scope, in the order they must be applied: binds, then each virtual server
+// in key order (added or updated with its real servers, or deleted), then
+// unbinds. An unwanted address is unbound only when no virtual server of
+// the kernel's stays on it. A virtual server in have whose real servers
+// were not read is treated as having none.
+func Diff(want Desired, have *Kernel, scope Scope) []Op {
+	keys, addrs := scope.Keys, scope.Addresses
+	if scope.All {
+		keys = make([]VSKey, 0, len(want.VirtualServers)+len(have.VirtualServers))
+		for k := range want.VirtualServers {
+			keys = append(keys, k)
+		}
+		for k := range have.VirtualServers {
+			if _, ok := want.VirtualServers[k]; !ok {
+				keys = append(keys, k)
+			}
+		}
+		addrs = make([]netip.Addr, 0, len(want.Addresses)+len(have.Bound))
+		for a := range want.Addresses {
+			addrs = append(addrs, a)
+		}
+		for a := range have.Bound {
+			if !want.Addresses[a] {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	keys = slices.Clone(keys)
+	slices.SortFunc(keys, VSKey.Compare)
+	keys = slices.Compact(keys)
+	addrs = slices.Clone(addrs)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
+
+	var ops []Op
+	for _, a := range addrs {
+		if want.Addresses[a] && !have.Bound[a] {
+			ops = append(ops, Op{Kind: OpBind, Address: a})
+		}
+	}
+	deleted := map[netip.Addr]int{}
+	for _, k := range keys {
+		w, wanted := want.VirtualServers[k]
+		cur, inKernel := have.VirtualServers[k]
+		switch {
+		case wanted:
+			ops = diffVirtualServer(ops, w, cur, inKernel, have.RealServers[k])
+		case inKernel:
+			ops = append(ops, Op{Kind: OpDeleteVirtualServer, VirtualServer: cur})
+			deleted[k.Address]++
+		}
+	}
+	for _, a := range addrs {
+		if !want.Addresses[a] && have.Bound[a] && have.OnAddress(a) == deleted[a] {
+			ops = append(ops, Op{Kind: OpUnbind, Address: a})
+		}
+	}
+	return ops
+}
+
+// diffVirtualServer appends the operations for one wanted virtual server.
+func diffVirtualServer(ops []Op, w Want, cur VirtualServer, inKernel bool, rss []RealServer) []Op {
+	vs := w.VirtualServer
+	switch {
+	case !inKernel:
+		ops = append(ops, Op{Kind: OpAddVirtualServer, Service: w.Service, VirtualServer: vs})
+		rss = nil
+	case !cur.Equal(vs):
+		ops = append(ops, Op{Kind: OpUpdateVirtualServer, Service: w.Service, VirtualServer: vs, WasVirtualServer: cur})
+	}
+	have := make(map[RSKey]RealServer, len(rss))
+	for _, rs := range rss {
+		have[rs.RSKey] = rs
+	}
+	for _, rs := range w.RealServers {
+		old, ok := have[rs.RSKey]
+		delete(have, rs.RSKey)
+		switch {
+		case !ok:
+			ops = append(ops, Op{Kind: OpAddRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
+		case old.Weight != rs.Weight:
+			ops = append(ops, Op{Kind: OpUpdateRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs, WasWeight: old.Weight})
+		}
+	}
+	gone := make([]RealServer, 0, len(have))
+	for _, rs := range have {
+		gone = append(gone, rs)
+	}
+	slices.SortFunc(gone, func(a, b RealServer) int { return a.RSKey.Compare(b.RSKey) })
+	for _, rs := range gone {
+		ops = append(ops, Op{Kind: OpDeleteRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
+	}
+	return ops
+}
