@@ -618,48 +618,33 @@ func (b *planBuilder) onNode(cs []buildCandidate) []buildCandidate {
 	return buildFilter(cs, func(c buildCandidate) bool { return c.nodeName == b.node.Name })
 }
 
-// topology narrows the usable endpoints of a Cluster traffic policy path:
-// first by topology hints (node hints, then zone hints) when every endpoint
-// has them and some are for this node; otherwise by the Service's
-// trafficDistribution; otherwise not at all.
+// topology narrows the usable endpoints of a Cluster traffic policy path by
+// the hints the EndpointSlice controller sets for trafficDistribution and
+// Topology Aware Routing: node hints, else zone hints, and only when every
+// endpoint has such hints and some are for this node or its zone. Otherwise
+// every usable endpoint serves (the documented safeguard: hand-made slices,
+// a controller that has not caught up, a zone without capacity). The
+// endpoints' own nodeName and zone never narrow anything.
 func (b *planBuilder) topology(cs []buildCandidate) []buildCandidate {
 	if len(cs) == 0 {
 		return cs
 	}
-	name, zone := b.node.Name, b.node.Zone
-	all := func(has func(buildCandidate) bool) bool {
+	byHint := func(mine string, hints func(buildCandidate) []string) []buildCandidate {
+		if mine == "" {
+			return nil
+		}
 		for _, c := range cs {
-			if !has(c) {
-				return false
+			if len(hints(c)) == 0 {
+				return nil
 			}
 		}
-		return true
+		return buildFilter(cs, func(c buildCandidate) bool { return slices.Contains(hints(c), mine) })
 	}
-	if name != "" && all(func(c buildCandidate) bool { return len(c.forNodes) > 0 }) {
-		if m := buildFilter(cs, func(c buildCandidate) bool { return slices.Contains(c.forNodes, name) }); len(m) > 0 {
-			return m
-		}
+	if m := byHint(b.node.Name, func(c buildCandidate) []string { return c.forNodes }); len(m) > 0 {
+		return m
 	}
-	if zone != "" && all(func(c buildCandidate) bool { return len(c.forZones) > 0 }) {
-		if m := buildFilter(cs, func(c buildCandidate) bool { return slices.Contains(c.forZones, zone) }); len(m) > 0 {
-			return m
-		}
-	}
-
-	switch buildDeref(b.svc.Spec.TrafficDistribution) {
-	case corev1.ServiceTrafficDistributionPreferSameNode:
-		if name != "" {
-			if m := buildFilter(cs, func(c buildCandidate) bool { return c.nodeName == name }); len(m) > 0 {
-				return m
-			}
-		}
-		fallthrough
-	case corev1.ServiceTrafficDistributionPreferClose, corev1.ServiceTrafficDistributionPreferSameZone:
-		if zone != "" {
-			if m := buildFilter(cs, func(c buildCandidate) bool { return c.zone == zone }); len(m) > 0 {
-				return m
-			}
-		}
+	if m := byHint(b.node.Zone, func(c buildCandidate) []string { return c.forZones }); len(m) > 0 {
+		return m
 	}
 	return cs
 }

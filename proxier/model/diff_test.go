@@ -1,0 +1,269 @@
+package model_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// dvs is a virtual server "addr:port" (TCP) with a scheduler.
+func dvs(addrPort, sched string) model.VirtualServer {
+	ap := netip.MustParseAddrPort(addrPort)
+	return model.VirtualServer{VSKey: model.VSKey{Address: ap.Addr(), Protocol: model.TCP, Port: ap.Port()}, Scheduler: sched}
+}
+
+// drs parses "addr:port" (weight 1) or "addr:port@w".
+func drs(s string) model.RealServer {
+	w := 1
+	if a, wt, ok := strings.Cut(s, "@"); ok {
+		s = a
+		w = int(wt[0] - '0')
+	}
+	ap := netip.MustParseAddrPort(s)
+	return model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: w}
+}
+
+func want(svc string, kind model.AddressKind, vs model.VirtualServer, rss ...string) model.Want {
+	ns, name, _ := strings.Cut(svc, "/")
+	w := model.Want{Service: types.NamespacedName{Namespace: ns, Name: name}, VSPlan: model.VSPlan{VirtualServer: vs, Kind: kind}}
+	for _, r := range rss {
+		w.RealServers = append(w.RealServers, drs(r))
+	}
+	return w
+}
+
+func desired(addrs []string, ws ...model.Want) model.Desired {
+	d := model.Desired{VirtualServers: map[model.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
+	for _, w := range ws {
+		d.VirtualServers[w.VSKey] = w
+	}
+	for _, a := range addrs {
+		d.Addresses[netip.MustParseAddr(a)] = true
+	}
+	return d
+}
+
+// kernel is a view: virtual servers with their real servers, and bound
+// addresses.
+type kvs struct {
+	vs  model.VirtualServer
+	rss []string
+}
+
+func kernel(bound []string, vss ...kvs) *model.Kernel {
+	var list []model.VirtualServer
+	var addrs []netip.Addr
+	for _, v := range vss {
+		list = append(list, v.vs)
+	}
+	for _, a := range bound {
+		addrs = append(addrs, netip.MustParseAddr(a))
+	}
+	k := model.NewKernel(list, addrs)
+	for _, v := range vss {
+		for _, r := range v.rss {
+			k.RealServers[v.vs.VSKey] = append(k.RealServers[v.vs.VSKey], drs(r))
+		}
+	}
+	return k
+}
+
+func opStrings(ops []model.Op) []string {
+	out := make([]string, len(ops))
+	for i, o := range ops {
+		out[i] = o.String()
+		if o.Service != (types.NamespacedName{}) {
+			out[i] += " [" + o.Service.String() + "]"
+		}
+	}
+	return out
+}
+
+func TestDiff(t *testing.T) {
+	vip := dvs("10.96.0.10:80", "rr")
+	vip2 := dvs("10.96.0.10:443", "rr")
+	other := dvs("10.96.0.11:80", "rr")
+	node := dvs("192.168.0.10:30080", "rr")
+	all := model.Scope{All: true}
+	tests := []struct {
+		name  string
+		want  model.Desired
+		have  *model.Kernel
+		scope model.Scope
+		ops   []string
+	}{
+		{
+			name:  "nothing wanted, nothing held",
+			want:  desired(nil),
+			have:  kernel(nil),
+			scope: all,
+			ops:   []string{},
+		},
+		{
+			name:  "a new Service: bind, add the virtual server, then its real servers",
+			want:  desired([]string{"10.96.0.10"}, want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080", "10.0.2.2:8080")),
+			have:  kernel(nil),
+			scope: all,
+			ops: []string{
+				"bind 10.96.0.10",
+				"add-virtual-server 10.96.0.10:80/TCP rr [ns/a]",
+				"add-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 w=1 [ns/a]",
+				"add-real-server 10.96.0.10:80/TCP 10.0.2.2:8080 w=1 [ns/a]",
+			},
+		},
+		{
+			name:  "in sync: no operation",
+			want:  desired([]string{"10.96.0.10"}, want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080"}}),
+			scope: all,
+			ops:   []string{},
+		},
+		{
+			name: "real servers: one added, one drained to weight 0, one deleted",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080@0", "10.0.3.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080", "10.0.2.2:8080"}}),
+			scope: all,
+			ops: []string{
+				"update-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 w=0 (was w=1) [ns/a]",
+				"add-real-server 10.96.0.10:80/TCP 10.0.3.2:8080 w=1 [ns/a]",
+				"delete-real-server 10.96.0.10:80/TCP 10.0.2.2:8080 [ns/a]",
+			},
+		},
+		{
+			name:  "a scheduler change updates the virtual server in place",
+			want:  desired([]string{"10.96.0.10"}, want("ns/a", model.KindClusterIP, dvs("10.96.0.10:80", "sh"), "10.0.1.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080"}}),
+			scope: all,
+			ops:   []string{"update-virtual-server 10.96.0.10:80/TCP sh (was 10.96.0.10:80/TCP rr) [ns/a]"},
+		},
+		{
+			name:  "a deleted Service: its virtual server goes, then its address",
+			want:  desired(nil),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080"}}),
+			scope: all,
+			ops:   []string{"delete-virtual-server 10.96.0.10:80/TCP", "unbind 10.96.0.10"},
+		},
+		{
+			name:  "an address that still carries a wanted virtual server stays bound",
+			want:  desired([]string{"10.96.0.10"}, want("ns/a", model.KindClusterIP, vip2, "10.0.1.2:8443")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, nil}, kvs{vip2, []string{"10.0.1.2:8443"}}),
+			scope: all,
+			ops:   []string{"delete-virtual-server 10.96.0.10:80/TCP"},
+		},
+		{
+			name: "partial scope: only the listed virtual servers and addresses",
+			want: desired([]string{"10.96.0.11"}, want("ns/b", model.KindClusterIP, other, "10.0.1.3:8080")),
+			// The kernel's stray virtual server on 10.96.0.10 is out of
+			// scope: a partial sync leaves it for the full one.
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, nil}),
+			scope: model.Scope{Keys: []model.VSKey{other.VSKey}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.11")}},
+			ops: []string{
+				"bind 10.96.0.11",
+				"add-virtual-server 10.96.0.11:80/TCP rr [ns/b]",
+				"add-real-server 10.96.0.11:80/TCP 10.0.1.3:8080 w=1 [ns/b]",
+			},
+		},
+		{
+			name: "an unwanted address in scope with a virtual server out of scope stays bound",
+			want: desired(nil),
+			have: kernel([]string{"10.96.0.10"}, kvs{vip, nil}, kvs{vip2, nil}),
+			scope: model.Scope{Keys: []model.VSKey{vip.VSKey},
+				Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}},
+			ops: []string{"delete-virtual-server 10.96.0.10:80/TCP"},
+		},
+		{
+			name:  "node ports need no address",
+			want:  desired(nil, want("ns/a", model.KindNodePort, node, "10.0.1.2:8080")),
+			have:  kernel(nil),
+			scope: all,
+			ops: []string{
+				"add-virtual-server 192.168.0.10:30080/TCP rr [ns/a]",
+				"add-real-server 192.168.0.10:30080/TCP 10.0.1.2:8080 w=1 [ns/a]",
+			},
+		},
+		{
+			name:  "a handover to another Service keeps the virtual server",
+			want:  desired([]string{"10.96.0.10"}, want("ns/b", model.KindExternalIP, vip, "10.0.9.9:80")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080"}}),
+			scope: model.Scope{Keys: []model.VSKey{vip.VSKey}},
+			ops: []string{
+				"add-real-server 10.96.0.10:80/TCP 10.0.9.9:80 w=1 [ns/b]",
+				"delete-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 [ns/b]",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := opStrings(model.Diff(tt.want, tt.have, tt.scope))
+			if diff := cmp.Diff(tt.ops, got); diff != "" {
+				t.Errorf("ops (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestAssign(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ext := func(svc string, at time.Time, addrPorts ...string) *model.ServicePlan {
+		ns, name, _ := strings.Cut(svc, "/")
+		p := &model.ServicePlan{Service: types.NamespacedName{Namespace: ns, Name: name}, Created: at}
+		for _, ap := range addrPorts {
+			p.VirtualServers = append(p.VirtualServers, model.VSPlan{VirtualServer: dvs(ap, "rr"), Kind: model.KindExternalIP})
+		}
+		return p
+	}
+	own := model.Ownership{ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16")}}
+	tests := []struct {
+		name      string
+		plans     []*model.ServicePlan
+		holders   map[string]string
+		conflicts []string
+	}{
+		{
+			name:    "the older Service holds, whatever the order",
+			plans:   []*model.ServicePlan{ext("z/young", t0.Add(time.Hour), "172.20.0.5:80"), ext("a/old", t0, "172.20.0.5:80")},
+			holders: map[string]string{"172.20.0.5:80/TCP": "a/old"},
+			conflicts: []string{
+				"172.20.0.5:80/TCP: z/young loses to a/old",
+			},
+		},
+		{
+			name: "same creation time: the lower namespace/name holds",
+			plans: []*model.ServicePlan{ext("b/x", t0, "172.20.0.5:80"), ext("a/y", t0, "172.20.0.5:80"),
+				ext("a/x", t0, "172.20.0.5:80")},
+			holders:   map[string]string{"172.20.0.5:80/TCP": "a/x"},
+			conflicts: []string{"172.20.0.5:80/TCP: a/y loses to a/x", "172.20.0.5:80/TCP: b/x loses to a/x"},
+		},
+		{
+			name:    "excluded addresses are nobody's",
+			plans:   []*model.ServicePlan{ext("a/x", t0, "10.200.0.1:80", "172.20.0.5:80")},
+			holders: map[string]string{"172.20.0.5:80/TCP": "a/x"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, cs := model.Assign(tt.plans, own)
+			holders := map[string]string{}
+			for k, w := range d.VirtualServers {
+				holders[k.String()] = w.Service.String()
+			}
+			if diff := cmp.Diff(tt.holders, holders); diff != "" {
+				t.Errorf("holders (-want +got):\n%s", diff)
+			}
+			var got []string
+			for _, c := range cs {
+				got = append(got, c.VirtualServer.String()+": "+c.Loser.String()+" loses to "+c.Holder.String())
+			}
+			if diff := cmp.Diff(tt.conflicts, got); diff != "" {
+				t.Errorf("conflicts (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
