@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -30,13 +31,24 @@ import (
 
 // Kinds of drift between what the Services want and what the kernel holds.
 const (
-	driftMissingVS   = "missing-virtual-server"   // wanted, not in the kernel
-	driftUnwantedVS  = "unwanted-virtual-server"  // owned, in the kernel, wanted by no Service
-	driftDifferentVS = "different-virtual-server" // scheduler, flags or persistence differ
-	driftMissingRS   = "missing-real-server"
-	driftExtraRS     = "extra-real-server"
-	driftWeight      = "different-weight"
+	driftMissingVS    = "missing-virtual-server"   // wanted, not in the kernel
+	driftUnwantedVS   = "unwanted-virtual-server"  // owned, in the kernel, wanted by no Service
+	driftDifferentVS  = "different-virtual-server" // scheduler, flags or persistence differ
+	driftMissingRS    = "missing-real-server"
+	driftExtraRS      = "extra-real-server"
+	driftWeight       = "different-weight"
+	driftMissingAddr  = "missing-address"  // wanted, not bound to the interface
+	driftUnwantedAddr = "unwanted-address" // bound, wanted by no Service
 )
+
+// driftKinds names the drift of each kind of operation that a sync would
+// make: drift is exactly what model.Diff says run would write.
+var driftKinds = map[model.OpKind]string{
+	model.OpAddVirtualServer: driftMissingVS, model.OpDeleteVirtualServer: driftUnwantedVS,
+	model.OpUpdateVirtualServer: driftDifferentVS, model.OpAddRealServer: driftMissingRS,
+	model.OpDeleteRealServer: driftExtraRS, model.OpUpdateRealServer: driftWeight,
+	model.OpBind: driftMissingAddr, model.OpUnbind: driftUnwantedAddr,
+}
 
 // statusRealServer is one real server of a virtual server.
 type statusRealServer struct {
@@ -85,12 +97,22 @@ type statusVirtualServer struct {
 	key model.VSKey
 }
 
-// statusDrift is one difference between the wanted and the kernel state.
+// statusDrift is one difference between the wanted and the kernel state:
+// one write that run's next full sync would make.
 type statusDrift struct {
 	Kind          string `json:"kind"`
-	VirtualServer string `json:"virtualServer"`
+	VirtualServer string `json:"virtualServer,omitempty"`
+	Address       string `json:"address,omitempty"`
 	Service       string `json:"service,omitempty"`
 	Detail        string `json:"detail"`
+}
+
+// statusConflict is a virtual server that two Services want: the older
+// one holds it (as run decides).
+type statusConflict struct {
+	VirtualServer string `json:"virtualServer"`
+	Holder        string `json:"holder"`
+	Loser         string `json:"loser"`
 }
 
 // statusAPI tells whether Kubernetes names could be read.
@@ -111,8 +133,9 @@ type statusReport struct {
 	Drift          []statusDrift         `json:"drift"`
 	// OtherVirtualServers counts the kernel's virtual servers that
 	// ipvs-proxy does not own (and leaves alone).
-	OtherVirtualServers int      `json:"otherVirtualServers"`
-	Warnings            []string `json:"warnings,omitempty"`
+	OtherVirtualServers int              `json:"otherVirtualServers"`
+	Conflicts           []statusConflict `json:"conflicts,omitempty"`
+	Warnings            []string         `json:"warnings,omitempty"`
 }
 
 func newStatusCommand() *cobra.Command {
@@ -151,7 +174,7 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			rep, err := collectStatus(ctx, cfg, ipvs, links, client, apiErr)
+			rep, err := collectStatus(ctx, cfg, ipvs, links, client, apiErr, schedulerMissing())
 			if err != nil {
 				return err
 			}
@@ -164,27 +187,37 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 	return cmd
 }
 
-// wantedVS is a virtual server that a Service's plan asks for.
-type wantedVS struct {
-	plan    model.VSPlan
-	service types.NamespacedName
-	port    string // the Service port's name, or its number when unnamed
+// schedulerMissing tells, from the node's modules, whether the kernel
+// cannot load a scheduler (nil when modules cannot be read: then none is
+// taken as missing).
+func schedulerMissing() func(string) bool {
+	mods, err := kmod.NewChecker()
+	if err != nil || !mods.ModuleSupport() {
+		return nil
+	}
+	return func(name string) bool {
+		m, ok := scheduler.Module(name)
+		return ok && mods.Check(m).State == kmod.Missing
+	}
 }
 
-// desiredState lists the Services and EndpointSlices and builds their
-// plans as run does. It returns the wanted virtual servers and the number
-// of Services read.
-func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr) (map[model.VSKey]wantedVS, int, []string, error) {
+// desiredState lists the Services and EndpointSlices, builds their plans
+// as run does, and decides who holds each virtual server by run's rule
+// (model.Assign). It returns the desired state, the conflicts, a label
+// (namespace/name:port) for each wanted virtual server, the number of
+// Services read and warnings.
+func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr,
+	schedulerMissing func(string) bool) (model.Desired, []model.Conflict, map[model.VSKey]string, int, []string, error) {
 	services, err := listServices(ctx, client)
 	if err != nil {
-		return nil, 0, nil, err
+		return model.Desired{}, nil, nil, 0, nil, err
 	}
 	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
 	opts := metav1.ListOptions{LabelSelector: serviceSelector, Limit: 500}
 	for {
 		list, err := client.DiscoveryV1().EndpointSlices("").List(ctx, opts)
 		if err != nil {
-			return nil, 0, nil, fmt.Errorf("list EndpointSlices: %w", err)
+			return model.Desired{}, nil, nil, 0, nil, fmt.Errorf("list EndpointSlices: %w", err)
 		}
 		for i := range list.Items {
 			s := &list.Items[i]
@@ -212,34 +245,41 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 	}
 
 	node := model.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: proxier.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses)}
-	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: cfg.IPv4, IPv6: cfg.IPv6, ExcludeCIDRs: cfg.ExcludeCIDRs}
-	// On a full sync the reconciler applies Services in the order of their
-	// "namespace/name", so the first one that wants a virtual server holds it.
-	slices.SortFunc(services, func(a, b corev1.Service) int {
-		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
-	})
-	want := map[model.VSKey]wantedVS{}
-	n := 0
+	// run falls back to the default scheduler for a Service whose
+	// scheduler the kernel cannot load: so does status.
+	unavailable := map[string]bool{}
+	if schedulerMissing != nil {
+		for _, n := range scheduler.Names() {
+			if n != cfg.Scheduler.Name && schedulerMissing(n) {
+				unavailable[n] = true
+			}
+		}
+	}
+	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: cfg.IPv4, IPv6: cfg.IPv6, ExcludeCIDRs: cfg.ExcludeCIDRs,
+		Unavailable: unavailable}
+	var plans []*model.ServicePlan
 	for i := range services {
 		svc := &services[i]
 		if model.Skip(svc) {
 			continue
 		}
-		n++
-		name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-		plan := model.Build(svc, slicesOf[name], node, bcfg)
+		plan := model.Build(svc, slicesOf[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}], node, bcfg)
 		for _, w := range plan.Warnings {
-			warnings = append(warnings, name.String()+": "+w)
+			warnings = append(warnings, plan.Service.String()+": "+w)
 		}
-		for _, vs := range plan.VirtualServers {
-			if old, taken := want[vs.VSKey]; taken {
-				warnings = append(warnings, fmt.Sprintf("%s: virtual server %s is also wanted by %s, which holds it", name, vs.VSKey, old.service))
-				continue
-			}
-			want[vs.VSKey] = wantedVS{plan: vs, service: name, port: servicePortLabel(svc, vs.PortName)}
-		}
+		plans = append(plans, &plan)
 	}
-	return want, n, warnings, nil
+	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	want, conflicts := model.Assign(plans, own)
+	byName := map[types.NamespacedName]*corev1.Service{}
+	for i := range services {
+		byName[types.NamespacedName{Namespace: services[i].Namespace, Name: services[i].Name}] = &services[i]
+	}
+	labels := make(map[model.VSKey]string, len(want.VirtualServers))
+	for k, w := range want.VirtualServers {
+		labels[k] = w.Service.String() + ":" + servicePortLabel(byName[w.Service], w.PortName)
+	}
+	return want, conflicts, labels, len(plans), warnings, nil
 }
 
 // servicePortLabel names a Service port: its name, or its number when the
@@ -256,100 +296,125 @@ func servicePortLabel(svc *corev1.Service, portName string) string {
 	return "?"
 }
 
-// owns is the reconciler's rule: a virtual server is ipvs-proxy's when
-// model.Ownership says so or when a Service wants it.
-func owns(own model.Ownership, bound, node map[netip.Addr]bool, k model.VSKey, wanted bool) bool {
-	return own.Owns(k, bound[k.Address], node[k.Address]) || wanted
-}
-
-// collectStatus reads the kernel and, with a client, the Services, and
-// joins them. apiErr, when set, is why there is no client.
-func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
-	client kubernetes.Interface, apiErr error) (statusReport, error) {
-	rep := statusReport{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
+// readOwnedKernel reads the part of the kernel that ipvs-proxy owns (by
+// run's rule, given what is wanted), with every owned virtual server's
+// real servers, and counts the others' virtual servers.
+func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links, want model.Desired) (*model.Kernel, []netip.Addr, int, error) {
 	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
-
 	boundList, err := links.ListAddresses(cfg.Interface)
 	if err != nil {
-		return rep, fmt.Errorf("read the kernel: %w", err)
+		return nil, nil, 0, fmt.Errorf("read the kernel: %w", err)
 	}
 	bound := map[netip.Addr]bool{}
+	var boundOwned []netip.Addr
 	for _, a := range boundList {
-		if !a.IsLinkLocalUnicast() { // the kernel's own, not ipvs-proxy's
+		if !own.Excluded(a) && !a.IsLinkLocalUnicast() { // the kernel's own, not ipvs-proxy's
 			bound[a] = true
+			boundOwned = append(boundOwned, a)
 		}
 	}
 	nodeAddrs, err := links.NodeAddresses(cfg.Interface)
 	if err != nil {
-		return rep, fmt.Errorf("read the kernel: %w", err)
+		return nil, nil, 0, fmt.Errorf("read the kernel: %w", err)
 	}
 	node := map[netip.Addr]bool{}
 	for _, a := range nodeAddrs {
 		node[a] = true
 	}
-	kernel, err := ipvs.ListVirtualServers()
+	vss, err := ipvs.ListVirtualServers()
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("read the kernel: %w", err)
+	}
+	var owned []model.VirtualServer
+	others := 0
+	for _, vs := range vss {
+		_, wanted := want.VirtualServers[vs.VSKey]
+		if own.Owns(vs.VSKey, bound[vs.Address], node[vs.Address]) || wanted {
+			owned = append(owned, vs)
+		} else {
+			others++
+		}
+	}
+	k := model.NewKernel(owned, boundOwned)
+	for _, vs := range owned {
+		rss, err := ipvs.ListRealServers(vs.VSKey)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("read the kernel: %w", err)
+		}
+		k.RealServers[vs.VSKey] = rss
+	}
+	return k, nodeAddrs, others, nil
+}
+
+// collectStatus reads the kernel and, with a client, the Services, and
+// joins them; drift is the operations run's next full sync would make
+// (model.Diff). apiErr, when set, is why there is no client.
+func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
+	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (statusReport, error) {
+	rep := statusReport{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
+	// Node addresses first: node ports are built on them.
+	nodeAddrs, err := links.NodeAddresses(cfg.Interface)
 	if err != nil {
 		return rep, fmt.Errorf("read the kernel: %w", err)
 	}
-
-	var want map[model.VSKey]wantedVS
+	want := model.Desired{VirtualServers: map[model.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
+	var conflicts []model.Conflict
+	var labels map[model.VSKey]string
 	if apiErr == nil && client != nil {
 		var n int
-		want, n, rep.Warnings, apiErr = desiredState(ctx, client, cfg, nodeAddrs)
+		want, conflicts, labels, n, rep.Warnings, apiErr = desiredState(ctx, client, cfg, nodeAddrs, schedulerMissing)
 		rep.API.Services = n
 	} else if apiErr == nil {
 		apiErr = errNoAPI
 	}
 	if apiErr != nil {
-		want = nil
+		want = model.Desired{VirtualServers: map[model.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
 		rep.API.Error = apiErr.Error()
 	} else {
 		rep.API.Available, rep.DriftKnown = true, true
 		rep.Drift = []statusDrift{}
 	}
+	kernel, _, others, err := readOwnedKernel(cfg, ipvs, links, want)
+	if err != nil {
+		return rep, err
+	}
+	rep.OtherVirtualServers = others
 
 	byKey := map[model.VSKey]*statusVirtualServer{}
-	for _, vs := range kernel {
-		w, wanted := want[vs.VSKey]
-		if !owns(own, bound, node, vs.VSKey, wanted) {
-			rep.OtherVirtualServers++
-			continue
-		}
-		s := newStatusVS(vs.VSKey, vs)
+	for k, vs := range kernel.VirtualServers {
+		s := newStatusVS(k, vs)
 		s.InKernel = true
-		rss, err := ipvs.ListRealServers(vs.VSKey)
-		if err != nil {
-			return rep, fmt.Errorf("read the kernel: %w", err)
-		}
+		rss := slices.Clone(kernel.RealServers[k])
 		slices.SortFunc(rss, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 		for _, rs := range rss {
 			s.RealServers = append(s.RealServers, newStatusRS(rs, true))
 		}
-		if wanted {
-			s.name(w)
-			s.Wanted = true
-			rep.diff(s, vs, w.plan)
-		} else if rep.DriftKnown {
-			rep.drift(s, driftUnwantedVS, "owned by ipvs-proxy and wanted by no Service (run deletes it on its next full sync)")
-		}
-		byKey[vs.VSKey] = s
-	}
-	for k, w := range want {
-		if _, ok := byKey[k]; ok {
-			continue
-		}
-		s := newStatusVS(k, w.plan.VirtualServer)
-		s.name(w)
-		s.Wanted = true
-		for _, rs := range w.plan.RealServers {
-			m := newStatusRS(rs, false)
-			m.Drift, m.WantWeight = "missing", &rs.Weight
-			s.RealServers = append(s.RealServers, m)
-		}
-		rep.drift(s, driftMissingVS, "wanted, not in the kernel: "+w.plan.VirtualServer.String())
 		byKey[k] = s
 	}
+	for k, w := range want.VirtualServers {
+		s, ok := byKey[k]
+		if !ok {
+			s = newStatusVS(k, w.VirtualServer)
+			byKey[k] = s
+		}
+		s.Wanted = true
+		s.Namespace, s.Name, s.Kind = w.Service.Namespace, w.Service.Name, string(w.Kind)
+		s.Service = labels[k]
+		s.ServicePort = strings.TrimPrefix(labels[k], w.Service.String()+":")
+	}
+	if rep.DriftKnown {
+		for _, op := range model.Diff(want, kernel, model.Scope{All: true}) {
+			rep.addDrift(byKey, op)
+		}
+		for _, c := range conflicts {
+			rep.Conflicts = append(rep.Conflicts, statusConflict{VirtualServer: c.VirtualServer.String(),
+				Holder: c.Holder.String(), Loser: c.Loser.String()})
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s: %s; run gives it no traffic there", c.Loser, c))
+		}
+	}
 	for _, s := range byKey {
+		slices.SortFunc(s.RealServers, func(a, b statusRealServer) int { return a.key.Compare(b.key) })
+		s.Drift = slices.Compact(s.Drift)
 		rep.VirtualServers = append(rep.VirtualServers, *s)
 	}
 	slices.SortFunc(rep.VirtualServers, func(a, b statusVirtualServer) int {
@@ -364,7 +429,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 			cmp.Compare(a.Name, b.Name), a.key.Compare(b.key))
 	})
 	slices.SortStableFunc(rep.Drift, func(a, b statusDrift) int {
-		return cmp.Compare(a.VirtualServer, b.VirtualServer)
+		return cmp.Or(cmp.Compare(a.VirtualServer, b.VirtualServer), cmp.Compare(a.Address, b.Address))
 	})
 	return rep, nil
 }
@@ -378,10 +443,54 @@ func newStatusVS(k model.VSKey, vs model.VirtualServer) *statusVirtualServer {
 	return s
 }
 
-func (s *statusVirtualServer) name(w wantedVS) {
-	s.Namespace, s.Name, s.ServicePort = w.service.Namespace, w.service.Name, w.port
-	s.Service = w.service.String() + ":" + w.port
-	s.Kind = string(w.plan.Kind)
+// addDrift records one operation of the diff as drift, on the report and
+// on its virtual server and real server rows.
+func (r *statusReport) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.Op) {
+	kind := driftKinds[op.Kind]
+	if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
+		detail := "wanted, not bound to the interface"
+		if op.Kind == model.OpUnbind {
+			detail = "bound to the interface, wanted by no Service (run unbinds it on its next full sync)"
+		}
+		r.Drift = append(r.Drift, statusDrift{Kind: kind, Address: op.Address.String(), Detail: detail})
+		return
+	}
+	k := op.VirtualServer.VSKey
+	s := byKey[k]
+	rs := op.RealServer
+	var detail string
+	switch op.Kind {
+	case model.OpAddVirtualServer:
+		detail = "wanted, not in the kernel: " + op.VirtualServer.String()
+	case model.OpUpdateVirtualServer:
+		detail = fmt.Sprintf("kernel has %s, wanted %s", op.WasVirtualServer, op.VirtualServer)
+	case model.OpDeleteVirtualServer:
+		detail = "owned by ipvs-proxy and wanted by no Service (run deletes it on its next full sync)"
+	case model.OpAddRealServer:
+		m := newStatusRS(rs, false)
+		m.Drift, m.WantWeight = "missing", &rs.Weight
+		s.RealServers = append(s.RealServers, m)
+		if !s.InKernel {
+			return // part of the missing virtual server
+		}
+		detail = fmt.Sprintf("real server %s w=%d is wanted, not in the kernel", rs.RSKey, rs.Weight)
+	case model.OpUpdateRealServer:
+		for i := range s.RealServers {
+			if s.RealServers[i].key == rs.RSKey {
+				s.RealServers[i].Drift, s.RealServers[i].WantWeight = "weight", &rs.Weight
+			}
+		}
+		detail = fmt.Sprintf("real server %s has weight %d, wanted %d", rs.RSKey, op.WasWeight, rs.Weight)
+	case model.OpDeleteRealServer:
+		for i := range s.RealServers {
+			if s.RealServers[i].key == rs.RSKey {
+				s.RealServers[i].Drift = "extra"
+			}
+		}
+		detail = fmt.Sprintf("real server %s w=%d is in the kernel, not wanted", rs.RSKey, rs.Weight)
+	}
+	s.Drift = append(s.Drift, kind)
+	r.Drift = append(r.Drift, statusDrift{Kind: kind, VirtualServer: k.String(), Service: s.Service, Detail: detail})
 }
 
 // flagNames names a virtual server's flags: persistent, one-packet, and the
@@ -406,49 +515,6 @@ func flagNames(vs model.VirtualServer) []string {
 		out = append(out, fmt.Sprintf("flags-%#x", rest))
 	}
 	return out
-}
-
-func (r *statusReport) drift(s *statusVirtualServer, kind, detail string) {
-	s.Drift = append(s.Drift, kind)
-	r.Drift = append(r.Drift, statusDrift{Kind: kind, VirtualServer: s.key.String(), Service: s.Service, Detail: detail})
-}
-
-// diff records the drift between a virtual server in the kernel (with its
-// real servers already in s) and what its Service wants.
-func (r *statusReport) diff(s *statusVirtualServer, have model.VirtualServer, want model.VSPlan) {
-	if !have.Equal(want.VirtualServer) {
-		r.drift(s, driftDifferentVS, fmt.Sprintf("kernel has %s, wanted %s", have, want.VirtualServer))
-	}
-	wanted := map[model.RSKey]model.RealServer{}
-	for _, rs := range want.RealServers {
-		wanted[rs.RSKey] = rs
-	}
-	seen := map[model.RSKey]bool{}
-	for i := range s.RealServers {
-		rs := &s.RealServers[i]
-		k := rs.key
-		seen[k] = true
-		w, ok := wanted[k]
-		switch {
-		case !ok:
-			rs.Drift = "extra"
-			r.drift(s, driftExtraRS, fmt.Sprintf("real server %s w=%d is in the kernel, not wanted", k, rs.Weight))
-		case w.Weight != rs.Weight:
-			rs.Drift, rs.WantWeight = "weight", &w.Weight
-			r.drift(s, driftWeight, fmt.Sprintf("real server %s has weight %d, wanted %d", k, rs.Weight, w.Weight))
-		}
-	}
-	for _, w := range want.RealServers {
-		if seen[w.RSKey] {
-			continue
-		}
-		m := newStatusRS(w, false)
-		m.Drift, m.WantWeight = "missing", &w.Weight
-		s.RealServers = append(s.RealServers, m)
-		r.drift(s, driftMissingRS, fmt.Sprintf("real server %s w=%d is wanted, not in the kernel", w.RSKey, w.Weight))
-	}
-	slices.SortFunc(s.RealServers, func(a, b statusRealServer) int { return a.key.Compare(b.key) })
-	s.Drift = slices.Compact(s.Drift)
 }
 
 // writeStatus prints the report as a table or JSON.
@@ -540,7 +606,11 @@ func writeStatus(w io.Writer, rep statusReport, output string) error {
 			if d.Service != "" {
 				svc = " (" + d.Service + ")"
 			}
-			fmt.Fprintf(&b, "  %s %s%s: %s\n", d.Kind, d.VirtualServer, svc, d.Detail)
+			what := d.VirtualServer
+			if what == "" {
+				what = d.Address
+			}
+			fmt.Fprintf(&b, "  %s %s%s: %s\n", d.Kind, what, svc, d.Detail)
 		}
 	}
 	for _, w := range rep.Warnings {

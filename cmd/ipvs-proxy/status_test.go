@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +23,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -130,7 +132,7 @@ func rsKey(addr string) model.RSKey {
 
 func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes.Interface, apiErr error) statusReport {
 	t.Helper()
-	rep, err := collectStatus(context.Background(), statusConfig(), ipvs, links, client, apiErr)
+	rep, err := collectStatus(context.Background(), statusConfig(), ipvs, links, client, apiErr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +295,8 @@ func TestStatusDrift(t *testing.T) {
 				must(t, links.AddAddress("ipvs-proxy0", netip.MustParseAddr("10.200.0.7")))
 				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("10.200.0.7", 80), Scheduler: "rr"}))
 			},
-			want:  map[string][]string{"10.96.0.99:80/TCP": {driftUnwantedVS}, "192.168.1.10:31999/TCP": {driftUnwantedVS}},
+			want: map[string][]string{"10.96.0.99:80/TCP": {driftUnwantedVS}, "192.168.1.10:31999/TCP": {driftUnwantedVS},
+				"address 10.96.0.99": {driftUnwantedAddr}},
 			other: 3,
 		},
 	}
@@ -305,7 +308,11 @@ func TestStatusDrift(t *testing.T) {
 			rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
 			got := map[string][]string{}
 			for _, d := range rep.Drift {
-				got[d.VirtualServer] = append(got[d.VirtualServer], d.Kind)
+				key := d.VirtualServer
+				if d.Address != "" {
+					key = "address " + d.Address
+				}
+				got[key] = append(got[key], d.Kind)
 			}
 			for vs, kinds := range got {
 				slices.Sort(kinds)
@@ -315,6 +322,9 @@ func TestStatusDrift(t *testing.T) {
 				slices.Sort(kinds)
 				if !slices.Equal(got[vs], kinds) {
 					t.Errorf("drift of %s: %v, want %v", vs, got[vs], kinds)
+				}
+				if strings.HasPrefix(vs, "address ") {
+					continue
 				}
 				if k := findVS(rep, mustKey(vs)); k == nil || !slices.Equal(sorted(k.Drift), kinds) {
 					t.Errorf("virtual server %s: drift %v, want %v", vs, k, kinds)
@@ -405,27 +415,53 @@ func TestStatusWithoutAPI(t *testing.T) {
 	}
 }
 
+// TestStatusConflictAndWarnings: status decides a shared virtual server
+// as run does, the older Service holding it (then namespace/name), and
+// reports the conflict; the kernel programmed by run shows no drift.
+// (Before, status gave it to the first Service by name, whatever its age.)
 func TestStatusConflictAndWarnings(t *testing.T) {
-	objs := []runtime.Object{
-		stService("a", "10.96.0.20", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"10.251.0.1"} }),
-		stService("b", "10.96.0.21", func(s *corev1.Service) {
-			s.Spec.ExternalIPs = []string{"10.251.0.1"}
-			s.Annotations = map[string]string{scheduler.AnnotationScheduler: "fastest"}
-		}),
-	}
-	ipvs, links := programmed(t, objs)
-	rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
-	if len(rep.Drift) != 0 {
-		t.Errorf("drift: %+v", rep.Drift)
-	}
-	if vs := findVS(rep, vsKey("10.251.0.1", 80)); vs == nil || vs.Service != "ns/a:http" || vs.Kind != "ExternalIP" {
-		t.Errorf("the shared externalIP: %+v, want held by ns/a (first by name)", vs)
-	}
-	joined := strings.Join(rep.Warnings, "\n")
-	for _, w := range []string{"ns/b: virtual server 10.251.0.1:80/TCP is also wanted by ns/a, which holds it", `ns/b: annotation ipvs-proxy.io/scheduler: unknown IPVS scheduler "fastest"`} {
-		if !strings.Contains(joined, w) {
-			t.Errorf("warnings %q lack %q", rep.Warnings, w)
-		}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		name           string
+		aAge, bAge     time.Duration
+		holder, loser  string
+		holderPortName string
+	}{
+		{name: "same age: by name", holder: "ns/a", loser: "ns/b"},
+		{name: "the older one, whatever its name", aAge: time.Minute, holder: "ns/b", loser: "ns/a"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := []runtime.Object{
+				stService("a", "10.96.0.20", func(s *corev1.Service) {
+					s.Spec.ExternalIPs = []string{"10.251.0.1"}
+					s.CreationTimestamp = metav1.NewTime(t0.Add(tt.aAge))
+				}),
+				stService("b", "10.96.0.21", func(s *corev1.Service) {
+					s.Spec.ExternalIPs = []string{"10.251.0.1"}
+					s.Annotations = map[string]string{scheduler.AnnotationScheduler: "fastest"}
+					s.CreationTimestamp = metav1.NewTime(t0.Add(tt.bAge))
+				}),
+			}
+			ipvs, links := programmed(t, objs)
+			rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
+			if len(rep.Drift) != 0 {
+				t.Errorf("drift: %+v", rep.Drift)
+			}
+			if vs := findVS(rep, vsKey("10.251.0.1", 80)); vs == nil || vs.Service != tt.holder+":http" || vs.Kind != "ExternalIP" {
+				t.Errorf("the shared externalIP: %+v, want held by %s", vs, tt.holder)
+			}
+			wantConflicts := []statusConflict{{VirtualServer: "10.251.0.1:80/TCP", Holder: tt.holder, Loser: tt.loser}}
+			if diff := cmp.Diff(wantConflicts, rep.Conflicts); diff != "" {
+				t.Errorf("conflicts (-want +got):\n%s", diff)
+			}
+			joined := strings.Join(rep.Warnings, "\n")
+			for _, w := range []string{tt.loser + ": virtual server 10.251.0.1:80/TCP is held by Service " + tt.holder + ", which is older",
+				`ns/b: annotation ipvs-proxy.io/scheduler: unknown IPVS scheduler "fastest"`} {
+				if !strings.Contains(joined, w) {
+					t.Errorf("warnings %q lack %q", rep.Warnings, w)
+				}
+			}
+		})
 	}
 }
 
@@ -465,5 +501,43 @@ drift: 1
 		if !strings.Contains(b.String(), w) {
 			t.Errorf("JSON lacks %s:\n%s", w, b.String())
 		}
+	}
+}
+
+// TestStatusSchedulerFallback: run programs a Service whose scheduler the
+// kernel cannot load with the default one; status, knowing the module is
+// missing, sees no drift there. (Before, status built the plan with the
+// missing scheduler and reported drift that was not there.)
+func TestStatusSchedulerFallback(t *testing.T) {
+	objs := []runtime.Object{
+		stService("hashed", "10.96.0.30", func(s *corev1.Service) {
+			s.Annotations = map[string]string{scheduler.AnnotationScheduler: "mh"}
+		}), stSlice("hashed", "10.0.4.1"),
+	}
+	ipvs, links := programmed(t, objs)
+	// What run leaves in a kernel without ip_vs_mh: the default scheduler.
+	must(t, ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: vsKey("10.96.0.30", 80), Scheduler: "rr"}))
+	missing := func(name string) bool { return name == "mh" }
+	for _, tt := range []struct {
+		name    string
+		missing func(string) bool
+		drift   []string
+	}{
+		{name: "module missing: run's fallback is no drift", missing: missing},
+		{name: "module present: the kernel should have mh", drift: []string{driftDifferentVS}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rep, err := collectStatus(context.Background(), statusConfig(), ipvs, links, k8sfake.NewClientset(objs...), nil, tt.missing)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var kinds []string
+			for _, d := range rep.Drift {
+				kinds = append(kinds, d.Kind)
+			}
+			if diff := cmp.Diff(tt.drift, kinds); diff != "" {
+				t.Errorf("drift (-want +got):\n%s\n%+v", diff, rep.Drift)
+			}
+		})
 	}
 }
