@@ -1,0 +1,214 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// loopBed runs a Proxier's Run against a fake clientset, a fake kernel and
+// a fake clock.
+type loopBed struct {
+	t      *testing.T
+	client *k8sfake.Clientset
+	ipvs   *fake.IPVS
+	clk    *clocktesting.FakeClock
+	p      *Proxier
+}
+
+func newLoopBed(t *testing.T, objs ...*corev1.Service) *loopBed {
+	t.Helper()
+	b := &loopBed{t: t, client: k8sfake.NewClientset(), ipvs: fake.NewIPVS(),
+		clk: clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))}
+	ctx := context.Background()
+	for _, s := range objs {
+		if _, err := b.client.CoreV1().Services(s.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		sl := testSlice(s.Name, "10.0.1."+s.Spec.ClusterIP[len("10.96.0."):])
+		if _, err := b.client.DiscoveryV1().EndpointSlices(s.Namespace).Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true,
+		MinSyncPeriod: time.Second, SyncPeriod: time.Hour, RetryBase: 10 * time.Second, Clock: b.clk}
+	b.p = New(cfg, b.client, b.ipvs, fake.NewLinks(node), nil, nil, zap.NewNop())
+	return b
+}
+
+func (b *loopBed) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.p.Run(ctx) }()
+	b.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				b.t.Errorf("Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			b.t.Errorf("Run did not return")
+		}
+	})
+}
+
+// eventually polls cond in real time (the informers' deliveries are real).
+func (b *loopBed) eventually(what string, cond func() bool) {
+	b.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("timed out waiting for %s; ipvs calls: %q", what, b.ipvs.Calls())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// idle waits until the loop waits on the clock and the kernel's calls
+// have stopped changing.
+func (b *loopBed) idle() {
+	b.t.Helper()
+	n := -1
+	stable := 0
+	b.eventually("the loop to wait", func() bool {
+		c := len(b.ipvs.Calls())
+		if c == n && b.clk.HasWaiters() {
+			stable++
+		} else {
+			stable, n = 0, c
+		}
+		return stable >= 10
+	})
+}
+
+// calls returns the kernel calls since the last reset, with a prefix.
+func (b *loopBed) calls(prefix string) []string {
+	var out []string
+	for _, c := range b.ipvs.Calls() {
+		if strings.HasPrefix(string(c), prefix) {
+			out = append(out, string(c))
+		}
+	}
+	return out
+}
+
+func (b *loopBed) setEndpoints(svc string, addrs ...string) {
+	b.t.Helper()
+	sl := testSlice(svc, addrs[0])
+	for _, a := range addrs[1:] {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{a},
+			Conditions: discoveryv1.EndpointConditions{Ready: sl.Endpoints[0].Conditions.Ready}})
+	}
+	if _, err := b.client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), sl, metav1.UpdateOptions{}); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// TestLoopRetriesAloneUnderEvents: one Service keeps failing while another
+// changes all the time. Its retry comes on its own backoff (10s, 20s),
+// which events never postpone; the other's changes are coalesced into
+// partial syncs that go on during the backoff; and no sync after the first
+// dumps the kernel. (Before the redesign, every sync after a failure was
+// full, and an event dropped the retry timer.)
+func TestLoopRetriesAloneUnderEvents(t *testing.T) {
+	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"), testService("b", "10.96.0.11", "rr"))
+	errBusy := errors.New("injected: busy")
+	b.ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddRealServer 10.96.0.10:80/TCP") {
+			return errBusy
+		}
+		return nil
+	})
+	b.run()
+	b.eventually("the first sync", func() bool { return len(b.calls("AddRealServer 10.96.0.11:80/TCP")) == 1 })
+	b.idle()
+	start := b.clk.Now()
+	sa, _ := b.p.rec.Status(types.NamespacedName{Namespace: "default", Name: "a"})
+	if sa.Failures != 1 || !sa.NextRetry.Equal(start.Add(10*time.Second)) {
+		t.Fatalf("status of a after the first sync: %+v", sa)
+	}
+	if got := b.calls("ListVirtualServers"); len(got) != 1 {
+		t.Fatalf("dumps in the first sync: %v", got)
+	}
+
+	// Coalescing: three changes of b before MinSyncPeriod has passed make
+	// one partial sync, with the last state.
+	b.ipvs.ResetCalls()
+	b.setEndpoints("b", "10.0.1.11", "10.0.2.11")
+	b.setEndpoints("b", "10.0.1.11", "10.0.2.11", "10.0.3.11")
+	b.setEndpoints("b", "10.0.1.11", "10.0.3.11")
+	b.eventually("the informer's delivery of the last change", func() bool {
+		b.p.mu.Lock()
+		defer b.p.mu.Unlock()
+		eps := b.p.slices[types.NamespacedName{Namespace: "default", Name: "b"}]["b-1"].Endpoints
+		return len(eps) == 2 && eps[1].Addresses[0] == "10.0.3.11"
+	})
+	b.clk.Step(time.Second)
+	b.eventually("b's change", func() bool { return len(b.calls("AddRealServer 10.96.0.11:80/TCP 10.0.3.11")) == 1 })
+	b.idle()
+	if diff := slices.Compare(b.calls("List"), []string{"ListRealServers 10.96.0.11:80/TCP"}); diff != 0 {
+		t.Errorf("reads of the coalesced partial sync: %q, want one read of b's virtual server", b.calls("List"))
+	}
+	if got := b.calls("AddRealServer 10.96.0.11:80/TCP 10.0.2.11"); len(got) != 0 {
+		t.Errorf("an intermediate state reached the kernel: %v", got)
+	}
+
+	// Events every second; a's retries still come at 10s, then 30s.
+	b.ipvs.ResetCalls()
+	retries := map[time.Duration]int{}
+	for i := 2; i <= 31; i++ {
+		b.setEndpoints("b", "10.0.1.11", fmt.Sprintf("10.0.9.%d", i))
+		b.eventually("b's change reaching the loop", func() bool {
+			b.p.mu.Lock()
+			defer b.p.mu.Unlock()
+			return len(b.p.dirty) > 0
+		})
+		b.clk.Step(time.Second)
+		b.eventually(fmt.Sprintf("b's change %d", i), func() bool {
+			return len(b.calls(fmt.Sprintf("AddRealServer 10.96.0.11:80/TCP 10.0.9.%d", i))) == 1
+		})
+		b.idle()
+		if n := len(b.calls("AddRealServer 10.96.0.10:80/TCP")); n > 0 {
+			retries[b.clk.Since(start)] = n
+			b.ipvs.ResetCalls()
+		}
+	}
+	want := map[time.Duration]int{10 * time.Second: 1, 30 * time.Second: 1}
+	if fmt.Sprint(retries) != fmt.Sprint(want) {
+		t.Errorf("a's retries (time since its failure: writes) = %v, want %v", retries, want)
+	}
+	if got := b.calls("ListVirtualServers"); len(got) != 0 {
+		t.Errorf("full dumps caused by a's failure: %v", got)
+	}
+
+	// a recovers at its next retry (70s after its first failure).
+	b.ipvs.InjectErrors(nil)
+	b.ipvs.ResetCalls()
+	b.clk.SetTime(start.Add(70 * time.Second))
+	b.eventually("a's successful retry", func() bool { return len(b.calls("AddRealServer 10.96.0.10:80/TCP")) == 1 })
+	b.idle()
+	if sa, _ := b.p.rec.Status(types.NamespacedName{Namespace: "default", Name: "a"}); !sa.Applied || sa.Failures != 0 {
+		t.Errorf("status of a after its retry: %+v", sa)
+	}
+}
