@@ -103,6 +103,9 @@ type Proxier struct {
 	// here: it is retried alone and reported in its status.
 	pendingSince time.Time
 	nodeEligible bool
+	// problems are the statuses of the Services failing or in conflict,
+	// as of the last sync.
+	problems []ServiceStatus
 }
 
 // New returns a Proxier. recorder may be nil (no Events).
@@ -165,6 +168,14 @@ func (p *Proxier) Status() Status {
 	defer p.mu.Unlock()
 	return Status{LastSuccessfulSync: p.lastOK, LastError: p.lastErr, Pending: len(p.dirty),
 		PendingSince: p.pendingSince, NodeEligible: p.nodeEligible}
+}
+
+// ServiceProblems returns, as of the last sync, the status of every
+// Service whose writes are failing or that lost a conflict, sorted by name.
+func (p *Proxier) ServiceProblems() []ServiceStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.problems)
 }
 
 // queuedLocked records that a change waits to be applied; p.mu is held.
@@ -601,7 +612,8 @@ func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
 	p.metrics.VirtualServers.Set(float64(vs))
 	p.metrics.RealServers.Set(float64(rs))
 	failing, conflicts := 0, 0
-	for _, s := range p.rec.Statuses() {
+	problems := p.rec.Problems()
+	for _, s := range problems {
 		if s.Failures > 0 {
 			failing++
 		}
@@ -623,7 +635,7 @@ func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
 	// kernel read applied nothing.
 	if !st.ReadFailed {
 		for n, at := range p.changes {
-			if s, ok := p.rec.Status(n); ok && s.Failures > 0 {
+			if _, failing := p.rec.retrying[n]; failing {
 				continue
 			}
 			p.metrics.ProgrammingLatency.Observe(now.Sub(at).Seconds())
@@ -643,6 +655,7 @@ func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
 	healthErr = errors.Join(healthErr, nodeErr)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.problems = problems
 	p.lastErr = errors.Join(recErr, nodeErr)
 	if healthErr != nil {
 		p.queuedLocked()

@@ -104,6 +104,7 @@ type Reconciler struct {
 	status          map[types.NamespacedName]*ServiceStatus
 	retrying        map[types.NamespacedName]*backoff
 	conflictChanged map[types.NamespacedName]bool
+	conflicted      map[types.NamespacedName]bool // Services that lost a conflict
 
 	// Writes no Service is answerable for (a virtual server no Service
 	// wants, an address to unbind) that failed: retried with one backoff.
@@ -145,6 +146,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		status:          map[types.NamespacedName]*ServiceStatus{},
 		retrying:        map[types.NamespacedName]*backoff{},
 		conflictChanged: map[types.NamespacedName]bool{},
+		conflicted:      map[types.NamespacedName]bool{},
 		orphanKeys:      map[model.VSKey]bool{},
 		orphanAddrs:     map[netip.Addr]bool{},
 	}
@@ -168,6 +170,7 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 		delete(r.status, name)
 		delete(r.retrying, name)
 		delete(r.conflictChanged, name)
+		delete(r.conflicted, name)
 	} else {
 		p := *plan
 		r.plans[name] = &p
@@ -252,6 +255,11 @@ func (r *Reconciler) ConflictChanges() []types.NamespacedName {
 			st.Conflicts = cs
 			out = append(out, n)
 		}
+		if len(cs) > 0 {
+			r.conflicted[n] = true
+		} else {
+			delete(r.conflicted, n)
+		}
 	}
 	clear(r.conflictChanged)
 	slices.SortFunc(out, compareNames)
@@ -291,6 +299,26 @@ func (r *Reconciler) Statuses() []ServiceStatus {
 	for n := range r.status {
 		st, _ := r.Status(n)
 		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b ServiceStatus) int { return compareNames(a.Service, b.Service) })
+	return out
+}
+
+// Problems returns the status of every Service that is failing or lost a
+// conflict, sorted by name; its cost is the number of such Services.
+func (r *Reconciler) Problems() []ServiceStatus {
+	names := map[types.NamespacedName]bool{}
+	for n := range r.retrying {
+		names[n] = true
+	}
+	for n := range r.conflicted {
+		names[n] = true
+	}
+	out := make([]ServiceStatus, 0, len(names))
+	for n := range names {
+		if st, ok := r.Status(n); ok {
+			out = append(out, st)
+		}
 	}
 	slices.SortFunc(out, func(a, b ServiceStatus) int { return compareNames(a.Service, b.Service) })
 	return out

@@ -238,6 +238,9 @@ type opsConfig struct {
 	SyncPeriod               time.Duration
 	Registry                 *prometheus.Registry
 	Status                   func() proxier.Status
+	// Problems lists the Services failing or in conflict (for /statusz);
+	// nil serves none.
+	Problems func() []proxier.ServiceStatus
 	// APICheck probes the apiserver; nil disables the probe.
 	APICheck func(ctx context.Context) error
 	// HealthCheckAddrs are the addresses of the health-check node ports
@@ -318,6 +321,7 @@ func startOperations(ctx context.Context, c opsConfig, log *zap.Logger) (*operat
 		mux(c.MetricsAddr).Handle("/metrics", promhttp.HandlerFor(c.Registry, promhttp.HandlerOpts{
 			Registry: c.Registry, ErrorLog: zap.NewStdLog(log), MaxRequestsInFlight: 4, Timeout: 30 * time.Second,
 		}))
+		mux(c.MetricsAddr).Handle("/statusz", statuszHandler(c.Problems, log))
 	}
 	for addr, m := range muxes {
 		ln, err := net.Listen("tcp", addr)
@@ -353,7 +357,7 @@ func muxPaths(addr string, c opsConfig) []string {
 		p = append(p, "/healthz", "/livez")
 	}
 	if addr == c.MetricsAddr {
-		p = append(p, "/metrics")
+		p = append(p, "/metrics", "/statusz")
 	}
 	return p
 }
@@ -411,7 +415,7 @@ func serveOperations(ctx context.Context, o *options, cfg proxier.Config, p *pro
 	client kubernetes.Interface, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
 	ops, err := startOperations(ctx, opsConfig{
 		MetricsAddr: strings.TrimSpace(o.MetricsBindAddress), HealthzAddr: strings.TrimSpace(o.HealthzBindAddress),
-		SyncPeriod: cfg.SyncPeriod, Registry: reg, Status: p.Status, APICheck: versionCheck(client),
+		SyncPeriod: cfg.SyncPeriod, Registry: reg, Status: p.Status, Problems: p.ServiceProblems, APICheck: versionCheck(client),
 		HealthCheckAddrs: healthCheckAddresses(links, cfg, log), Recorder: recorder,
 	}, log)
 	if err != nil {
@@ -419,4 +423,40 @@ func serveOperations(ctx context.Context, o *options, cfg proxier.Config, p *pro
 	}
 	p.AddConsumer(ops.healthCheck)
 	return ops.stop, nil
+}
+
+// agentServiceStatus is one Service's status as the agent serves it on
+// /statusz (and `ipvs-proxy status` reads it).
+type agentServiceStatus struct {
+	Service   string     `json:"service"`
+	Failures  int        `json:"failures,omitempty"`
+	LastError string     `json:"lastError,omitempty"`
+	NextRetry *time.Time `json:"nextRetry,omitempty"`
+	Conflicts []string   `json:"conflicts,omitempty"`
+}
+
+// statuszBody is the body of /statusz: the Services whose writes fail or
+// that lost a conflict, as of the agent's last sync.
+type statuszBody struct {
+	Services []agentServiceStatus `json:"services"`
+}
+
+func statuszHandler(problems func() []proxier.ServiceStatus, log *zap.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		body := statuszBody{Services: []agentServiceStatus{}}
+		if problems != nil {
+			for _, st := range problems() {
+				a := agentServiceStatus{Service: st.Service.String(), Failures: st.Failures, LastError: st.LastError,
+					NextRetry: timePtr(st.NextRetry)}
+				for _, c := range st.Conflicts {
+					a.Conflicts = append(a.Conflicts, c.String())
+				}
+				body.Services = append(body.Services, a)
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if err := json.NewEncoder(w).Encode(body); err != nil {
+			log.Debug("write /statusz", zap.Error(err))
+		}
+	})
 }

@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 )
@@ -196,7 +198,11 @@ func TestStartOperations(t *testing.T) {
 	m.VirtualServers.Set(3)
 	ops, err := startOperations(context.Background(), opsConfig{MetricsAddr: "127.0.0.1:0", HealthzAddr: "127.0.0.1:0",
 		SyncPeriod: time.Second, Registry: reg, Status: status.Status,
-		APICheck: func(context.Context) error { return nil }}, zap.NewNop())
+		APICheck: func(context.Context) error { return nil }, Problems: func() []proxier.ServiceStatus {
+			return []proxier.ServiceStatus{{Service: types.NamespacedName{Namespace: "ns", Name: "web"}, Failures: 2,
+				LastError: "add-virtual-server 10.96.0.10:80/TCP mh: no such file or directory",
+				NextRetry: time.Date(2026, 11, 23, 10, 0, 2, 0, time.UTC)}}
+		}}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +225,16 @@ func TestStartOperations(t *testing.T) {
 	}
 	if ops.healthCheck == nil {
 		t.Error("no health-check server")
+	}
+	// /statusz, as `ipvs-proxy status` reads it.
+	next := time.Date(2026, 11, 23, 10, 0, 2, 0, time.UTC)
+	wantAgent := statusAgent{Available: true, Services: []agentServiceStatus{{Service: "ns/web", Failures: 2,
+		LastError: "add-virtual-server 10.96.0.10:80/TCP mh: no such file or directory", NextRetry: &next}}}
+	if diff := cmp.Diff(wantAgent, agentStatus(context.Background(), ops.addrs["127.0.0.1:0"].String())); diff != "" {
+		t.Errorf("the agent's status via /statusz (-want +got):\n%s", diff)
+	}
+	if got := agentStatus(context.Background(), "127.0.0.1:1"); got.Available || !strings.Contains(got.Error, "does not answer") {
+		t.Errorf("status of an agent that does not run: %+v", got)
 	}
 
 	// Separate addresses; one of them taken.

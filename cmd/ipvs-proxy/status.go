@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -107,6 +109,47 @@ type statusDrift struct {
 	Detail        string `json:"detail"`
 }
 
+// statusAgent is what the agent on this node says of its Services.
+type statusAgent struct {
+	Available bool   `json:"available"`
+	Error     string `json:"error,omitempty"`
+	// Services are those whose writes fail or that lost a conflict.
+	Services []agentServiceStatus `json:"services,omitempty"`
+}
+
+// agentStatus reads the agent's /statusz on its metrics address.
+func agentStatus(ctx context.Context, metricsAddr string) statusAgent {
+	if strings.TrimSpace(metricsAddr) == "" {
+		return statusAgent{Error: "no --metrics-bind-address: the agent's status is not served"}
+	}
+	host, port, err := net.SplitHostPort(strings.TrimSpace(metricsAddr))
+	if err != nil {
+		return statusAgent{Error: fmt.Sprintf("--metrics-bind-address %q: %v", metricsAddr, err)}
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/statusz", nil)
+	if err != nil {
+		return statusAgent{Error: err.Error()}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return statusAgent{Error: fmt.Sprintf("the agent does not answer: %v", err)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return statusAgent{Error: fmt.Sprintf("the agent's /statusz answered %s", resp.Status)}
+	}
+	var body statuszBody
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&body); err != nil {
+		return statusAgent{Error: fmt.Sprintf("the agent's /statusz: %v", err)}
+	}
+	return statusAgent{Available: true, Services: body.Services}
+}
+
 // statusConflict is a virtual server that two Services want: the older
 // one holds it (as run decides).
 type statusConflict struct {
@@ -133,9 +176,11 @@ type statusReport struct {
 	Drift          []statusDrift         `json:"drift"`
 	// OtherVirtualServers counts the kernel's virtual servers that
 	// ipvs-proxy does not own (and leaves alone).
-	OtherVirtualServers int              `json:"otherVirtualServers"`
-	Conflicts           []statusConflict `json:"conflicts,omitempty"`
-	Warnings            []string         `json:"warnings,omitempty"`
+	OtherVirtualServers int `json:"otherVirtualServers"`
+	// Agent is the running agent's per-Service status, from its /statusz.
+	Agent     statusAgent      `json:"agent"`
+	Conflicts []statusConflict `json:"conflicts,omitempty"`
+	Warnings  []string         `json:"warnings,omitempty"`
 }
 
 func newStatusCommand() *cobra.Command {
@@ -178,6 +223,7 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 			if err != nil {
 				return err
 			}
+			rep.Agent = agentStatus(cmd.Context(), o.MetricsBindAddress)
 			return writeStatus(cmd.OutOrStdout(), rep, output)
 		},
 	}
@@ -611,6 +657,26 @@ func writeStatus(w io.Writer, rep statusReport, output string) error {
 				what = d.Address
 			}
 			fmt.Fprintf(&b, "  %s %s%s: %s\n", d.Kind, what, svc, d.Detail)
+		}
+	}
+	switch {
+	case !rep.Agent.Available:
+		fmt.Fprintf(&b, "agent: status unknown (%s)\n", rep.Agent.Error)
+	default:
+		failing := 0
+		for _, a := range rep.Agent.Services {
+			if a.Failures == 0 {
+				continue
+			}
+			failing++
+			retry := ""
+			if a.NextRetry != nil {
+				retry = ", next retry " + a.NextRetry.Format(time.RFC3339)
+			}
+			fmt.Fprintf(&b, "failing: %s (%d attempts%s): %s\n", a.Service, a.Failures, retry, a.LastError)
+		}
+		if failing == 0 {
+			b.WriteString("agent: every Service programmed\n")
 		}
 	}
 	for _, w := range rep.Warnings {

@@ -470,6 +470,9 @@ func TestWriteStatus(t *testing.T) {
 	ipvs, links := programmed(t, objs)
 	must(t, ipvs.DeleteRealServer(vsKey("10.96.0.10", 80), rsKey("10.0.1.1")))
 	rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
+	next := time.Date(2026, 11, 23, 10, 0, 8, 0, time.UTC)
+	rep.Agent = statusAgent{Available: true, Services: []agentServiceStatus{{Service: "ns/web", Failures: 3,
+		LastError: "add-real-server 10.96.0.10:80/TCP 10.0.1.1:8080 w=1: invalid argument", NextRetry: &next}}}
 	var b bytes.Buffer
 	if err := writeStatus(&b, rep, "table"); err != nil {
 		t.Fatal(err)
@@ -484,6 +487,7 @@ ns/web:http     ClusterIP  10.96.0.10:80/TCP       rr                           
 virtual servers of others (left alone): 1
 drift: 1
   missing-real-server 10.96.0.10:80/TCP (ns/web:http): real server 10.0.1.1:8080 w=1 is wanted, not in the kernel
+failing: ns/web (3 attempts, next retry 2026-11-23T10:00:08Z): add-real-server 10.96.0.10:80/TCP 10.0.1.1:8080 w=1: invalid argument
 `
 	if got := b.String(); got != want {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
@@ -497,7 +501,7 @@ drift: 1
 		t.Fatal(err)
 	}
 	for _, w := range []string{`"service": "ns/web:http"`, `"kind": "ClusterIP"`, `"activeConns": 0`, `"drift": "missing"`,
-		`"kind": "missing-real-server"`, `"driftKnown": true`, `"flags": [`, `"persistenceTimeout": 10800`} {
+		`"kind": "missing-real-server"`, `"driftKnown": true`, `"flags": [`, `"persistenceTimeout": 10800`, `"failures": 3`} {
 		if !strings.Contains(b.String(), w) {
 			t.Errorf("JSON lacks %s:\n%s", w, b.String())
 		}
