@@ -481,14 +481,31 @@ func (r *Reconciler) scope(full bool, now time.Time) ([]model.VSKey, []netip.Add
 	clear(r.dirtyKeys)
 	clear(r.dirtyAddrs)
 	clear(r.dirtyServices)
+	// The holder answers for what happens to its virtual servers; a
+	// failing one comes whole, so that its status says all of it.
+	var whole []types.NamespacedName
+	for k := range keySet {
+		if cl := r.claims[k]; len(cl) > 0 && !services[cl[0]] {
+			services[cl[0]] = true
+			if _, failing := r.retrying[cl[0]]; failing && !full {
+				whole = append(whole, cl[0])
+			}
+		}
+	}
+	for _, n := range whole {
+		for _, v := range r.plans[n].VirtualServers {
+			if !r.own.Excluded(v.Address) && !keySet[v.VSKey] {
+				keySet[v.VSKey] = true
+				if cl := r.claims[v.VSKey]; len(cl) > 0 {
+					services[cl[0]] = true
+				}
+			}
+		}
+	}
 	keys := make([]model.VSKey, 0, len(keySet))
 	for k := range keySet {
 		keys = append(keys, k)
 		addrSet[k.Address] = true
-		// The holder answers for what happens to its virtual servers.
-		if cl := r.claims[k]; len(cl) > 0 {
-			services[cl[0]] = true
-		}
 	}
 	addrs := make([]netip.Addr, 0, len(addrSet))
 	for a := range addrSet {

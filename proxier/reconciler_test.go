@@ -559,3 +559,31 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 	mustSync(t, r, false)
 	callsDiff(t, "conntrack calls", []string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53"}, ct.Calls())
 }
+
+// TestReconcilerFailingHolderStaysFailing: a failing Service drawn into a
+// partial sync by another Service's change (here a younger Service that
+// wants one of its virtual servers) is retried whole, so that success on
+// that one virtual server does not clear the failure of another.
+func TestReconcilerFailingHolderStaysFailing(t *testing.T) {
+	r, ipvs, _, _ := newClockedReconciler(t)
+	errBusy := errors.New("injected: busy")
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddRealServer 172.20.0.5:81/TCP") {
+			return errBusy
+		}
+		return nil
+	})
+	r.SetPlan(svcA, created(plan(svcA, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080"),
+		vsPlan(model.KindExternalIP, "172.20.0.5:81", "rr", "10.0.1.2:8081")), 1))
+	if _, err := r.Sync(true); !errors.Is(err, errBusy) {
+		t.Fatalf("first sync: %v, want the injected error", err)
+	}
+	r.SetPlan(svcB, created(plan(svcB, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")), 2))
+	st, err := r.Sync(false)
+	if !errors.Is(err, errBusy) || !errors.Is(st.Failed[svcA], errBusy) {
+		t.Fatalf("sync of b's change: %v (failed %v), want a's failure again", err, st.Failed)
+	}
+	if sa, _ := r.Status(svcA); sa.Applied || sa.Failures != 2 {
+		t.Errorf("status of a: %+v, want still failing (2 attempts)", sa)
+	}
+}
