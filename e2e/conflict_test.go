@@ -40,15 +40,9 @@ func TestConflictOlderServiceHolds(t *testing.T) {
 	// Creation times have a resolution of one second.
 	time.Sleep(1100 * time.Millisecond)
 
-	hold, err := e.VM.Start(ctx, "vmagent", "hold", "--netns", bed.ClientNetns, "--addr", addr, "--interval", "200ms")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Stop()
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	if err := hold.WaitFor(wctx, "answer 1 "+bes[0].Name); err != nil {
-		t.Fatal(err)
+	hold, held := e.holdConn(t, addr)
+	if held != bes[0].Name {
+		t.Fatalf("the held connection reached %s, want %s", held, bes[0].Name)
 	}
 
 	fullSyncs := func() int { return strings.Count(e.AgentOutput(), `"kind":"full"`) }
@@ -69,15 +63,7 @@ func TestConflictOlderServiceHolds(t *testing.T) {
 	})
 	e.expectBackends(t, "tcp", addr, []string{bes[0].Name})
 	e.expectTable(t, []string{"-> " + hostPort(bes[0].Addr, backendPort)}, []string{"-> " + hostPort(bes[1].Addr, backendPort)}, "-t", addr)
-	answers := strings.Count(hold.Output(), "answer ")
-	if err := hold.WaitFor(wctx, fmt.Sprintf("answer %d %s ", answers+3, bes[0].Name)); err != nil {
-		t.Fatalf("the held connection stopped answering: %v\n%s", err, hold.Output())
-	}
-	for _, l := range strings.Split(strings.TrimSpace(hold.Output()), "\n") {
-		if f := strings.Fields(l); len(f) < 3 || f[0] != "answer" || f[2] != bes[0].Name {
-			t.Errorf("the held connection failed or moved: %q", l)
-		}
-	}
+	hold.expectAnswers(3, bes[0].Name)
 
 	// status decides the same way and sees no drift on this virtual server.
 	args := append([]string{bed.GuestBinary, "status", "--kubeconfig", guestKubecfg, "--hostname-override", nodeName, "--output", "json"}, agentArgs...)

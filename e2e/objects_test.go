@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
 func tcpPort(name string, port int32) corev1.ServicePort {
@@ -158,4 +160,59 @@ func (e env) expectEvent(t *testing.T, svc *corev1.Service, msg string) {
 		}
 		return fmt.Errorf("no warning Event from ipvs-proxy on %s/%s saying %q among %d", svc.Namespace, svc.Name, msg, len(evs.Items))
 	})
+}
+
+// heldConn is one TCP connection held open to a Service address from the
+// client namespace (`vmagent hold`): it sends a line every 200 ms and logs
+// "answer N <backend> ..." per answer, "error ..." when the connection ends.
+type heldConn struct {
+	t    *testing.T
+	proc *vm.Proc
+	ctx  context.Context
+}
+
+// holdConn opens a held connection to addr and waits for its first answer;
+// it returns the connection and the backend that answered. The connection
+// is closed when the test ends.
+func (e env) holdConn(t *testing.T, addr string) (*heldConn, string) {
+	t.Helper()
+	proc, err := e.VM.Start(context.Background(), "vmagent", "hold", "--netns", bed.ClientNetns, "--addr", addr, "--interval", "200ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(func() {
+		cancel()
+		_ = proc.Stop()
+	})
+	h := &heldConn{t: t, proc: proc, ctx: ctx}
+	if err := proc.WaitFor(ctx, "answer 1 "); err != nil {
+		t.Fatal(err)
+	}
+	return h, heldAnswer.FindStringSubmatch(proc.Output())[1]
+}
+
+var heldAnswer = regexp.MustCompile(`answer 1 (\S+)`)
+
+// expectAnswers waits for n more answers and checks that every answer so
+// far came from backend, with no error.
+func (h *heldConn) expectAnswers(n int, backend string) {
+	h.t.Helper()
+	answers := strings.Count(h.proc.Output(), "answer ")
+	if err := h.proc.WaitFor(h.ctx, fmt.Sprintf("answer %d %s ", answers+n, backend)); err != nil {
+		h.t.Fatalf("the held connection stopped answering from %s: %v\n%s", backend, err, h.proc.Output())
+	}
+	for _, l := range strings.Split(strings.TrimSpace(h.proc.Output()), "\n") {
+		if f := strings.Fields(l); len(f) < 3 || f[0] != "answer" || f[2] != backend {
+			h.t.Errorf("the held connection failed or moved: %q", l)
+		}
+	}
+}
+
+// expectEnd waits until the held connection ends with an error.
+func (h *heldConn) expectEnd() {
+	h.t.Helper()
+	if err := h.proc.WaitFor(h.ctx, "error "); err != nil {
+		h.t.Errorf("the held connection outlived its real server: %v", err)
+	}
 }

@@ -12,8 +12,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 )
 
 // TestClusterIPMultiPortTCPAndUDP: one Service, a TCP and a UDP port, two
@@ -253,18 +251,7 @@ func TestTerminatingEndpointDrains(t *testing.T) {
 	addr := hostPort(svc.Spec.ClusterIP, 80)
 	e.expectBackends(t, "tcp", addr, names(bes))
 
-	ctx := context.Background()
-	hold, err := e.VM.Start(ctx, "vmagent", "hold", "--netns", bed.ClientNetns, "--addr", addr, "--interval", "200ms")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Stop()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := hold.WaitFor(wctx, "answer 1 "); err != nil {
-		t.Fatal(err)
-	}
-	held := regexp.MustCompile(`answer 1 (\S+)`).FindStringSubmatch(hold.Output())[1]
+	hold, held := e.holdConn(t, addr)
 	var draining, other backend
 	for _, b := range bes {
 		if b.Name == held {
@@ -291,24 +278,14 @@ func TestTerminatingEndpointDrains(t *testing.T) {
 		return nil
 	})
 	e.expectBackends(t, "tcp", addr, []string{other.Name})
-	answers := strings.Count(hold.Output(), "answer ")
 	// A few more answers on the held connection, from the draining backend.
-	if err := hold.WaitFor(wctx, fmt.Sprintf("answer %d %s ", answers+5, draining.Name)); err != nil {
-		t.Fatalf("the connection to the draining backend stopped answering: %v", err)
-	}
-	for _, l := range strings.Split(strings.TrimSpace(hold.Output()), "\n") {
-		if f := strings.Fields(l); len(f) < 3 || f[0] != "answer" || f[2] != draining.Name {
-			t.Errorf("the held connection failed or moved: %q", l)
-		}
-	}
+	hold.expectAnswers(5, draining.Name)
 
 	// The pod is gone: the endpoint leaves the slice, the real server the
 	// kernel, and the held connection ends.
 	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, []backend{other})
 	e.expectTable(t, []string{"-> " + hostPort(other.Addr, backendPort)}, []string{"-> " + hostPort(draining.Addr, backendPort)}, "-t", addr)
-	if err := hold.WaitFor(wctx, "error "); err != nil {
-		t.Errorf("the held connection outlived its real server: %v", err)
-	}
+	hold.expectEnd()
 }
 
 // TestDriftRepairAndRestart: a real server deleted by hand comes back at
