@@ -10,10 +10,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func newTestProxier(t *testing.T) (*Proxier, *fake.IPVS) {
@@ -158,5 +160,56 @@ func TestStatusNodeEligible(t *testing.T) {
 	p.onNode(n, true)
 	if p.Status().NodeEligible {
 		t.Fatal("eligible after the Node was deleted")
+	}
+}
+
+// TestLatencyOfChangeThatFailedFirst: a change whose first sync fails is
+// measured when a retry lands it, from the time the change was made.
+// (Before the redesign, such a change yielded no sample at all.)
+func TestLatencyOfChangeThatFailedFirst(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	ipvs := fake.NewIPVS()
+	reg := prometheus.NewRegistry()
+	cfg := Config{NodeName: "n1", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"}, NodePortRange: model.PortRange{Min: 30000, Max: 32767},
+		IPv4: true, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute, Clock: clk}
+	p := New(cfg, nil, ipvs, fake.NewLinks(node), nil, NewMetrics(reg), zap.NewNop())
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	samples := func() (n uint64, sum float64) {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "kubeproxy_network_programming_duration_seconds" {
+				h := mf.GetMetric()[0].GetHistogram()
+				return h.GetSampleCount(), h.GetSampleSum()
+			}
+		}
+		return 0, 0
+	}
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddVirtualServer") {
+			return errors.New("injected: busy")
+		}
+		return nil
+	})
+	p.onService(clusterIPService("a", "10.96.0.10"), false)
+	clk.Step(time.Second)
+	if err := p.SyncOnce(false); err == nil {
+		t.Fatal("the sync succeeded with the write failing")
+	}
+	if n, _ := samples(); n != 0 {
+		t.Fatalf("%d latency samples while the change is not in the kernel", n)
+	}
+	ipvs.InjectErrors(nil)
+	clk.Step(time.Second) // the retry is due
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	if n, sum := samples(); n != 1 || sum != 2 {
+		t.Errorf("latency: %d samples, sum %vs; want one of 2s (change to retry)", n, sum)
 	}
 }
