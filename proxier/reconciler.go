@@ -403,10 +403,11 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	orphanErrs := r.apply(&st, ops)
 	r.kernel.RealServers = map[model.VSKey][]model.RealServer{} // no copy of the dump outlives the sync
 
-	if len(orphanErrs) > 0 {
+	switch {
+	case len(orphanErrs) > 0:
 		r.orphan.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
-	} else {
-		r.orphan = backoff{}
+	case len(r.orphanKeys) == 0 && len(r.orphanAddrs) == 0:
+		r.orphan = backoff{} // nothing left to retry
 	}
 	if len(readFailed) > 0 {
 		r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)

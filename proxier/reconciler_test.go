@@ -587,3 +587,41 @@ func TestReconcilerFailingHolderStaysFailing(t *testing.T) {
 		t.Errorf("status of a: %+v, want still failing (2 attempts)", sa)
 	}
 }
+
+// TestReconcilerOrphanRetry: a failed delete of a virtual server no
+// Service wants is retried after its backoff, even when other changes sync
+// in between.
+func TestReconcilerOrphanRetry(t *testing.T) {
+	r, ipvs, links, clk := newClockedReconciler(t)
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	mustSync(t, r, true)
+	errBusy := errors.New("injected: busy")
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if c == "DeleteVirtualServer 10.96.0.10:80/TCP" {
+			return errBusy
+		}
+		return nil
+	})
+	r.SetPlan(svcA, nil)
+	if _, err := r.Sync(false); !errors.Is(err, errBusy) {
+		t.Fatalf("Sync = %v, want the injected error", err)
+	}
+	ipvs.InjectErrors(nil)
+	// Another Service's change before the retry is due.
+	clk.Step(500 * time.Millisecond)
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
+	mustSync(t, r, false)
+	if next := r.NextRetry(); !next.Equal(clk.Now().Add(500 * time.Millisecond)) {
+		t.Fatalf("next retry %v, want in 500ms", next)
+	}
+	clk.Step(500 * time.Millisecond)
+	resetCalls(ipvs, links)
+	if st := mustSync(t, r, false); st.Full {
+		t.Errorf("the orphan retry was a full sync")
+	}
+	callsDiff(t, "orphan retry writes", []string{"DeleteVirtualServer 10.96.0.10:80/TCP"}, ipvs.Writes())
+	callsDiff(t, "orphan retry link writes", []string{"DeleteAddress ipvs-proxy0 10.96.0.10"}, links.Writes())
+	if !r.NextRetry().IsZero() {
+		t.Errorf("a retry still waits: %v", r.NextRetry())
+	}
+}
