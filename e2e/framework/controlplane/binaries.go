@@ -60,7 +60,10 @@ func CacheDir() string {
 // from the wrapper module e2e/k8sbin
 // with the Go toolchain on PATH (or /usr/local/go/bin/go). The directory is
 // <cacheDir>/k8s-<version>-<hash>, where the hash covers the wrapper's
-// go.mod and go.sum and the build recipe, so a version bump builds afresh.
+// build list (`go list -m all`: every module's version and replacement)
+// and the build recipe, so a version bump builds afresh, while a command
+// added to the wrapper's tools.go (which adds lines to go.mod and go.sum
+// but selects no other version) rebuilds nothing.
 // Nothing is built when the directory exists. Concurrent callers, also in
 // other processes, are serialised with a file lock; the build goes to a
 // temporary directory that is renamed into place, so a killed build leaves
@@ -86,10 +89,6 @@ func ensure(ctx context.Context, cacheDir string, commands []command) (string, e
 	if err != nil {
 		return "", fmt.Errorf("read wrapper module: %w", err)
 	}
-	goSum, err := os.ReadFile(filepath.Join(modDir, "go.sum"))
-	if err != nil {
-		return "", fmt.Errorf("read wrapper module: %w", err)
-	}
 	version, err := kubernetesVersion(goMod)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", filepath.Join(modDir, "go.mod"), err)
@@ -99,8 +98,13 @@ func ensure(ctx context.Context, cacheDir string, commands []command) (string, e
 		return "", err
 	}
 
+	modules, err := buildList(ctx, modDir)
+	if err != nil {
+		return "", err
+	}
+
 	h := sha256.New()
-	for _, part := range [][]byte{goMod, goSum, []byte(ldflags)} {
+	for _, part := range [][]byte{modules, []byte(ldflags)} {
 		h.Write(part)
 		h.Write([]byte{0})
 	}
@@ -163,14 +167,51 @@ func ensure(ctx context.Context, cacheDir string, commands []command) (string, e
 	return binDir, nil
 }
 
-// goBuild builds commands of the wrapper module into outDir.
-func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []command) error {
+// goTool is the go command on PATH, or at its usual install location.
+func goTool() (string, error) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = "/usr/local/go/bin/go"
 		if _, serr := os.Stat(goBin); serr != nil {
-			return fmt.Errorf("no go toolchain on PATH nor at %s: %w", goBin, err)
+			return "", fmt.Errorf("no go toolchain on PATH nor at %s: %w", goBin, err)
 		}
+	}
+	return goBin, nil
+}
+
+// goEnv is the environment of go commands in the wrapper module: the
+// binaries run on this machine, whatever the caller cross-compiles to.
+func goEnv() []string {
+	return append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
+}
+
+// buildList is the wrapper module's build list: every module with its
+// selected version and replacement, and the wrapper's go version. (Not the
+// other modules' go versions: `go list` knows those only for modules that
+// go.mod lists, so a new import would change them.)
+func buildList(ctx context.Context, modDir string) ([]byte, error) {
+	goBin, err := goTool()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, goBin, "list", "-m",
+		"-f", "{{.Path}} {{.Version}}{{with .Replace}} => {{.Path}} {{.Version}}{{end}}{{if .Main}} go {{.GoVersion}}{{end}}", "all")
+	cmd.Dir = modDir
+	cmd.Env = goEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list -m all in %s: %w\n%s", modDir, err, tail(stderr.Bytes(), 20))
+	}
+	return out, nil
+}
+
+// goBuild builds commands of the wrapper module into outDir.
+func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []command) error {
+	goBin, err := goTool()
+	if err != nil {
+		return err
 	}
 	args := []string{"build", "-trimpath", "-ldflags", ldflags, "-o", outDir + string(filepath.Separator)}
 	for _, c := range commands {
@@ -178,9 +219,7 @@ func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []com
 	}
 	cmd := exec.CommandContext(ctx, goBin, args...)
 	cmd.Dir = modDir
-	// The binaries run on this machine, whatever the caller cross-compiles to.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off",
-		"GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
+	cmd.Env = goEnv()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	// Own process group, so that cancelling also stops the compilers.
