@@ -20,24 +20,27 @@ import (
 // command is a main package of the wrapper module and its binary's name.
 type command struct{ pkg, binary string }
 
-// The commands built from the wrapper module, in two sets: every test needs
-// the first; kube-controller-manager only tests of selectors, so it is built
-// on first use (the cold build of the first set is the longest step of a
-// fresh machine's first run).
+// The commands built from the wrapper module, in sets: every test needs
+// the first; kube-controller-manager only tests of selectors, and
+// kube-proxy only tests that compare with it, so those are built on first
+// use (the cold build of the first set is the longest step of a fresh
+// machine's first run).
 var (
 	coreCommands = []command{
 		{"k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"},
 		// The main package of etcd's server module is named "server".
 		{"go.etcd.io/etcd/server/v3", "etcd"},
 	}
-	kcmCommands = []command{{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"}}
+	kcmCommands       = []command{{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"}}
+	kubeProxyCommands = []command{{"k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy"}}
 )
 
-// Binary names inside the directory that EnsureBinaries returns.
+// Binary names inside the directories that the Ensure functions return.
 const (
 	BinAPIServer         = "kube-apiserver"
 	BinControllerManager = "kube-controller-manager"
 	BinEtcd              = "etcd"
+	BinKubeProxy         = "kube-proxy"
 )
 
 // CacheDir is where built control-plane binaries are kept between test runs:
@@ -78,6 +81,13 @@ func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
 // in a directory of its own.
 func EnsureControllerManager(ctx context.Context, cacheDir string) (string, error) {
 	return ensure(ctx, cacheDir, kcmCommands)
+}
+
+// EnsureKubeProxy is EnsureBinaries for kube-proxy, in a directory of its
+// own. Its binary runs inside the test VM, which runs this host's
+// architecture.
+func EnsureKubeProxy(ctx context.Context, cacheDir string) (string, error) {
+	return ensure(ctx, cacheDir, kubeProxyCommands)
 }
 
 func ensure(ctx context.Context, cacheDir string, commands []command) (string, error) {
