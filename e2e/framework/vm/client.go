@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -22,20 +23,26 @@ import (
 // (unless nil).
 func (v *VM) call(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
+	contentType := ""
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
 		}
-		body = bytes.NewReader(b)
+		body, contentType = bytes.NewReader(b), "application/json"
 	}
+	return v.send(ctx, method, path, body, contentType, out)
+}
+
+// send is call with a body of any type.
+func (v *VM) send(ctx context.Context, method, path string, body io.Reader, contentType string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:"+strconv.Itoa(v.hostPort)+path, body)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+v.token)
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := v.client.Do(req)
 	if err != nil {
@@ -137,6 +144,27 @@ func (v *VM) RunOK(ctx context.Context, argv ...string) (string, error) {
 func (v *VM) WriteFile(ctx context.Context, path string, data []byte, mode os.FileMode) error {
 	if err := v.call(ctx, "POST", agentapi.PathWrite, agentapi.WriteRequest{Path: path, Mode: uint32(mode.Perm()), Data: data}, nil); err != nil {
 		return fmt.Errorf("vm: write %s: %w", path, err)
+	}
+	return nil
+}
+
+// CopyFile copies the host file src to the guest path dst (atomically,
+// creating its parent directories), with src's permissions. The content
+// goes as a raw stream: use it rather than WriteFile for large files such
+// as binaries.
+func (v *VM) CopyFile(ctx context.Context, src, dst string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("vm: copy %s: %w", src, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("vm: copy %s: %w", src, err)
+	}
+	q := url.Values{"path": {dst}, "mode": {strconv.FormatUint(uint64(st.Mode().Perm()), 8)}}
+	if err := v.send(ctx, "POST", agentapi.PathUpload+"?"+q.Encode(), f, "application/octet-stream", nil); err != nil {
+		return fmt.Errorf("vm: copy %s to %s: %w", src, dst, err)
 	}
 	return nil
 }
@@ -273,7 +301,14 @@ func (p *Proc) WaitFor(ctx context.Context, s string) error {
 
 // Stop ends the process: SIGTERM to its process group, SIGKILL after 5 s.
 // A process that has already ended is no error.
-func (p *Proc) Stop() error {
+func (p *Proc) Stop() error { return p.stop(false) }
+
+// Kill ends the process at once with SIGKILL to its process group, as a
+// crash or the OOM killer would. A process that has already ended is no
+// error.
+func (p *Proc) Kill() error { return p.stop(true) }
+
+func (p *Proc) stop(kill bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p.mu.Lock()
@@ -282,7 +317,7 @@ func (p *Proc) Stop() error {
 		return nil
 	}
 	var st agentapi.ProcStatus
-	if err := p.vm.call(ctx, "POST", agentapi.PathStop, agentapi.StopRequest{ID: p.id, Since: p.next}, &st); err != nil {
+	if err := p.vm.call(ctx, "POST", agentapi.PathStop, agentapi.StopRequest{ID: p.id, Since: p.next, Kill: kill}, &st); err != nil {
 		return fmt.Errorf("vm: stop %q: %w", p.argv, err)
 	}
 	p.update(st)
