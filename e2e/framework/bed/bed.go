@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -254,4 +255,31 @@ func (b *Bed) Hit(ctx context.Context, proto, addr string, n int) (nettest.HitRe
 // IPVSTable returns `ipvsadm -Ln ARGS...` of the VM.
 func (b *Bed) IPVSTable(ctx context.Context, args ...string) (string, error) {
 	return b.VM.RunOK(ctx, append([]string{"ipvsadm", "-Ln"}, args...)...)
+}
+
+// Metrics GETs a Prometheus text endpoint inside the VM (url as seen from
+// the VM's root namespace) and returns its samples: the name with its
+// labels as written -> value.
+func (b *Bed) Metrics(ctx context.Context, url string) (map[string]float64, error) {
+	code, body, err := b.VM.HTTPGet(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("bed: GET %s: %d %s", url, code, body)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, nil
 }

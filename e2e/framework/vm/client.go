@@ -189,6 +189,26 @@ func (v *VM) Hit(ctx context.Context, c nettest.HitConfig) (nettest.HitResult, e
 	return res, nil
 }
 
+// HTTPGet runs `vmagent http` in the guest, after prefix (e.g. a command
+// that enters a network namespace), for one GET of url. A URL that gives
+// no HTTP answer at all is no error: it gives status 0 and the reason as
+// the body. The error reports failures to run the command.
+func (v *VM) HTTPGet(ctx context.Context, url string, prefix ...string) (status int, body string, err error) {
+	argv := append(append([]string{}, prefix...), agentapi.AgentPath, "http", "--timeout", "5s", url)
+	r, err := v.Run(ctx, argv...)
+	if err != nil {
+		return 0, "", err
+	}
+	if r.ExitCode != 0 {
+		return 0, strings.TrimSpace(r.Stderr), nil
+	}
+	var res agentapi.HTTPResult
+	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
+		return 0, "", fmt.Errorf("vm: http %s: decode %q: %w", url, r.Stdout, err)
+	}
+	return res.Status, res.Body, nil
+}
+
 // Proc is a process running in the background in the guest.
 type Proc struct {
 	vm   *VM

@@ -130,6 +130,13 @@ type WriteRequest struct {
 // Content-Type) and its guest path and octal mode in the query:
 // /file/upload?path=/usr/local/bin/x&mode=755. It answers like PathWrite.
 
+// HTTPResult is what `vmagent http` prints: the status code and the body
+// of one GET, whatever the code.
+type HTTPResult struct {
+	Status int    `json:"status"`
+	Body   string `json:"body"`
+}
+
 // ErrorResponse is the body of any non-200 answer.
 type ErrorResponse struct {
 	Error string `json:"error"`
