@@ -62,9 +62,9 @@ func TestMain(m *testing.M) {
 // a short full-resync period so that drift repair shows within a test.
 // The backends' subnets (10.100.0.0/14, fd00:1xx::) are the cluster CIDR; the client
 // namespace (10.250.0.2) is outside it.
-var agentArgs = []string{"--nodeport-addresses", "10.0.2.0/24", "--min-sync-period", "100ms",
+var agentArgs = []string{"--nodeport-addresses", bed.NodePortCIDR, "--min-sync-period", "100ms",
 	"--sync-period", "5s", "--ipvs-udp-timeout", "10s", "--log-level", "debug",
-	"--cluster-cidr", "10.100.0.0/14,fd00:100::/24", "--healthz-bind-address", "0.0.0.0:10256",
+	"--cluster-cidr", bed.ClusterCIDR, "--healthz-bind-address", "0.0.0.0:10256",
 	"--metrics-bind-address", "0.0.0.0:10249"}
 
 // bedLog logs the bed's progress; the bed outlives any one test, so it

@@ -132,7 +132,7 @@ func (e env) logGlueState(t *testing.T) {
 		if !t.Failed() {
 			return
 		}
-		for _, argv := range [][]string{{"iptables-save", "-c"}, {"ip6tables-save", "-c"}, {"ipset", "list", "-t"}, {"cat", "/proc/net/snmp"}} {
+		for _, argv := range [][]string{{"iptables-save", "-c"}, {"ip6tables-save", "-c"}, {"ipset", "list", "-t"}, {"ipvsadm", "-Ln"}, {"ip", "addr"}, {"cat", "/proc/net/snmp"}} {
 			out, err := e.VM.RunOK(context.Background(), argv...)
 			t.Logf("%s (err %v):\n%s", strings.Join(argv, " "), err, out)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,46 +30,22 @@ const (
 // vmagent http); code 0 means no HTTP answer at all.
 func (e env) httpGet(t *testing.T, url string, prefix ...string) (code int, body string) {
 	t.Helper()
-	argv := append(append([]string{}, prefix...), "vmagent", "http", "--timeout", "5s", url)
-	r, err := e.VM.Run(context.Background(), argv...)
+	code, body, err := e.VM.HTTPGet(context.Background(), url, prefix...)
 	if err != nil {
-		t.Fatalf("vmagent http %s: %v", url, err)
+		t.Fatalf("GET %s: %v", url, err)
 	}
-	if r.ExitCode != 0 {
-		return 0, strings.TrimSpace(r.Stderr)
-	}
-	var res struct {
-		Status int    `json:"status"`
-		Body   string `json:"body"`
-	}
-	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
-		t.Fatalf("vmagent http %s: %q: %v", url, r.Stdout, err)
-	}
-	return res.Status, res.Body
+	return code, body
 }
 
 // scrape reads the agent's metrics: sample (name with its labels as
 // written) -> value.
 func (e env) scrape(t *testing.T) map[string]float64 {
 	t.Helper()
-	code, body := e.httpGet(t, metricsURL)
-	if code != 200 {
-		t.Fatalf("GET %s: %d %s", metricsURL, code, body)
+	m, err := e.Metrics(context.Background(), metricsURL)
+	if err != nil {
+		t.Fatal(err)
 	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(body, "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out
+	return m
 }
 
 // endpointsOn are EndpointSlice entries without processes behind them

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -64,6 +65,7 @@ func runAgent(listen, tokenFile string) error {
 	mux.HandleFunc("POST "+agentapi.PathOutput, a.handleOutput)
 	mux.HandleFunc("POST "+agentapi.PathStop, a.handleStop)
 	mux.HandleFunc("POST "+agentapi.PathWrite, a.handleWrite)
+	mux.HandleFunc("POST "+agentapi.PathUpload, a.handleUpload)
 	mux.HandleFunc("POST "+agentapi.PathPoweroff, a.handlePoweroff)
 
 	l, err := net.Listen("tcp", listen)
@@ -291,11 +293,16 @@ func (a *agent) handleStop(w http.ResponseWriter, r *http.Request) {
 	if req.GraceMS > 0 {
 		grace = time.Duration(req.GraceMS) * time.Millisecond
 	}
+	if req.Kill {
+		grace = 0
+	}
 	pgid := p.cmd.Process.Pid
 	select {
 	case <-p.done:
 	default:
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		if grace > 0 {
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		}
 		select {
 		case <-p.done:
 		case <-time.After(grace):
@@ -318,7 +325,23 @@ func (a *agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if err := writeFile(req.Path, req.Data, os.FileMode(req.Mode)); err != nil {
+	if err := writeFile(req.Path, bytes.NewReader(req.Data), os.FileMode(req.Mode)); err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, struct{}{})
+}
+
+// handleUpload writes the request's raw body to the file named by the
+// query (path, mode in octal): large files without JSON's base64.
+func (a *agent) handleUpload(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	mode, err := strconv.ParseUint(q.Get("mode"), 8, 32)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("mode %q: %w", q.Get("mode"), err))
+		return
+	}
+	if err := writeFile(q.Get("path"), r.Body, os.FileMode(mode)); err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
@@ -327,7 +350,7 @@ func (a *agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 
 // writeFile writes through a temporary file and a rename, so that
 // replacing a running binary works and readers never see half a file.
-func writeFile(path string, data []byte, mode os.FileMode) error {
+func writeFile(path string, data io.Reader, mode os.FileMode) error {
 	if !filepath.IsAbs(path) {
 		return fmt.Errorf("write %q: need an absolute path", path)
 	}
@@ -340,7 +363,7 @@ func writeFile(path string, data []byte, mode os.FileMode) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
+	if _, err := io.Copy(f, data); err != nil {
 		f.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}

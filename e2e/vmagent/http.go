@@ -7,14 +7,9 @@ import (
 	"io"
 	"net/http"
 	"time"
-)
 
-// HTTPResult is what `vmagent http` prints: the status code and the body
-// of one GET, whatever the code.
-type HTTPResult struct {
-	Status int    `json:"status"`
-	Body   string `json:"body"`
-}
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+)
 
 // httpCmd: vmagent http [--timeout 5s] URL: one GET from the root
 // namespace; it fails only when there is no HTTP answer at all.
@@ -42,5 +37,5 @@ func httpCmd(args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("http: read body of %s: %w", fs.Arg(0), err)
 	}
-	return json.NewEncoder(stdout).Encode(HTTPResult{Status: resp.StatusCode, Body: string(body)})
+	return json.NewEncoder(stdout).Encode(agentapi.HTTPResult{Status: resp.StatusCode, Body: string(body)})
 }

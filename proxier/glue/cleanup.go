@@ -43,7 +43,7 @@ func KubeProxyChain(table, chain string) bool {
 }
 
 // kubeProxySets are the sets of kube-proxy's IPVS mode (IPv6 ones are
-// named KUBE-6-*).
+// named KUBE-6-*, cut to ipset's 31 characters).
 var kubeProxySets = []string{"LOOP-BACK", "CLUSTER-IP", "EXTERNAL-IP", "EXTERNAL-IP-LOCAL", "LOAD-BALANCER",
 	"LOAD-BALANCER-LOCAL", "LOAD-BALANCER-FW", "LOAD-BALANCER-SOURCE-IP", "LOAD-BALANCER-SOURCE-CIDR",
 	"NODE-PORT-TCP", "NODE-PORT-LOCAL-TCP", "NODE-PORT-UDP", "NODE-PORT-LOCAL-UDP", "NODE-PORT-SCTP-HASH",
@@ -52,12 +52,15 @@ var kubeProxySets = []string{"LOOP-BACK", "CLUSTER-IP", "EXTERNAL-IP", "EXTERNAL
 // KubeProxySet reports whether a set is kube-proxy's.
 func KubeProxySet(name string) bool {
 	for _, s := range kubeProxySets {
-		if name == "KUBE-"+s || name == "KUBE-6-"+s {
+		if v6 := "KUBE-6-" + s; name == "KUBE-"+s || name == v6[:min(len(v6), kubeProxySetNameMax)] {
 			return true
 		}
 	}
 	return false
 }
+
+// kubeProxySetNameMax is the length to which kube-proxy cuts set names.
+const kubeProxySetNameMax = 31
 
 // CleanupReport lists what a cleanup removed.
 type CleanupReport struct {

@@ -227,3 +227,24 @@ func TestNewIPTables(t *testing.T) {
 		t.Errorf("save error %v; want it to name the tools", err)
 	}
 }
+
+// TestKubeProxySet: kube-proxy's sets as its IPVS mode v1.36 names them,
+// the IPv6 ones cut to 31 characters; not other tools' KUBE-* sets.
+func TestKubeProxySet(t *testing.T) {
+	for name, want := range map[string]bool{
+		"KUBE-CLUSTER-IP":                  true,
+		"KUBE-6-CLUSTER-IP":                true,
+		"KUBE-LOAD-BALANCER-SOURCE-CIDR":   true,
+		"KUBE-6-LOAD-BALANCER-SOURCE-CID":  true,
+		"KUBE-NODE-PORT-LOCAL-SCTP-HASH":   true,
+		"KUBE-6-NODE-PORT-LOCAL-SCTP-HAS":  true,
+		"KUBE-6-LOAD-BALANCER-SOURCE-CIDR": false, // longer than ipset allows
+		"KUBE-6-LOAD-BALANCER-SOURCE-C":    false,
+		"KUBE-FOREIGN":                     false,
+		"IPVSP-CLUSTER-IP":                 false,
+	} {
+		if got := KubeProxySet(name); got != want {
+			t.Errorf("KubeProxySet(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,11 @@ const (
 	BackendPort  = 8080
 	GuestBinary  = "/usr/local/bin/ipvs-proxy"
 	GuestKubecfg = "/etc/ipvs-proxy/kubeconfig"
+	// ClusterCIDR holds the backends' addresses (AddBackend); the client
+	// namespace is outside it.
+	ClusterCIDR = "10.100.0.0/14,fd00:100::/24"
+	// NodePortCIDR is the node's eth0 subnet, for node ports.
+	NodePortCIDR = "10.0.2.0/24"
 )
 
 // Options configure Start.
@@ -119,8 +125,18 @@ func Start(ctx context.Context, assets *vm.Assets, opts Options) (_ *Bed, err er
 	}
 	for _, n := range []string{NodeName, OtherNode} {
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{corev1.LabelTopologyZone: Zone}}}
-		if _, err := b.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		created, err := b.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+		if err != nil {
 			return nil, fmt.Errorf("bed: create node %s: %w", n, err)
+		}
+		if n != NodeName {
+			continue
+		}
+		// The address a kubelet would report (kube-proxy waits 30 s for
+		// one at its start).
+		created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: NodeAddr}}
+		if _, err := b.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			return nil, fmt.Errorf("bed: set the address of node %s: %w", n, err)
 		}
 	}
 	if !opts.NoAgent {
@@ -163,6 +179,14 @@ func (b *Bed) StopAgent() error {
 		return nil
 	}
 	return p.Stop()
+}
+
+// AgentRunning reports whether the bed's agent runs (StartAgent, and no
+// StopAgent since).
+func (b *Bed) AgentRunning() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.agent != nil
 }
 
 // AgentOutput is the running agent's log so far.
@@ -254,4 +278,31 @@ func (b *Bed) Hit(ctx context.Context, proto, addr string, n int) (nettest.HitRe
 // IPVSTable returns `ipvsadm -Ln ARGS...` of the VM.
 func (b *Bed) IPVSTable(ctx context.Context, args ...string) (string, error) {
 	return b.VM.RunOK(ctx, append([]string{"ipvsadm", "-Ln"}, args...)...)
+}
+
+// Metrics GETs a Prometheus text endpoint inside the VM (url as seen from
+// the VM's root namespace) and returns its samples: the name with its
+// labels as written -> value.
+func (b *Bed) Metrics(ctx context.Context, url string) (map[string]float64, error) {
+	code, body, err := b.VM.HTTPGet(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("bed: GET %s: %d %s", url, code, body)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, nil
 }

@@ -20,24 +20,27 @@ import (
 // command is a main package of the wrapper module and its binary's name.
 type command struct{ pkg, binary string }
 
-// The commands built from the wrapper module, in two sets: every test needs
-// the first; kube-controller-manager only tests of selectors, so it is built
-// on first use (the cold build of the first set is the longest step of a
-// fresh machine's first run).
+// The commands built from the wrapper module, in sets: every test needs
+// the first; kube-controller-manager only tests of selectors, and
+// kube-proxy only tests that compare with it, so those are built on first
+// use (the cold build of the first set is the longest step of a fresh
+// machine's first run).
 var (
 	coreCommands = []command{
 		{"k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"},
 		// The main package of etcd's server module is named "server".
 		{"go.etcd.io/etcd/server/v3", "etcd"},
 	}
-	kcmCommands = []command{{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"}}
+	kcmCommands       = []command{{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"}}
+	kubeProxyCommands = []command{{"k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy"}}
 )
 
-// Binary names inside the directory that EnsureBinaries returns.
+// Binary names inside the directories that the Ensure functions return.
 const (
 	BinAPIServer         = "kube-apiserver"
 	BinControllerManager = "kube-controller-manager"
 	BinEtcd              = "etcd"
+	BinKubeProxy         = "kube-proxy"
 )
 
 // CacheDir is where built control-plane binaries are kept between test runs:
@@ -60,7 +63,10 @@ func CacheDir() string {
 // from the wrapper module e2e/k8sbin
 // with the Go toolchain on PATH (or /usr/local/go/bin/go). The directory is
 // <cacheDir>/k8s-<version>-<hash>, where the hash covers the wrapper's
-// go.mod and go.sum and the build recipe, so a version bump builds afresh.
+// build list (`go list -m all`: every module's version and replacement)
+// and the build recipe, so a version bump builds afresh, while a command
+// added to the wrapper's tools.go (which adds lines to go.mod and go.sum
+// but selects no other version) rebuilds nothing.
 // Nothing is built when the directory exists. Concurrent callers, also in
 // other processes, are serialised with a file lock; the build goes to a
 // temporary directory that is renamed into place, so a killed build leaves
@@ -77,16 +83,19 @@ func EnsureControllerManager(ctx context.Context, cacheDir string) (string, erro
 	return ensure(ctx, cacheDir, kcmCommands)
 }
 
+// EnsureKubeProxy is EnsureBinaries for kube-proxy, in a directory of its
+// own. Its binary runs inside the test VM, which runs this host's
+// architecture.
+func EnsureKubeProxy(ctx context.Context, cacheDir string) (string, error) {
+	return ensure(ctx, cacheDir, kubeProxyCommands)
+}
+
 func ensure(ctx context.Context, cacheDir string, commands []command) (string, error) {
 	modDir, err := wrapperModuleDir()
 	if err != nil {
 		return "", err
 	}
 	goMod, err := os.ReadFile(filepath.Join(modDir, "go.mod"))
-	if err != nil {
-		return "", fmt.Errorf("read wrapper module: %w", err)
-	}
-	goSum, err := os.ReadFile(filepath.Join(modDir, "go.sum"))
 	if err != nil {
 		return "", fmt.Errorf("read wrapper module: %w", err)
 	}
@@ -99,8 +108,13 @@ func ensure(ctx context.Context, cacheDir string, commands []command) (string, e
 		return "", err
 	}
 
+	modules, err := buildList(ctx, modDir)
+	if err != nil {
+		return "", err
+	}
+
 	h := sha256.New()
-	for _, part := range [][]byte{goMod, goSum, []byte(ldflags)} {
+	for _, part := range [][]byte{modules, []byte(ldflags)} {
 		h.Write(part)
 		h.Write([]byte{0})
 	}
@@ -163,14 +177,51 @@ func ensure(ctx context.Context, cacheDir string, commands []command) (string, e
 	return binDir, nil
 }
 
-// goBuild builds commands of the wrapper module into outDir.
-func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []command) error {
+// goTool is the go command on PATH, or at its usual install location.
+func goTool() (string, error) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = "/usr/local/go/bin/go"
 		if _, serr := os.Stat(goBin); serr != nil {
-			return fmt.Errorf("no go toolchain on PATH nor at %s: %w", goBin, err)
+			return "", fmt.Errorf("no go toolchain on PATH nor at %s: %w", goBin, err)
 		}
+	}
+	return goBin, nil
+}
+
+// goEnv is the environment of go commands in the wrapper module: the
+// binaries run on this machine, whatever the caller cross-compiles to.
+func goEnv() []string {
+	return append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
+}
+
+// buildList is the wrapper module's build list: every module with its
+// selected version and replacement, and the wrapper's go version. (Not the
+// other modules' go versions: `go list` knows those only for modules that
+// go.mod lists, so a new import would change them.)
+func buildList(ctx context.Context, modDir string) ([]byte, error) {
+	goBin, err := goTool()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, goBin, "list", "-m",
+		"-f", "{{.Path}} {{.Version}}{{with .Replace}} => {{.Path}} {{.Version}}{{end}}{{if .Main}} go {{.GoVersion}}{{end}}", "all")
+	cmd.Dir = modDir
+	cmd.Env = goEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list -m all in %s: %w\n%s", modDir, err, tail(stderr.Bytes(), 20))
+	}
+	return out, nil
+}
+
+// goBuild builds commands of the wrapper module into outDir.
+func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []command) error {
+	goBin, err := goTool()
+	if err != nil {
+		return err
 	}
 	args := []string{"build", "-trimpath", "-ldflags", ldflags, "-o", outDir + string(filepath.Separator)}
 	for _, c := range commands {
@@ -178,9 +229,7 @@ func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []com
 	}
 	cmd := exec.CommandContext(ctx, goBin, args...)
 	cmd.Dir = modDir
-	// The binaries run on this machine, whatever the caller cross-compiles to.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off",
-		"GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
+	cmd.Env = goEnv()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	// Own process group, so that cancelling also stops the compilers.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -22,20 +23,26 @@ import (
 // (unless nil).
 func (v *VM) call(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
+	contentType := ""
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
 		}
-		body = bytes.NewReader(b)
+		body, contentType = bytes.NewReader(b), "application/json"
 	}
+	return v.send(ctx, method, path, body, contentType, out)
+}
+
+// send is call with a body of any type.
+func (v *VM) send(ctx context.Context, method, path string, body io.Reader, contentType string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:"+strconv.Itoa(v.hostPort)+path, body)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+v.token)
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := v.client.Do(req)
 	if err != nil {
@@ -141,6 +148,27 @@ func (v *VM) WriteFile(ctx context.Context, path string, data []byte, mode os.Fi
 	return nil
 }
 
+// CopyFile copies the host file src to the guest path dst (atomically,
+// creating its parent directories), with src's permissions. The content
+// goes as a raw stream: use it rather than WriteFile for large files such
+// as binaries.
+func (v *VM) CopyFile(ctx context.Context, src, dst string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("vm: copy %s: %w", src, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("vm: copy %s: %w", src, err)
+	}
+	q := url.Values{"path": {dst}, "mode": {strconv.FormatUint(uint64(st.Mode().Perm()), 8)}}
+	if err := v.send(ctx, "POST", agentapi.PathUpload+"?"+q.Encode(), f, "application/octet-stream", nil); err != nil {
+		return fmt.Errorf("vm: copy %s to %s: %w", src, dst, err)
+	}
+	return nil
+}
+
 // Hit runs `vmagent hit` in the guest and returns its counts.
 func (v *VM) Hit(ctx context.Context, c nettest.HitConfig) (nettest.HitResult, error) {
 	argv := []string{agentapi.AgentPath, "hit", "--proto", c.Proto, "--addr", c.Addr, "--n", strconv.Itoa(c.N)}
@@ -159,6 +187,26 @@ func (v *VM) Hit(ctx context.Context, c nettest.HitConfig) (nettest.HitResult, e
 		return res, fmt.Errorf("vm: hit: decode %q: %w", out, err)
 	}
 	return res, nil
+}
+
+// HTTPGet runs `vmagent http` in the guest, after prefix (e.g. a command
+// that enters a network namespace), for one GET of url. A URL that gives
+// no HTTP answer at all is no error: it gives status 0 and the reason as
+// the body. The error reports failures to run the command.
+func (v *VM) HTTPGet(ctx context.Context, url string, prefix ...string) (status int, body string, err error) {
+	argv := append(append([]string{}, prefix...), agentapi.AgentPath, "http", "--timeout", "5s", url)
+	r, err := v.Run(ctx, argv...)
+	if err != nil {
+		return 0, "", err
+	}
+	if r.ExitCode != 0 {
+		return 0, strings.TrimSpace(r.Stderr), nil
+	}
+	var res agentapi.HTTPResult
+	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
+		return 0, "", fmt.Errorf("vm: http %s: decode %q: %w", url, r.Stdout, err)
+	}
+	return res.Status, res.Body, nil
 }
 
 // Proc is a process running in the background in the guest.
@@ -273,7 +321,14 @@ func (p *Proc) WaitFor(ctx context.Context, s string) error {
 
 // Stop ends the process: SIGTERM to its process group, SIGKILL after 5 s.
 // A process that has already ended is no error.
-func (p *Proc) Stop() error {
+func (p *Proc) Stop() error { return p.stop(false) }
+
+// Kill ends the process at once with SIGKILL to its process group, as a
+// crash or the OOM killer would. A process that has already ended is no
+// error.
+func (p *Proc) Kill() error { return p.stop(true) }
+
+func (p *Proc) stop(kill bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p.mu.Lock()
@@ -282,7 +337,7 @@ func (p *Proc) Stop() error {
 		return nil
 	}
 	var st agentapi.ProcStatus
-	if err := p.vm.call(ctx, "POST", agentapi.PathStop, agentapi.StopRequest{ID: p.id, Since: p.next}, &st); err != nil {
+	if err := p.vm.call(ctx, "POST", agentapi.PathStop, agentapi.StopRequest{ID: p.id, Since: p.next, Kill: kill}, &st); err != nil {
 		return fmt.Errorf("vm: stop %q: %w", p.argv, err)
 	}
 	p.update(st)

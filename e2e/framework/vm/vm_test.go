@@ -1,10 +1,14 @@
 package vm_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/md5"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -165,6 +169,33 @@ func TestSmoke(t *testing.T) {
 	if out := run("stat", "-c", "%a %s", "/tmp/x/hello"); strings.TrimSpace(out) != "600 3" {
 		t.Errorf("stat of written file: %q", out)
 	}
+	// CopyFile streams a host file, with its permissions.
+	src := filepath.Join(t.TempDir(), "blob")
+	if err := os.WriteFile(src, bytes.Repeat([]byte("0123456789abcdef"), 1<<16), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.CopyFile(ctx, src, "/tmp/y/blob"); err != nil {
+		t.Fatal(err)
+	}
+	if out := run("sh", "-c", "stat -c '%a %s' /tmp/y/blob; md5sum </tmp/y/blob"); out != fmt.Sprintf("750 %d\n%x  -\n", 1<<20, md5.Sum(bytes.Repeat([]byte("0123456789abcdef"), 1<<16))) {
+		t.Errorf("copied file: %q", out)
+	}
+	// Kill does not wait for a process that ignores SIGTERM.
+	stubborn, err := v.Start(ctx, "sh", "-c", "trap '' TERM; echo READY; sleep 600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stubborn.WaitFor(ctx, "READY"); err != nil {
+		t.Fatal(err)
+	}
+	killStart := time.Now()
+	if err := stubborn.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if exited, code, err := stubborn.Exited(ctx); err != nil || !exited || code != -1 || time.Since(killStart) > 3*time.Second {
+		t.Errorf("after Kill (%v): exited %v code %d err %v", time.Since(killStart), exited, code, err)
+	}
+
 	r, err := v.Exec(ctx, vm.Command{Argv: []string{"sh", "-c", "cat; echo oops >&2; exit 3"}, Stdin: []byte("in")})
 	if err != nil || r.Stdout != "in" || r.Stderr != "oops\n" || r.ExitCode != 3 {
 		t.Errorf("exec with stdin: %+v, %v", r, err)

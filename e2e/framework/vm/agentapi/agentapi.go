@@ -36,6 +36,7 @@ const (
 	PathOutput   = "/proc/output"
 	PathStop     = "/proc/stop"
 	PathWrite    = "/file/write"
+	PathUpload   = "/file/upload"
 	PathPoweroff = "/poweroff"
 )
 
@@ -108,10 +109,12 @@ type ProcStatus struct {
 }
 
 // StopRequest stops a background process: SIGTERM to its process group,
-// then SIGKILL after GraceMS (0 means the agent's default of 5 s).
+// then SIGKILL after GraceMS (0 means the agent's default of 5 s); with
+// Kill, SIGKILL at once.
 type StopRequest struct {
 	ID      int   `json:"id"`
 	GraceMS int64 `json:"grace_ms,omitempty"`
+	Kill    bool  `json:"kill,omitempty"`
 	// Since works as in OutputRequest for the returned ProcStatus.
 	Since int64 `json:"since"`
 }
@@ -121,6 +124,17 @@ type WriteRequest struct {
 	Path string `json:"path"`
 	Mode uint32 `json:"mode"`
 	Data []byte `json:"data"`
+}
+
+// PathUpload takes a file's content as the raw request body (POST, any
+// Content-Type) and its guest path and octal mode in the query:
+// /file/upload?path=/usr/local/bin/x&mode=755. It answers like PathWrite.
+
+// HTTPResult is what `vmagent http` prints: the status code and the body
+// of one GET, whatever the code.
+type HTTPResult struct {
+	Status int    `json:"status"`
+	Body   string `json:"body"`
 }
 
 // ErrorResponse is the body of any non-200 answer.

@@ -1,0 +1,260 @@
+// Package kubeproxy runs upstream kube-proxy in IPVS mode in the bed's VM,
+// against the bed's apiserver: the kube-proxy to compare ipvs-proxy with
+// and to migrate from. Its binary is built from the wrapper module
+// e2e/k8sbin on first use (controlplane.EnsureKubeProxy) and copied into
+// the running VM on first Start, so beds that do not run it pay nothing.
+//
+// kube-proxy and ipvs-proxy's agent must not run at the same time: both
+// would program the same Services. Start refuses while the bed's agent
+// runs. Stop and Kill leave kube-proxy's kernel state (kube-ipvs0, virtual
+// servers, KUBE-* chains and sets) in place, serving, as a node looks
+// after kube-proxy is removed; Cleanup removes it.
+package kubeproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+)
+
+// Where kube-proxy lives and listens inside the VM.
+const (
+	GuestBinary = "/usr/local/bin/kube-proxy"
+	GuestConfig = "/etc/kube-proxy/config.yaml"
+	// Interface is kube-proxy's dummy interface for the VIPs.
+	Interface = "kube-ipvs0"
+	// HealthzURL and MetricsURL are reachable from the VM's root namespace
+	// only (kube-proxy's default ports, bound to 127.0.0.1).
+	HealthzURL = "http://127.0.0.1:10256/healthz"
+	MetricsURL = "http://127.0.0.1:10249/metrics"
+)
+
+// Options configure Start. The zero value runs kube-proxy like the bed's
+// agent: the bed's cluster CIDR, node ports on eth0, a change synced
+// 100 ms after the last.
+type Options struct {
+	// Log receives progress (nil: none).
+	Log func(format string, args ...any)
+	// ClusterCIDR tells pod traffic from the rest (default
+	// bed.ClusterCIDR).
+	ClusterCIDR string
+	// NodePortAddresses (default bed.NodePortCIDR).
+	NodePortAddresses []string
+	// SyncPeriod is ipvs.syncPeriod, the resync without changes (default
+	// kube-proxy's 30s: each sync execs iptables and ipset several times
+	// per family, and under emulation takes 3-10 s, so a shorter period
+	// keeps the VM busy); MinSyncPeriod is ipvs.minSyncPeriod (default
+	// 100ms). Changes are synced after MinSyncPeriod, whatever SyncPeriod.
+	SyncPeriod    time.Duration
+	MinSyncPeriod time.Duration
+	// Scheduler is ipvs.scheduler ("": kube-proxy's default, rr).
+	Scheduler string
+	// Verbosity is kube-proxy's -v (default 2).
+	Verbosity int
+	// Args are more command-line flags. Next to a config file kube-proxy
+	// honours only its logging flags (e.g. --vmodule); settings belong in
+	// the configuration, so add them to Options.
+	Args []string
+}
+
+// KubeProxy is kube-proxy running in the bed's VM.
+type KubeProxy struct {
+	bed  *bed.Bed
+	proc *vm.Proc
+}
+
+// Start builds kube-proxy if needed, installs it in the VM, writes its
+// configuration and starts it as node bed.NodeName with the bed's
+// kubeconfig, and waits for its first sync (ctx bounds the whole). The
+// bed's agent must be stopped.
+func Start(ctx context.Context, b *bed.Bed, o Options) (*KubeProxy, error) {
+	if b.AgentRunning() {
+		return nil, errors.New("kubeproxy: the bed's agent runs: stop it first (Bed.StopAgent)")
+	}
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	if err := install(ctx, b.VM, o.Log); err != nil {
+		return nil, err
+	}
+	if err := b.VM.WriteFile(ctx, GuestConfig, []byte(o.config()), 0o644); err != nil {
+		return nil, err
+	}
+	verbosity := o.Verbosity
+	if verbosity == 0 {
+		verbosity = 2
+	}
+	argv := append([]string{GuestBinary, "--config", GuestConfig, fmt.Sprintf("--v=%d", verbosity)}, o.Args...)
+	p, err := b.VM.Start(ctx, argv...)
+	if err != nil {
+		return nil, err
+	}
+	k := &KubeProxy{bed: b, proc: p}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if err := k.waitSynced(wctx); err != nil {
+		_ = p.Kill()
+		return nil, fmt.Errorf("kubeproxy: no first sync: %w\n%s", err, tail(p.Output(), 6000))
+	}
+	o.Log("kube-proxy synced %v after its start", time.Since(start).Round(time.Millisecond))
+	return k, nil
+}
+
+// install copies kube-proxy into the VM unless it is there already (a
+// VM's root file system lives as long as the VM).
+func install(ctx context.Context, v *vm.VM, logf func(string, ...any)) error {
+	if r, err := v.Run(ctx, "test", "-x", GuestBinary); err == nil && r.ExitCode == 0 {
+		return nil
+	}
+	t0 := time.Now()
+	dir, err := controlplane.EnsureKubeProxy(ctx, controlplane.CacheDir())
+	if err != nil {
+		return fmt.Errorf("kubeproxy: %w", err)
+	}
+	built := time.Since(t0)
+	if err := v.CopyFile(ctx, filepath.Join(dir, controlplane.BinKubeProxy), GuestBinary); err != nil {
+		return fmt.Errorf("kubeproxy: %w", err)
+	}
+	logf("kube-proxy built or found in %v, copied into the VM in %v", built.Round(time.Millisecond),
+		(time.Since(t0) - built).Round(time.Millisecond))
+	return nil
+}
+
+// config is the KubeProxyConfiguration. Conntrack settings are all zero:
+// kube-proxy then leaves the kernel's conntrack table size and timeouts
+// alone (the VM is shared with other tests).
+func (o Options) config() string {
+	clusterCIDR := o.ClusterCIDR
+	if clusterCIDR == "" {
+		clusterCIDR = bed.ClusterCIDR
+	}
+	nodePorts := o.NodePortAddresses
+	if nodePorts == nil {
+		nodePorts = []string{bed.NodePortCIDR}
+	}
+	syncPeriod, minSyncPeriod := o.SyncPeriod, o.MinSyncPeriod
+	if syncPeriod == 0 {
+		syncPeriod = 30 * time.Second
+	}
+	if minSyncPeriod == 0 {
+		minSyncPeriod = 100 * time.Millisecond
+	}
+	quoted := make([]string, len(nodePorts))
+	for i, a := range nodePorts {
+		quoted[i] = fmt.Sprintf("%q", a)
+	}
+	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: ipvs
+clientConnection:
+  kubeconfig: %q
+hostnameOverride: %q
+clusterCIDR: %q
+nodePortAddresses: [%s]
+healthzBindAddress: "127.0.0.1:10256"
+metricsBindAddress: "127.0.0.1:10249"
+ipvs:
+  syncPeriod: %s
+  minSyncPeriod: %s
+  scheduler: %q
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+  udpTimeout: 0s
+  udpStreamTimeout: 0s
+`, bed.GuestKubecfg, bed.NodeName, clusterCIDR, strings.Join(quoted, ", "), syncPeriod, minSyncPeriod, o.Scheduler)
+}
+
+// syncedMetric is set at the end of each successful sync, per IP family.
+const syncedMetric = `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="%s"}`
+
+// dualStack is what kube-proxy logs when it runs a proxier per family (in
+// the bed it does: the VM has ip6tables).
+const dualStack = "kube-proxy running in dual-stack mode"
+
+// waitSynced waits until kube-proxy has completed a sync of each family
+// it proxies and /healthz answers 200. (Its first IPv4 sync delays the
+// start of IPv6's: tests that began after IPv4's alone would race it.)
+func (k *KubeProxy) waitSynced(ctx context.Context) error {
+	for {
+		exited, code, err := k.proc.Exited(ctx)
+		if err != nil {
+			return err
+		}
+		if exited {
+			return fmt.Errorf("kube-proxy exited with status %d", code)
+		}
+		families := []string{"IPv4"}
+		if strings.Contains(k.proc.Output(), dualStack) {
+			families = append(families, "IPv6")
+		}
+		last := k.synced(ctx, families)
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// synced tells why kube-proxy is not synced for families yet (nil: it is).
+func (k *KubeProxy) synced(ctx context.Context, families []string) error {
+	m, err := k.bed.Metrics(ctx, MetricsURL)
+	if err != nil {
+		return err
+	}
+	for _, f := range families {
+		if m[fmt.Sprintf(syncedMetric, f)] == 0 {
+			return fmt.Errorf("no %s sync yet", f)
+		}
+	}
+	if status, body, err := k.bed.VM.HTTPGet(ctx, HealthzURL); err != nil || status != 200 {
+		return fmt.Errorf("GET %s: %d %s %v", HealthzURL, status, body, err)
+	}
+	return nil
+}
+
+// Stop stops kube-proxy with SIGTERM (SIGKILL after 5 s). Its kernel state
+// stays and goes on serving. Stopping twice is fine.
+func (k *KubeProxy) Stop() error { return k.proc.Stop() }
+
+// Kill stops kube-proxy with SIGKILL at once, as a crash would; its kernel
+// state stays.
+func (k *KubeProxy) Kill() error { return k.proc.Kill() }
+
+// Exited reports whether kube-proxy has ended, and its exit status (-1
+// when a signal ended it).
+func (k *KubeProxy) Exited(ctx context.Context) (bool, int, error) { return k.proc.Exited(ctx) }
+
+// Output is kube-proxy's log so far (the last few MiB).
+func (k *KubeProxy) Output() string { return k.proc.Output() }
+
+// Cleanup removes kube-proxy's IPVS-mode state from the VM with
+// `ipvs-proxy cleanup --kube-proxy`: kube-ipvs0 and the virtual servers
+// on its addresses, kube-proxy's KUBE-* chains and sets. That also removes
+// ipvs-proxy's own state (as `ipvs-proxy cleanup` does), nothing else.
+// (Not `kube-proxy --cleanup`: it flushes every virtual server in the
+// kernel, other tools' too.) It returns the command's report.
+func Cleanup(ctx context.Context, b *bed.Bed) (string, error) {
+	return b.VM.RunOK(ctx, bed.GuestBinary, "cleanup", "--kube-proxy")
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "[...]\n" + s[len(s)-n:]
+}
