@@ -50,6 +50,9 @@ type Config struct {
 	RetryBase time.Duration
 	// Clock defaults to the real clock (tests pass a fake one).
 	Clock clock.WithTicker
+	// AdoptInterface is kube-proxy's interface when taking a node over from
+	// it (model.Ownership.Adopt); empty otherwise.
+	AdoptInterface string
 }
 
 // Consumer is another part of the node's data plane driven by the same
@@ -80,6 +83,9 @@ type Proxier struct {
 	// consumerRetry holds the backoff of each consumer whose last Sync
 	// failed (by index in consumers). Only the sync loop touches it.
 	consumerRetry map[int]*backoff
+	// finishers run once each, after a sync in which everything succeeded
+	// (see AddFinisher). Only the sync loop touches them.
+	finishers []finisher
 	// changes holds, per Service, when its oldest change not yet in the
 	// kernel was made (for the programming latency). Only the sync loop
 	// touches it.
@@ -120,7 +126,8 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	if cfg.RetryBase <= 0 {
 		cfg.RetryBase = time.Second
 	}
-	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs,
+		Adopt: cfg.AdoptInterface}
 	rcfg := ReconcilerConfig{Ownership: own, RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock}
 	return &Proxier{
 		cfg: cfg, clock: cfg.Clock, client: client, links: links, log: log, recorder: recorder, metrics: metrics,
@@ -139,6 +146,41 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 // SetConntrack makes syncs clear the conntrack entries of removed UDP real
 // servers; call it before Run.
 func (p *Proxier) SetConntrack(c netlinkutil.Conntrack) { p.rec.SetConntrack(c) }
+
+// finisher is a task to run once the node is fully programmed.
+type finisher struct {
+	name string
+	fn   func(ctx context.Context) error
+}
+
+// AddFinisher adds a task that runs once, right after the first sync in
+// which every write, read and consumer succeeded (the node fully
+// programmed); if it fails, it runs again after the next such sync. Taking
+// a node over from kube-proxy removes kube-proxy's leftovers this way.
+// Call it before Run.
+func (p *Proxier) AddFinisher(name string, fn func(ctx context.Context) error) {
+	p.finishers = append(p.finishers, finisher{name, fn})
+}
+
+// runFinishers runs the pending finishers; those that succeed are done.
+func (p *Proxier) runFinishers() error {
+	var errs []error
+	left := p.finishers[:0]
+	for _, f := range p.finishers {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := f.fn(ctx)
+		cancel()
+		if err != nil {
+			p.log.Warn("finisher failed; it runs again after the next successful sync", zap.String("finisher", f.name), zap.Error(err))
+			errs = append(errs, fmt.Errorf("%s: %w", f.name, err))
+			left = append(left, f)
+			continue
+		}
+		p.log.Info("finisher done", zap.String("finisher", f.name))
+	}
+	p.finishers = left
+	return errors.Join(errs...)
+}
 
 // AddConsumer adds a consumer of plans; call it before Run.
 func (p *Proxier) AddConsumer(c Consumer) { p.consumers = append(p.consumers, c) }
@@ -452,6 +494,9 @@ func (p *Proxier) SyncOnce(full bool) error {
 		p.mu.Unlock()
 	}
 	nodeErr = errors.Join(nodeErr, p.syncConsumers(st.Full))
+	if err == nil && nodeErr == nil && len(p.finishers) > 0 {
+		nodeErr = p.runFinishers()
+	}
 	p.record(start, st, err, nodeErr)
 	return errors.Join(err, nodeErr)
 }

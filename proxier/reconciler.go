@@ -587,6 +587,18 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 	for _, a := range nodeAddrs {
 		node[a] = true
 	}
+	if r.own.Adopt != "" {
+		adopted, err := r.links.ListAddresses(r.own.Adopt)
+		if err != nil {
+			return fmt.Errorf("list addresses of %s: %w", r.own.Adopt, err)
+		}
+		st.Reads++
+		for _, a := range adopted {
+			if !r.own.Excluded(a) && !a.IsLinkLocalUnicast() {
+				bound[a] = true // owned, though not (yet) on our interface
+			}
+		}
+	}
 	owned := vss[:0]
 	for _, vs := range vss {
 		if r.own.Owns(vs.VSKey, bound[vs.Address], node[vs.Address]) || len(r.claims[vs.VSKey]) > 0 {

@@ -625,3 +625,39 @@ func TestReconcilerOrphanRetry(t *testing.T) {
 		t.Errorf("a retry still waits: %v", r.NextRetry())
 	}
 }
+
+// TestReconcilerAdoptsKubeProxy: taking over from kube-proxy, the virtual
+// servers on kube-ipvs0's addresses are owned: the wanted one is kept as
+// it is (only its address is bound to our interface too), the unwanted one
+// deleted; a virtual server of another tool stays.
+func TestReconcilerAdoptsKubeProxy(t *testing.T) {
+	ipvs := fake.NewIPVS()
+	links := fake.NewLinks(node)
+	own := testOwnership()
+	own.Adopt = "kube-ipvs0"
+	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: own}, zap.NewNop())
+	// kube-proxy's state: two VIPs on kube-ipvs0, each with a virtual server.
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(links.EnsureDummy("kube-ipvs0"))
+	for _, vip := range []string{"10.96.0.10", "10.96.0.99"} {
+		must(links.AddAddress("kube-ipvs0", netip.MustParseAddr(vip)))
+		k := vsKey(vip+":80", model.TCP)
+		must(ipvs.AddVirtualServer(model.VirtualServer{VSKey: k, Scheduler: "rr"}))
+		must(ipvs.AddRealServer(k, model.RealServer{RSKey: model.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}, Weight: 1}))
+	}
+	must(ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("172.16.0.1:80", model.TCP), Scheduler: "wlc"}))
+	resetCalls(ipvs, links)
+
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	mustSync(t, r, false)
+	callsDiff(t, "ipvs writes of the takeover", []string{"DeleteVirtualServer 10.96.0.99:80/TCP"}, ipvs.Writes())
+	callsDiff(t, "link writes of the takeover", []string{"EnsureDummy ipvs-proxy0", "AddAddress ipvs-proxy0 10.96.0.10"}, links.Writes())
+	if diff := cmp.Diff([]string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "172.16.0.1:80/TCP wlc"}, ipvs.Dump()); diff != "" {
+		t.Errorf("kernel (-want +got):\n%s", diff)
+	}
+}

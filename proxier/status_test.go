@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -211,5 +212,46 @@ func TestLatencyOfChangeThatFailedFirst(t *testing.T) {
 	}
 	if n, sum := samples(); n != 1 || sum != 2 {
 		t.Errorf("latency: %d samples, sum %vs; want one of 2s (change to retry)", n, sum)
+	}
+}
+
+// TestFinisherAfterFullSuccess: a finisher runs only after a sync in which
+// everything succeeded, once; a failed finisher runs again after the next
+// successful sync.
+func TestFinisherAfterFullSuccess(t *testing.T) {
+	p, ipvs := newTestProxier(t)
+	runs, fail := 0, true
+	p.AddFinisher("test", func(context.Context) error {
+		runs++
+		if fail {
+			return errors.New("injected: not yet")
+		}
+		return nil
+	})
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddVirtualServer") {
+			return errors.New("injected: busy")
+		}
+		return nil
+	})
+	p.onService(clusterIPService("a", "10.96.0.10"), false)
+	if err := p.SyncOnce(true); err == nil {
+		t.Fatal("sync succeeded with a failing write")
+	}
+	if runs != 0 {
+		t.Fatalf("the finisher ran after a failed sync")
+	}
+	ipvs.InjectErrors(nil)
+	if err := p.SyncOnce(true); err == nil || !strings.Contains(err.Error(), "not yet") {
+		t.Fatalf("sync = %v, want the finisher's failure", err)
+	}
+	fail = false
+	for range 2 {
+		if err := p.SyncOnce(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs != 2 {
+		t.Errorf("the finisher ran %d times, want 2 (one failure, one success, then never)", runs)
 	}
 }

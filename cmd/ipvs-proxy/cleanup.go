@@ -79,31 +79,7 @@ func cleanup(ctx context.Context, o *cleanupOptions, out io.Writer) error {
 		sets = func(name string) bool { return ipset.Owned(name) || glue.KubeProxySet(name) }
 	}
 
-	var rep glue.CleanupReport
-	if err := glue.CleanupRules(ctx, glue.Exec{}, chains, &rep); err != nil {
-		errs = append(errs, err)
-	}
-	for _, l := range rep.Rules {
-		say("%s", l)
-	}
-	if len(rep.Rules) == 0 {
-		say("iptables: nothing to remove")
-	}
-
-	if k, err := ipset.NewKernel(ipset.WithOwner(sets)); err != nil {
-		say("ipsets: skipped (%v)", err)
-	} else {
-		err := glue.CleanupSets(k, &rep)
-		k.Close()
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if len(rep.Sets) == 0 {
-			say("ipsets: nothing to remove")
-		} else {
-			say("ipsets: destroyed %s", strings.Join(rep.Sets, ", "))
-		}
-	}
+	errs = append(errs, cleanupNetfilter(ctx, chains, sets, say)...)
 
 	links, err := netlinkutil.NewLinks()
 	if err != nil {
@@ -150,6 +126,37 @@ func cleanup(ctx context.Context, o *cleanupOptions, out io.Writer) error {
 		return fmt.Errorf("cleanup incomplete: %w", err)
 	}
 	return nil
+}
+
+// cleanupNetfilter removes the chains (and the jumps to them) and then the
+// ipsets that the owners accept, saying what it removed.
+func cleanupNetfilter(ctx context.Context, chains glue.ChainOwner, sets ipset.Owner, say func(string, ...any)) []error {
+	var errs []error
+	var rep glue.CleanupReport
+	if err := glue.CleanupRules(ctx, glue.Exec{}, chains, &rep); err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range rep.Rules {
+		say("%s", l)
+	}
+	if len(rep.Rules) == 0 {
+		say("iptables: nothing to remove")
+	}
+	k, err := ipset.NewKernel(ipset.WithOwner(sets))
+	if err != nil {
+		say("ipsets: skipped (%v)", err)
+		return errs
+	}
+	defer k.Close()
+	if err := glue.CleanupSets(k, &rep); err != nil {
+		errs = append(errs, err)
+	}
+	if len(rep.Sets) == 0 {
+		say("ipsets: nothing to remove")
+	} else {
+		say("ipsets: destroyed %s", strings.Join(rep.Sets, ", "))
+	}
+	return errs
 }
 
 // cleanupVirtualServers deletes the virtual servers that the Ownership rule

@@ -46,6 +46,9 @@ type options struct {
 	// Operations.
 	MetricsBindAddress string `json:"metricsBindAddress"`
 	HealthzBindAddress string `json:"healthzBindAddress"`
+
+	// Migration.
+	TakeoverKubeProxy bool `json:"takeoverKubeProxy"`
 }
 
 func defaultOptions() options {
@@ -73,6 +76,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.SchedulerFlags, "scheduler-flags", o.SchedulerFlags, "Flags of the default scheduler (sh-fallback, sh-port, mh-fallback, mh-port).")
 	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs of the node addresses that serve node ports (default: all but loopback and the proxy's interface).")
 	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The apiserver's node-port range; node-port virtual servers in it are owned by ipvs-proxy.")
+	fs.BoolVar(&o.TakeoverKubeProxy, "takeover-kube-proxy", o.TakeoverKubeProxy, "Take the node over from a stopped kube-proxy in IPVS mode, in place: adopt the virtual servers on kube-ipvs0's addresses (kept as they are when wanted), then, once the node is fully programmed, remove kube-proxy's KUBE-* chains and sets and kube-ipvs0. Harmless where kube-proxy left nothing; never while kube-proxy runs.")
 	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers ipvs-proxy never touches.")
 	fs.StringSliceVar(&o.IPFamilies, "ip-families", o.IPFamilies, "IP families to program: IPv4, IPv6 or both.")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", o.MinSyncPeriod, "Minimum time between syncs; bursts of changes are coalesced.")
@@ -132,6 +136,12 @@ func (o *options) proxierConfig() (proxier.Config, netlinkutil.Timeouts, error) 
 		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--interface: %q is not a valid interface name", o.Interface)
 	}
 	cfg.Interface = o.Interface
+	if o.TakeoverKubeProxy {
+		if o.Interface == kubeProxyInterface {
+			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--takeover-kube-proxy: --interface must not be kube-proxy's %s", kubeProxyInterface)
+		}
+		cfg.AdoptInterface = kubeProxyInterface
+	}
 	if err := scheduler.Validate(o.Scheduler); err != nil {
 		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--scheduler: %w", err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 )
 
 func newRunCommand() *cobra.Command {
@@ -178,10 +180,41 @@ func run(ctx context.Context, o *options) error {
 		p.SetConntrack(ct)
 	}
 	p.AddConsumer(g)
+	if o.TakeoverKubeProxy {
+		p.AddFinisher("take over from kube-proxy", removeKubeProxyLeftovers(links, log))
+	}
 	stopOps, err := serveOperations(ctx, o, cfg, p, reg, client, links, recorder, log)
 	if err != nil {
 		return err
 	}
 	defer stopOps()
 	return p.Run(ctx)
+}
+
+// removeKubeProxyLeftovers is the last step of a takeover from kube-proxy's
+// IPVS mode, run once the node is fully programmed: the virtual servers on
+// kube-ipvs0's addresses were adopted (kept when wanted, deleted when not),
+// ipvs-proxy0 holds every wanted address and the glue's rules come first
+// in every hook. It removes kube-proxy's chains with the jumps to them,
+// then its sets, then kube-ipvs0: the same addresses stay bound on
+// ipvs-proxy0, so no VIP is ever unbound.
+func removeKubeProxyLeftovers(links netlinkutil.Links, log *zap.Logger) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		var removed []string
+		say := func(format string, args ...any) { removed = append(removed, fmt.Sprintf(format, args...)) }
+		errs := cleanupNetfilter(ctx, glue.KubeProxyChain, glue.KubeProxySet, say)
+		addrs, err := links.ListAddresses(kubeProxyInterface)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case addrs != nil:
+			if err := links.DeleteLink(kubeProxyInterface); err != nil {
+				errs = append(errs, err)
+			} else {
+				say("interface %s: deleted (its %d addresses are on ipvs-proxy's interface or unwanted)", kubeProxyInterface, len(addrs))
+			}
+		}
+		log.Info("took over from kube-proxy", zap.Strings("removed", removed), zap.Errors("errors", errs))
+		return errors.Join(errs...)
+	}
 }

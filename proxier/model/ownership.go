@@ -12,10 +12,16 @@ import "net/netip"
 //
 // Nothing inside ExcludeCIDRs is ever owned. Everything else in the kernel
 // (virtual servers of other tools, fwmark services) is left untouched.
+//
+// When taking a node over from kube-proxy's IPVS mode, Adopt names its
+// interface (kube-ipvs0): virtual servers on its addresses are owned as if
+// they were bound to Interface, so that the ones ipvs-proxy wants are kept
+// as they are (with their connections) and the others deleted.
 type Ownership struct {
 	Interface     string
 	NodePortRange PortRange
 	ExcludeCIDRs  []netip.Prefix
+	Adopt         string
 }
 
 // PortRange is an inclusive range of ports.
