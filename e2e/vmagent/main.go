@@ -233,6 +233,7 @@ func hitCmd(args []string, stdout io.Writer) error {
 	fs.StringVar(&c.Addr, "addr", "", "HOST:PORT to connect to")
 	fs.IntVar(&c.N, "n", 1, "number of connections")
 	fs.DurationVar(&c.Timeout, "timeout", nettest.DefaultHitTimeout, "timeout of one connection")
+	fs.DurationVar(&c.Interval, "interval", 0, "pause between two connections")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -242,7 +243,7 @@ func hitCmd(args []string, stdout io.Writer) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	// Bound the whole run too: attempts are sequential.
-	ctx, cancel2 := context.WithTimeout(ctx, time.Duration(c.N+1)*(c.Timeout+time.Second))
+	ctx, cancel2 := context.WithTimeout(ctx, time.Duration(c.N+1)*(c.Timeout+c.Interval+time.Second))
 	defer cancel2()
 	res, err := nettest.Hit(ctx, c)
 	if err != nil {

@@ -47,6 +47,9 @@ type HitConfig struct {
 	N int
 	// Timeout bounds each attempt; 0 means DefaultHitTimeout.
 	Timeout time.Duration
+	// Interval is the pause between two attempts (0: none), for steady
+	// traffic over a while rather than a burst.
+	Interval time.Duration
 }
 
 // HitResult counts the answers of a Hit.
@@ -97,6 +100,12 @@ func Hit(ctx context.Context, c HitConfig) (HitResult, error) {
 		timeout = DefaultHitTimeout
 	}
 	for i := 0; i < c.N; i++ {
+		if i > 0 && c.Interval > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(c.Interval):
+			}
+		}
 		if err := ctx.Err(); err != nil {
 			res.Errors = append(res.Errors, fmt.Sprintf("%s: stopped after %d of %d attempts: %v", ErrOther, i, c.N, err))
 			break
