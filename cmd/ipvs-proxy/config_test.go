@@ -16,6 +16,13 @@ import (
 // a command does and resolves the options.
 func resolveWith(t *testing.T, file *string, args ...string) (*options, string, error) {
 	t.Helper()
+	o, _, path, err := resolveWarn(t, file, args...)
+	return o, path, err
+}
+
+// resolveWarn is resolveWith that also returns the warning.
+func resolveWarn(t *testing.T, file *string, args ...string) (*options, *configWarning, string, error) {
+	t.Helper()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	of := newOptionFlags(fs)
 	path := ""
@@ -29,8 +36,8 @@ func resolveWith(t *testing.T, file *string, args ...string) (*options, string, 
 	if err := fs.Parse(args); err != nil {
 		t.Fatalf("parse %v: %v", args, err)
 	}
-	o, err := of.resolve()
-	return o, path, err
+	o, warn, err := of.resolve()
+	return o, warn, path, err
 }
 
 func str(s string) *string { return &s }
@@ -161,7 +168,7 @@ func TestConfigFileErrors(t *testing.T) {
 	if err := fs.Parse([]string{"--config", missing}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := of.resolve()
+	_, _, err := of.resolve()
 	if err == nil || err.Error() != "config file "+missing+": no such file or directory" {
 		t.Errorf("a missing file: %v", err)
 	}

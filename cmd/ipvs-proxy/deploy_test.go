@@ -63,7 +63,7 @@ func TestDeployConfigMap(t *testing.T) {
 	if err := cmd.Flags().Parse([]string{"--config", path, "--hostname-override", "node-1"}); err != nil {
 		t.Fatal(err)
 	}
-	o, err := of.resolve()
+	o, _, err := of.resolve()
 	if err != nil {
 		t.Fatalf("the ConfigMap's config.yaml: %v", err)
 	}

@@ -123,7 +123,7 @@ It prints a table (or JSON) with a remedy per failure, and exits with status 1
 when a requirement is missing. With --load-modules it loads missing modules.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, cfg, err := of.resolveReport(output)
+			o, cfg, _, err := of.resolveReport(output)
 			if err != nil {
 				return err
 			}

@@ -27,11 +27,11 @@ func newRunCommand() *cobra.Command {
 		Short: "Watch Services and EndpointSlices and program IPVS",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, err := of.resolve() // --config, then the flags set
+			o, warn, err := of.resolve() // --config, then the flags set
 			if err != nil {
 				return err
 			}
-			return run(cmd.Context(), o)
+			return run(cmd.Context(), o, warn)
 		},
 	}
 	of = newOptionFlags(cmd.Flags())
@@ -116,12 +116,17 @@ func ensureSysctls(log *zap.Logger, ipv6 bool) error {
 	return nil
 }
 
-func run(ctx context.Context, o *options) error {
+// run runs the proxy; warn, if not nil, is logged once at start.
+func run(ctx context.Context, o *options, warn *configWarning) error {
 	log, err := newLogger(o.LogLevel, o.LogFormat)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	if warn != nil {
+		log.Warn("ignoring the settings of the config file that ipvs-proxy does not support", zap.String("file", warn.File),
+			zap.String("kind", warn.Kind), zap.Strings("ignored", warn.Ignored))
+	}
 	cfg, timeouts, err := o.proxierConfig()
 	if err != nil {
 		return err
