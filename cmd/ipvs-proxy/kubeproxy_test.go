@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
@@ -213,6 +215,27 @@ func TestKubeProxyConfigWarningText(t *testing.T) {
 		"mode: iptables (ipvs-proxy programs IPVS whatever the mode); oomScoreAdj: -999"
 	if warn == nil || warn.String() != want {
 		t.Errorf("warning %v,\nwant %s", warn, want)
+	}
+}
+
+// TestKubeProxyConfigWarningLogged: run logs the warning once, with the
+// file and every ignored setting; nothing without one.
+func TestKubeProxyConfigWarningLogged(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	logConfigWarning(zap.New(core), nil)
+	if n := logs.Len(); n != 0 {
+		t.Errorf("%d entries without a warning", n)
+	}
+	warn := &configWarning{File: "/var/lib/kube-proxy/config.conf", Kind: "KubeProxyConfiguration", Ignored: []string{"mode: iptables", "oomScoreAdj: -999"}}
+	logConfigWarning(zap.New(core), warn)
+	entries := logs.AllUntimed()
+	if len(entries) != 1 {
+		t.Fatalf("%d entries, want 1", len(entries))
+	}
+	e := entries[0]
+	want := map[string]any{"file": "/var/lib/kube-proxy/config.conf", "kind": "KubeProxyConfiguration", "ignored": []any{"mode: iptables", "oomScoreAdj: -999"}}
+	if diff := cmp.Diff(want, e.ContextMap()); diff != "" || e.Level != zap.WarnLevel {
+		t.Errorf("level %s, fields (-want +got):\n%s", e.Level, diff)
 	}
 }
 

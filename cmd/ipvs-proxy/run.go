@@ -116,6 +116,14 @@ func ensureSysctls(log *zap.Logger, ipv6 bool) error {
 	return nil
 }
 
+// logConfigWarning logs the warning about the config file, if any.
+func logConfigWarning(log *zap.Logger, warn *configWarning) {
+	if warn != nil {
+		log.Warn("ignoring the settings of the config file that ipvs-proxy does not support", zap.String("file", warn.File),
+			zap.String("kind", warn.Kind), zap.Strings("ignored", warn.Ignored))
+	}
+}
+
 // run runs the proxy; warn, if not nil, is logged once at start.
 func run(ctx context.Context, o *options, warn *configWarning) error {
 	log, err := newLogger(o.LogLevel, o.LogFormat)
@@ -123,10 +131,7 @@ func run(ctx context.Context, o *options, warn *configWarning) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	if warn != nil {
-		log.Warn("ignoring the settings of the config file that ipvs-proxy does not support", zap.String("file", warn.File),
-			zap.String("kind", warn.Kind), zap.Strings("ignored", warn.Ignored))
-	}
+	logConfigWarning(log, warn)
 	cfg, timeouts, err := o.proxierConfig()
 	if err != nil {
 		return err
