@@ -37,17 +37,13 @@ func TestKubeProxyConfigKubeadm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := defaultOptions()
-	want.Kubeconfig = "/var/lib/kube-proxy/kubeconfig.conf"
-	want.HostnameOverride = "node-1"
-	want.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:10:244::/56"}
-	want.Scheduler = "lc"
-	want.StrictARP = true
-	want.ExcludeCIDRs = []string{"192.0.2.0/24"}
-	want.TCPTimeout = 15 * time.Minute
-	if diff := cmp.Diff(&want, got); diff != "" {
-		t.Errorf("options (-want +got):\n%s", diff)
-	}
+	checkOptions(t, got, func(o *options) {
+		o.Kubeconfig, o.HostnameOverride = "/var/lib/kube-proxy/kubeconfig.conf", "node-1"
+		o.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:10:244::/56"}
+		o.Scheduler, o.StrictARP = "lc", true
+		o.ExcludeCIDRs = []string{"192.0.2.0/24"}
+		o.TCPTimeout = 15 * time.Minute
+	})
 	if warn != nil {
 		t.Errorf("warning %s, want none", warn)
 	}
@@ -186,11 +182,7 @@ metricsBindAddress: 0.0.0.0:10249
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := defaultOptions()
-			tt.want(&want)
-			if diff := cmp.Diff(&want, got); diff != "" {
-				t.Errorf("options (-want +got):\n%s", diff)
-			}
+			checkOptions(t, got, tt.want)
 			var ignored []string
 			if warn != nil {
 				ignored = warn.Ignored
@@ -240,12 +232,7 @@ func TestKubeProxyConfigWarningLogged(t *testing.T) {
 }
 
 func TestKubeProxyConfigErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		file string // the whole file
-		want []string
-		not  []string
-	}{
+	testConfigErrors(t, []configErrorCase{
 		{"unknown field", kubeProxyHeader + "mod: ipvs\n", []string{`unknown field "mod" (did you mean "mode"?)`}, nil},
 		{"unknown nested field", kubeProxyHeader + "ipvs:\n  schedular: rr\n", []string{`unknown field "ipvs.schedular" (did you mean "ipvs.scheduler"?)`}, nil},
 		{"unknown field, far from any", kubeProxyHeader + "ipvs: {frobnicate: 1}\n",
@@ -273,29 +260,7 @@ func TestKubeProxyConfigErrors(t *testing.T) {
 		{"a kind without apiVersion", "kind: KubeProxyConfiguration\nmode: ipvs\n", []string{`apiVersion "", kind "KubeProxyConfiguration" is not`}, nil},
 		{"own options with a kind", "kind: ipvs-proxy\nscheduler: rr\n", []string{`apiVersion "", kind "ipvs-proxy" is not`}, nil},
 		{"kind not a string", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: [KubeProxyConfiguration]\n", []string{"apiVersion and kind must be strings"}, nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, path, err := resolveWith(t, &tt.file)
-			if err == nil {
-				t.Fatalf("no error for %q", tt.file)
-			}
-			msg := err.Error()
-			if !strings.HasPrefix(msg, "config file "+path+": ") {
-				t.Errorf("the error does not start with the file: %s", msg)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(msg, w) {
-					t.Errorf("error %q lacks %q", msg, w)
-				}
-			}
-			for _, w := range tt.not {
-				if strings.Contains(msg, w) {
-					t.Errorf("error %q has %q", msg, w)
-				}
-			}
-		})
-	}
+	})
 }
 
 // TestKubeProxyConfigEveryField: every field of a KubeProxyConfiguration,
