@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
@@ -24,6 +26,10 @@ import (
 // options' fields (kubeconfig, scheduler, syncPeriod, ...): the same
 // settings as the flags. Values start from the defaults, the file
 // overrides them, and flags given on the command line override the file.
+// This format has no apiVersion and kind; it is decoded here field by
+// field, so that an error says what a value must look like and a list may
+// be one comma-separated string, as on the command line. A file with an
+// apiVersion and kind is kube-proxy's KubeProxyConfiguration (kubeproxy.go).
 
 // optionFlags binds the options to a command's flags, with --config.
 type optionFlags struct {
@@ -36,73 +42,130 @@ type optionFlags struct {
 func newOptionFlags(fs *pflag.FlagSet) *optionFlags {
 	of := &optionFlags{opts: defaultOptions(), fs: fs}
 	of.opts.addFlags(fs)
-	fs.StringVar(&of.configFile, "config", "", "YAML file of options, keyed by their camelCase names (e.g. syncPeriod: 30s); flags on the command line override it.")
+	fs.StringVar(&of.configFile, "config", "", "YAML file of options, keyed by their camelCase names (e.g. syncPeriod: 30s), or kube-proxy's KubeProxyConfiguration; flags on the command line override it.")
 	return of
 }
 
 // resolve returns the validated options: the defaults, overridden by the
-// config file, overridden by the flags set on the command line.
-// resolveReport is resolve for the commands that print a report (preflight,
-// status): it also checks --output and derives the proxier's configuration.
-func (of *optionFlags) resolveReport(output string) (*options, proxier.Config, error) {
-	if output != "table" && output != "json" {
-		return nil, proxier.Config{}, fmt.Errorf("--output: %q is neither table nor json", output)
-	}
-	o, err := of.resolve()
-	if err != nil {
-		return nil, proxier.Config{}, err
-	}
-	cfg, _, err := o.proxierConfig()
-	if err != nil {
-		return nil, proxier.Config{}, err
-	}
-	return o, cfg, nil
-}
-
-func (of *optionFlags) resolve() (*options, error) {
+// config file, overridden by the flags set on the command line; and the
+// one warning about the settings of the file that ipvs-proxy ignores (nil
+// when there are none).
+func (of *optionFlags) resolve() (*options, *configWarning, error) {
 	o := of.opts
 	if of.configFile == "" {
 		if err := o.validate(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return &o, nil
+		return &o, nil, nil
 	}
-	o, file, keys, err := loadConfigFile(of.fs, of.configFile)
+	cf, err := readConfigFile(of.configFile)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	o = cf.opts
+	if err := replayFlags(of.fs, &o); err != nil {
+		return nil, nil, err
 	}
 	if err := o.validate(); err != nil {
 		// Blame the file's own fields when they are wrong by themselves
 		// (a flag may have fixed a bad value, so only when the merge fails).
-		if ferr := validateConfigFields(file, keys); ferr != nil {
-			return nil, fmt.Errorf("config file %s: %w", of.configFile, ferr)
+		if ferr := cf.validateFields(); ferr != nil {
+			return nil, nil, fmt.Errorf("config file %s: %w", of.configFile, ferr)
 		}
-		return nil, fmt.Errorf("%w (options from the command line and config file %s)", err, of.configFile)
+		return nil, nil, fmt.Errorf("%w (options from the command line and config file %s)", err, of.configFile)
 	}
-	return &o, nil
+	var warn *configWarning
+	if len(cf.ignored) > 0 {
+		warn = &configWarning{File: of.configFile, Kind: cf.kind, Ignored: cf.ignored}
+	}
+	return &o, warn, nil
 }
 
-// loadConfigFile reads the config file over the defaults (file), then
-// applies the flags that were set on the command line (merged). keys are
-// the fields the file sets.
-func loadConfigFile(flags *pflag.FlagSet, path string) (merged, file options, keys []string, err error) {
+// resolveReport is resolve for the commands that print a report (preflight,
+// status): it also checks --output and derives the proxier's configuration.
+func (of *optionFlags) resolveReport(output string) (*options, proxier.Config, *configWarning, error) {
+	if output != "table" && output != "json" {
+		return nil, proxier.Config{}, nil, fmt.Errorf("--output: %q is neither table nor json", output)
+	}
+	o, warn, err := of.resolve()
+	if err != nil {
+		return nil, proxier.Config{}, nil, err
+	}
+	cfg, _, err := o.proxierConfig()
+	if err != nil {
+		return nil, proxier.Config{}, nil, err
+	}
+	return o, cfg, warn, nil
+}
+
+// configFile is what a config file sets.
+type configFile struct {
+	kind string   // KubeProxyConfiguration, or "" for ipvs-proxy's own options
+	opts options  // the defaults, overridden by the file
+	keys []string // the options the file sets, by json name
+	// field names an option as the file spells it where that differs from
+	// the option's json name (ipvs.scheduler for scheduler).
+	field map[string]string
+	// ignored are the settings the file sets that ipvs-proxy does not
+	// apply, as "path: value".
+	ignored []string
+}
+
+// configWarning is the one warning about a config file: the settings it
+// sets that ipvs-proxy does not apply.
+type configWarning struct {
+	File    string
+	Kind    string
+	Ignored []string
+}
+
+// String is the warning as one line.
+func (w *configWarning) String() string {
+	return fmt.Sprintf("config file %s (%s): ipvs-proxy ignores %d setting(s) it does not support: %s",
+		w.File, w.Kind, len(w.Ignored), strings.Join(w.Ignored, "; "))
+}
+
+// readConfigFile reads and decodes the config file at path.
+func readConfigFile(path string) (configFile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return merged, file, nil, fmt.Errorf("config file %s: %w", path, err)
+		return configFile{}, fmt.Errorf("config file %s: %w", path, err)
 	}
-	file = defaultOptions()
-	if keys, err = decodeConfig(data, &file); err != nil {
-		return merged, file, nil, fmt.Errorf("config file %s: %w", path, err)
+	cf, err := decodeConfigFile(data)
+	if err != nil {
+		return configFile{}, fmt.Errorf("config file %s: %w", path, err)
 	}
-	merged = file
-	if err := replayFlags(flags, &merged); err != nil {
-		return merged, file, nil, err
+	return cf, nil
+}
+
+// decodeConfigFile decodes a config file: ipvs-proxy's own options, or,
+// when it has an apiVersion or a kind, kube-proxy's KubeProxyConfiguration.
+// YAML that is not valid or has a duplicate key is an error in both.
+func decodeConfigFile(data []byte) (configFile, error) {
+	cf := configFile{opts: defaultOptions()}
+	j, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return cf, fmt.Errorf("not valid YAML: %w", err)
 	}
-	return merged, file, keys, nil
+	j = bytes.TrimSpace(j)
+	if len(j) == 0 || string(j) == "null" {
+		return cf, nil // an empty file
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(j, &m); err != nil {
+		return cf, fmt.Errorf("the top level must be a mapping of option names to values, not %s", jsonKind(j))
+	}
+	_, hasVersion := m["apiVersion"]
+	_, hasKind := m["kind"]
+	if hasVersion || hasKind {
+		return decodeKubeProxyConfig(data, j)
+	}
+	cf.keys, err = decodeOptions(m, &cf.opts)
+	return cf, err
 }
 
 // replayFlags sets on o every option flag that was set on fs.
@@ -150,12 +213,19 @@ func configFields() map[string]configField {
 	return out
 }
 
-var durationType = reflect.TypeOf(time.Duration(0))
+var (
+	durationType        = reflect.TypeOf(time.Duration(0))
+	metaDurationType    = reflect.TypeOf(metav1.Duration{})
+	jsonUnmarshalerType = reflect.TypeOf((*json.Unmarshaler)(nil)).Elem()
+)
 
 // describeType says what a config value must look like.
 func describeType(t reflect.Type) string {
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
 	switch {
-	case t == durationType:
+	case t == durationType || t == metaDurationType:
 		return "a duration such as 30s or 1m30s"
 	case t.Kind() == reflect.String:
 		return "a string"
@@ -165,8 +235,13 @@ func describeType(t reflect.Type) string {
 		return "a list of strings"
 	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
 		return "an integer"
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+		return "a number"
+	case t.Kind() == reflect.Map,
+		t.Kind() == reflect.Struct && !reflect.PointerTo(t).Implements(jsonUnmarshalerType):
+		return "a mapping"
 	}
-	return "a " + t.String()
+	return "a value of type " + t.String()
 }
 
 // jsonKind names the kind of a JSON value for error messages.
@@ -190,34 +265,18 @@ func jsonKind(raw json.RawMessage) string {
 	return "a number"
 }
 
-// decodeConfig reads YAML options onto o, strictly: unknown and duplicate
+// decodeOptions decodes ipvs-proxy's own options onto o, strictly: unknown
 // keys and values of the wrong type are errors naming the key. It returns
 // the keys it set.
-func decodeConfig(data []byte, o *options) ([]string, error) {
-	j, err := yaml.YAMLToJSONStrict(data)
-	if err != nil {
-		return nil, fmt.Errorf("not valid YAML: %w", err)
-	}
-	j = bytes.TrimSpace(j)
-	if len(j) == 0 || string(j) == "null" {
-		return nil, nil // an empty file
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(j, &m); err != nil {
-		return nil, fmt.Errorf("the top level must be a mapping of option names to values, not %s", jsonKind(j))
-	}
+func decodeOptions(m map[string]json.RawMessage, o *options) ([]string, error) {
 	fields := configFields()
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(m))
 	v := reflect.ValueOf(o).Elem()
 	var errs []error
 	for _, k := range keys {
 		f, ok := fields[k]
 		if !ok {
-			errs = append(errs, unknownField(k, fields))
+			errs = append(errs, unknownField("", k, slices.Collect(maps.Keys(fields))))
 			continue
 		}
 		if err := decodeValue(m[k], v.Field(f.index)); err != nil {
@@ -242,20 +301,20 @@ func joinErrors(errs []error) error {
 	return fmt.Errorf("%d errors: %s", len(errs), strings.Join(msgs, "; "))
 }
 
-func unknownField(k string, fields map[string]configField) error {
-	known := make([]string, 0, len(fields))
+// unknownField is the error for a key k that is none of known, the names
+// beside it; prefix is the path to them ("ipvs.").
+func unknownField(prefix, k string, known []string) error {
 	best, bestDist := "", 3 // suggest a name at most 2 edits away
-	for n := range fields {
-		known = append(known, n)
+	for _, n := range known {
 		if d := editDistance(strings.ToLower(n), strings.ToLower(k)); d < bestDist || (d == bestDist && n < best) {
 			best, bestDist = n, d
 		}
 	}
 	if best != "" {
-		return fmt.Errorf("unknown field %q (did you mean %q?)", k, best)
+		return fmt.Errorf("unknown field %q (did you mean %q?)", prefix+k, prefix+best)
 	}
-	slices.Sort(known)
-	return fmt.Errorf("unknown field %q (known: %s)", k, strings.Join(known, ", "))
+	known = slices.Sorted(slices.Values(known))
+	return fmt.Errorf("unknown field %q (known: %s)", prefix+k, strings.Join(known, ", "))
 }
 
 // editDistance is the Levenshtein distance of two strings.
@@ -304,13 +363,7 @@ func decodeValue(raw json.RawMessage, dst reflect.Value) error {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return err
 		}
-		var list []string
-		for _, part := range strings.Split(s, ",") {
-			if part = strings.TrimSpace(part); part != "" {
-				list = append(list, part)
-			}
-		}
-		dst.Set(reflect.ValueOf(list).Convert(t))
+		dst.Set(reflect.ValueOf(splitList(s)).Convert(t))
 		return nil
 	}
 	p := reflect.New(t)
@@ -327,6 +380,18 @@ func decodeValue(raw json.RawMessage, dst reflect.Value) error {
 	return nil
 }
 
+// splitList splits a comma-separated list, as pflag's string slices are
+// written, dropping empty items.
+func splitList(s string) []string {
+	var list []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			list = append(list, part)
+		}
+	}
+	return list
+}
+
 // configFieldGroups are options validated together: one is meaningless
 // without the other.
 func configFieldGroups() [][]string {
@@ -337,14 +402,14 @@ func configFieldGroups() [][]string {
 // config file error names the field instead.
 var flagPrefix = regexp.MustCompile(`^--[a-z0-9-]+: `)
 
-// validateConfigFields validates each value the file sets on its own (with
-// its group), so that an error names the file's field rather than a flag.
-func validateConfigFields(file options, keys []string) error {
+// validateFields validates each value the file sets on its own (with its
+// group), so that an error names the file's field rather than a flag.
+func (cf *configFile) validateFields() error {
 	fields := configFields()
-	fv := reflect.ValueOf(file)
+	fv := reflect.ValueOf(cf.opts)
 	var errs []error
 	done := map[string]bool{}
-	for _, k := range keys {
+	for _, k := range cf.keys {
 		if done[k] {
 			continue
 		}
@@ -363,7 +428,11 @@ func validateConfigFields(file options, keys []string) error {
 		}
 		if err := probe.validate(); err != nil {
 			msg := flagPrefix.ReplaceAllString(err.Error(), "")
-			errs = append(errs, fmt.Errorf("%s: %s", k, msg))
+			name := k
+			if n, ok := cf.field[k]; ok {
+				name = n
+			}
+			errs = append(errs, fmt.Errorf("%s: %s", name, msg))
 		}
 	}
 	return joinErrors(errs)

@@ -16,6 +16,13 @@ import (
 // a command does and resolves the options.
 func resolveWith(t *testing.T, file *string, args ...string) (*options, string, error) {
 	t.Helper()
+	o, _, path, err := resolveWarn(t, file, args...)
+	return o, path, err
+}
+
+// resolveWarn is resolveWith that also returns the warning.
+func resolveWarn(t *testing.T, file *string, args ...string) (*options, *configWarning, string, error) {
+	t.Helper()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	of := newOptionFlags(fs)
 	path := ""
@@ -29,11 +36,21 @@ func resolveWith(t *testing.T, file *string, args ...string) (*options, string, 
 	if err := fs.Parse(args); err != nil {
 		t.Fatalf("parse %v: %v", args, err)
 	}
-	o, err := of.resolve()
-	return o, path, err
+	o, warn, err := of.resolve()
+	return o, warn, path, err
 }
 
 func str(s string) *string { return &s }
+
+// checkOptions compares got with the defaults changed by change.
+func checkOptions(t *testing.T, got *options, change func(o *options)) {
+	t.Helper()
+	want := defaultOptions()
+	change(&want)
+	if diff := cmp.Diff(&want, got); diff != "" {
+		t.Errorf("options (-want +got):\n%s", diff)
+	}
+}
 
 func TestConfigPrecedence(t *testing.T) {
 	tests := []struct {
@@ -86,22 +103,49 @@ ipFamilies: [IPv4]
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := defaultOptions()
-			tt.want(&want)
-			if diff := cmp.Diff(&want, got); diff != "" {
-				t.Errorf("options (-want +got):\n%s", diff)
+			checkOptions(t, got, tt.want)
+		})
+	}
+}
+
+// configErrorCase is a config file that does not load, and what the error
+// says.
+type configErrorCase struct {
+	name string
+	file string
+	want []string // substrings of the error, which starts with the file's path
+	not  []string
+}
+
+// testConfigErrors loads each file, which must fail with its error.
+func testConfigErrors(t *testing.T, tests []configErrorCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, path, err := resolveWith(t, &tt.file)
+			if err == nil {
+				t.Fatalf("no error for %q", tt.file)
+			}
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "config file "+path+": ") {
+				t.Errorf("the error does not start with the file: %s", msg)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q lacks %q", msg, w)
+				}
+			}
+			for _, w := range tt.not {
+				if strings.Contains(msg, w) {
+					t.Errorf("error %q has %q", msg, w)
+				}
 			}
 		})
 	}
 }
 
 func TestConfigErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		file string
-		want []string // substrings of the error, besides the file's path
-		not  []string
-	}{
+	testConfigErrors(t, []configErrorCase{
 		{"unknown field, near a known one", "schedular: rr\n", []string{`unknown field "schedular" (did you mean "scheduler"?)`}, nil},
 		{"unknown field, case differs", "SyncPeriod: 1s\n", []string{`unknown field "SyncPeriod" (did you mean "syncPeriod"?)`}, nil},
 		{"unknown field, far from any", "frobnicate: true\n", []string{`unknown field "frobnicate" (known: clusterCIDRs, `}, nil},
@@ -129,29 +173,7 @@ func TestConfigErrors(t *testing.T) {
 		{"duplicate key", "scheduler: rr\nscheduler: wrr\n", []string{"not valid YAML", `"scheduler"`}, nil},
 		{"not YAML", "scheduler: [rr\n", []string{"not valid YAML"}, nil},
 		{"tabs", "scheduler:\trr\n\tsyncPeriod: 1s\n", []string{"not valid YAML"}, nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, path, err := resolveWith(t, &tt.file)
-			if err == nil {
-				t.Fatalf("no error for %q", tt.file)
-			}
-			msg := err.Error()
-			if !strings.Contains(msg, "config file "+path+": ") {
-				t.Errorf("the error does not name the file: %s", msg)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(msg, w) {
-					t.Errorf("error %q lacks %q", msg, w)
-				}
-			}
-			for _, w := range tt.not {
-				if strings.Contains(msg, w) {
-					t.Errorf("error %q has %q", msg, w)
-				}
-			}
-		})
-	}
+	})
 }
 
 func TestConfigFileErrors(t *testing.T) {
@@ -161,7 +183,7 @@ func TestConfigFileErrors(t *testing.T) {
 	if err := fs.Parse([]string{"--config", missing}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := of.resolve()
+	_, _, err := of.resolve()
 	if err == nil || err.Error() != "config file "+missing+": no such file or directory" {
 		t.Errorf("a missing file: %v", err)
 	}

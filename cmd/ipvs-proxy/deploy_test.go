@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
@@ -63,7 +64,7 @@ func TestDeployConfigMap(t *testing.T) {
 	if err := cmd.Flags().Parse([]string{"--config", path, "--hostname-override", "node-1"}); err != nil {
 		t.Fatal(err)
 	}
-	o, err := of.resolve()
+	o, _, err := of.resolve()
 	if err != nil {
 		t.Fatalf("the ConfigMap's config.yaml: %v", err)
 	}
@@ -175,5 +176,93 @@ func TestDeployDaemonSet(t *testing.T) {
 	}
 	if want := []string{"/livez:10256", "/livez:10256", "/healthz:10256"}; !slices.Equal(probes, want) {
 		t.Errorf("probes %v, want %v", probes, want)
+	}
+}
+
+// TestDeployKubeProxyConfigMap applies the README's patch that points the
+// DaemonSet at kube-proxy's ConfigMap: both containers mount it where
+// kube-proxy's pod does (where its kubeconfig points) and read its
+// config.conf with --config.
+func TestDeployKubeProxyConfigMap(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const start = "kubectl -n kube-system patch ds ipvs-proxy --type json -p '"
+	_, rest, ok := strings.Cut(string(readme), start)
+	patchJSON, _, ok2 := strings.Cut(rest, "'\n")
+	if !ok || !ok2 {
+		t.Fatalf("README: no %q...' command", start)
+	}
+	patch, err := jsonpatch.DecodePatch([]byte(patchJSON))
+	if err != nil {
+		t.Fatalf("README's patch: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "daemonset.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if doc, err = patch.Apply(doc); err != nil {
+		t.Fatalf("README's patch on deploy/daemonset.yaml: %v", err)
+	}
+	var ds, orig appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(doc, &ds); err != nil {
+		t.Fatal(err)
+	}
+	readManifest(t, "daemonset.yaml", &orig)
+
+	// Where kube-proxy's config.conf says its kubeconfig is.
+	var cm corev1.ConfigMap
+	b, err = os.ReadFile("testdata/kube-proxy-configmap.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(b, &cm); err != nil {
+		t.Fatal(err)
+	}
+	cf, err := decodeConfigFile([]byte(cm.Data["config.conf"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(cf.opts.Kubeconfig)
+
+	spec := ds.Spec.Template.Spec
+	volume := ""
+	for _, v := range spec.Volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name == "kube-proxy" {
+			volume = v.Name
+		}
+	}
+	if volume == "" {
+		t.Fatalf("no volume of ConfigMap kube-proxy in %+v", spec.Volumes)
+	}
+	origSpec := orig.Spec.Template.Spec
+	for _, c := range []struct {
+		container, orig corev1.Container
+		cmd             *cobra.Command
+	}{{spec.InitContainers[0], origSpec.InitContainers[0], newPreflightCommand()}, {spec.Containers[0], origSpec.Containers[0], newRunCommand()}} {
+		mounted := slices.ContainsFunc(c.container.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == volume && m.MountPath == dir && m.ReadOnly
+		})
+		if !mounted {
+			t.Errorf("%s: ConfigMap kube-proxy not mounted read-only at %s: %+v", c.container.Name, dir, c.container.VolumeMounts)
+		}
+		if err := c.cmd.ParseFlags(c.container.Command[2:]); err != nil {
+			t.Fatalf("%s: %q: %v", c.container.Name, c.container.Command, err)
+		}
+		// Only --config changed.
+		want := slices.Clone(c.orig.Command)
+		for i, arg := range want {
+			if strings.HasPrefix(arg, "--config=") {
+				want[i] = "--config=" + filepath.Join(dir, "config.conf")
+			}
+		}
+		if !slices.Equal(c.container.Command, want) {
+			t.Errorf("%s: command %q, want %q", c.container.Name, c.container.Command, want)
+		}
 	}
 }

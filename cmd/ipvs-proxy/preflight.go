@@ -99,6 +99,9 @@ type preflightConfig struct {
 	iptablesBackend string
 	allSchedulers   bool
 	loadModules     bool
+	// configWarning lists the settings of the config file that run
+	// ignores; nil if none.
+	configWarning *configWarning
 }
 
 // Linux capability numbers (linux/capability.h).
@@ -123,7 +126,7 @@ It prints a table (or JSON) with a remedy per failure, and exits with status 1
 when a requirement is missing. With --load-modules it loads missing modules.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, cfg, err := of.resolveReport(output)
+			o, cfg, warn, err := of.resolveReport(output)
 			if err != nil {
 				return err
 			}
@@ -137,7 +140,7 @@ when a requirement is missing. With --load-modules it loads missing modules.`,
 				return err
 			}
 			pc := preflightConfig{scheduler: cfg.Scheduler.Name, ipv6: cfg.IPv6, strictARP: o.StrictARP,
-				iptablesBackend: o.IPTablesBackend, allSchedulers: all, loadModules: load}
+				iptablesBackend: o.IPTablesBackend, allSchedulers: all, loadModules: load, configWarning: warn}
 			rep := runPreflight(cmd.Context(), sys, pc, log)
 			if err := writePreflight(cmd.OutOrStdout(), rep, output); err != nil {
 				return err
@@ -282,6 +285,7 @@ func listServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Se
 // is a failed check.
 func runPreflight(ctx context.Context, sys *preflightSystem, pc preflightConfig, log *zap.Logger) preflightReport {
 	p := &preflight{ctx: ctx, sys: sys, cfg: pc, log: log}
+	p.configFile()
 	p.capabilities()
 	p.ipvsCore()
 	p.schedulers()
@@ -316,6 +320,13 @@ func (p *preflight) add(name, status, detail, remedy string) {
 		remedy = ""
 	}
 	p.checks = append(p.checks, preflightCheck{Name: name, Status: status, Detail: detail, Remedy: remedy})
+}
+
+// configFile warns of the settings of the config file that run ignores.
+func (p *preflight) configFile() {
+	if w := p.cfg.configWarning; w != nil {
+		p.add("config file", statusWarn, w.String(), "ipvs-proxy has no equivalent of these settings: drop them, or accept that they have no effect")
+	}
 }
 
 // safely runs a probe, turning a panic into an error.

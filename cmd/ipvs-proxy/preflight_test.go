@@ -187,7 +187,20 @@ func TestPreflight(t *testing.T) {
 				"sysctl net.ipv4.vs.expire_nodest_conn":        {status: statusOK},
 				"sysctl net.ipv4.vs.expire_quiescent_template": {status: statusOK},
 			},
-			absent: []string{"capability CAP_SYS_MODULE", "sysctl net.ipv6.conf.all.forwarding", "scheduler wrr", "sysctl net.ipv4.conf.all.arp_ignore"},
+			absent: []string{"capability CAP_SYS_MODULE", "sysctl net.ipv6.conf.all.forwarding", "scheduler wrr", "sysctl net.ipv4.conf.all.arp_ignore", "config file"},
+		},
+		{
+			name: "settings of the config file that run ignores warn",
+			ok:   true,
+			cfg: func(c *preflightConfig) {
+				c.configWarning = &configWarning{File: "/var/lib/kube-proxy/config.conf", Kind: "KubeProxyConfiguration",
+					Ignored: []string{"conntrack.maxPerCore: 32768", "mode: iptables (ipvs-proxy programs IPVS whatever the mode)"}}
+			},
+			expect: map[string]expect{
+				"config file": {statusWarn, "config file /var/lib/kube-proxy/config.conf (KubeProxyConfiguration): ipvs-proxy ignores 2 setting(s) it does not support: " +
+					"conntrack.maxPerCore: 32768; mode: iptables (ipvs-proxy programs IPVS whatever the mode)", "ipvs-proxy has no equivalent of these settings"},
+				"IPVS core": {status: statusOK},
+			},
 		},
 		{
 			name: "no IPVS",

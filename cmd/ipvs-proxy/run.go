@@ -29,11 +29,11 @@ func newRunCommand() *cobra.Command {
 		Short: "Watch Services and EndpointSlices and program IPVS",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, err := of.resolve() // --config, then the flags set
+			o, warn, err := of.resolve() // --config, then the flags set
 			if err != nil {
 				return err
 			}
-			return run(cmd.Context(), o)
+			return run(cmd.Context(), o, warn)
 		},
 	}
 	of = newOptionFlags(cmd.Flags())
@@ -118,12 +118,22 @@ func ensureSysctls(log *zap.Logger, ipv6 bool) error {
 	return nil
 }
 
-func run(ctx context.Context, o *options) error {
+// logConfigWarning logs the warning about the config file, if any.
+func logConfigWarning(log *zap.Logger, warn *configWarning) {
+	if warn != nil {
+		log.Warn("ignoring the settings of the config file that ipvs-proxy does not support", zap.String("file", warn.File),
+			zap.String("kind", warn.Kind), zap.Strings("ignored", warn.Ignored))
+	}
+}
+
+// run runs the proxy; warn, if not nil, is logged once at start.
+func run(ctx context.Context, o *options, warn *configWarning) error {
 	log, err := newLogger(o.LogLevel, o.LogFormat)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	logConfigWarning(log, warn)
 	cfg, timeouts, err := o.proxierConfig()
 	if err != nil {
 		return err

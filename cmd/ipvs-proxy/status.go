@@ -197,7 +197,7 @@ between what the Services want (computed as run computes it, from the API) and
 the kernel. Without API access it shows the kernel's view with no names.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, cfg, err := of.resolveReport(output)
+			o, cfg, _, err := of.resolveReport(output)
 			if err != nil {
 				return err
 			}
