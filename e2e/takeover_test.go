@@ -22,8 +22,9 @@ import (
 // traffic is steady new connections (`vmagent hit --interval`) to one
 // address, for as long as it runs.
 type traffic struct {
-	name string
-	proc *vm.Proc
+	name    string
+	proc    *vm.Proc
+	started time.Time // on this host, when it was started
 }
 
 // startTraffic opens a new connection (TCP) or exchange (UDP) to addr
@@ -36,11 +37,12 @@ func (e env) startTraffic(t *testing.T, proto, addr string) *traffic {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Stop() })
-	return &traffic{name: proto + " " + addr, proc: p}
+	return &traffic{name: proto + " " + addr, proc: p, started: time.Now()}
 }
 
 // stop ends the traffic and returns its attempts and failures (the
-// attempt cut short by the stop is not counted).
+// attempt cut short by the stop is not counted), each failure with when it
+// happened, since the traffic started.
 func (tr *traffic) stop(t *testing.T) (attempts, failed int, errs []string) {
 	t.Helper()
 	if err := tr.proc.Stop(); err != nil {
@@ -50,10 +52,15 @@ func (tr *traffic) stop(t *testing.T) (attempts, failed int, errs []string) {
 	if err := json.Unmarshal([]byte(strings.TrimSpace(tr.proc.Output())), &res); err != nil {
 		t.Fatalf("%s: %v\n%s", tr.name, err, tr.proc.Output())
 	}
+	i := 0
 	for _, e := range res.Errors {
 		if strings.Contains(e, "stopped after") {
 			continue
 		}
+		if i < len(res.FailedAt) {
+			e = fmt.Sprintf("at %s: %s", res.FailedAt[i].Round(10*time.Millisecond), e)
+		}
+		i++
 		errs = append(errs, e)
 	}
 	return res.Total() + len(errs), len(errs), errs
@@ -174,6 +181,7 @@ func TestTakeoverFromKubeProxy(t *testing.T) {
 	time.Sleep(2 * time.Second) // traffic before the switch
 
 	// The switch: kube-proxy stops, its state serving; ipvs-proxy takes over.
+	stopAt := time.Now()
 	if err := kp.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +217,10 @@ func TestTakeoverFromKubeProxy(t *testing.T) {
 			t.Errorf("the IPVS connection entry %q is gone after the takeover: %q", en, entriesAfter)
 		}
 	}
+	t0 := traffics[0].started
+	t.Logf("takeover timeline since the traffic began: kube-proxy told to stop at %s, gone at %s, first sync at %s, takeover done at %s",
+		stopAt.Sub(t0).Round(10*time.Millisecond), start.Sub(t0).Round(10*time.Millisecond), start.Add(firstSync).Sub(t0).Round(10*time.Millisecond),
+		start.Add(tookOver).Sub(t0).Round(10*time.Millisecond))
 	first := firstFullSync(e.AgentOutput())
 	t.Logf("takeover figures: first sync %s after the start (%s), done after %s; %d held connections kept; new connections %d, failed %d",
 		firstSync.Round(time.Millisecond), first, tookOver.Round(time.Millisecond), len(holds), totalAttempts, totalFailed)

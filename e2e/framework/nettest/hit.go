@@ -61,6 +61,10 @@ type HitResult struct {
 	// Errors has one entry per failed attempt, "<kind>: <detail>" with kind
 	// one of the Err* constants.
 	Errors []string `json:"errors"`
+	// Started is when Hit began (the clock of the machine that ran it);
+	// FailedAt has, for each failed attempt, when it began since Started.
+	Started  time.Time       `json:"started"`
+	FailedAt []time.Duration `json:"failedAt,omitempty"`
 }
 
 // Total is the number of answered attempts.
@@ -88,7 +92,7 @@ func (r HitResult) ErrorCount(kind string) int {
 // configuration or a namespace it cannot enter; failed attempts are
 // recorded in the result. It stops early when ctx ends.
 func Hit(ctx context.Context, c HitConfig) (HitResult, error) {
-	res := HitResult{Answers: map[string]int{}, Clients: map[string]int{}, Errors: []string{}}
+	res := HitResult{Answers: map[string]int{}, Clients: map[string]int{}, Errors: []string{}, Started: time.Now()}
 	if c.Proto != "tcp" && c.Proto != "udp" {
 		return res, fmt.Errorf("hit: protocol %q: want tcp or udp", c.Proto)
 	}
@@ -110,13 +114,20 @@ func Hit(ctx context.Context, c HitConfig) (HitResult, error) {
 			res.Errors = append(res.Errors, fmt.Sprintf("%s: stopped after %d of %d attempts: %v", ErrOther, i, c.N, err))
 			break
 		}
+		began := time.Since(res.Started)
 		line, err := attempt(ctx, c.Netns, c.Proto, c.Addr, timeout)
+		if err != nil && ctx.Err() != nil {
+			// Cut short by the stop: not a failed connection.
+			res.Errors = append(res.Errors, fmt.Sprintf("%s: stopped after %d of %d attempts: %v", ErrOther, i, c.N, ctx.Err()))
+			break
+		}
 		if err != nil {
 			var nsErr *netnsError
 			if errors.As(err, &nsErr) {
 				return res, nsErr.err
 			}
 			res.Errors = append(res.Errors, classify(err)+": "+err.Error())
+			res.FailedAt = append(res.FailedAt, began)
 			continue
 		}
 		name, client, _ := strings.Cut(strings.TrimSpace(line), " ")
