@@ -178,9 +178,19 @@ func TestTakeoverFromKubeProxy(t *testing.T) {
 		traffics = append(traffics, e.startTraffic(t, "tcp", a))
 	}
 	traffics = append(traffics, e.startTraffic(t, "udp", udpAddr))
-	time.Sleep(2 * time.Second) // traffic before the switch
+	time.Sleep(2 * time.Second) // traffic before the switch (and the wait below)
 
 	// The switch: kube-proxy stops, its state serving; ipvs-proxy takes over.
+	// kube-proxy exits on SIGTERM wherever it is; stopped in the middle of
+	// one of its syncs (3-10 s of every 30 s here), it left connections
+	// failing before ipvs-proxy had even started in 2 of 9 runs. So it is
+	// stopped right after a sync, as the takeover's own figures are the
+	// point here.
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := kp.WaitNextSync(wctx); err != nil {
+		t.Fatal(err)
+	}
 	stopAt := time.Now()
 	if err := kp.Stop(); err != nil {
 		t.Fatal(err)

@@ -227,6 +227,40 @@ func (k *KubeProxy) synced(ctx context.Context, families []string) error {
 	return nil
 }
 
+// WaitNextSync waits until kube-proxy has completed a new sync of every
+// family it proxies (its last-sync metric moved on), and returns at once
+// then: right after a periodic sync, the next is a sync period away.
+// kube-proxy exits on SIGTERM wherever it is, also in the middle of a sync.
+func (k *KubeProxy) WaitNextSync(ctx context.Context) error {
+	families := []string{"IPv4"}
+	if strings.Contains(k.proc.Output(), dualStack) {
+		families = append(families, "IPv6")
+	}
+	first, err := k.bed.Metrics(ctx, MetricsURL)
+	if err != nil {
+		return err
+	}
+	for {
+		m, err := k.bed.Metrics(ctx, MetricsURL)
+		if err != nil {
+			return err
+		}
+		moved := true
+		for _, f := range families {
+			key := fmt.Sprintf(syncedMetric, f)
+			moved = moved && m[key] > first[key]
+		}
+		if moved {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kubeproxy: no new sync of %v: %w", families, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // Stop stops kube-proxy with SIGTERM (SIGKILL after 5 s). Its kernel state
 // stays and goes on serving. Stopping twice is fine.
 func (k *KubeProxy) Stop() error { return k.proc.Stop() }
