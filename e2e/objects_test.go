@@ -166,9 +166,10 @@ func (e env) expectEvent(t *testing.T, svc *corev1.Service, msg string) {
 // client namespace (`vmagent hold`): it sends a line every 200 ms and logs
 // "answer N <backend> ..." per answer, "error ..." when the connection ends.
 type heldConn struct {
-	t    *testing.T
-	proc *vm.Proc
-	ctx  context.Context
+	t       *testing.T
+	proc    *vm.Proc
+	ctx     context.Context
+	started time.Time
 }
 
 // holdConn opens a held connection to addr and waits for its first answer;
@@ -176,7 +177,10 @@ type heldConn struct {
 // is closed when the test ends.
 func (e env) holdConn(t *testing.T, addr string) (*heldConn, string) {
 	t.Helper()
-	proc, err := e.VM.Start(context.Background(), "vmagent", "hold", "--netns", bed.ClientNetns, "--addr", addr, "--interval", "200ms")
+	// A 10 s answer timeout: under emulation a busy VM can stall a few
+	// seconds; a broken connection stays broken however long one waits.
+	proc, err := e.VM.Start(context.Background(), "vmagent", "hold", "--netns", bed.ClientNetns, "--addr", addr,
+		"--interval", "200ms", "--timeout", "10s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +189,7 @@ func (e env) holdConn(t *testing.T, addr string) (*heldConn, string) {
 		cancel()
 		_ = proc.Stop()
 	})
-	h := &heldConn{t: t, proc: proc, ctx: ctx}
+	h := &heldConn{t: t, proc: proc, ctx: ctx, started: time.Now()}
 	if err := proc.WaitFor(ctx, "answer 1 "); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +204,8 @@ func (h *heldConn) expectAnswers(n int, backend string) {
 	h.t.Helper()
 	answers := strings.Count(h.proc.Output(), "answer ")
 	if err := h.proc.WaitFor(h.ctx, fmt.Sprintf("answer %d %s ", answers+n, backend)); err != nil {
-		h.t.Fatalf("the held connection stopped answering from %s: %v\n%s", backend, err, h.proc.Output())
+		h.t.Fatalf("the held connection (opened at %s) stopped answering from %s after %d answers: %v\n%s",
+			h.started.Format("15:04:05.000"), backend, answers, err, h.proc.Output())
 	}
 	for _, l := range strings.Split(strings.TrimSpace(h.proc.Output()), "\n") {
 		if f := strings.Fields(l); len(f) < 3 || f[0] != "answer" || f[2] != backend {

@@ -92,20 +92,32 @@ func Start(ctx context.Context, b *bed.Bed, o Options) (*KubeProxy, error) {
 		verbosity = 2
 	}
 	argv := append([]string{GuestBinary, "--config", GuestConfig, fmt.Sprintf("--v=%d", verbosity)}, o.Args...)
-	p, err := b.VM.Start(ctx, argv...)
-	if err != nil {
-		return nil, err
-	}
-	k := &KubeProxy{bed: b, proc: p}
-	start := time.Now()
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	if err := k.waitSynced(wctx); err != nil {
+	// kube-proxy v1.36.3 sometimes panics at start-up (a Node event reaches
+	// its metaproxier before it is set: nil pointer in OnTopologyChange);
+	// in a cluster the kubelet restarts it, and so does this.
+	const tries = 3
+	for try := 1; ; try++ {
+		p, err := b.VM.Start(ctx, argv...)
+		if err != nil {
+			return nil, err
+		}
+		k := &KubeProxy{bed: b, proc: p}
+		start := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		err = k.waitSynced(wctx)
+		cancel()
+		if err == nil {
+			o.Log("kube-proxy synced %v after its start", time.Since(start).Round(time.Millisecond))
+			return k, nil
+		}
+		exited, _, _ := p.Exited(ctx)
 		_ = p.Kill()
+		if exited && try < tries && ctx.Err() == nil {
+			o.Log("kube-proxy exited before its first sync (%v); starting it again, as a kubelet would:\n%s", err, tail(p.Output(), 3000))
+			continue
+		}
 		return nil, fmt.Errorf("kubeproxy: no first sync: %w\n%s", err, tail(p.Output(), 6000))
 	}
-	o.Log("kube-proxy synced %v after its start", time.Since(start).Round(time.Millisecond))
-	return k, nil
 }
 
 // install copies kube-proxy into the VM unless it is there already (a
