@@ -12,7 +12,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build image test checks bed unit e2e lint demo bench clean
+.PHONY: all build image test checks bed unit e2e lint demo bench clean fuzz
 
 all: build
 
@@ -42,10 +42,21 @@ test:
 	$(MAKE) --no-print-directory -j2 bed checks
 	$(MAKE) --no-print-directory e2e
 
-# lint, unit tests, and a build of the e2e test binaries (they run none).
+# lint, unit tests (the fuzz seed corpora among them), a bounded fuzz run,
+# and a build of the e2e test binaries (they run none).
 checks: lint
 	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory fuzz FUZZTIME=5s
 	$(GO) test -count=1 -run '^$$' ./e2e/... >/dev/null
+
+# Each fuzz target for FUZZTIME (one -fuzz target per go test run).
+FUZZTIME ?= 30s
+FUZZ_TARGETS := FuzzBuild:./proxier/model FuzzSchedulerAnnotations:./scheduler
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t%%:*} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZTIME) $${t#*:} || exit 1; \
+	done
 
 bed:
 	$(GO) run ./e2e/prepare
