@@ -1,0 +1,205 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+)
+
+// configFuzzSeeds are config files for both fuzz tests.
+var configFuzzSeeds = []string{
+	"",
+	"# nothing set\n",
+	"kubeconfig: /etc/ipvs-proxy/kubeconfig\nscheduler: sh\nschedulerFlags: sh-port\nsyncPeriod: 1m\nminSyncPeriod: 250ms\n" +
+		"tcpTimeout: 15m\nnodePortAddresses: [10.0.0.0/8, \"192.168.0.0/16\"]\nmasqueradeAll: true\nipFamilies: [IPv4]\n",
+	"excludeCIDRs: 10.1.0.0/16, 10.2.0.0/16\nclusterCIDRs: [10.244.0.0/16, 'fd00:10:244::/56']\nstrictARP: yes\n",
+	"scheduler: null\nsyncPeriod: ~\nlogLevel: debug\nlogFormat: console\niptablesBackend: nft\n",
+	"nodePortRange: 5-2\nmetricsBindAddress: localhost\nhealthzBindAddress: ''\ninterface: a-very-long-interface-name\n",
+	"minSyncPeriod: 1m\nsyncPeriod: 10s\nudpTimeout: 500ms\ntcpFinTimeout: -1s\n",
+	"schedular: rr\nsyncPeriod: 30\nmasqueradeAll: sometimes\nipFamilies: [4, 6]\n",
+	"- scheduler: rr\n",
+	"scheduler: rr\nscheduler: wrr\n",
+	"{scheduler: mh, schedulerFlags: 'mh-port,mh-fallback', hostnameOverride: Node-1, ipFamilies: IPv6}\n",
+	"base: &b {scheduler: rr}\n<<: *b\n",
+	"hostnameOverride: \"n\\x7f\\u0085\\t\\u2028\\U0001F600\\0\"\nkubeconfig: \"\\xff\"\ninterface: \" eth0\"\n",
+	"{\"scheduler\": \"wlc\", \"ipFamilies\": [\"IPv4\", null], \"syncPeriod\": \" 1h \", \"tcpTimeout\": \"0\"}",
+}
+
+// FuzzConfigFile: whatever the config file holds, decoding does not panic;
+// the options resolve to an error that names the file or to options that
+// validate and are what decodeConfig read; and options that decode, written
+// back as YAML under their json names, decode to the same options.
+func FuzzConfigFile(f *testing.F) {
+	for _, s := range configFuzzSeeds {
+		f.Add([]byte(s))
+	}
+	path := filepath.Join(f.TempDir(), "config.yaml")
+	f.Fuzz(func(t *testing.T, data []byte) {
+		decoded := defaultOptions()
+		keys, decodeErr := decodeConfig(data, &decoded)
+
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		of := newOptionFlags(fs)
+		if err := fs.Parse([]string{"--config", path}); err != nil {
+			t.Fatal(err)
+		}
+		resolved, err := of.resolve()
+		switch {
+		case err != nil:
+			// No flag was given: the file alone is to blame, by its name.
+			if !strings.HasPrefix(err.Error(), "config file "+path+": ") {
+				t.Fatalf("the error does not start with the file's name: %v", err)
+			}
+		case decodeErr != nil:
+			t.Fatalf("decodeConfig failed (%v) but the options resolved", decodeErr)
+		case !cmp.Equal(*resolved, decoded):
+			t.Fatalf("resolved options differ from the decoded ones (-decoded +resolved):\n%s", cmp.Diff(decoded, *resolved))
+		default:
+			if err := resolved.validate(); err != nil {
+				t.Fatalf("resolved options do not validate: %v", err)
+			}
+		}
+		if decodeErr != nil {
+			return
+		}
+
+		fields := configFields()
+		if !slices.IsSorted(keys) || len(slices.Compact(slices.Clone(keys))) != len(keys) {
+			t.Fatalf("keys %q are not sorted and unique", keys)
+		}
+		for _, k := range keys {
+			if _, ok := fields[k]; !ok {
+				t.Fatalf("decoded an unknown key %q", k)
+			}
+		}
+
+		// Written back as block YAML and as JSON (flow YAML). A file may
+		// hold control characters U+007F to U+009F in double quotes, but
+		// YAML allows them only escaped: the YAML emitter refuses them
+		// and encoding/json writes them raw, so the JSON escapes them.
+		m := configAsMap(decoded)
+		asJSON, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		asJSON = escapeC1(asJSON)
+		outs := [][]byte{asJSON}
+		if asYAML, err := yaml.Marshal(m); err == nil {
+			outs = append(outs, asYAML)
+		}
+		for _, out := range outs {
+			again := defaultOptions()
+			if _, err := decodeConfig(out, &again); err != nil {
+				t.Fatalf("options written back do not decode: %v\n%s", err, out)
+			}
+			if diff := cmp.Diff(decoded, again, cmpopts.EquateEmpty()); diff != "" {
+				t.Fatalf("options written back decode differently (-first +again):\n%s\n%s", diff, out)
+			}
+		}
+	})
+}
+
+// escapeC1 writes the control characters U+007F to U+009F of JSON text as
+// \u escapes (they only occur inside strings).
+func escapeC1(j []byte) []byte {
+	var b strings.Builder
+	for _, r := range string(j) {
+		if r >= 0x7f && r <= 0x9f {
+			fmt.Fprintf(&b, "\\u%04x", r)
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return []byte(b.String())
+}
+
+// configAsMap is the options as a config file writes them: every field
+// under its json name, durations as strings such as "1m30s".
+func configAsMap(o options) map[string]any {
+	v := reflect.ValueOf(o)
+	out := map[string]any{}
+	for name, f := range configFields() {
+		fv := v.Field(f.index)
+		switch {
+		case fv.Type() == durationType:
+			out[name] = fv.Interface().(interface{ String() string }).String()
+		case fv.Kind() == reflect.Slice && fv.IsNil():
+			out[name] = []string{}
+		default:
+			out[name] = fv.Interface()
+		}
+	}
+	return out
+}
+
+// FuzzFlags: whatever the command line of `ipvs-proxy run` holds (one
+// argument a line; "@CONFIG" stands for a config file with the second
+// input), parsing does not panic and the options resolve to an error or to
+// options that validate, in which every flag given has its value.
+func FuzzFlags(f *testing.F) {
+	f.Add("", []byte(nil))
+	f.Add("--scheduler\nsh\n--scheduler-flags=sh-port,sh-fallback\n--sync-period\n10s", []byte(nil))
+	f.Add("--config\n@CONFIG\n--scheduler\nlc\n--nodeport-addresses\n192.168.0.0/16,172.16.0.0/12\n--masquerade-all=false",
+		[]byte("scheduler: wrr\nsyncPeriod: 1m\nnodePortAddresses: [10.0.0.0/8]\nmasqueradeAll: true\n"))
+	f.Add("--config=@CONFIG\n--min-sync-period\n5s", []byte("syncPeriod: 2s\n"))
+	f.Add("--config\n@CONFIG\n--scheduler\nsed", []byte("scheduler: nope\n"))
+	f.Add("--exclude-cidrs\n10.0.0.0/8\n--exclude-cidrs=fd00::/8\n--ip-families\nipv6\n--strict-arp\n--ipvs-udp-timeout\n0", []byte(nil))
+	f.Add("--log-level=debug\n--log-format\nconsole\n--iptables-backend\nlegacy\n--healthz-bind-address=\n--interface\neth0", []byte(nil))
+	f.Add("--service-node-port-range\n1-65535\n--hostname-override\nNODE\n--cluster-cidr\n10.244.0.0/16\n--\nextra", []byte(nil))
+	f.Add("-h\n--unknown\n--sync-period\nsoon\n--masquerade-all=maybe\n--scheduler", []byte(nil))
+	path := filepath.Join(f.TempDir(), "config.yaml")
+	f.Fuzz(func(t *testing.T, args string, file []byte) {
+		var argv []string
+		if args != "" {
+			argv = strings.Split(args, "\n")
+		}
+		for i := range argv {
+			argv[i] = strings.ReplaceAll(argv[i], "@CONFIG", path)
+		}
+		if err := os.WriteFile(path, file, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		of := newOptionFlags(fs)
+		if err := fs.Parse(argv); err != nil {
+			return
+		}
+		o, err := of.resolve()
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("an empty error")
+			}
+			return
+		}
+		if err := o.validate(); err != nil {
+			t.Fatalf("resolved options do not validate: %v", err)
+		}
+		if of.configFile == "" && !cmp.Equal(*o, of.opts) {
+			t.Fatalf("without a config file the options are not the flags' (-flags +resolved):\n%s", cmp.Diff(of.opts, *o))
+		}
+		// Every option flag given wins over the file.
+		probe := pflag.NewFlagSet("probe", pflag.ContinueOnError)
+		got := *o
+		got.addFlags(probe)
+		fs.Visit(func(fl *pflag.Flag) {
+			if p := probe.Lookup(fl.Name); p != nil && p.Value.String() != fl.Value.String() {
+				t.Errorf("--%s=%s was given but the options hold %s", fl.Name, fl.Value, p.Value)
+			}
+		})
+	})
+}
