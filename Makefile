@@ -51,7 +51,8 @@ checks: lint
 
 # Each fuzz target for FUZZTIME (one -fuzz target per go test run).
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzBuild:./proxier/model FuzzSchedulerAnnotations:./scheduler
+FUZZ_TARGETS := FuzzBuild:./proxier/model FuzzSchedulerAnnotations:./scheduler \
+	FuzzConfigFile:./cmd/ipvs-proxy FuzzFlags:./cmd/ipvs-proxy
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} for $(FUZZTIME)"; \

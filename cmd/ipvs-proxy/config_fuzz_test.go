@@ -38,7 +38,7 @@ var configFuzzSeeds = []string{
 
 // FuzzConfigFile: whatever the config file holds, decoding does not panic;
 // the options resolve to an error that names the file or to options that
-// validate and are what decodeConfig read; and options that decode, written
+// validate and are what decodeConfigFile read; and options that decode, written
 // back as YAML under their json names, decode to the same options.
 func FuzzConfigFile(f *testing.F) {
 	for _, s := range configFuzzSeeds {
@@ -46,8 +46,8 @@ func FuzzConfigFile(f *testing.F) {
 	}
 	path := filepath.Join(f.TempDir(), "config.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		decoded := defaultOptions()
-		keys, decodeErr := decodeConfig(data, &decoded)
+		cf, decodeErr := decodeConfigFile(data)
+		decoded, keys := cf.opts, cf.keys
 
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
@@ -57,7 +57,7 @@ func FuzzConfigFile(f *testing.F) {
 		if err := fs.Parse([]string{"--config", path}); err != nil {
 			t.Fatal(err)
 		}
-		resolved, err := of.resolve()
+		resolved, _, err := of.resolve()
 		switch {
 		case err != nil:
 			// No flag was given: the file alone is to blame, by its name.
@@ -65,7 +65,7 @@ func FuzzConfigFile(f *testing.F) {
 				t.Fatalf("the error does not start with the file's name: %v", err)
 			}
 		case decodeErr != nil:
-			t.Fatalf("decodeConfig failed (%v) but the options resolved", decodeErr)
+			t.Fatalf("decodeConfigFile failed (%v) but the options resolved", decodeErr)
 		case !cmp.Equal(*resolved, decoded):
 			t.Fatalf("resolved options differ from the decoded ones (-decoded +resolved):\n%s", cmp.Diff(decoded, *resolved))
 		default:
@@ -102,8 +102,9 @@ func FuzzConfigFile(f *testing.F) {
 			outs = append(outs, asYAML)
 		}
 		for _, out := range outs {
-			again := defaultOptions()
-			if _, err := decodeConfig(out, &again); err != nil {
+			back, err := decodeConfigFile(out)
+			again := back.opts
+			if err != nil {
 				t.Fatalf("options written back do not decode: %v\n%s", err, out)
 			}
 			if diff := cmp.Diff(decoded, again, cmpopts.EquateEmpty()); diff != "" {
@@ -179,7 +180,7 @@ func FuzzFlags(f *testing.F) {
 		if err := fs.Parse(argv); err != nil {
 			return
 		}
-		o, err := of.resolve()
+		o, _, err := of.resolve()
 		if err != nil {
 			if err.Error() == "" {
 				t.Fatal("an empty error")
