@@ -370,20 +370,45 @@ func checkFuzzPlan(t *testing.T, w *fuzzWorld, svc *corev1.Service, plan *model.
 		t.Fatalf("%s %s (%s): %s", plan.Service, vs.VSKey, vs.Kind, fmt.Sprintf(format, args...))
 	}
 	nodeAddrs := w.nodeAddrs()
-	// Every endpoint address of a slice of its family (a real server must
-	// be one of them).
-	endpoints := map[netip.Addr]bool{}
+	// Every endpoint address of a slice of its family, and what some copy
+	// of it is: a real server must be one of them.
+	type endpointInfo struct{ usable, draining, onNode bool }
+	endpoints := map[netip.Addr]endpointInfo{}
 	for _, s := range w.slices {
 		for _, e := range s.Endpoints {
 			if len(e.Addresses) == 0 {
 				continue
 			}
 			a := fuzzParseAddr(e.Addresses[0])
-			if (a.Is4() && s.AddressType == discoveryv1.AddressTypeIPv4) || (a.Is6() && s.AddressType == discoveryv1.AddressTypeIPv6) {
-				endpoints[a] = true
+			if !(a.Is4() && s.AddressType == discoveryv1.AddressTypeIPv4) && !(a.Is6() && s.AddressType == discoveryv1.AddressTypeIPv6) {
+				continue
 			}
+			c := e.Conditions
+			ready, serving, terminating := c.Ready == nil || *c.Ready, c.Serving == nil || *c.Serving, c.Terminating != nil && *c.Terminating
+			info := endpoints[a]
+			info.usable = info.usable || ready || (serving && terminating)
+			info.draining = info.draining || (serving && terminating)
+			info.onNode = info.onNode || (w.node.Name != "" && e.NodeName != nil && *e.NodeName == w.node.Name)
+			endpoints[a] = info
 		}
 	}
+	// The Service's families (a superset: from ipFamilies and every
+	// cluster IP that looks like an address).
+	families := map[bool]bool{} // by Is4
+	for _, f := range svc.Spec.IPFamilies {
+		switch f {
+		case corev1.IPv4Protocol:
+			families[true] = true
+		case corev1.IPv6Protocol:
+			families[false] = true
+		}
+	}
+	for _, ip := range append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...) {
+		if a := fuzzParseAddr(ip); a.IsValid() {
+			families[a.Is4()] = true
+		}
+	}
+	localAddrs := map[netip.Addr]bool{}
 	def := w.cfg.Scheduler.Name
 	if def == "" {
 		def = scheduler.Default
@@ -416,8 +441,8 @@ func checkFuzzPlan(t *testing.T, w *fuzzWorld, svc *corev1.Service, plan *model.
 			fail(vs, "flags %#x with timeout %d", vs.Flags, vs.Timeout)
 		case len(vs.SourceRanges) > 0 && vs.Kind != model.KindLoadBalancer:
 			fail(vs, "source ranges on a %s", vs.Kind)
-		case vs.Local && w.node.Name == "" && len(vs.RealServers) > 0:
-			fail(vs, "local real servers on a node without a name")
+		case !families[a.Is4()]:
+			fail(vs, "an address of a family the Service does not have")
 		}
 		for j, rs := range vs.RealServers {
 			switch {
@@ -427,10 +452,25 @@ func checkFuzzPlan(t *testing.T, w *fuzzWorld, svc *corev1.Service, plan *model.
 				fail(vs, "real server %s is not a plain unicast address of the virtual server's family", rs)
 			case rs.Port == 0 || (rs.Weight != 0 && rs.Weight != 1):
 				fail(vs, "real server %s: port 0 or a weight other than 0 and 1", rs)
-			case !endpoints[rs.Address]:
+			}
+			info, ok := endpoints[rs.Address]
+			switch {
+			case !ok:
 				fail(vs, "real server %s is no endpoint of a slice of its family", rs)
+			case rs.Weight == 1 && !info.usable:
+				fail(vs, "real server %s serves but its endpoint is neither ready nor serving and terminating", rs)
+			case rs.Weight == 0 && !info.draining:
+				fail(vs, "real server %s drains but its endpoint is not serving and terminating", rs)
+			case vs.Local && !info.onNode:
+				fail(vs, "real server %s of a Local traffic policy is not on node %q", rs, w.node.Name)
+			}
+			if vs.Local && vs.Kind.External() && rs.Weight == 1 {
+				localAddrs[rs.Address] = true
 			}
 		}
+	}
+	if plan.LocalEndpoints != len(localAddrs) {
+		t.Fatalf("LocalEndpoints %d, but %d endpoint addresses serve external traffic with a Local policy", plan.LocalEndpoints, len(localAddrs))
 	}
 	if plan.HealthCheckNodePort != 0 && svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal {
 		t.Fatalf("health check node port %d without externalTrafficPolicy Local", plan.HealthCheckNodePort)
