@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -87,18 +88,23 @@ func FuzzConfigFile(f *testing.F) {
 			}
 		}
 
-		// Written back as block YAML and as JSON (flow YAML). A file may
+		// Written back as JSON (flow YAML) and as block YAML. A file may
 		// hold control characters U+007F to U+009F in double quotes, but
-		// YAML allows them only escaped: the YAML emitter refuses them
-		// and encoding/json writes them raw, so the JSON escapes them.
+		// YAML allows them only escaped, and encoding/json writes them
+		// raw: yaml.Marshal, which goes through JSON, refuses most and
+		// turns NEL (U+0085) into a line break. So the JSON escapes them,
+		// and block YAML is checked only without them.
 		m := configAsMap(decoded)
 		asJSON, err := json.Marshal(m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		asJSON = escapeC1(asJSON)
-		outs := [][]byte{asJSON}
-		if asYAML, err := yaml.Marshal(m); err == nil {
+		outs := [][]byte{escapeC1(asJSON)}
+		if !bytes.ContainsFunc(asJSON, isC1) {
+			asYAML, err := yaml.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
 			outs = append(outs, asYAML)
 		}
 		for _, out := range outs {
@@ -114,12 +120,14 @@ func FuzzConfigFile(f *testing.F) {
 	})
 }
 
+func isC1(r rune) bool { return r >= 0x7f && r <= 0x9f }
+
 // escapeC1 writes the control characters U+007F to U+009F of JSON text as
 // \u escapes (they only occur inside strings).
 func escapeC1(j []byte) []byte {
 	var b strings.Builder
 	for _, r := range string(j) {
-		if r >= 0x7f && r <= 0x9f {
+		if isC1(r) {
 			fmt.Fprintf(&b, "\\u%04x", r)
 		} else {
 			b.WriteRune(r)
