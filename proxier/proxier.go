@@ -680,7 +680,7 @@ func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
 	// kernel read applied nothing.
 	if !st.ReadFailed {
 		for n, at := range p.changes {
-			if _, failing := p.rec.retrying[n]; failing {
+			if p.rec.Failing(n) {
 				continue
 			}
 			p.metrics.ProgrammingLatency.Observe(now.Sub(at).Seconds())

@@ -1,11 +1,13 @@
 package proxier
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -267,19 +269,7 @@ func (r *Reconciler) ConflictChanges() []types.NamespacedName {
 }
 
 func compareNames(a, b types.NamespacedName) int {
-	if a.Namespace != b.Namespace {
-		if a.Namespace < b.Namespace {
-			return -1
-		}
-		return 1
-	}
-	switch {
-	case a.Name < b.Name:
-		return -1
-	case a.Name > b.Name:
-		return 1
-	}
-	return 0
+	return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 }
 
 // Status returns a Service's status.
@@ -293,15 +283,11 @@ func (r *Reconciler) Status(name types.NamespacedName) (ServiceStatus, bool) {
 	return out, true
 }
 
-// Statuses returns every Service's status, sorted by name.
-func (r *Reconciler) Statuses() []ServiceStatus {
-	out := make([]ServiceStatus, 0, len(r.status))
-	for n := range r.status {
-		st, _ := r.Status(n)
-		out = append(out, st)
-	}
-	slices.SortFunc(out, func(a, b ServiceStatus) int { return compareNames(a.Service, b.Service) })
-	return out
+// Failing reports whether a Service's last attempt failed (it waits for a
+// retry).
+func (r *Reconciler) Failing(name types.NamespacedName) bool {
+	_, ok := r.retrying[name]
+	return ok
 }
 
 // Problems returns the status of every Service that is failing or lost a
@@ -326,15 +312,6 @@ func (r *Reconciler) Problems() []ServiceStatus {
 
 // Counts returns the numbers of virtual and real servers the plans want.
 func (r *Reconciler) Counts() (virtualServers, realServers int) { return r.vsCount, r.rsCount }
-
-// Plan returns the desired plan of a Service.
-func (r *Reconciler) Plan(name types.NamespacedName) (model.ServicePlan, bool) {
-	p, ok := r.plans[name]
-	if !ok {
-		return model.ServicePlan{}, false
-	}
-	return *p, true
-}
 
 // FullDue reports whether the next sync must be full: no full sync has
 // succeeded yet, or a failed kernel read's retry is due.
@@ -561,52 +538,72 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
 		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
 	}
-	boundList, err := r.links.ListAddresses(r.own.Interface)
+	k, _, reads, err := ReadKernel(r.ipvs, r.links, r.own, func(key model.VSKey) bool { return len(r.claims[key]) > 0 })
+	st.Reads += reads
 	if err != nil {
-		return fmt.Errorf("list addresses of %s: %w", r.own.Interface, err)
+		return err
 	}
-	nodeAddrs, err := r.links.NodeAddresses(r.own.Interface)
-	if err != nil {
-		return fmt.Errorf("list node addresses: %w", err)
-	}
-	vss, err := r.ipvs.ListVirtualServers()
-	if err != nil {
-		return fmt.Errorf("list IPVS services: %w", err)
-	}
-	st.Reads += 4
-	bound := map[netip.Addr]bool{}
-	var boundOwned []netip.Addr
-	for _, a := range boundList {
-		// The kernel's own link-local address of the interface is not ours.
-		if !r.own.Excluded(a) && !a.IsLinkLocalUnicast() {
-			bound[a] = true
-			boundOwned = append(boundOwned, a)
+	r.kernel = k
+	return nil
+}
+
+// ReadKernel reads the part of the kernel that the ownership rule gives
+// ipvs-proxy, by one dump of the virtual servers and of the addresses of
+// its interface (and of the one it adopts): the owned virtual servers and
+// the addresses bound to its interface. wanted tells the virtual servers
+// that a Service wants, which are owned wherever they are. It returns the
+// view, the number of virtual servers left to others and the reads made.
+// Real servers are not read. The reconciler and `ipvs-proxy status` read
+// the kernel through it, so they own the same things.
+func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int, int, error) {
+	reads := 0
+	addresses := func(link string) ([]netip.Addr, error) {
+		reads++
+		all, err := links.ListAddresses(link)
+		if err != nil {
+			return nil, fmt.Errorf("list addresses of %s: %w", link, err)
 		}
+		// The kernel's own link-local address of the interface is not ours.
+		return slices.DeleteFunc(all, func(a netip.Addr) bool { return own.Excluded(a) || a.IsLinkLocalUnicast() }), nil
+	}
+	bound, err := addresses(own.Interface)
+	if err != nil {
+		return nil, 0, reads, err
+	}
+	owned := map[netip.Addr]bool{}
+	for _, a := range bound {
+		owned[a] = true
+	}
+	if own.Adopt != "" {
+		adopted, err := addresses(own.Adopt)
+		if err != nil {
+			return nil, 0, reads, err
+		}
+		for _, a := range adopted {
+			owned[a] = true // owned, though not (yet) on our interface
+		}
+	}
+	reads++
+	nodeAddrs, err := links.NodeAddresses(own.Interface)
+	if err != nil {
+		return nil, 0, reads, fmt.Errorf("list node addresses: %w", err)
 	}
 	node := map[netip.Addr]bool{}
 	for _, a := range nodeAddrs {
 		node[a] = true
 	}
-	if r.own.Adopt != "" {
-		adopted, err := r.links.ListAddresses(r.own.Adopt)
-		if err != nil {
-			return fmt.Errorf("list addresses of %s: %w", r.own.Adopt, err)
-		}
-		st.Reads++
-		for _, a := range adopted {
-			if !r.own.Excluded(a) && !a.IsLinkLocalUnicast() {
-				bound[a] = true // owned, though not (yet) on our interface
-			}
-		}
+	reads++
+	vss, err := ipvs.ListVirtualServers()
+	if err != nil {
+		return nil, 0, reads, fmt.Errorf("list IPVS services: %w", err)
 	}
-	owned := vss[:0]
+	mine := vss[:0]
 	for _, vs := range vss {
-		if r.own.Owns(vs.VSKey, bound[vs.Address], node[vs.Address]) || len(r.claims[vs.VSKey]) > 0 {
-			owned = append(owned, vs)
+		if own.Owns(vs.VSKey, owned[vs.Address], node[vs.Address]) || wanted(vs.VSKey) {
+			mine = append(mine, vs)
 		}
 	}
-	r.kernel = model.NewKernel(owned, boundOwned)
-	return nil
+	return model.NewKernel(mine, bound), len(vss) - len(mine), reads, nil
 }
 
 // apply makes the writes of ops, keeping the view of the kernel current. A

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
+	"maps"
 	"slices"
 	"strings"
 
@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
@@ -160,35 +161,18 @@ func cleanupNetfilter(ctx context.Context, chains glue.ChainOwner, sets ipset.Ow
 }
 
 // cleanupVirtualServers deletes the virtual servers that the Ownership rule
-// gives to own's interface: the same rule as the reconciler's.
+// gives to own's interface: the reconciler's rule, read the same way.
 func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership) (int, error) {
-	bound := map[netip.Addr]bool{}
-	addrs, err := links.ListAddresses(own.Interface)
+	k, _, _, err := proxier.ReadKernel(ipvs, links, own, func(model.VSKey) bool { return false })
 	if err != nil {
 		return 0, err
 	}
-	for _, a := range addrs {
-		if !a.IsLinkLocalUnicast() {
-			bound[a] = true
-		}
-	}
-	nodeAddrs, err := links.NodeAddresses(own.Interface)
-	if err != nil {
-		return 0, err
-	}
-	vss, err := ipvs.ListVirtualServers()
-	if err != nil {
-		return 0, err
-	}
-	slices.SortFunc(vss, func(a, b model.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
+	keys := slices.SortedFunc(maps.Keys(k.VirtualServers), model.VSKey.Compare)
 	var errs []error
 	n := 0
-	for _, vs := range vss {
-		if !own.Owns(vs.VSKey, bound[vs.Address], slices.Contains(nodeAddrs, vs.Address)) {
-			continue
-		}
-		if err := ipvs.DeleteVirtualServer(vs.VSKey); err != nil {
-			errs = append(errs, fmt.Errorf("delete virtual server %s: %w", vs.VSKey, err))
+	for _, key := range keys {
+		if err := ipvs.DeleteVirtualServer(key); err != nil {
+			errs = append(errs, fmt.Errorf("delete virtual server %s: %w", key, err))
 			continue
 		}
 		n++

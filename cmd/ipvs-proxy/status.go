@@ -342,54 +342,26 @@ func servicePortLabel(svc *corev1.Service, portName string) string {
 	return "?"
 }
 
-// readOwnedKernel reads the part of the kernel that ipvs-proxy owns (by
-// run's rule, given what is wanted), with every owned virtual server's
-// real servers, and counts the others' virtual servers.
-func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links, want model.Desired) (*model.Kernel, []netip.Addr, int, error) {
+// readOwnedKernel reads, by run's rule (proxier.ReadKernel), the part of
+// the kernel ipvs-proxy owns given what is wanted, with every owned virtual
+// server's real servers, and counts the others' virtual servers.
+func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links, want model.Desired) (*model.Kernel, int, error) {
 	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
-	boundList, err := links.ListAddresses(cfg.Interface)
+	k, others, _, err := proxier.ReadKernel(ipvs, links, own, func(key model.VSKey) bool {
+		_, ok := want.VirtualServers[key]
+		return ok
+	})
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("read the kernel: %w", err)
+		return nil, 0, fmt.Errorf("read the kernel: %w", err)
 	}
-	bound := map[netip.Addr]bool{}
-	var boundOwned []netip.Addr
-	for _, a := range boundList {
-		if !own.Excluded(a) && !a.IsLinkLocalUnicast() { // the kernel's own, not ipvs-proxy's
-			bound[a] = true
-			boundOwned = append(boundOwned, a)
-		}
-	}
-	nodeAddrs, err := links.NodeAddresses(cfg.Interface)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("read the kernel: %w", err)
-	}
-	node := map[netip.Addr]bool{}
-	for _, a := range nodeAddrs {
-		node[a] = true
-	}
-	vss, err := ipvs.ListVirtualServers()
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("read the kernel: %w", err)
-	}
-	var owned []model.VirtualServer
-	others := 0
-	for _, vs := range vss {
-		_, wanted := want.VirtualServers[vs.VSKey]
-		if own.Owns(vs.VSKey, bound[vs.Address], node[vs.Address]) || wanted {
-			owned = append(owned, vs)
-		} else {
-			others++
-		}
-	}
-	k := model.NewKernel(owned, boundOwned)
-	for _, vs := range owned {
-		rss, err := ipvs.ListRealServers(vs.VSKey)
+	for key := range k.VirtualServers {
+		rss, err := ipvs.ListRealServers(key)
 		if err != nil {
-			return nil, nil, 0, fmt.Errorf("read the kernel: %w", err)
+			return nil, 0, fmt.Errorf("read the kernel: %w", err)
 		}
-		k.RealServers[vs.VSKey] = rss
+		k.RealServers[key] = rss
 	}
-	return k, nodeAddrs, others, nil
+	return k, others, nil
 }
 
 // collectStatus reads the kernel and, with a client, the Services, and
@@ -420,7 +392,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 		rep.API.Available, rep.DriftKnown = true, true
 		rep.Drift = []statusDrift{}
 	}
-	kernel, _, others, err := readOwnedKernel(cfg, ipvs, links, want)
+	kernel, others, err := readOwnedKernel(cfg, ipvs, links, want)
 	if err != nil {
 		return rep, err
 	}
