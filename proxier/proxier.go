@@ -359,7 +359,9 @@ func (p *Proxier) Run(ctx context.Context) error {
 	notOurs := func(o *metav1.ListOptions) {
 		o.LabelSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(notOurs))
+	// model.Trim keeps in the caches only what the agent reads.
+	f := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(notOurs),
+		informers.WithTransform(model.Trim))
 	svcReg, err := f.Core().V1().Services().Informer().AddEventHandler(handler(p.onService))
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
@@ -370,7 +372,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	}
 	nf := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.cfg.NodeName).String()
-	}))
+	}), informers.WithTransform(model.Trim))
 	nodeReg, err := nf.Core().V1().Nodes().Informer().AddEventHandler(handler(p.onNode))
 	if err != nil {
 		return fmt.Errorf("watch node: %w", err)
