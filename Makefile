@@ -12,7 +12,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build image test checks bed unit e2e lint demo bench clean fuzz
+.PHONY: all build image test checks bed unit e2e lint demo bench bench-go clean fuzz
 
 all: build
 
@@ -47,6 +47,7 @@ test:
 checks: lint
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory fuzz FUZZTIME=5s
+	$(MAKE) --no-print-directory bench-go BENCH_GO_SIZES='1000' BENCH_GO_TIME=1x
 	$(GO) test -count=1 -run '^$$' ./e2e/... >/dev/null
 
 # Each fuzz target for FUZZTIME (one -fuzz target per go test run).
@@ -72,6 +73,14 @@ demo:
 # Figures at 1,000 and 10,000 Services in the bed (not a test: it prints).
 bench:
 	$(GO) run ./e2e/bench $(BENCH_ARGS)
+
+# Growth of the agent's own work (build + reconcile against the fake
+# kernel) at 1k, 10k and 100k Services: time and allocations per Service,
+# and one change, which must stay flat. CI runs the 1k size once.
+BENCH_GO_SIZES ?= 1000|10000|100000
+BENCH_GO_TIME ?= 3x
+bench-go:
+	$(GO) test -run '^$$' -bench 'Growth.*/services=($(BENCH_GO_SIZES))$$' -benchtime $(BENCH_GO_TIME) ./proxier/
 
 clean:
 	rm -rf bin

@@ -512,7 +512,10 @@ func (p *Proxier) snapshot(full bool) (syncInputs, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	rebuild := p.rebuild || full
+	// A full sync re-reads the kernel, not the plans: they change only
+	// with their inputs (events, the node's addresses and zone, the
+	// schedulers the kernel refused), which set rebuild.
+	rebuild := p.rebuild
 	p.rebuild = false
 	in := syncInputs{full: full, changed: p.dirty,
 		node: model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs}}
@@ -681,12 +684,16 @@ func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
 	// A change is programmed once its Service is not failing; a failed
 	// kernel read applied nothing.
 	if !st.ReadFailed {
+		held := len(p.changes)
 		for n, at := range p.changes {
 			if p.rec.Failing(n) {
 				continue
 			}
 			p.metrics.ProgrammingLatency.Observe(now.Sub(at).Seconds())
 			delete(p.changes, n)
+		}
+		if len(p.changes) == 0 && held > 64 { // a map keeps its largest size: see emptied
+			p.changes = map[types.NamespacedName]time.Time{}
 		}
 	}
 

@@ -263,9 +263,22 @@ func (r *Reconciler) ConflictChanges() []types.NamespacedName {
 			delete(r.conflicted, n)
 		}
 	}
-	clear(r.conflictChanged)
+	r.conflictChanged = emptied(r.conflictChanged)
 	slices.SortFunc(out, compareNames)
 	return out
+}
+
+// emptied returns m empty: cleared in place when it is small, a new map
+// when it held many entries. Go's maps never shrink, and clearing or
+// iterating one costs its size at its largest: a set that held every
+// Service once (a full sync) would make every later partial sync cost
+// that much.
+func emptied[K comparable, V any](m map[K]V) map[K]V {
+	if len(m) > 64 {
+		return make(map[K]V)
+	}
+	clear(m)
+	return m
 }
 
 func compareNames(a, b types.NamespacedName) int {
@@ -423,8 +436,8 @@ func (r *Reconciler) scope(full bool, now time.Time) ([]model.VSKey, []netip.Add
 		for a := range r.kernel.Bound {
 			addrSet[a] = true
 		}
-		clear(r.orphanKeys)
-		clear(r.orphanAddrs)
+		r.orphanKeys = emptied(r.orphanKeys)
+		r.orphanAddrs = emptied(r.orphanAddrs)
 	} else {
 		for n := range r.dirtyServices {
 			services[n] = true
@@ -452,13 +465,13 @@ func (r *Reconciler) scope(full bool, now time.Time) ([]model.VSKey, []netip.Add
 			for a := range r.orphanAddrs {
 				addrSet[a] = true
 			}
-			clear(r.orphanKeys)
-			clear(r.orphanAddrs)
+			r.orphanKeys = emptied(r.orphanKeys)
+			r.orphanAddrs = emptied(r.orphanAddrs)
 		}
 	}
-	clear(r.dirtyKeys)
-	clear(r.dirtyAddrs)
-	clear(r.dirtyServices)
+	r.dirtyKeys = emptied(r.dirtyKeys)
+	r.dirtyAddrs = emptied(r.dirtyAddrs)
+	r.dirtyServices = emptied(r.dirtyServices)
 	// The holder answers for what happens to its virtual servers; a
 	// failing one comes whole, so that its status says all of it.
 	var whole []types.NamespacedName
