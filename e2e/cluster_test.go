@@ -87,7 +87,7 @@ func TestClusterNode(t *testing.T) {
 	}
 
 	// exec through the apiserver (and its egress into the VM).
-	out, err := podExec(ctx, c, ns, "client", "/vmagent", "http", "--timeout", "2s", "http://127.0.0.1:1/")
+	out, err := podExec(ctx, t, c, ns, "client", contains("refused"), "/vmagent", "http", "--timeout", "2s", "http://127.0.0.1:1/")
 	if err == nil || !strings.Contains(out, "refused") {
 		t.Errorf("exec in pod client: %q, %v; want the agent's connection-refused error", out, err)
 	} else {
@@ -129,7 +129,7 @@ func TestClusterNode(t *testing.T) {
 		out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", vip)
 		return err == nil && strings.Contains(out, pods["server"].Status.PodIP+":8080"), out + fmt.Sprint(err)
 	})
-	out, err = podExec(ctx, c, ns, "client", "/vmagent", "hit", "--proto", "tcp", "--addr", vip, "--n", "3")
+	out, err = podExec(ctx, t, c, ns, "client", func(s string) bool { return json.Valid([]byte(s)) }, "/vmagent", "hit", "--proto", "tcp", "--addr", vip, "--n", "3")
 	if err != nil {
 		t.Fatalf("hit %s from pod client: %v: %s", vip, err, out)
 	}
@@ -145,7 +145,7 @@ func TestClusterNode(t *testing.T) {
 
 	// The `kubernetes` Service from a pod, verified with the pod's
 	// service-account CA.
-	out, err = podExec(ctx, c, ns, "client", "/vmagent", "http", "--cacert", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+	out, err = podExec(ctx, t, c, ns, "client", contains("v1.36.3"), "/vmagent", "http", "--cacert", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
 		"https://"+cluster.KubernetesIP+"/version")
 	if err != nil || !strings.Contains(out, `"status":200`) || !strings.Contains(out, "v1.36.3") {
 		t.Errorf("pod client -> https://%s/version: %q, %v", cluster.KubernetesIP, out, err)
@@ -192,8 +192,30 @@ func podSummary(p *corev1.Pod) string {
 }
 
 // podExec runs argv in the pod's first container through the apiserver's
-// exec subresource; it returns stdout and stderr together.
-func podExec(ctx context.Context, c *cluster.Cluster, ns, pod string, argv ...string) (string, error) {
+// exec subresource and returns stdout and stderr together, once ok accepts
+// them. On a loaded machine an exec sometimes comes back with the right
+// exit status but its output empty or replaced by NUL bytes (seen with
+// containerd 1.6 under TCG; not yet pinned down, see the README), so an
+// answer that ok rejects is tried again, twice, and logged.
+func podExec(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, ok func(string) bool, argv ...string) (string, error) {
+	t.Helper()
+	var out string
+	var err error
+	for try := 1; try <= 3; try++ {
+		if out, err = podExecOnce(ctx, c, ns, pod, argv...); ok(out) {
+			return out, err
+		}
+		t.Logf("exec %q in pod %s, attempt %d: unexpected output %.120q (%v)", argv, pod, try, out, err)
+	}
+	return out, err
+}
+
+// contains is an output check for podExec.
+func contains(sub string) func(string) bool {
+	return func(out string) bool { return strings.Contains(out, sub) }
+}
+
+func podExecOnce(ctx context.Context, c *cluster.Cluster, ns, pod string, argv ...string) (string, error) {
 	req := c.CP.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ex, err := remotecommand.NewSPDYExecutor(c.CP.RESTConfig, "POST", req.URL())

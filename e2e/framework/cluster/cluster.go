@@ -129,7 +129,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	proxy := opts.ProxyImage
 	if proxy == "" {
-		if proxy, err = proxyImage(ctx, c.tmp, logf); err != nil {
+		if proxy, err = proxyImage(ctx, cache, c.tmp, logf); err != nil {
 			return nil, err
 		}
 	}

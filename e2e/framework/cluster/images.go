@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
@@ -73,18 +74,27 @@ func fileDigest(p string) (string, error) {
 }
 
 // proxyImage builds ipvs-proxy's image as `make image` does: the static,
-// stripped binary and deploy/image (Debian's iptables and kmod).
-func proxyImage(ctx context.Context, tmp string, logf func(string, ...any)) (string, error) {
-	bin, out := filepath.Join(tmp, "ipvs-proxy"), filepath.Join(tmp, "ipvs-proxy-image.tar")
+// stripped binary and deploy/image (Debian's iptables and kmod). The
+// archive is cached in cacheDir/images by the binary's digest.
+func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...any)) (string, error) {
+	bin := filepath.Join(tmp, "ipvs-proxy")
 	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin,
 		"github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build ipvs-proxy: %w\n%s", err, b)
 	}
+	sum, err := fileDigest(bin)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", ProxyImage, err)
+	}
+	out := filepath.Join(cacheDir, "images", "ipvs-proxy-"+sum[:12]+".tar")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
 	cmd := exec.CommandContext(ctx, "go", "run", "github.com/ipvs-proxy/ipvs-proxy/deploy/image",
 		"--binary", bin, "--output", out, "--tag", ProxyImage, "--version", "e2e")
-	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000")
+	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(imageEpoch.Unix(), 10))
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("build ipvs-proxy's image: %w\n%s", err, b)
