@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ocitest"
 )
 
@@ -95,7 +96,7 @@ func TestImageArchive(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "image.tar")
-	if err := writeArchive(img, "ipvs-proxy:test", out, epoch); err != nil {
+	if err := ociimage.WriteArchive(img, "ipvs-proxy:test", out, epoch); err != nil {
 		t.Fatal(err)
 	}
 
@@ -167,7 +168,7 @@ func TestImageArchive(t *testing.T) {
 	}
 
 	// Docker's manifest.json points at the layout's blobs.
-	var dms []dockerManifest
+	var dms []ociimage.DockerManifest
 	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +191,7 @@ func TestImageArchive(t *testing.T) {
 		t.Fatal(err)
 	}
 	out2 := filepath.Join(t.TempDir(), "image.tar")
-	if err := writeArchive(img2, "ipvs-proxy:test", out2, epoch); err != nil {
+	if err := ociimage.WriteArchive(img2, "ipvs-proxy:test", out2, epoch); err != nil {
 		t.Fatal(err)
 	}
 	if sum(t, out) != sum(t, out2) {
@@ -231,12 +232,12 @@ func TestRefNames(t *testing.T) {
 		{"ipvs-proxy", "docker.io/library/ipvs-proxy:latest", "latest", "ipvs-proxy:latest"},
 		{"registry.example:5000/net/ipvs-proxy:v1", "registry.example:5000/net/ipvs-proxy:v1", "v1", "registry.example:5000/net/ipvs-proxy:v1"},
 	} {
-		full, tag, short, err := refNames(c.in)
+		full, tag, short, err := ociimage.RefNames(c.in)
 		if err != nil || full != c.full || tag != c.tag || short != c.short {
 			t.Errorf("refNames(%q) = %q %q %q %v, want %q %q %q", c.in, full, tag, short, err, c.full, c.tag, c.short)
 		}
 	}
-	if _, _, _, err := refNames("Bad Name"); err == nil {
+	if _, _, _, err := ociimage.RefNames("Bad Name"); err == nil {
 		t.Error("refNames accepted an invalid reference")
 	}
 }

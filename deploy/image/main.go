@@ -32,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
@@ -113,7 +114,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := writeArchive(img, *tag, *output, epoch); err != nil {
+	if err := ociimage.WriteArchive(img, *tag, *output, epoch); err != nil {
 		return err
 	}
 	digest, err := img.Digest()
