@@ -37,8 +37,8 @@ FWM  00000001 rr
 		return x
 	}
 	want := map[model.VSKey][]model.RealServer{
-		vsKey("10.96.0.10:80", model.TCP): {r("10.0.1.2:8080", 1, 3, 7), r("10.0.2.2:8080", 0, 0, 0)},
-		vsKey("10.96.0.10:53", model.UDP): {},
+		vsKey("10.96.0.10:80", model.TCP):         {r("10.0.1.2:8080", 1, 3, 7), r("10.0.2.2:8080", 0, 0, 0)},
+		vsKey("10.96.0.10:53", model.UDP):         {},
 		vsKey("[fd00:10:96::10]:443", model.SCTP): {r("[fd00:1::2]:8443", 3, 0, 0)},
 	}
 	if diff := cmp.Diff(want, got, addrCmp); diff != "" {
