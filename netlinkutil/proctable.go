@@ -21,6 +21,15 @@ import (
 // is the one read of all of them that the kernel offers. The file is opened
 // once, in the network namespace of the thread that opens it, and read
 // again from its start each time.
+//
+// Its one flaw: the kernel hands it out a page at a time and resumes each
+// page by position, and (in Linux 6.1) the position counts the virtual
+// servers of every network namespace while resuming counts only this
+// one's: each page skips as many of this namespace's virtual servers as the
+// last page passed of other namespaces'. So when other namespaces have
+// virtual servers, up to as many of this one's may be left out of a table
+// longer than a page (a virtual server comes whole with its destinations or
+// not at all). Callers read those alone.
 type procTable struct {
 	mu sync.Mutex
 	f  *os.File
@@ -129,10 +138,9 @@ func parseProcLine(line string, out map[model.VSKey][]model.RealServer, cur *mod
 	if err != nil {
 		return err
 	}
+	// A record shown twice (the file is read in pieces) counts once.
 	*cur, *have = model.VSKey{Address: a, Protocol: proto, Port: port}, true
-	if _, dup := out[*cur]; !dup {
-		out[*cur] = []model.RealServer{}
-	}
+	out[*cur] = []model.RealServer{}
 	return nil
 }
 

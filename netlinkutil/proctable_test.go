@@ -13,7 +13,8 @@ import (
 
 // TestParseProcTable reads the kernel's text table (as Linux 6.1 prints
 // it): IPv4 and IPv6 virtual servers with their destinations, one without
-// any, and a fwmark one whose destinations are left out.
+// any, a fwmark one whose destinations are left out, and one shown twice
+// (the file is read a page at a time) whose destinations count once.
 func TestParseProcTable(t *testing.T) {
 	const table = `IP Virtual Server version 1.2.1 (size=4096)
 Prot LocalAddress:Port Scheduler Flags
@@ -26,6 +27,9 @@ SCTP  [fd00:0010:0096:0000:0000:0000:0000:0010]:01BB mh
   -> [fd00:0001:0000:0000:0000:0000:0000:0002]:20FB      Masq    3      0          0         
 FWM  00000001 rr 
   -> 0A000302:0050      Masq    1      0          0         
+TCP  0A60000A:0050 rr 
+  -> 0A000102:1F90      Masq    1      3          7         
+  -> 0A000202:1F90      Masq    0      0          0         
 `
 	got, err := parseProcTable(bufio.NewReader(strings.NewReader(table)))
 	if err != nil {

@@ -77,7 +77,9 @@ type IPVS interface {
 	ListRealServers(vs model.VSKey) ([]model.RealServer, error)
 	// ListAllRealServers reads the destinations of every virtual server
 	// (fwmark ones aside) in one pass, for a full resync: one read of the
-	// kernel instead of one dump per virtual server.
+	// kernel instead of one dump per virtual server. It may leave out
+	// some virtual servers when other network namespaces have IPVS
+	// virtual servers (see procTable); read those with ListRealServers.
 	ListAllRealServers() (map[model.VSKey][]model.RealServer, error)
 	// Apply makes the writes in order, many in flight at once, and returns
 	// the error of each (nil: applied), with the context that the single

@@ -31,7 +31,9 @@ type IPVS struct {
 	calls    []Call
 	counts   counts
 	batches  []int // sizes of Apply calls
-	inject   ErrorFunc
+	// bulkSkips are left out of ListAllRealServers.
+	bulkSkips map[model.VSKey]bool
+	inject    ErrorFunc
 	// schedulers the fake kernel has; nil means every one.
 	schedulers map[string]bool
 }
@@ -251,6 +253,18 @@ func (f *IPVS) Apply(writes []netlinkutil.Write) []error {
 	return errs
 }
 
+// SkipInBulkRead makes ListAllRealServers leave these virtual servers out,
+// as the kernel's bulk read may (see netlinkutil.IPVS); none: it leaves
+// out nothing.
+func (f *IPVS) SkipInBulkRead(keys ...model.VSKey) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.bulkSkips = map[model.VSKey]bool{}
+	for _, k := range keys {
+		f.bulkSkips[k] = true
+	}
+}
+
 // Batches returns the sizes of the Apply calls since the last ResetCalls.
 func (f *IPVS) Batches() []int {
 	f.mu.Lock()
@@ -267,6 +281,9 @@ func (f *IPVS) ListAllRealServers() (map[model.VSKey][]model.RealServer, error) 
 	}
 	out := make(map[model.VSKey][]model.RealServer, len(f.vs))
 	for k := range f.vs {
+		if f.bulkSkips[k] {
+			continue
+		}
 		rss := make([]model.RealServer, 0, len(f.rs[k]))
 		for _, r := range f.rs[k] {
 			rss = append(rss, r)
