@@ -214,30 +214,36 @@ const msgEntryBytes = 16 << 10
 // numbered (IPSET_ATTR_LINENO); the kernel applies them in order and stops
 // at one it refuses, whose number its error carries. The entries after it
 // are sent again, so that every entry the kernel accepts is written; the
-// error names each refused entry. Without NLM_F_EXCL, adding a present
-// entry or deleting an absent one is no error.
+// error names each refused entry. A message refused whole without a number
+// (before it read one) is sent again one entry per message. Without
+// NLM_F_EXCL, adding a present entry or deleting an absent one is no error.
 func (k *Kernel) write(op, name string, entries []Entry, cmd int) error {
 	if err := k.mustOwn(op, name); err != nil {
 		return err
 	}
 	var errs []error
-	for todo := entries; len(todo) > 0; {
-		msgs, bounds := entryMessages(name, cmd, todo)
+	todo, single := entries, false
+	for len(todo) > 0 {
+		msgs, bounds := entryMessages(name, cmd, todo, single)
 		var again []Entry
 		for j, r := range k.batch.Exchange(msgs) {
 			if r.Err == nil {
 				continue
 			}
 			part := todo[bounds[j]:bounds[j+1]]
-			i, ok := failedEntry(r.Echo, len(part))
-			if !ok { // the message failed whole (no such set...)
+			i, numbered := failedEntry(r.Echo, len(part))
+			switch {
+			case numbered:
+				errs = append(errs, entryError(op, name, part[i], r.Err))
+				again = append(again, part[i+1:]...)
+			case len(part) == 1 || errors.Is(r.Err, unix.ENOENT): // no such set: all fail
 				for _, e := range part {
 					errs = append(errs, entryError(op, name, e, r.Err))
 				}
-				continue
+			default:
+				single = true
+				again = append(again, part...)
 			}
-			errs = append(errs, entryError(op, name, part[i], r.Err))
-			again = append(again, part[i+1:]...)
 		}
 		todo = again
 	}
@@ -255,9 +261,10 @@ func entryError(op, name string, e Entry, err error) error {
 	return fmt.Errorf("ipset: %s %s %s: %w", op, name, e, err)
 }
 
-// entryMessages packs entries into messages of cmd on set name; message j
-// holds entries[bounds[j]:bounds[j+1]], numbered from 1.
-func entryMessages(name string, cmd int, entries []Entry) ([]nlbatch.Message, []int) {
+// entryMessages packs entries into messages of cmd on set name (one each
+// if single); message j holds entries[bounds[j]:bounds[j+1]], numbered
+// from 1.
+func entryMessages(name string, cmd int, entries []Entry, single bool) ([]nlbatch.Message, []int) {
 	var msgs []nlbatch.Message
 	bounds := []int{0}
 	for start := 0; start < len(entries); {
@@ -267,7 +274,7 @@ func entryMessages(name string, cmd int, entries []Entry) ([]nlbatch.Message, []
 		b = b.U32(nl.IPSET_ATTR_LINENO, 0) // asks for the failing entry's number
 		end := start
 		b = b.Nest(nl.IPSET_ATTR_ADT, func(a nlbatch.Attrs) nlbatch.Attrs {
-			for end < len(entries) && (end == start || len(a) < msgEntryBytes) {
+			for end < len(entries) && (end == start || (!single && len(a) < msgEntryBytes)) {
 				n := uint32(end - start + 1)
 				a = a.Nest(nl.IPSET_ATTR_DATA, func(d nlbatch.Attrs) nlbatch.Attrs {
 					return entryAttrs(d, entries[end]).U32(nl.IPSET_ATTR_LINENO, n)

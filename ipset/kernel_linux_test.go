@@ -258,6 +258,18 @@ func TestKernelBulkWrites(t *testing.T) {
 		t.Errorf("entries after deleting (-want +got):\n%s", diff)
 	}
 
+	// An entry without a port: the kernel refuses its message before it
+	// reads the entry's number; each entry then goes alone.
+	noPort := Entry{Addr: a("10.98.0.2")}
+	tail := []Entry{{Addr: a("10.98.0.1"), Proto: model.TCP, Port: 1}, noPort, {Addr: a("10.98.0.3"), Proto: model.TCP, Port: 3}}
+	if err := k.Add(spec.Name, tail...); err == nil || !strings.Contains(err.Error(), noPort.String()) || strings.Count(err.Error(), "\n") != 0 {
+		t.Errorf("adding an entry without a port: %v, want one error naming %s", err, noPort)
+	}
+	got, _ = k.List(spec.Name)
+	if diff := cmp.Diff(sorted(append(slices.Clone(valid[3000:]), tail[0], tail[2])), sorted(got.Entries)); diff != "" {
+		t.Errorf("entries after a message refused whole (-want +got):\n%s", diff)
+	}
+
 	// A port outside a bitmap's range: the kernel's own error code
 	// (IPSET_ERR_BITMAP_RANGE, the first type-specific one).
 	ports := Spec{Name: "IPVSP-T-BULKPORTS", Type: BitmapPort, PortFrom: 0, PortTo: 1000}
