@@ -4,7 +4,7 @@
 // datum in sets, so that its rules stay constant in number.
 //
 // Interface is the kernel: one call per operation, writes of many entries in
-// one call. Kernel implements it; package ipset/fake holds an in-memory fake
+// one call (in bulk: many entries per netlink message). Kernel implements it; package ipset/fake holds an in-memory fake
 // that records calls and injects errors. Syncer keeps sets equal to desired
 // contents by difference, with a view of what the kernel holds, or by
 // building a new set and swapping it in.
@@ -255,9 +255,10 @@ type Interface interface {
 	// ListNames lists the names of every set in the network namespace,
 	// owned or not.
 	ListNames() ([]string, error)
-	// Add adds entries; present ones are no error.
+	// Add adds entries; present ones are no error. An entry refused
+	// does not stop the others: the error names each refused one.
 	Add(name string, entries ...Entry) error
-	// Del deletes entries; absent ones are no error.
+	// Del deletes entries, like Add; absent ones are no error.
 	Del(name string, entries ...Entry) error
 	// Owns reports whether the implementation may write the named set.
 	Owns(name string) bool

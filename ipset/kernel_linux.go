@@ -10,19 +10,19 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
 // Kernel implements Interface over one nfnetlink socket in the network
 // namespace that was current when NewKernel was called.
 type Kernel struct {
-	mu    sync.Mutex // serializes requests on the sockets
+	mu    sync.Mutex // serializes the library's requests
 	h     *netlink.Handle
-	raw   *nl.SocketHandle // for the requests the library gets wrong
+	batch *nlbatch.Socket // entry writes
 	owner Owner
 }
 
@@ -41,12 +41,12 @@ func NewKernel(opts ...Option) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ipset: open netfilter netlink socket: %w", err)
 	}
-	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
+	b, err := nlbatch.Open(unix.NETLINK_NETFILTER)
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("ipset: open netfilter netlink socket: %w", err)
 	}
-	k := &Kernel{h: h, raw: &nl.SocketHandle{Socket: s}, owner: Owned}
+	k := &Kernel{h: h, batch: b, owner: Owned}
 	for _, o := range opts {
 		o(k)
 	}
@@ -60,7 +60,7 @@ func NewKernel(opts ...Option) (*Kernel, error) {
 // Close closes the sockets.
 func (k *Kernel) Close() {
 	k.h.Close()
-	k.raw.Socket.Close()
+	k.batch.Close()
 }
 
 // Owns implements Interface.
@@ -195,96 +195,153 @@ func (k *Kernel) ListNames() ([]string, error) {
 	return names, nil
 }
 
-// Add implements Interface: one netlink message per entry on the one socket.
+// Add implements Interface: many entries per netlink message (as `ipset
+// restore` sends them) and many messages per system call.
 func (k *Kernel) Add(name string, entries ...Entry) error {
-	return k.write("add", name, entries, nl.IPSET_CMD_ADD, k.h.IpsetAdd)
+	return k.write("add", name, entries, nl.IPSET_CMD_ADD)
 }
 
-// Del implements Interface.
+// Del implements Interface, like Add.
 func (k *Kernel) Del(name string, entries ...Entry) error {
-	return k.write("del", name, entries, nl.IPSET_CMD_DEL, k.h.IpsetDel)
+	return k.write("del", name, entries, nl.IPSET_CMD_DEL)
 }
 
-func (k *Kernel) write(op, name string, entries []Entry, cmd int, fn func(string, *netlink.IPSetEntry) error) error {
+// msgEntryBytes bounds the entries of one message. The kernel echoes a
+// whole message with the error of one of its entries.
+const msgEntryBytes = 16 << 10
+
+// write adds or deletes entries in bulk. A message holds many entries, each
+// numbered (IPSET_ATTR_LINENO); the kernel applies them in order and stops
+// at one it refuses, whose number its error carries. The entries after it
+// are sent again, so that every entry the kernel accepts is written; the
+// error names each refused entry. A message refused whole without a number
+// (before it read one) is sent again one entry per message. Without
+// NLM_F_EXCL, adding a present entry or deleting an absent one is no error.
+func (k *Kernel) write(op, name string, entries []Entry, cmd int) error {
 	if err := k.mustOwn(op, name); err != nil {
 		return err
 	}
-	if len(entries) == 0 {
-		return nil
-	}
-	return k.call(func() error {
-		for _, e := range entries {
-			var err error
-			if !e.Addr.IsValid() && !e.Net.IsValid() {
-				err = k.portEntry(cmd, name, e.Port)
-			} else {
-				ne := toNetlink(e)
-				// Replace (no NLM_F_EXCL): adding a present entry or deleting
-				// an absent one is no error.
-				ne.Replace = true
-				err = fn(name, ne)
+	var errs []error
+	todo, single := entries, false
+	for len(todo) > 0 {
+		msgs, bounds := entryMessages(name, cmd, todo, single)
+		var again []Entry
+		for j, r := range k.batch.Exchange(msgs) {
+			if r.Err == nil {
+				continue
 			}
-			if err != nil {
-				if errors.Is(err, unix.ENOENT) {
-					err = ErrNotFound
+			part := todo[bounds[j]:bounds[j+1]]
+			i, numbered := failedEntry(r.Echo, len(part))
+			switch {
+			case numbered:
+				errs = append(errs, entryError(op, name, part[i], r.Err))
+				again = append(again, part[i+1:]...)
+			case len(part) == 1 || errors.Is(r.Err, unix.ENOENT): // no such set: all fail
+				for _, e := range part {
+					errs = append(errs, entryError(op, name, e, r.Err))
 				}
-				return fmt.Errorf("ipset: %s %s %s: %w", op, name, e, err)
+			default:
+				single = true
+				again = append(again, part...)
 			}
 		}
-		return nil
-	})
+		todo = again
+	}
+	return errors.Join(errs...)
 }
 
-// portEntry adds or deletes a bitmap:port entry. The library always sends a
-// protocol with a port, which bitmap:port rejects ("invalid protocol"), so
-// this request is built here. Without NLM_F_EXCL, adding a present entry or
-// deleting an absent one is no error. Callers hold k.mu.
-func (k *Kernel) portEntry(cmd int, name string, port uint16) error {
-	req := nl.NewNetlinkRequest(cmd|(unix.NFNL_SUBSYS_IPSET<<8), nl.GetIpsetFlags(cmd))
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: k.raw}
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
-	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
-	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
-	data := nl.NewRtAttr(nl.IPSET_ATTR_DATA|int(nl.NLA_F_NESTED), nil)
-	buf := make([]byte, 2)
-	binary.BigEndian.PutUint16(buf, port)
-	data.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PORT|int(nl.NLA_F_NET_BYTEORDER), buf))
-	data.AddChild(&nl.Uint32Attribute{Type: nl.IPSET_ATTR_LINENO | nl.NLA_F_NET_BYTEORDER, Value: 0})
-	req.AddData(data)
-	_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+func entryError(op, name string, e Entry, err error) error {
 	var errno syscall.Errno
-	if errors.As(err, &errno) && int(errno) >= nl.IPSET_ERR_PRIVATE {
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		err = ErrNotFound
+	case errors.As(err, &errno) && int(errno) >= nl.IPSET_ERR_PRIVATE:
 		err = nl.IPSetError(uintptr(errno))
 	}
-	return err
+	return fmt.Errorf("ipset: %s %s %s: %w", op, name, e, err)
 }
 
-func ipOf(a netip.Addr) net.IP { return net.IP(a.AsSlice()) }
+// entryMessages packs entries into messages of cmd on set name (one each
+// if single); message j holds entries[bounds[j]:bounds[j+1]], numbered
+// from 1.
+func entryMessages(name string, cmd int, entries []Entry, single bool) ([]nlbatch.Message, []int) {
+	var msgs []nlbatch.Message
+	bounds := []int{0}
+	for start := 0; start < len(entries); {
+		b := nlbatch.Attrs{unix.AF_INET, nl.NFNETLINK_V0, 0, 0} // nfgenmsg
+		b = b.U8(nl.IPSET_ATTR_PROTOCOL, nl.IPSET_PROTOCOL)
+		b = b.String(nl.IPSET_ATTR_SETNAME, name)
+		b = b.U32(nl.IPSET_ATTR_LINENO, 0) // asks for the failing entry's number
+		end := start
+		b = b.Nest(nl.IPSET_ATTR_ADT, func(a nlbatch.Attrs) nlbatch.Attrs {
+			for end < len(entries) && (end == start || (!single && len(a) < msgEntryBytes)) {
+				n := uint32(end - start + 1)
+				a = a.Nest(nl.IPSET_ATTR_DATA, func(d nlbatch.Attrs) nlbatch.Attrs {
+					return entryAttrs(d, entries[end]).U32(nl.IPSET_ATTR_LINENO, n)
+				})
+				end++
+			}
+			return a
+		})
+		msgs = append(msgs, nlbatch.Message{Type: uint16(cmd | unix.NFNL_SUBSYS_IPSET<<8), Data: b})
+		bounds = append(bounds, end)
+		start = end
+	}
+	return msgs, bounds
+}
 
-func toNetlink(e Entry) *netlink.IPSetEntry {
-	ne := &netlink.IPSetEntry{}
+// failedEntry finds, in the echo of a message that ipset refused, the
+// number of the entry it refused, as an index among n.
+func failedEntry(echo []byte, n int) (int, bool) {
+	const skip = unix.NLMSG_HDRLEN + 4 // the message's header, nfgenmsg
+	if len(echo) < skip {
+		return 0, false
+	}
+	attrs, err := nl.ParseRouteAttr(echo[skip:])
+	if err != nil {
+		return 0, false
+	}
+	for _, a := range attrs {
+		if a.Attr.Type&nl.NLA_TYPE_MASK == nl.IPSET_ATTR_LINENO && len(a.Value) == 4 {
+			if line := int(binary.NativeEndian.Uint32(a.Value)); line >= 1 && line <= n {
+				return line - 1, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// entryAttrs appends the attributes of one entry: what each type reads
+// (see Entry), addresses and ports in network order as the kernel wants.
+func entryAttrs(a nlbatch.Attrs, e Entry) nlbatch.Attrs {
+	ip := func(a nlbatch.Attrs, typ uint16, addr netip.Addr) nlbatch.Attrs {
+		return a.Nest(typ, func(n nlbatch.Attrs) nlbatch.Attrs {
+			if addr.Is4() {
+				return n.Bytes(nl.IPSET_ATTR_IPADDR_IPV4|nl.NLA_F_NET_BYTEORDER, addr.AsSlice())
+			}
+			return n.Bytes(nl.IPSET_ATTR_IPADDR_IPV6|nl.NLA_F_NET_BYTEORDER, addr.AsSlice())
+		})
+	}
 	if e.Addr.IsValid() {
-		ne.IP = ipOf(e.Addr)
-	}
-	if e.Proto != 0 {
-		p := uint8(e.Proto)
-		ne.Protocol = &p
-	}
-	if e.Proto != 0 || e.Port != 0 || (!e.Addr.IsValid() && !e.Net.IsValid()) {
-		port := e.Port
-		ne.Port = &port
-	}
-	if e.Addr2.IsValid() {
-		ne.IP2 = ipOf(e.Addr2)
+		a = ip(a, nl.IPSET_ATTR_IP, e.Addr)
 	}
 	if e.Net.IsValid() {
 		if e.Addr.IsValid() { // hash:ip,port,net: the net is the second element
-			ne.IP2, ne.CIDR2 = ipOf(e.Net.Addr()), uint8(e.Net.Bits())
+			a = ip(a, nl.IPSET_ATTR_IP2, e.Net.Addr()).U8(nl.IPSET_ATTR_CIDR2, uint8(e.Net.Bits()))
 		} else { // hash:net
-			ne.IP, ne.CIDR = ipOf(e.Net.Addr()), uint8(e.Net.Bits())
+			a = ip(a, nl.IPSET_ATTR_IP, e.Net.Addr()).U8(nl.IPSET_ATTR_CIDR, uint8(e.Net.Bits()))
 		}
 	}
-	return ne
+	if e.Addr2.IsValid() {
+		a = ip(a, nl.IPSET_ATTR_IP2, e.Addr2)
+	}
+	if e.Proto != 0 {
+		a = a.U8(nl.IPSET_ATTR_PROTO, uint8(e.Proto))
+	}
+	if e.Proto != 0 || e.Port != 0 || (!e.Addr.IsValid() && !e.Net.IsValid()) {
+		a = a.BE16(nl.IPSET_ATTR_PORT|nl.NLA_F_NET_BYTEORDER, e.Port)
+	}
+	return a
 }
 
 func addrOf(ip net.IP) (netip.Addr, bool) {

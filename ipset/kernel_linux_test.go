@@ -4,11 +4,13 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/vishvananda/netlink/nl"
 )
 
 var (
@@ -205,5 +207,86 @@ func TestKernelSyncer10k(t *testing.T) {
 	}
 	if _, err := k.List(TempName(spec.Name)); !errors.Is(err, ErrNotFound) {
 		t.Errorf("the rebuild left its temporary set: %v", err)
+	}
+}
+
+// TestKernelBulkWrites writes thousands of entries in bulk (many per
+// message, many messages per system call) with entries the kernel refuses
+// in the middle: each refused entry is named in the error, and every other
+// entry is written, before and after it.
+func TestKernelBulkWrites(t *testing.T) {
+	k := newKernel(t)
+	spec := Spec{Name: "IPVSP-T-BULK", Type: HashIPPort, Family: IPv4}
+	if err := k.Create(spec); err != nil {
+		t.Fatal(err)
+	}
+	var entries, valid []Entry
+	bad := map[int]bool{1500: true, 1501: true, 4999: true}
+	for i := range 5000 {
+		e := Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}
+		if bad[i] { // an IPv6 address in an IPv4 set
+			e.Addr = netip.AddrFrom16([16]byte{0xfd, 15: byte(i)})
+		} else {
+			valid = append(valid, e)
+		}
+		entries = append(entries, e)
+	}
+	err := k.Add(spec.Name, entries...)
+	for i := range bad {
+		if err == nil || !strings.Contains(err.Error(), entries[i].String()) {
+			t.Errorf("the error %v does not name the refused entry %s", err, entries[i])
+		}
+	}
+	got, lerr := k.List(spec.Name)
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if diff := cmp.Diff(sorted(valid), sorted(got.Entries)); diff != "" {
+		t.Errorf("entries (-want +got):\n%s", diff)
+	}
+
+	// Deleting in bulk: absent entries are no error.
+	del := slices.Clone(valid[:3000])
+	for i := range 100 {
+		del = append(del, Entry{Addr: netip.AddrFrom4([4]byte{10, 97, 0, byte(i)}), Proto: model.TCP, Port: 80})
+	}
+	if err := k.Del(spec.Name, del...); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = k.List(spec.Name)
+	if diff := cmp.Diff(sorted(valid[3000:]), sorted(got.Entries)); diff != "" {
+		t.Errorf("entries after deleting (-want +got):\n%s", diff)
+	}
+
+	// An entry without a port: the kernel refuses its message before it
+	// reads the entry's number; each entry then goes alone.
+	noPort := Entry{Addr: a("10.98.0.2")}
+	tail := []Entry{{Addr: a("10.98.0.1"), Proto: model.TCP, Port: 1}, noPort, {Addr: a("10.98.0.3"), Proto: model.TCP, Port: 3}}
+	if err := k.Add(spec.Name, tail...); err == nil || !strings.Contains(err.Error(), noPort.String()) || strings.Count(err.Error(), "\n") != 0 {
+		t.Errorf("adding an entry without a port: %v, want one error naming %s", err, noPort)
+	}
+	got, _ = k.List(spec.Name)
+	if diff := cmp.Diff(sorted(append(slices.Clone(valid[3000:]), tail[0], tail[2])), sorted(got.Entries)); diff != "" {
+		t.Errorf("entries after a message refused whole (-want +got):\n%s", diff)
+	}
+
+	// A port outside a bitmap's range: the kernel's own error code
+	// (IPSET_ERR_BITMAP_RANGE, the first type-specific one).
+	ports := Spec{Name: "IPVSP-T-BULKPORTS", Type: BitmapPort, PortFrom: 0, PortTo: 1000}
+	if err := k.Create(ports); err != nil {
+		t.Fatal(err)
+	}
+	err = k.Add(ports.Name, Entry{Port: 10}, Entry{Port: 2000}, Entry{Port: 20})
+	var ie nl.IPSetError
+	if !errors.As(err, &ie) || int(ie) != nl.IPSET_ERR_TYPE_SPECIFIC || !strings.Contains(err.Error(), "2000") {
+		t.Errorf("adding a port out of range: %v, want the kernel's range error naming port 2000", err)
+	}
+	got, _ = k.List(ports.Name)
+	if diff := cmp.Diff([]string{"10", "20"}, sorted(got.Entries)); diff != "" {
+		t.Errorf("ports (-want +got):\n%s", diff)
+	}
+	// A set that does not exist.
+	if err := k.Add("IPVSP-T-NONE", valid[:3]...); !errors.Is(err, ErrNotFound) {
+		t.Errorf("adding to a missing set: %v, want ErrNotFound", err)
 	}
 }

@@ -5,17 +5,23 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// kernelIPVS implements IPVS over generic netlink with github.com/moby/ipvs.
-// The socket belongs to the network namespace of the calling thread at the
-// time NewIPVS was called.
+// kernelIPVS implements IPVS over generic netlink: single calls and dumps
+// with github.com/moby/ipvs, batches on a socket of its own (package
+// nlbatch), and the bulk read of destinations from /proc. The sockets and
+// the /proc file belong to the network namespace of the calling thread at
+// the time NewIPVS was called.
 type kernelIPVS struct {
-	h *ipvs.Handle
+	h        *ipvs.Handle
+	batch    *nlbatch.Socket
+	familyID uint16
+	table    *procTable
 }
 
 // NewIPVS opens a netlink socket to the IPVS of the current network
@@ -24,21 +30,26 @@ type kernelIPVS struct {
 func NewIPVS() (IPVS, error) {
 	// moby/ipvs only logs when the IPVS generic netlink family is missing,
 	// and its calls then "succeed" without doing anything: ask first.
-	if _, err := netlink.GenlFamilyGet("IPVS"); err != nil {
+	fam, err := netlink.GenlFamilyGet("IPVS")
+	if err != nil {
 		return nil, fmt.Errorf("the kernel has no IPVS (generic netlink family IPVS not found; is the ip_vs module loaded?): %w", err)
 	}
 	h, err := ipvs.New("")
 	if err != nil {
 		return nil, fmt.Errorf("open IPVS netlink socket (is the ip_vs module loaded?): %w", err)
 	}
-	return &kernelIPVS{h: h}, nil
-}
-
-func family(a netip.Addr) uint16 {
-	if a.Is4() {
-		return unix.AF_INET
+	b, err := nlbatch.Open(unix.NETLINK_GENERIC)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("open IPVS batch socket: %w", err)
 	}
-	return unix.AF_INET6
+	table, err := openProcTable()
+	if err != nil {
+		h.Close()
+		b.Close()
+		return nil, err
+	}
+	return &kernelIPVS{h: h, batch: b, familyID: fam.ID, table: table}, nil
 }
 
 func toService(k model.VSKey) *ipvs.Service {
@@ -125,46 +136,40 @@ func (k *kernelIPVS) ListRealServers(vs model.VSKey) ([]model.RealServer, error)
 	return out, nil
 }
 
-func (k *kernelIPVS) AddVirtualServer(vs model.VirtualServer) error {
-	if err := k.h.NewService(toKernelVS(vs)); err != nil {
-		return fmt.Errorf("add IPVS service %s: %w", vs, err)
+// one makes a single write with fn and gives its error the write's context.
+func one(w Write, fn func() error) error {
+	if err := fn(); err != nil {
+		return w.wrap(err)
 	}
 	return nil
+}
+
+func (k *kernelIPVS) AddVirtualServer(vs model.VirtualServer) error {
+	return one(Write{Kind: model.OpAddVirtualServer, VirtualServer: vs}, func() error { return k.h.NewService(toKernelVS(vs)) })
 }
 
 func (k *kernelIPVS) UpdateVirtualServer(vs model.VirtualServer) error {
-	if err := k.h.UpdateService(toKernelVS(vs)); err != nil {
-		return fmt.Errorf("update IPVS service %s: %w", vs, err)
-	}
-	return nil
+	return one(Write{Kind: model.OpUpdateVirtualServer, VirtualServer: vs}, func() error { return k.h.UpdateService(toKernelVS(vs)) })
 }
 
 func (k *kernelIPVS) DeleteVirtualServer(vs model.VSKey) error {
-	if err := k.h.DelService(toService(vs)); err != nil {
-		return fmt.Errorf("delete IPVS service %s: %w", vs, err)
-	}
-	return nil
+	return one(Write{Kind: model.OpDeleteVirtualServer, VirtualServer: model.VirtualServer{VSKey: vs}},
+		func() error { return k.h.DelService(toService(vs)) })
 }
 
 func (k *kernelIPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
-	if err := k.h.NewDestination(toService(vs), toDestination(rs)); err != nil {
-		return fmt.Errorf("add IPVS destination %s to %s: %w", rs.RSKey, vs, err)
-	}
-	return nil
+	return one(Write{Kind: model.OpAddRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: rs},
+		func() error { return k.h.NewDestination(toService(vs), toDestination(rs)) })
 }
 
 func (k *kernelIPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
-	if err := k.h.UpdateDestination(toService(vs), toDestination(rs)); err != nil {
-		return fmt.Errorf("update IPVS destination %s of %s: %w", rs.RSKey, vs, err)
-	}
-	return nil
+	return one(Write{Kind: model.OpUpdateRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: rs},
+		func() error { return k.h.UpdateDestination(toService(vs), toDestination(rs)) })
 }
 
 func (k *kernelIPVS) DeleteRealServer(vs model.VSKey, rs model.RSKey) error {
-	if err := k.h.DelDestination(toService(vs), toDestination(model.RealServer{RSKey: rs})); err != nil {
-		return fmt.Errorf("delete IPVS destination %s of %s: %w", rs, vs, err)
-	}
-	return nil
+	return one(Write{Kind: model.OpDeleteRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: model.RealServer{RSKey: rs}},
+		func() error { return k.h.DelDestination(toService(vs), toDestination(model.RealServer{RSKey: rs})) })
 }
 
 func (k *kernelIPVS) SetTimeouts(t Timeouts) error {
@@ -174,4 +179,12 @@ func (k *kernelIPVS) SetTimeouts(t Timeouts) error {
 	return nil
 }
 
-func (k *kernelIPVS) Close() { k.h.Close() }
+func (k *kernelIPVS) Close() {
+	k.h.Close()
+	k.batch.Close()
+	k.table.Close()
+}
+
+func (k *kernelIPVS) ListAllRealServers() (map[model.VSKey][]model.RealServer, error) {
+	return k.table.read()
+}

@@ -27,20 +27,11 @@ func newIPVS(t *testing.T) IPVS {
 	return h
 }
 
-func rs(addrPort string, weight int) model.RealServer {
-	ap := netip.MustParseAddrPort(addrPort)
-	return model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: weight}
-}
-
-var addrCmp = cmp.Comparer(func(a, b netip.Addr) bool { return a == b })
-
-// TestIPVSTable programs virtual and real servers (IPv4 and IPv6) and reads
-// them back from the kernel.
-func TestIPVSTable(t *testing.T) {
-	nltest.InFreshNetns(t)
-	h := newIPVS(t)
-	// The kernel refuses (EINVAL) a NAT real server whose IPv4 address has
-	// no route: give the backends' 10.0.0.0/8 one.
+// routeBackends routes 10.0.0.0/8, where tests' real servers are, through a
+// veth: the kernel refuses (EINVAL) a NAT real server whose IPv4 address
+// has no route.
+func routeBackends(t *testing.T) {
+	t.Helper()
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = "backends0"
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "backends0-p"}); err != nil {
@@ -56,6 +47,21 @@ func TestIPVSTable(t *testing.T) {
 	if err := netlink.LinkSetUp(link); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func rs(addrPort string, weight int) model.RealServer {
+	ap := netip.MustParseAddrPort(addrPort)
+	return model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: weight}
+}
+
+var addrCmp = cmp.Comparer(func(a, b netip.Addr) bool { return a == b })
+
+// TestIPVSTable programs virtual and real servers (IPv4 and IPv6) and reads
+// them back from the kernel.
+func TestIPVSTable(t *testing.T) {
+	nltest.InFreshNetns(t)
+	h := newIPVS(t)
+	routeBackends(t)
 	tcp := model.VirtualServer{VSKey: model.VSKey{Address: netip.MustParseAddr("10.96.0.10"), Protocol: model.TCP, Port: 80}, Scheduler: "rr"}
 	udp := model.VirtualServer{VSKey: model.VSKey{Address: netip.MustParseAddr("10.96.0.10"), Protocol: model.UDP, Port: 53}, Scheduler: "sh",
 		Flags: model.FlagSched1 | model.FlagSched2}

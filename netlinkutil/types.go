@@ -7,10 +7,12 @@ package netlinkutil
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"syscall"
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -24,12 +26,68 @@ type Timeouts struct {
 // IPVS answers ENOENT when it cannot find or load module ip_vs_<name>.
 func SchedulerUnavailable(err error) bool { return errors.Is(err, syscall.ENOENT) }
 
+// ErrOutcomeUnknown is wrapped by the error of a batched write whose answer
+// the kernel could not queue (the socket's receive buffer overflowed): it
+// may or may not have been applied, and the kernel must be read again.
+var ErrOutcomeUnknown = nlbatch.ErrUnknown
+
+// Write is one write of a batch (IPVS.Apply).
+type Write struct {
+	// Kind is one of the virtual and real server kinds of model.OpKind
+	// (not bind or unbind).
+	Kind model.OpKind
+	// VirtualServer is the whole virtual server for an add or update of
+	// it; only its key counts otherwise.
+	VirtualServer model.VirtualServer
+	// RealServer is the real server of a real server write (only its key
+	// counts for a delete).
+	RealServer model.RealServer
+}
+
+func (w Write) String() string {
+	return model.Op{Kind: w.Kind, VirtualServer: w.VirtualServer, RealServer: w.RealServer}.String()
+}
+
+// wrap gives a write's error the context that the one-at-a-time calls give
+// it.
+func (w Write) wrap(err error) error {
+	vs, rs := w.VirtualServer, w.RealServer.RSKey
+	switch w.Kind {
+	case model.OpAddVirtualServer:
+		return fmt.Errorf("add IPVS service %s: %w", vs, err)
+	case model.OpUpdateVirtualServer:
+		return fmt.Errorf("update IPVS service %s: %w", vs, err)
+	case model.OpDeleteVirtualServer:
+		return fmt.Errorf("delete IPVS service %s: %w", vs.VSKey, err)
+	case model.OpAddRealServer:
+		return fmt.Errorf("add IPVS destination %s to %s: %w", rs, vs.VSKey, err)
+	case model.OpUpdateRealServer:
+		return fmt.Errorf("update IPVS destination %s of %s: %w", rs, vs.VSKey, err)
+	case model.OpDeleteRealServer:
+		return fmt.Errorf("delete IPVS destination %s of %s: %w", rs, vs.VSKey, err)
+	}
+	return fmt.Errorf("%s: %w", w, err)
+}
+
 // IPVS is the kernel's IPVS table.
 type IPVS interface {
 	// ListVirtualServers dumps every virtual server in one netlink request.
 	ListVirtualServers() ([]model.VirtualServer, error)
 	// ListRealServers dumps the destinations of one virtual server.
 	ListRealServers(vs model.VSKey) ([]model.RealServer, error)
+	// ListAllRealServers reads the destinations of every virtual server
+	// (fwmark ones aside) in one pass, for a full resync: one read of the
+	// kernel instead of one dump per virtual server. It may leave out
+	// some virtual servers when other network namespaces have IPVS
+	// virtual servers (see procTable); read those with ListRealServers.
+	ListAllRealServers() (map[model.VSKey][]model.RealServer, error)
+	// Apply makes the writes in order, many in flight at once, and returns
+	// the error of each (nil: applied), with the context that the single
+	// calls below give it. A failed write does not stop the others; one
+	// that depends on a failed one fails in its turn (a real server added
+	// to a virtual server whose add failed: ESRCH). An error wrapping
+	// ErrOutcomeUnknown says the write's answer was lost.
+	Apply(writes []Write) []error
 	AddVirtualServer(vs model.VirtualServer) error
 	UpdateVirtualServer(vs model.VirtualServer) error
 	DeleteVirtualServer(vs model.VSKey) error

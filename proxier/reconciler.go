@@ -126,11 +126,14 @@ type Reconciler struct {
 	orphanAddrs map[netip.Addr]bool
 
 	full   backoff // a failed kernel read: the next full sync
+	lost   bool    // a write's answer was lost: the view may be wrong, read it again
 	synced bool    // a full sync has completed once
 	// The periodic full resync in progress: the virtual servers it has
-	// still to check, in key order, and when it read the kernel.
+	// still to check, in key order, when it read the kernel, and the real
+	// servers its bulk read found for those not checked yet.
 	resync      []model.VSKey
 	resyncStart time.Time
+	resyncRS    map[model.VSKey][]model.RealServer
 	vsCount     int
 	rsCount     int
 
@@ -412,12 +415,13 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 			st.Duration = r.clock.Since(start)
 			return st, err
 		}
-		r.resync = nil
+		r.resync, r.resyncRS = nil, nil
 		if sliced {
 			r.startResync(now)
 		}
 	}
 	keys, addrs, services := r.scope(full && !sliced, now, sliced)
+	r.takeResyncRealServers(keys)
 	want := r.desired(keys, addrs)
 	readFailed := r.readRealServers(&st, keys, want)
 	keys = slices.DeleteFunc(keys, func(k model.VSKey) bool { return readFailed[k] != nil })
@@ -436,8 +440,9 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	case len(r.orphanKeys) == 0 && len(r.orphanAddrs) == 0:
 		r.orphan = backoff{} // nothing left to retry
 	}
-	if len(readFailed) > 0 {
+	if len(readFailed) > 0 || r.lost {
 		r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
+		r.lost = false
 	} else if full {
 		r.full = backoff{}
 		r.synced = true
@@ -469,6 +474,26 @@ func (r *Reconciler) startResync(now time.Time) {
 	}
 	slices.SortFunc(keys, model.VSKey.Compare)
 	r.resync, r.resyncStart = keys, now
+	// The bulk read's real servers serve the slices: kept for the
+	// resync's duration, each until its virtual server is in a sync's
+	// scope.
+	r.resyncRS, r.kernel.RealServers = r.kernel.RealServers, map[model.VSKey][]model.RealServer{}
+}
+
+// takeResyncRealServers gives the sync the real servers that the running
+// resync's bulk read found for the virtual servers in its scope, as if
+// read now: nothing has written them since (a sync that writes one takes
+// its entry first). Those the read left out are read alone.
+func (r *Reconciler) takeResyncRealServers(keys []model.VSKey) {
+	for _, k := range keys {
+		if rss, ok := r.resyncRS[k]; ok {
+			r.kernel.RealServers[k] = rss
+			delete(r.resyncRS, k)
+		}
+	}
+	if len(r.resync) == 0 {
+		r.resyncRS = nil
+	}
 }
 
 // scope lists the virtual servers, addresses and Services a sync looks at,
@@ -607,6 +632,9 @@ func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want mod
 		if _, ok := r.kernel.VirtualServers[k]; !ok {
 			continue
 		}
+		if _, read := r.kernel.RealServers[k]; read { // by a full sync's bulk read
+			continue
+		}
 		st.Reads++
 		rss, err := r.ipvs.ListRealServers(k)
 		if err != nil {
@@ -628,6 +656,18 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 	st.Reads += reads
 	if err != nil {
 		return err
+	}
+	// The real servers of every virtual server in one read; one that
+	// appeared since the dump is read alone by readRealServers.
+	st.Reads++
+	all, err := r.ipvs.ListAllRealServers()
+	if err != nil {
+		return fmt.Errorf("read IPVS real servers: %w", err)
+	}
+	for key := range k.VirtualServers {
+		if rss, ok := all[key]; ok {
+			k.RealServers[key] = rss
+		}
 	}
 	r.kernel = k
 	return nil
@@ -694,7 +734,10 @@ func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Owners
 
 // apply makes the writes of ops, keeping the view of the kernel current. A
 // failed write is recorded against the op's Service in st.Failed; the
-// failures of writes no Service answers for are returned.
+// failures of writes no Service answers for are returned. Addresses are
+// bound first and unbound last, one at a time; the IPVS writes go in two
+// batches (IPVS.Apply): the virtual servers added or updated, then the
+// real server writes of those that succeeded and the deletes.
 func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 	var orphan []error
 	unbound := map[netip.Addr]error{} // binds that failed
@@ -711,70 +754,66 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		}
 		st.Failed[op.Service] = errors.Join(st.Failed[op.Service], err)
 	}
+	var vsOps, rest, unbinds []model.Op
 	for _, op := range ops {
-		k := op.VirtualServer.VSKey
-		var err error
 		switch op.Kind {
 		case model.OpBind:
-			if err = r.write(st, op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) }); err != nil {
+			if err := r.write(st, op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) }); err != nil {
 				unbound[op.Address] = err
 				continue
 			}
 			r.kernel.Bound[op.Address] = true
 		case model.OpAddVirtualServer, model.OpUpdateVirtualServer:
+			k := op.VirtualServer.VSKey
 			if berr, ok := unbound[k.Address]; ok {
 				// Not on an owned address: a crash would leak it.
 				skip[k] = true
 				fail(op, fmt.Errorf("%s: address not bound: %w", op, berr))
 				continue
 			}
-			add := op.Kind == model.OpAddVirtualServer
-			if err = r.write(st, op, func() error {
-				if add {
-					return r.ipvs.AddVirtualServer(op.VirtualServer)
-				}
-				return r.ipvs.UpdateVirtualServer(op.VirtualServer)
-			}); err != nil {
-				r.noteScheduler(op.VirtualServer.Scheduler, err)
-				skip[k] = true
-				break
-			}
-			r.kernel.PutVirtualServer(op.VirtualServer)
-		case model.OpAddRealServer, model.OpUpdateRealServer:
-			if skip[k] {
-				continue
-			}
-			add := op.Kind == model.OpAddRealServer
-			err = r.write(st, op, func() error {
-				if add {
-					return r.ipvs.AddRealServer(k, op.RealServer)
-				}
-				return r.ipvs.UpdateRealServer(k, op.RealServer)
-			})
-		case model.OpDeleteRealServer:
-			if skip[k] {
-				continue
-			}
-			if err = r.write(st, op, func() error { return r.ipvs.DeleteRealServer(k, op.RealServer.RSKey) }); err == nil && k.Protocol == model.UDP {
-				r.clearUDP(k, op.RealServer.RSKey)
-			}
-		case model.OpDeleteVirtualServer:
-			if err = r.write(st, op, func() error { return r.ipvs.DeleteVirtualServer(k) }); err == nil {
-				r.kernel.DeleteVirtualServer(k)
-			}
+			vsOps = append(vsOps, op)
 		case model.OpUnbind:
-			if r.kernel.OnAddress(op.Address) > 0 {
-				// A failed delete left a virtual server on it: it stays
-				// bound, so that the virtual server stays owned.
-				continue
-			}
-			if err = r.write(st, op, func() error { return r.links.DeleteAddress(r.own.Interface, op.Address) }); err == nil {
-				delete(r.kernel.Bound, op.Address)
-			}
+			unbinds = append(unbinds, op)
+		default:
+			rest = append(rest, op)
 		}
+	}
+	for i, err := range r.applyIPVS(st, vsOps) {
+		op := vsOps[i]
 		if err != nil {
+			r.noteScheduler(op.VirtualServer.Scheduler, err)
+			skip[op.VirtualServer.VSKey] = true
 			fail(op, fmt.Errorf("%s: %w", op, err))
+			continue
 		}
+		r.kernel.PutVirtualServer(op.VirtualServer)
+	}
+	rest = slices.DeleteFunc(rest, func(op model.Op) bool {
+		return op.Kind != model.OpDeleteVirtualServer && skip[op.VirtualServer.VSKey]
+	})
+	for i, err := range r.applyIPVS(st, rest) {
+		op := rest[i]
+		k := op.VirtualServer.VSKey
+		switch {
+		case err != nil:
+			fail(op, fmt.Errorf("%s: %w", op, err))
+		case op.Kind == model.OpDeleteRealServer && k.Protocol == model.UDP:
+			r.clearUDP(k, op.RealServer.RSKey)
+		case op.Kind == model.OpDeleteVirtualServer:
+			r.kernel.DeleteVirtualServer(k)
+		}
+	}
+	for _, op := range unbinds {
+		if r.kernel.OnAddress(op.Address) > 0 {
+			// A failed delete left a virtual server on it: it stays
+			// bound, so that the virtual server stays owned.
+			continue
+		}
+		if err := r.write(st, op, func() error { return r.links.DeleteAddress(r.own.Interface, op.Address) }); err != nil {
+			fail(op, fmt.Errorf("%s: %w", op, err))
+			continue
+		}
+		delete(r.kernel.Bound, op.Address)
 	}
 	for a, err := range unbound {
 		if !slices.ContainsFunc(ops, func(op model.Op) bool {
@@ -784,6 +823,31 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		}
 	}
 	return orphan
+}
+
+// applyIPVS makes the IPVS writes of ops in one batch, counting and
+// logging them like single writes, and returns each one's error.
+func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op) []error {
+	if len(ops) == 0 {
+		return nil
+	}
+	writes := make([]netlinkutil.Write, len(ops))
+	for i, op := range ops {
+		writes[i] = netlinkutil.Write{Kind: op.Kind, VirtualServer: op.VirtualServer, RealServer: op.RealServer}
+	}
+	errs := r.ipvs.Apply(writes)
+	st.Writes += len(ops)
+	for _, err := range errs {
+		if errors.Is(err, netlinkutil.ErrOutcomeUnknown) {
+			r.lost = true // like a failed read: the next sync is full
+		}
+	}
+	if r.log.Core().Enabled(zap.DebugLevel) {
+		for i, op := range ops {
+			r.log.Debug("kernel write", zap.Stringer("op", op), zap.String("service", op.Service.String()), zap.Error(errs[i]))
+		}
+	}
+	return errs
 }
 
 // record updates the status of the Services in scope after a sync: those

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
@@ -206,13 +207,8 @@ func TestReconcilerResyncAndRestartMakeNoWrites(t *testing.T) {
 	if st.Writes != 0 {
 		t.Errorf("stats writes = %d", st.Writes)
 	}
-	// One dump of virtual servers and one of each VS's destinations.
-	callsDiff(t, "full resync reads", []string{
-		"ListVirtualServers",
-		"ListRealServers 10.96.0.10:80/TCP",
-		"ListRealServers 10.96.0.11:53/TCP",
-		"ListRealServers 192.168.0.10:30080/TCP",
-	}, ipvs.Reads())
+	// One dump of virtual servers and one read of every destination.
+	callsDiff(t, "full resync reads", []string{"ListVirtualServers", "ListAllRealServers"}, ipvs.Reads())
 
 	// A restart: a new reconciler on the same kernel adopts its state.
 	resetCalls(ipvs, links)
@@ -225,10 +221,14 @@ func TestReconcilerResyncAndRestartMakeNoWrites(t *testing.T) {
 	}
 }
 
+// TestReconcilerRepairsDrift: a full sync repairs what was changed by
+// hand, also on a virtual server that the bulk read of real servers left
+// out (read alone then).
 func TestReconcilerRepairsDrift(t *testing.T) {
 	r, ipvs, links := newTestReconciler(t)
 	twoServices(t, r)
 	want := ipvs.Dump()
+	ipvs.SkipInBulkRead(vsKey("10.96.0.10:80", model.TCP))
 
 	// Someone deletes a real server, and changes a scheduler, by hand.
 	k := vsKey("10.96.0.10:80", model.TCP)
@@ -240,10 +240,12 @@ func TestReconcilerRepairsDrift(t *testing.T) {
 	}
 	resetCalls(ipvs, links)
 	mustSync(t, r, true)
+	// Virtual servers first (one batch), then real servers (another).
 	callsDiff(t, "repair writes", []string{
-		"AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1",
 		"UpdateVirtualServer 10.96.0.11:53/TCP lc",
+		"AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1",
 	}, ipvs.Writes())
+	callsDiff(t, "repair reads", []string{"ListVirtualServers", "ListAllRealServers", "ListRealServers 10.96.0.10:80/TCP"}, ipvs.Reads())
 	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
 		t.Errorf("kernel after repair (-want +got):\n%s", diff)
 	}
@@ -328,7 +330,11 @@ func TestReconcilerRetriesFailedServiceAlone(t *testing.T) {
 	if diff := cmp.Diff([]types.NamespacedName{svcB}, st.Applied); diff != "" {
 		t.Errorf("applied (-want +got):\n%s", diff)
 	}
-	// The other Service is programmed regardless.
+	// Both Services' writes went in two batches: virtual servers, then
+	// real servers. The other Service is programmed regardless.
+	if diff := cmp.Diff([]int{2, 3}, ipvs.Batches()); diff != "" {
+		t.Errorf("batch sizes (-want +got):\n%s", diff)
+	}
 	if !strings.Contains(strings.Join(ipvs.Dump(), "\n"), "10.96.0.11:80/TCP rr\n  -> 10.0.1.3:8080 w=1") {
 		t.Errorf("service b not programmed after a's failure:\n%s", strings.Join(ipvs.Dump(), "\n"))
 	}
@@ -384,36 +390,112 @@ func TestReconcilerRetriesFailedServiceAlone(t *testing.T) {
 	}
 }
 
-// TestReconcilerReadFailureForcesFull: only a failed kernel read makes the
-// next sync full, after its backoff.
-func TestReconcilerReadFailureForcesFull(t *testing.T) {
-	r, ipvs, links, clk := newClockedReconciler(t)
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+// TestReconcilerBatchFailures: writes go in two batches (virtual servers,
+// then real servers); a virtual server refused in the middle of the first
+// fails its Service alone, whose real servers are then not written, and a
+// real server refused in the middle of the second fails its Service alone;
+// every other write of both batches applies.
+func TestReconcilerBatchFailures(t *testing.T) {
+	r, ipvs, links := newTestReconciler(t)
 	mustSync(t, r, true)
-	errRead := errors.New("injected: no buffer space")
+	svcC := types.NamespacedName{Namespace: "default", Name: "c"}
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080", "10.0.1.4:8080")))
+	r.SetPlan(svcC, plan(svcC, vsPlan(model.KindClusterIP, "10.96.0.12:80", "rr", "10.0.1.5:8080", "10.0.1.6:8080", "10.0.1.7:8080")))
+	errVS, errRS := errors.New("injected: file exists"), errors.New("injected: no such process")
 	ipvs.InjectErrors(func(c fake.Call) error {
-		if strings.HasPrefix(string(c), "ListRealServers") {
-			return errRead
+		switch c {
+		case "AddVirtualServer 10.96.0.11:80/TCP rr":
+			return errVS
+		case "AddRealServer 10.96.0.12:80/TCP 10.0.1.6:8080 w=1":
+			return errRS
 		}
 		return nil
 	})
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.1.3:8080")))
-	if _, err := r.Sync(false); !errors.Is(err, errRead) {
-		t.Fatalf("Sync = %v, want the read error", err)
-	}
-	ipvs.InjectErrors(nil)
-	if r.FullDue() {
-		t.Errorf("a full sync is due before the backoff")
-	}
-	clk.Step(time.Second)
-	if !r.FullDue() {
-		t.Errorf("no full sync due after a failed read and its backoff")
-	}
 	resetCalls(ipvs, links)
-	if st := mustSync(t, r, false); !st.Full {
-		t.Errorf("the sync after the read failure's backoff was not full")
+	st, err := r.Sync(false)
+	if !errors.Is(err, errVS) || !errors.Is(err, errRS) {
+		t.Fatalf("Sync error = %v, want both injected errors", err)
 	}
-	callsDiff(t, "writes of the full retry", []string{"AddRealServer 10.96.0.10:80/TCP 10.0.1.3:8080 w=1"}, ipvs.Writes())
+	callsDiff(t, "writes", []string{
+		"AddVirtualServer 10.96.0.10:80/TCP rr",
+		"AddVirtualServer 10.96.0.11:80/TCP rr",
+		"AddVirtualServer 10.96.0.12:80/TCP rr",
+		"AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1",
+		"AddRealServer 10.96.0.12:80/TCP 10.0.1.5:8080 w=1",
+		"AddRealServer 10.96.0.12:80/TCP 10.0.1.6:8080 w=1",
+		"AddRealServer 10.96.0.12:80/TCP 10.0.1.7:8080 w=1",
+	}, ipvs.Writes())
+	if diff := cmp.Diff([]int{3, 4}, ipvs.Batches()); diff != "" {
+		t.Errorf("batch sizes (-want +got):\n%s", diff)
+	}
+	if len(st.Failed) != 2 || !errors.Is(st.Failed[svcB], errVS) || !errors.Is(st.Failed[svcC], errRS) {
+		t.Errorf("failed = %v, want b with the virtual server's error and c with the real server's", st.Failed)
+	}
+	if diff := cmp.Diff([]types.NamespacedName{svcA}, st.Applied); diff != "" {
+		t.Errorf("applied (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{
+		"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1",
+		"10.96.0.12:80/TCP rr", "  -> 10.0.1.5:8080 w=1", "  -> 10.0.1.7:8080 w=1",
+	}, ipvs.Dump()); diff != "" {
+		t.Errorf("kernel (-want +got):\n%s", diff)
+	}
+	for n, want := range map[types.NamespacedName]string{
+		svcB: "add-virtual-server 10.96.0.11:80/TCP rr: injected: file exists",
+		svcC: "add-real-server 10.96.0.12:80/TCP 10.0.1.6:8080 w=1: injected: no such process",
+	} {
+		if s, _ := r.Status(n); s.Applied || s.LastError != want {
+			t.Errorf("status of %s: applied=%v error %q, want %q", n, s.Applied, s.LastError, want)
+		}
+	}
+}
+
+// TestReconcilerReadFailureForcesFull: only a failed kernel read makes the
+// next sync full, after its backoff; so does a batched write whose answer
+// was lost (it may or may not be in the kernel), and that full sync sees
+// what the kernel holds.
+func TestReconcilerReadFailureForcesFull(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		call string // the failing call's prefix
+		err  error
+	}{
+		{"failed read", "ListRealServers", errors.New("injected: no buffer space")},
+		{"lost answer", "AddRealServer 10.96.0.10:80/TCP 10.0.1.3:8080", fmt.Errorf("injected: %w", netlinkutil.ErrOutcomeUnknown)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, ipvs, links, clk := newClockedReconciler(t)
+			r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+			mustSync(t, r, true)
+			ipvs.InjectErrors(func(c fake.Call) error {
+				if strings.HasPrefix(string(c), tc.call) {
+					return tc.err
+				}
+				return nil
+			})
+			r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.1.3:8080")))
+			if _, err := r.Sync(false); !errors.Is(err, tc.err) {
+				t.Fatalf("Sync = %v, want %v", err, tc.err)
+			}
+			ipvs.InjectErrors(nil)
+			if r.FullDue() {
+				t.Errorf("a full sync is due before the backoff")
+			}
+			clk.Step(time.Second)
+			if !r.FullDue() {
+				t.Errorf("no full sync due after the failure and its backoff")
+			}
+			resetCalls(ipvs, links)
+			if st := mustSync(t, r, false); !st.Full {
+				t.Errorf("the sync after the failure's backoff was not full")
+			}
+			callsDiff(t, "writes of the full retry", []string{"AddRealServer 10.96.0.10:80/TCP 10.0.1.3:8080 w=1"}, ipvs.Writes())
+			if r.FullDue() || r.Pending() {
+				t.Errorf("after the full sync: full due %v, pending %v", r.FullDue(), r.Pending())
+			}
+		})
+	}
 }
 
 // created returns a plan for a Service created at the given minute.
@@ -702,10 +784,10 @@ func TestReconcilerSlicedResync(t *testing.T) {
 		resetCalls(ipvs, links)
 		return st
 	}
-	// The resync reads the virtual servers whole, then the first slice's
-	// real servers.
+	// The resync reads the virtual servers and every real server whole,
+	// then checks the first slice.
 	if st := step("resync, slice 1", true, 3, []string{"AddRealServer 10.96.0.1:80/TCP 10.0.1.1:8080 w=1"},
-		[]string{"ListVirtualServers", "ListRealServers 10.96.0.1:80/TCP", "ListRealServers 10.96.0.2:80/TCP"}); !st.Full {
+		[]string{"ListVirtualServers", "ListAllRealServers"}); !st.Full {
 		t.Error("the resync's first sync is not reported full")
 	}
 	// A change to a Service of the last slice comes: the next sync applies
@@ -715,9 +797,10 @@ func TestReconcilerSlicedResync(t *testing.T) {
 		"UpdateRealServer 10.96.0.3:80/TCP 10.0.1.3:8080 w=1",
 		"AddRealServer 10.96.0.5:80/TCP 10.0.1.5:8080 w=1",
 		"AddRealServer 10.96.0.5:80/TCP 10.0.2.5:8080 w=1",
-	}, []string{"ListRealServers 10.96.0.3:80/TCP", "ListRealServers 10.96.0.4:80/TCP", "ListRealServers 10.96.0.5:80/TCP"})
+	}, nil) // all three from the resync's read: nothing wrote them since
 	// A full sync asked for meanwhile continues the resync (no new read of
-	// the virtual servers); the last slice finds the change applied.
+	// the virtual servers); the last slice reads again what the change
+	// wrote, and finds it applied.
 	if st := step("slice 3", true, 0, nil, []string{"ListRealServers 10.96.0.5:80/TCP"}); st.ResyncTook < 0 {
 		t.Error("negative resync duration")
 	}

@@ -6,6 +6,11 @@
 //	    time, as ipvs-proxy's cold sync would: the dummy interface, one address
 //	    per VIP, one virtual server per VIP, its real servers. It prints the
 //	    elapsed time as JSON: the floor a cold sync is compared with.
+//	ipvsbench netlink N
+//	    times, at N virtual servers with two real servers each, the kernel
+//	    writes and reads of a cold sync and a full resync both ways: one
+//	    netlink request at a time and batched (netlinkutil's IPVS.Apply,
+//	    ListAllRealServers; ipset entries in bulk). Prints JSON.
 //	ipvsbench latency KUBECONFIG NAMESPACE SLICE VIP:PORT ROUNDS
 //	    replaces the first endpoint of an EndpointSlice through the apiserver
 //	    and polls the kernel (one destination dump of that virtual server at a
@@ -41,8 +46,13 @@ func main() {
 		err = floor(os.Args[2])
 	case len(os.Args) == 7 && os.Args[1] == "latency":
 		err = latency(os.Args[2:])
+	case len(os.Args) == 3 && os.Args[1] == "netlink":
+		var n int
+		if n, err = strconv.Atoi(os.Args[2]); err == nil {
+			err = netlinkFigures(n)
+		}
 	default:
-		err = fmt.Errorf("usage: ipvsbench floor FILE | latency KUBECONFIG NAMESPACE SLICE VIP:PORT ROUNDS")
+		err = fmt.Errorf("usage: ipvsbench floor FILE | netlink N | latency KUBECONFIG NAMESPACE SLICE VIP:PORT ROUNDS")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ipvsbench:", err)

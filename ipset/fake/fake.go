@@ -5,6 +5,7 @@
 package fake
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -330,17 +331,18 @@ func (f *Sets) write(op, name string, entries []ipset.Entry, add bool) error {
 	if !ok {
 		return fmt.Errorf("ipset: %s %s: %w", strings.ToLower(op), name, ipset.ErrNotFound)
 	}
+	// Like the kernel: an entry refused does not stop the others.
+	var errs []error
 	for _, e := range entries {
 		if err := s.spec.Type.Check(s.spec.Family, e); err != nil {
-			return fmt.Errorf("ipset: %s %s: %w", strings.ToLower(op), name, err)
+			errs = append(errs, fmt.Errorf("ipset: %s %s: %w", strings.ToLower(op), name, err))
+			continue
 		}
-	}
-	for _, e := range entries {
 		if add {
 			s.entries[e] = true
 		} else {
 			delete(s.entries, e)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

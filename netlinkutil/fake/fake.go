@@ -30,7 +30,10 @@ type IPVS struct {
 	timeouts netlinkutil.Timeouts
 	calls    []Call
 	counts   counts
-	inject   ErrorFunc
+	batches  []int // sizes of Apply calls
+	// bulkSkips are left out of ListAllRealServers.
+	bulkSkips map[model.VSKey]bool
+	inject    ErrorFunc
 	// schedulers the fake kernel has; nil means every one.
 	schedulers map[string]bool
 }
@@ -105,11 +108,11 @@ func isRead(c Call) bool {
 	return len(c) >= 4 && c[:4] == "List"
 }
 
-// ResetCalls forgets recorded calls, keeping state.
+// ResetCalls forgets recorded calls and batches, keeping state.
 func (f *IPVS) ResetCalls() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = nil
+	f.calls, f.batches = nil, nil
 }
 
 // record appends a call and returns the injected error for it, if any.
@@ -220,10 +223,87 @@ func (f *IPVS) ListRealServers(vs model.VSKey) ([]model.RealServer, error) {
 	return out, nil
 }
 
+// Apply implements netlinkutil.IPVS: each write in order, as the single
+// calls would make it (recorded alike, with the same injected errors), and
+// the batch's size in Batches.
+func (f *IPVS) Apply(writes []netlinkutil.Write) []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.batches = append(f.batches, len(writes))
+	errs := make([]error, len(writes))
+	for i, w := range writes {
+		k := w.VirtualServer.VSKey
+		switch w.Kind {
+		case model.OpAddVirtualServer:
+			errs[i] = f.addVirtualServer(w.VirtualServer)
+		case model.OpUpdateVirtualServer:
+			errs[i] = f.updateVirtualServer(w.VirtualServer)
+		case model.OpDeleteVirtualServer:
+			errs[i] = f.deleteVirtualServer(k)
+		case model.OpAddRealServer:
+			errs[i] = f.addRealServer(k, w.RealServer)
+		case model.OpUpdateRealServer:
+			errs[i] = f.updateRealServer(k, w.RealServer)
+		case model.OpDeleteRealServer:
+			errs[i] = f.deleteRealServer(k, w.RealServer.RSKey)
+		default:
+			errs[i] = fmt.Errorf("%s is not an IPVS write", w.Kind)
+		}
+	}
+	return errs
+}
+
+// SkipInBulkRead makes ListAllRealServers leave these virtual servers out,
+// as the kernel's bulk read may (see netlinkutil.IPVS); none: it leaves
+// out nothing.
+func (f *IPVS) SkipInBulkRead(keys ...model.VSKey) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.bulkSkips = map[model.VSKey]bool{}
+	for _, k := range keys {
+		f.bulkSkips[k] = true
+	}
+}
+
+// Batches returns the sizes of the Apply calls since the last ResetCalls.
+func (f *IPVS) Batches() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.batches)
+}
+
+// ListAllRealServers implements netlinkutil.IPVS.
+func (f *IPVS) ListAllRealServers() (map[model.VSKey][]model.RealServer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("ListAllRealServers"); err != nil {
+		return nil, err
+	}
+	out := make(map[model.VSKey][]model.RealServer, len(f.vs))
+	for k := range f.vs {
+		if f.bulkSkips[k] {
+			continue
+		}
+		rss := make([]model.RealServer, 0, len(f.rs[k]))
+		for _, r := range f.rs[k] {
+			rss = append(rss, r)
+		}
+		slices.SortFunc(rss, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+		out[k] = rss
+	}
+	return out, nil
+}
+
 // AddVirtualServer implements netlinkutil.IPVS.
 func (f *IPVS) AddVirtualServer(vs model.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.addVirtualServer(vs)
+}
+
+// The writes; callers hold f.mu.
+
+func (f *IPVS) addVirtualServer(vs model.VirtualServer) error {
 	if err := f.record("AddVirtualServer %s", vs); err != nil {
 		return err
 	}
@@ -243,6 +323,10 @@ func (f *IPVS) AddVirtualServer(vs model.VirtualServer) error {
 func (f *IPVS) UpdateVirtualServer(vs model.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.updateVirtualServer(vs)
+}
+
+func (f *IPVS) updateVirtualServer(vs model.VirtualServer) error {
 	if err := f.record("UpdateVirtualServer %s", vs); err != nil {
 		return err
 	}
@@ -261,6 +345,10 @@ func (f *IPVS) UpdateVirtualServer(vs model.VirtualServer) error {
 func (f *IPVS) DeleteVirtualServer(vs model.VSKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.deleteVirtualServer(vs)
+}
+
+func (f *IPVS) deleteVirtualServer(vs model.VSKey) error {
 	if err := f.record("DeleteVirtualServer %s", vs); err != nil {
 		return err
 	}
@@ -276,6 +364,10 @@ func (f *IPVS) DeleteVirtualServer(vs model.VSKey) error {
 func (f *IPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.addRealServer(vs, rs)
+}
+
+func (f *IPVS) addRealServer(vs model.VSKey, rs model.RealServer) error {
 	if err := f.record("AddRealServer %s %s w=%d", vs, rs.RSKey, rs.Weight); err != nil {
 		return err
 	}
@@ -294,6 +386,10 @@ func (f *IPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
 func (f *IPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.updateRealServer(vs, rs)
+}
+
+func (f *IPVS) updateRealServer(vs model.VSKey, rs model.RealServer) error {
 	if err := f.record("UpdateRealServer %s %s w=%d", vs, rs.RSKey, rs.Weight); err != nil {
 		return err
 	}
@@ -312,6 +408,10 @@ func (f *IPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
 func (f *IPVS) DeleteRealServer(vs model.VSKey, rs model.RSKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.deleteRealServer(vs, rs)
+}
+
+func (f *IPVS) deleteRealServer(vs model.VSKey, rs model.RSKey) error {
 	if err := f.record("DeleteRealServer %s %s", vs, rs); err != nil {
 		return err
 	}

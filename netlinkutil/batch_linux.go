@@ -1,0 +1,133 @@
+package netlinkutil
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// IPVS generic netlink commands and attributes (linux/ip_vs.h).
+const (
+	ipvsGenlVersion = 1
+
+	ipvsCmdNewService = 1
+	ipvsCmdSetService = 2
+	ipvsCmdDelService = 3
+	ipvsCmdNewDest    = 5
+	ipvsCmdSetDest    = 6
+	ipvsCmdDelDest    = 7
+
+	ipvsCmdAttrService = 1
+	ipvsCmdAttrDest    = 2
+
+	ipvsSvcAttrAF        = 1
+	ipvsSvcAttrProtocol  = 2
+	ipvsSvcAttrAddr      = 3
+	ipvsSvcAttrPort      = 4
+	ipvsSvcAttrSchedName = 6
+	ipvsSvcAttrFlags     = 7
+	ipvsSvcAttrTimeout   = 8
+	ipvsSvcAttrNetmask   = 9
+
+	ipvsDestAttrAddr      = 1
+	ipvsDestAttrPort      = 2
+	ipvsDestAttrFwdMethod = 3
+	ipvsDestAttrWeight    = 4
+	ipvsDestAttrUThresh   = 5
+	ipvsDestAttrLThresh   = 6
+	ipvsDestAttrAF        = 11
+
+	ipvsConnFlagMasq = 0 // IP_VS_CONN_F_MASQ: NAT forwarding
+)
+
+var ipvsCommands = map[model.OpKind]uint8{
+	model.OpAddVirtualServer:    ipvsCmdNewService,
+	model.OpUpdateVirtualServer: ipvsCmdSetService,
+	model.OpDeleteVirtualServer: ipvsCmdDelService,
+	model.OpAddRealServer:       ipvsCmdNewDest,
+	model.OpUpdateRealServer:    ipvsCmdSetDest,
+	model.OpDeleteRealServer:    ipvsCmdDelDest,
+}
+
+// encodeWrite renders one write as an IPVS generic netlink request, with
+// the attributes that the kernel requires of it (and that the one-at-a-time
+// calls send): the whole service for an add or update of one, its key
+// otherwise; the whole destination for an add or update of one.
+func encodeWrite(w Write) ([]byte, error) {
+	cmd, ok := ipvsCommands[w.Kind]
+	if !ok {
+		return nil, fmt.Errorf("%s is not an IPVS write", w.Kind)
+	}
+	vs := w.VirtualServer
+	if !vs.Address.IsValid() || (w.Kind >= model.OpAddRealServer && w.Kind <= model.OpDeleteRealServer && !w.RealServer.Address.IsValid()) {
+		return nil, fmt.Errorf("%s: invalid address", w)
+	}
+	b := nlbatch.Attrs{cmd, ipvsGenlVersion, 0, 0} // genlmsghdr
+	b = b.Nest(ipvsCmdAttrService, func(a nlbatch.Attrs) nlbatch.Attrs {
+		a = a.U16(ipvsSvcAttrAF, family(vs.Address))
+		a = a.U16(ipvsSvcAttrProtocol, uint16(vs.Protocol))
+		a = a.Bytes(ipvsSvcAttrAddr, vs.Address.AsSlice())
+		a = a.BE16(ipvsSvcAttrPort, vs.Port)
+		if cmd == ipvsCmdNewService || cmd == ipvsCmdSetService {
+			k := toKernelVS(vs)
+			a = a.String(ipvsSvcAttrSchedName, k.SchedName)
+			// struct ip_vs_flags: the flags, and the mask of those set.
+			flags := binary.NativeEndian.AppendUint32(nil, k.Flags)
+			a = a.Bytes(ipvsSvcAttrFlags, binary.NativeEndian.AppendUint32(flags, 0xffffffff))
+			a = a.U32(ipvsSvcAttrTimeout, k.Timeout)
+			a = a.U32(ipvsSvcAttrNetmask, k.Netmask)
+		}
+		return a
+	})
+	if cmd >= ipvsCmdNewDest {
+		rs := w.RealServer
+		b = b.Nest(ipvsCmdAttrDest, func(a nlbatch.Attrs) nlbatch.Attrs {
+			a = a.Bytes(ipvsDestAttrAddr, rs.Address.AsSlice())
+			a = a.BE16(ipvsDestAttrPort, rs.Port)
+			a = a.U16(ipvsDestAttrAF, family(rs.Address))
+			if cmd != ipvsCmdDelDest {
+				a = a.U32(ipvsDestAttrFwdMethod, ipvsConnFlagMasq)
+				a = a.U32(ipvsDestAttrWeight, uint32(rs.Weight))
+				a = a.U32(ipvsDestAttrUThresh, 0)
+				a = a.U32(ipvsDestAttrLThresh, 0)
+			}
+			return a
+		})
+	}
+	return b, nil
+}
+
+// Apply implements IPVS: the writes go out pipelined on the batch socket.
+func (k *kernelIPVS) Apply(writes []Write) []error {
+	errs := make([]error, len(writes))
+	msgs := make([]nlbatch.Message, 0, len(writes))
+	idx := make([]int, 0, len(writes)) // writes[idx[j]] is msgs[j]
+	for i, w := range writes {
+		data, err := encodeWrite(w)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		msgs = append(msgs, nlbatch.Message{Type: k.familyID, Data: data})
+		idx = append(idx, i)
+	}
+	for j, r := range k.batch.Exchange(msgs) {
+		if r.Err != nil {
+			errs[idx[j]] = writes[idx[j]].wrap(r.Err)
+		}
+	}
+	return errs
+}
+
+// family returns the address family of an address (AF_INET or AF_INET6).
+func family(a netip.Addr) uint16 {
+	if a.Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
+}

@@ -1,0 +1,61 @@
+package netlinkutil
+
+import (
+	"bufio"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// TestParseProcTable reads the kernel's text table (as Linux 6.1 prints
+// it): IPv4 and IPv6 virtual servers with their destinations, one without
+// any, a fwmark one whose destinations are left out, and one shown twice
+// (the file is read a page at a time) whose destinations count once.
+func TestParseProcTable(t *testing.T) {
+	const table = `IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port Forward Weight ActiveConn InActConn
+TCP  0A60000A:0050 rr 
+  -> 0A000102:1F90      Masq    1      3          7         
+  -> 0A000202:1F90      Masq    0      0          0         
+UDP  0A60000A:0035 sh persistent 600 FFFFFFFF
+SCTP  [fd00:0010:0096:0000:0000:0000:0000:0010]:01BB mh 
+  -> [fd00:0001:0000:0000:0000:0000:0000:0002]:20FB      Masq    3      0          0         
+FWM  00000001 rr 
+  -> 0A000302:0050      Masq    1      0          0         
+TCP  0A60000A:0050 rr 
+  -> 0A000102:1F90      Masq    1      3          7         
+  -> 0A000202:1F90      Masq    0      0          0         
+`
+	got, err := parseProcTable(bufio.NewReader(strings.NewReader(table)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := func(s string, w, act, inact int) model.RealServer {
+		x := rs(s, w)
+		x.ActiveConns, x.InactiveConns = act, inact
+		return x
+	}
+	want := map[model.VSKey][]model.RealServer{
+		vsKey("10.96.0.10:80", model.TCP):         {r("10.0.1.2:8080", 1, 3, 7), r("10.0.2.2:8080", 0, 0, 0)},
+		vsKey("10.96.0.10:53", model.UDP):         {},
+		vsKey("[fd00:10:96::10]:443", model.SCTP): {r("[fd00:1::2]:8443", 3, 0, 0)},
+	}
+	if diff := cmp.Diff(want, got, addrCmp); diff != "" {
+		t.Errorf("table (-want +got):\n%s", diff)
+	}
+	for _, bad := range []string{"TCP  0A60000A rr\n", "TCP  0A60000A:0050 rr\n  -> 0A000102:1F90 Masq x 0 0\n", "TCP  0A6000:0050 rr\n"} {
+		if _, err := parseProcTable(bufio.NewReader(strings.NewReader(bad))); err == nil {
+			t.Errorf("parsed %q without an error", bad)
+		}
+	}
+}
+
+func vsKey(addrPort string, proto model.Protocol) model.VSKey {
+	ap := netip.MustParseAddrPort(addrPort)
+	return model.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
+}
