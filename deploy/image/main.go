@@ -32,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/oci"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
@@ -70,7 +71,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	arch, err := checkStatic(*binary)
+	arch, err := oci.CheckStatic(*binary)
 	if err != nil {
 		return err
 	}
@@ -113,7 +114,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := writeArchive(img, *tag, *output, epoch); err != nil {
+	if err := oci.WriteArchive(img, *tag, *output, epoch); err != nil {
 		return err
 	}
 	digest, err := img.Digest()
