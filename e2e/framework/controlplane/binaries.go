@@ -293,6 +293,10 @@ func runGo(ctx context.Context, goBin, modDir string, args []string) error {
 	return nil
 }
 
+// LockFile takes an exclusive flock on path, waiting for ctx; the returned
+// func releases it. Other builders of cached parts share it.
+func LockFile(ctx context.Context, path string) (func(), error) { return lockFile(ctx, path) }
+
 // lockFile takes an exclusive flock on path, polling so that ctx can cancel
 // the wait. The returned func releases it.
 func lockFile(ctx context.Context, path string) (func(), error) {
