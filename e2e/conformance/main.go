@@ -1,0 +1,227 @@
+// Command conformance runs Kubernetes' own end-to-end tests of Services
+// (e2e.test v1.36.3, built from Go modules and cached) against a running
+// cluster and writes a JUnit report and a summary table:
+//
+//	go run ./e2e/conformance --kubeconfig KUBECONFIG [--proxy ipvs-proxy|kube-proxy] [--conformance-only]
+//	go run ./e2e/conformance --list      # the tests of the focus, what is skipped and why
+//
+// The focus is the Services tests of sig-network plus EndpointSlice,
+// Networking Granular Checks: Services, Conntrack and KubeProxy; the skip
+// list (skips.txt) leaves out, in groups with their reasons, what a
+// one-node cluster without a cloud provider cannot run. Reports go to
+// bin/conformance/<proxy>/: junit_01.xml, e2e.log and summary.md.
+// Arguments after "--" are passed to e2e.test.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/upstream"
+)
+
+// proxies are the proxies a run can be made with.
+var proxies = []string{"ipvs-proxy", "kube-proxy"}
+
+type options struct {
+	kubeconfig      string
+	proxy           string
+	conformanceOnly bool
+	list            bool
+	out             string
+	timeout         time.Duration
+	startupTimeout  time.Duration
+	extra           []string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the running cluster to test")
+	flag.StringVar(&o.proxy, "proxy", "ipvs-proxy", "the cluster's Service proxy: "+strings.Join(proxies, " or ")+" (names the report)")
+	flag.BoolVar(&o.conformanceOnly, "conformance-only", false, "run only the [Conformance] tests of the focus")
+	flag.BoolVar(&o.list, "list", false, "list the tests of the focus and the skip list's reasons, run nothing")
+	flag.StringVar(&o.out, "out", "bin/conformance", "report directory (a folder per proxy)")
+	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "time limit of the suite (Ginkgo's)")
+	flag.DurationVar(&o.startupTimeout, "startup-timeout", 10*time.Minute, "how long the suite waits for schedulable nodes")
+	flag.Parse()
+	o.extra = flag.Args()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "conformance: "+format+"\n", args...)
+}
+
+func run(ctx context.Context, o options) error {
+	if !slices.Contains(proxies, o.proxy) {
+		return fmt.Errorf("--proxy %q: want one of %s", o.proxy, strings.Join(proxies, ", "))
+	}
+	if !o.list && o.kubeconfig == "" {
+		return errors.New("--kubeconfig is required (the cluster fixture is not wired in yet), or --list")
+	}
+	p, err := newPlan(o.conformanceOnly)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	suite, err := upstream.EnsureSuite(ctx, controlplane.CacheDir())
+	if err != nil {
+		return err
+	}
+	logf("e2e.test, kubectl and agnhost in %s (%s)", suite.Dir, time.Since(t0).Round(time.Second))
+	if o.list {
+		return list(ctx, suite, p, os.Stdout)
+	}
+	return runSuite(ctx, suite, p, o)
+}
+
+// runSuite runs e2e.test against the cluster and writes the reports.
+func runSuite(ctx context.Context, suite upstream.Suite, p *plan, o options) error {
+	out, err := filepath.Abs(filepath.Join(o.out, o.proxy))
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(out); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	kubeconfig, err := filepath.Abs(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	args := []string{
+		"--kubeconfig=" + kubeconfig,
+		// skeleton: no cloud provider and no SSH to nodes; the tests
+		// that need either skip themselves.
+		"--provider=skeleton",
+		"--kubectl-path=" + suite.Kubectl(),
+		"--report-dir=" + out,
+		"--e2e-output-dir=" + out,
+		"--disable-log-dump",
+		"--node-schedulable-timeout=" + o.startupTimeout.String(),
+		"--ginkgo.focus=" + p.focusExpr(),
+		"--ginkgo.skip=" + p.skipExpr(),
+		"--ginkgo.timeout=" + o.timeout.String(),
+		"--ginkgo.no-color",
+	}
+	if lf := p.labelFilter(); lf != "" {
+		args = append(args, "--ginkgo.label-filter="+lf)
+	}
+	args = append(args, o.extra...)
+	logPath := filepath.Join(out, "e2e.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	cmd := exec.CommandContext(ctx, suite.E2ETest(), args...)
+	cmd.Dir = out
+	cmd.Stdout = io.MultiWriter(os.Stdout, logFile)
+	cmd.Stderr = cmd.Stdout
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = time.Minute
+	logf("running %s %s", suite.E2ETest(), strings.Join(args, " "))
+	start := time.Now()
+	runErr := cmd.Run()
+	wall := time.Since(start)
+
+	junit := filepath.Join(out, "junit_01.xml")
+	results, err := readJUnitFile(junit)
+	if err != nil {
+		return errors.Join(fmt.Errorf("e2e.test: %w (log: %s)", runErr, logPath), err)
+	}
+	s := summarize(results, p, o.proxy, wall)
+	summaryPath := filepath.Join(out, "summary.md")
+	f, err := os.Create(summaryPath)
+	if err != nil {
+		return err
+	}
+	err = errors.Join(s.writeMarkdown(f), f.Close())
+	if err != nil {
+		return fmt.Errorf("write %s: %w", summaryPath, err)
+	}
+	logf("%s: wall time %s; report %s, summary %s", o.proxy, wall.Round(time.Second), junit, summaryPath)
+	// The plain closing line.
+	fmt.Printf("%d passed, %d failed, %d skipped\n", s.Passed, s.Failed, s.Skipped)
+	if s.Failed > 0 || s.Passed == 0 {
+		return fmt.Errorf("%d failed, %d passed (e2e.test: %v)", s.Failed, s.Passed, runErr)
+	}
+	return nil
+}
+
+// list prints every test of the focus: whether it is [Conformance], and
+// the reason of the skip list's group that leaves it out.
+func list(ctx context.Context, suite upstream.Suite, p *plan, w io.Writer) error {
+	names, err := listTests(ctx, suite)
+	if err != nil {
+		return err
+	}
+	var run, conf, skipped int
+	byGroup := map[string]int{}
+	var lines []string
+	for _, n := range names {
+		if !p.inFocus(n) {
+			continue
+		}
+		mark := "run "
+		if g := p.skipGroup(n); g != nil {
+			mark = "skip"
+			skipped++
+			byGroup[g.Reason]++
+		} else if p.selected(n) {
+			run++
+		}
+		if isConformance(n) {
+			conf++
+		}
+		lines = append(lines, mark+" "+n)
+	}
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
+	fmt.Fprintf(w, "\n%d tests in the focus, %d [Conformance]; %d run, %d skipped:\n", len(lines), conf, run, skipped)
+	for _, g := range p.groups {
+		fmt.Fprintf(w, "  %3d  %s\n", byGroup[g.Reason], g.Reason)
+	}
+	return nil
+}
+
+// listTests is e2e.test's list of every test's full name.
+func listTests(ctx context.Context, suite upstream.Suite) ([]string, error) {
+	cmd := exec.CommandContext(ctx, suite.E2ETest(), "--list-tests")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("e2e.test --list-tests: %w\n%s", err, stderr.String())
+	}
+	var names []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			names = append(names, l)
+		}
+	}
+	return names, nil
+}
