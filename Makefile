@@ -12,7 +12,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build image test checks bed unit e2e lint demo bench clean fuzz
+.PHONY: all build image test checks bed unit e2e lint demo bench clean fuzz conformance conformance-list
 
 all: build
 
@@ -72,6 +72,19 @@ demo:
 # Figures at 1,000 and 10,000 Services in the bed (not a test: it prints).
 bench:
 	$(GO) run ./e2e/bench $(BENCH_ARGS)
+
+# Kubernetes' own e2e tests of Services (e2e.test v1.36.3, built from Go
+# modules and cached) against a running cluster; JUnit report and summary
+# table in bin/conformance/$(PROXY)/. PROXY names the cluster's proxy
+# (ipvs-proxy or kube-proxy); CONFORMANCE_ONLY=1 runs only the
+# [Conformance] tests. Until the one-node cluster fixture is merged it
+# needs KUBECONFIG. `make conformance-list` lists the focus and the skips.
+PROXY ?= ipvs-proxy
+conformance:
+	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --kubeconfig '$(KUBECONFIG)' $(if $(CONFORMANCE_ONLY),--conformance-only) $(CONFORMANCE_ARGS)
+
+conformance-list:
+	$(GO) run ./e2e/conformance --list
 
 clean:
 	rm -rf bin

@@ -37,14 +37,15 @@ import (
 var proxies = []string{"ipvs-proxy", "kube-proxy"}
 
 type options struct {
-	kubeconfig      string
-	proxy           string
-	conformanceOnly bool
-	list            bool
-	out             string
-	timeout         time.Duration
-	startupTimeout  time.Duration
-	extra           []string
+	kubeconfig       string
+	proxy            string
+	conformanceOnly  bool
+	list             bool
+	out              string
+	timeout          time.Duration
+	startupTimeout   time.Duration
+	bareControlPlane bool
+	extra            []string
 }
 
 func main() {
@@ -56,6 +57,8 @@ func main() {
 	flag.StringVar(&o.out, "out", "bin/conformance", "report directory (a folder per proxy)")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "time limit of the suite (Ginkgo's)")
 	flag.DurationVar(&o.startupTimeout, "startup-timeout", 10*time.Minute, "how long the suite waits for schedulable nodes")
+	flag.BoolVar(&o.bareControlPlane, "bare-control-plane", false,
+		"instead of --kubeconfig, start the bed's host control plane (no node): shows that e2e.test starts and connects, and fails for want of a node")
 	flag.Parse()
 	o.extra = flag.Args()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -74,8 +77,8 @@ func run(ctx context.Context, o options) error {
 	if !slices.Contains(proxies, o.proxy) {
 		return fmt.Errorf("--proxy %q: want one of %s", o.proxy, strings.Join(proxies, ", "))
 	}
-	if !o.list && o.kubeconfig == "" {
-		return errors.New("--kubeconfig is required (the cluster fixture is not wired in yet), or --list")
+	if !o.list && (o.kubeconfig == "") == !o.bareControlPlane {
+		return errors.New("want one of --kubeconfig (the cluster fixture is not wired in yet), --bare-control-plane or --list")
 	}
 	p, err := newPlan(o.conformanceOnly)
 	if err != nil {
@@ -89,6 +92,14 @@ func run(ctx context.Context, o options) error {
 	logf("e2e.test, kubectl and agnhost in %s (%s)", suite.Dir, time.Since(t0).Round(time.Second))
 	if o.list {
 		return list(ctx, suite, p, os.Stdout)
+	}
+	if o.bareControlPlane {
+		cp, err := controlplane.Start(ctx, controlplane.Options{WithControllerManager: true, Log: logf})
+		if err != nil {
+			return err
+		}
+		defer cp.Stop()
+		o.kubeconfig = cp.Kubeconfig
 	}
 	return runSuite(ctx, suite, p, o)
 }

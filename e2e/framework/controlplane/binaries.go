@@ -252,7 +252,7 @@ func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []com
 	var mains []string
 	for _, c := range commands {
 		if strings.HasSuffix(c.binary, testBinarySuffix) {
-			args := []string{"test", "-c", "-trimpath", "-ldflags", ldflags, "-o", filepath.Join(outDir, c.binary), c.pkg}
+			args := []string{"test", "-c", "-vet=off", "-trimpath", "-ldflags", ldflags, "-o", filepath.Join(outDir, c.binary), c.pkg}
 			if err := runGo(ctx, goBin, modDir, args); err != nil {
 				return err
 			}
