@@ -165,3 +165,14 @@ func TestParseSkips(t *testing.T) {
 		t.Fatal("the checked-in skip list has no group")
 	}
 }
+
+func TestParseTestList(t *testing.T) {
+	out := "k8s.io/kubernetes@v1.36.3/test/e2e/network/service.go:733: [sig-network] Services should serve a basic endpoint from pods [Conformance]\n" +
+		"\n  k8s.io/kubernetes@v1.36.3/test/e2e/network/networking.go:147: [sig-network] Networking Granular Checks: Services should function for pod-Service: http\n"
+	got := strings.Join(parseTestList(out), "\n")
+	want := "[sig-network] Services should serve a basic endpoint from pods [Conformance]\n" +
+		"[sig-network] Networking Granular Checks: Services should function for pod-Service: http"
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -130,14 +131,10 @@ func runSuite(ctx context.Context, suite upstream.Suite, p *plan, o options) err
 		"--e2e-output-dir=" + out,
 		"--disable-log-dump",
 		"--node-schedulable-timeout=" + o.startupTimeout.String(),
-		"--ginkgo.focus=" + p.focusExpr(),
-		"--ginkgo.skip=" + p.skipExpr(),
 		"--ginkgo.timeout=" + o.timeout.String(),
 		"--ginkgo.no-color",
 	}
-	if lf := p.labelFilter(); lf != "" {
-		args = append(args, "--ginkgo.label-filter="+lf)
-	}
+	args = append(args, p.ginkgoArgs()...)
 	args = append(args, o.extra...)
 	logPath := filepath.Join(out, "e2e.log")
 	logFile, err := os.Create(logPath)
@@ -216,7 +213,51 @@ func list(ctx context.Context, suite upstream.Suite, p *plan, w io.Writer) error
 	for _, g := range p.groups {
 		fmt.Fprintf(w, "  %3d  %s\n", byGroup[g.Reason], g.Reason)
 	}
+	// Ginkgo's own dry run with the expressions a run passes must select
+	// the same tests.
+	dry, err := dryRun(ctx, suite, p)
+	if err != nil {
+		return err
+	}
+	if dry != run {
+		return fmt.Errorf("e2e.test's dry run with the focus and skip expressions selects %d tests, the list %d", dry, run)
+	}
+	fmt.Fprintf(w, "e2e.test --ginkgo.dry-run with the same focus and skip selects the same %d tests.\n", dry)
 	return nil
+}
+
+// dryRun runs e2e.test --ginkgo.dry-run with the plan's expressions and
+// counts the tests it would run.
+func dryRun(ctx context.Context, suite upstream.Suite, p *plan) (int, error) {
+	dir, err := os.MkdirTemp("", "conformance-dry-run-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	args := append([]string{"--ginkgo.dry-run", "--report-dir=" + dir, "--ginkgo.no-color", "--ginkgo.succinct"}, p.ginkgoArgs()...)
+	cmd := exec.CommandContext(ctx, suite.E2ETest(), args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("e2e.test --ginkgo.dry-run: %w\n%s", err, tailString(string(out), 2000))
+	}
+	results, err := readJUnitFile(filepath.Join(dir, "junit_01.xml"))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range results {
+		if r.Outcome == Passed && p.inFocus(r.Name) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
 }
 
 // listTests is e2e.test's list of every test's full name.
@@ -228,11 +269,22 @@ func listTests(ctx context.Context, suite upstream.Suite) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("e2e.test --list-tests: %w\n%s", err, stderr.String())
 	}
+	return parseTestList(string(out)), nil
+}
+
+// testListLine is a line of `e2e.test --list-tests`: "FILE.go:LINE: NAME".
+var testListLine = regexp.MustCompile(`^\S+\.go:\d+: (.+)$`)
+
+// parseTestList returns the full names in `e2e.test --list-tests` output.
+func parseTestList(out string) []string {
 	var names []string
-	for _, l := range strings.Split(string(out), "\n") {
-		if l = strings.TrimSpace(l); l != "" {
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		if m := testListLine.FindStringSubmatch(l); m != nil {
+			names = append(names, m[1])
+		} else if l != "" {
 			names = append(names, l)
 		}
 	}
-	return names, nil
+	return names
 }

@@ -102,6 +102,15 @@ func (p *plan) labelFilter() string {
 	return ""
 }
 
+// ginkgoArgs are e2e.test's arguments that select the plan's tests.
+func (p *plan) ginkgoArgs() []string {
+	args := []string{"--ginkgo.focus=" + p.focusExpr(), "--ginkgo.skip=" + p.skipExpr()}
+	if lf := p.labelFilter(); lf != "" {
+		args = append(args, "--ginkgo.label-filter="+lf)
+	}
+	return args
+}
+
 func (p *plan) inFocus(name string) bool { return p.focusRE.MatchString(name) }
 
 // skipGroup is the group that leaves the test out, or nil.
