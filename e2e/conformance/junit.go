@@ -42,6 +42,9 @@ const (
 	Passed  Outcome = "passed"
 	Failed  Outcome = "failed"
 	Skipped Outcome = "skipped"
+	// NotRun is a selected test that did not run: the suite stopped
+	// before it (a failed [SynchronizedBeforeSuite], a timeout).
+	NotRun Outcome = "not run"
 )
 
 // Result is one test case of a report.
@@ -127,16 +130,27 @@ type Summary struct {
 	// Wall is the run's wall time.
 	Wall time.Duration
 	// Rows are the tests of the focus, sorted by name.
-	Rows                    []Result
-	Passed, Failed, Skipped int
+	Rows                            []Result
+	Passed, Failed, Skipped, NotRun int
 }
 
 // summarize keeps the results of the plan's tests: those run (passed,
 // failed or skipped by the test itself), those the skip list leaves out
-// (with the group's reason), and failed suite-level nodes (a failed
-// [SynchronizedBeforeSuite] explains why nothing ran).
-func summarize(results []Result, p *plan, proxy string, wall time.Duration) Summary {
+// (with the group's reason), those selected that did not run, and failed
+// suite-level nodes (a failed [SynchronizedBeforeSuite] explains why
+// nothing ran). all is every test's name (e2e.test --list-tests): the
+// report lacks the tests when the suite failed before them.
+func summarize(results []Result, all []string, p *plan, proxy string, wall time.Duration) Summary {
 	s := Summary{Proxy: proxy, Wall: wall}
+	reported := map[string]bool{}
+	for _, r := range results {
+		reported[r.Name] = true
+	}
+	for _, n := range all {
+		if !reported[n] {
+			results = append(results, Result{Name: n, Outcome: Skipped, NotRun: true})
+		}
+	}
 	for _, r := range results {
 		suiteNode := strings.HasPrefix(r.Name, "[SynchronizedBeforeSuite]") || strings.HasPrefix(r.Name, "[BeforeSuite]") ||
 			strings.HasPrefix(r.Name, "[SynchronizedAfterSuite]") || strings.HasPrefix(r.Name, "[AfterSuite]") ||
@@ -156,9 +170,9 @@ func summarize(results []Result, p *plan, proxy string, wall time.Duration) Summ
 				if p.conformanceOnly && !isConformance(r.Name) {
 					continue
 				}
-				r.Why = "not run"
+				r.Outcome = NotRun
 			} else {
-				r.Why = "skip list: " + g.Reason
+				r.Why = "skip list: " + g.Short()
 			}
 		}
 		switch r.Outcome {
@@ -168,6 +182,8 @@ func summarize(results []Result, p *plan, proxy string, wall time.Duration) Summ
 			s.Failed++
 		case Skipped:
 			s.Skipped++
+		case NotRun:
+			s.NotRun++
 		}
 		s.Rows = append(s.Rows, r)
 	}
@@ -180,7 +196,11 @@ func summarize(results []Result, p *plan, proxy string, wall time.Duration) Summ
 func (s Summary) writeMarkdown(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Kubernetes e2e (Services focus) with %s\n\n", s.Proxy)
-	fmt.Fprintf(&b, "Wall time: %s. Passed: %d, failed: %d, skipped: %d.\n\n", s.Wall.Round(time.Second), s.Passed, s.Failed, s.Skipped)
+	fmt.Fprintf(&b, "Wall time: %s. Passed: %d, failed: %d, skipped: %d", s.Wall.Round(time.Second), s.Passed, s.Failed, s.Skipped)
+	if s.NotRun > 0 {
+		fmt.Fprintf(&b, ", not run: %d", s.NotRun)
+	}
+	b.WriteString(".\n\n")
 	b.WriteString("| Test | Result | Time | Note |\n| --- | --- | ---: | --- |\n")
 	for _, r := range s.Rows {
 		t := ""

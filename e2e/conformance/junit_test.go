@@ -7,7 +7,7 @@ import (
 )
 
 const testSkips = `# a comment
-## needs a cloud provider's LoadBalancer
+## needs a cloud provider's LoadBalancer: the long reason
 [Slow] [LinuxOnly]
 LoadBalancer service
 
@@ -65,7 +65,7 @@ func TestSummary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := summarize(res, p, "ipvs-proxy", 95*time.Second+600*time.Millisecond)
+	s := summarize(res, nil, p, "ipvs-proxy", 95*time.Second+600*time.Millisecond)
 	var names []string
 	for _, r := range s.Rows {
 		names = append(names, r.Name+" = "+string(r.Outcome)+" ("+r.Why+")")
@@ -117,7 +117,7 @@ func TestSummaryConformanceOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := summarize(res, p, "kube-proxy", time.Minute)
+	s := summarize(res, nil, p, "kube-proxy", time.Minute)
 	for _, r := range s.Rows {
 		if r.NotRun && p.skipGroup(r.Name) == nil && !isConformance(r.Name) {
 			t.Errorf("a test left out by --conformance-only is in the table: %s", r.Name)
@@ -133,7 +133,6 @@ func TestSummaryConformanceOnly(t *testing.T) {
 func TestFailedSuiteNodeIsReported(t *testing.T) {
 	const report = `<testsuites><testsuite name="Kubernetes e2e suite">
 <testcase name="[SynchronizedBeforeSuite]" status="failed" time="30"><failure type="failed">[FAILED] there are no schedulable nodes&#xA;more</failure></testcase>
-<testcase name="[It] [sig-network] Services should provide secure master service [Conformance]" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
 </testsuite></testsuites>`
 	res, err := readJUnit(strings.NewReader(report))
 	if err != nil {
@@ -143,10 +142,25 @@ func TestFailedSuiteNodeIsReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := summarize(res, p, "ipvs-proxy", time.Minute)
-	if s.Failed != 1 || s.Skipped != 1 || len(s.Rows) != 2 || s.Rows[0].Why != "[FAILED] there are no schedulable nodes" ||
-		s.Rows[1].Why != "not run" {
+	// The report lacks the tests when the suite failed before them.
+	all := []string{
+		"[sig-network] Services should provide secure master service [Conformance]",
+		"[sig-network] Services should serve a basic endpoint from pods [Conformance]",
+		"[sig-apps] Deployment should run the lifecycle of a Deployment [Conformance]",
+	}
+	s := summarize(res, all, p, "ipvs-proxy", time.Minute)
+	if s.Failed != 1 || s.NotRun != 1 || s.Skipped != 1 || len(s.Rows) != 3 ||
+		s.Rows[0].Why != "[FAILED] there are no schedulable nodes" ||
+		s.Rows[1].Outcome != NotRun || s.Rows[1].Name != all[0] ||
+		s.Rows[2].Outcome != Skipped || s.Rows[2].Why != "skip list: needs at least two schedulable nodes" {
 		t.Errorf("summary %+v", s)
+	}
+	var b strings.Builder
+	if err := s.writeMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "Passed: 0, failed: 1, skipped: 1, not run: 1.") {
+		t.Errorf("summary:\n%s", b.String())
 	}
 }
 

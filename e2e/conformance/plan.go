@@ -31,6 +31,12 @@ type skipGroup struct {
 	Parts []string
 }
 
+// Short is the reason up to its first colon (for table cells).
+func (g *skipGroup) Short() string {
+	short, _, _ := strings.Cut(g.Reason, ": ")
+	return short
+}
+
 // plan is what a run selects.
 type plan struct {
 	focusRE, skipRE *regexp.Regexp
