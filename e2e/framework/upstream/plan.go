@@ -1,4 +1,4 @@
-package main
+package upstream
 
 import (
 	"bufio"
@@ -23,8 +23,8 @@ var focus = []string{
 //go:embed skips.txt
 var skipsText string
 
-// skipGroup is tests left out for one reason.
-type skipGroup struct {
+// SkipGroup is tests left out for one reason.
+type SkipGroup struct {
 	Reason string
 	// Parts are literal parts of full test names (a tag such as
 	// [Feature:LoadBalancer], or a whole name).
@@ -32,29 +32,30 @@ type skipGroup struct {
 }
 
 // Short is the reason up to its first colon (for table cells).
-func (g *skipGroup) Short() string {
+func (g *SkipGroup) Short() string {
 	short, _, _ := strings.Cut(g.Reason, ": ")
 	return short
 }
 
-// plan is what a run selects.
-type plan struct {
+// Plan is what a run selects: the focus, the skip list and whether only
+// [Conformance] tests run.
+type Plan struct {
 	focusRE, skipRE *regexp.Regexp
-	groups          []skipGroup
+	Groups          []SkipGroup
 	conformanceOnly bool
 }
 
 // parseSkips reads the skip list: "## reason" opens a group, each other
 // non-empty line that is not a "#" comment is a literal part of the full
 // names of the tests the group leaves out.
-func parseSkips(text string) ([]skipGroup, error) {
-	var groups []skipGroup
+func parseSkips(text string) ([]SkipGroup, error) {
+	var groups []SkipGroup
 	sc := bufio.NewScanner(strings.NewReader(text))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		switch {
 		case strings.HasPrefix(line, "## "):
-			groups = append(groups, skipGroup{Reason: strings.TrimSpace(line[3:])})
+			groups = append(groups, SkipGroup{Reason: strings.TrimSpace(line[3:])})
 		case line == "" || strings.HasPrefix(line, "#"):
 		case len(groups) == 0:
 			return nil, fmt.Errorf("skip list line %d: %q before the first \"## reason\"", n, line)
@@ -71,10 +72,11 @@ func parseSkips(text string) ([]skipGroup, error) {
 	return groups, sc.Err()
 }
 
-func newPlan(conformanceOnly bool) (*plan, error) { return newPlanFrom(skipsText, conformanceOnly) }
+// NewPlan is the plan of the checked-in skip list (skips.txt).
+func NewPlan(conformanceOnly bool) (*Plan, error) { return newPlanFrom(skipsText, conformanceOnly) }
 
 // newPlanFrom is newPlan with the skip list's text.
-func newPlanFrom(skips string, conformanceOnly bool) (*plan, error) {
+func newPlanFrom(skips string, conformanceOnly bool) (*Plan, error) {
 	groups, err := parseSkips(skips)
 	if err != nil {
 		return nil, err
@@ -85,7 +87,7 @@ func newPlanFrom(skips string, conformanceOnly bool) (*plan, error) {
 			parts = append(parts, regexp.QuoteMeta(p))
 		}
 	}
-	p := &plan{groups: groups, conformanceOnly: conformanceOnly}
+	p := &Plan{Groups: groups, conformanceOnly: conformanceOnly}
 	p.focusRE = regexp.MustCompile(p.focusExpr())
 	if p.skipRE, err = regexp.Compile(strings.Join(parts, "|")); err != nil {
 		return nil, fmt.Errorf("skip list: %w", err)
@@ -94,14 +96,14 @@ func newPlanFrom(skips string, conformanceOnly bool) (*plan, error) {
 }
 
 // focusExpr is the --ginkgo.focus expression.
-func (p *plan) focusExpr() string { return strings.Join(focus, "|") }
+func (p *Plan) focusExpr() string { return strings.Join(focus, "|") }
 
 // skipExpr is the --ginkgo.skip expression.
-func (p *plan) skipExpr() string { return p.skipRE.String() }
+func (p *Plan) skipExpr() string { return p.skipRE.String() }
 
 // labelFilter is the --ginkgo.label-filter expression ("" for none): the
 // suite labels [Conformance] tests "Conformance".
-func (p *plan) labelFilter() string {
+func (p *Plan) labelFilter() string {
 	if p.conformanceOnly {
 		return "Conformance"
 	}
@@ -109,7 +111,7 @@ func (p *plan) labelFilter() string {
 }
 
 // ginkgoArgs are e2e.test's arguments that select the plan's tests.
-func (p *plan) ginkgoArgs() []string {
+func (p *Plan) ginkgoArgs() []string {
 	args := []string{"--ginkgo.focus=" + p.focusExpr(), "--ginkgo.skip=" + p.skipExpr()}
 	if lf := p.labelFilter(); lf != "" {
 		args = append(args, "--ginkgo.label-filter="+lf)
@@ -117,14 +119,15 @@ func (p *plan) ginkgoArgs() []string {
 	return args
 }
 
-func (p *plan) inFocus(name string) bool { return p.focusRE.MatchString(name) }
+// InFocus reports whether the test is in the focus.
+func (p *Plan) InFocus(name string) bool { return p.focusRE.MatchString(name) }
 
-// skipGroup is the group that leaves the test out, or nil.
-func (p *plan) skipGroup(name string) *skipGroup {
-	for i, g := range p.groups {
+// SkipGroupOf is the group that leaves the test out, or nil.
+func (p *Plan) SkipGroupOf(name string) *SkipGroup {
+	for i, g := range p.Groups {
 		for _, part := range g.Parts {
 			if strings.Contains(name, part) {
-				return &p.groups[i]
+				return &p.Groups[i]
 			}
 		}
 	}
@@ -132,8 +135,9 @@ func (p *plan) skipGroup(name string) *skipGroup {
 }
 
 // selected reports whether the run starts the test.
-func (p *plan) selected(name string) bool {
-	return p.inFocus(name) && p.skipGroup(name) == nil && (!p.conformanceOnly || isConformance(name))
+func (p *Plan) selected(name string) bool {
+	return p.InFocus(name) && p.SkipGroupOf(name) == nil && (!p.conformanceOnly || IsConformance(name))
 }
 
-func isConformance(name string) bool { return strings.Contains(name, "[Conformance]") }
+// IsConformance reports whether a test is tagged [Conformance].
+func IsConformance(name string) bool { return strings.Contains(name, "[Conformance]") }

@@ -1,4 +1,4 @@
-package main
+package upstream
 
 import (
 	"encoding/xml"
@@ -140,7 +140,7 @@ type Summary struct {
 // suite-level nodes (a failed [SynchronizedBeforeSuite] explains why
 // nothing ran). all is every test's name (e2e.test --list-tests): the
 // report lacks the tests when the suite failed before them.
-func summarize(results []Result, all []string, p *plan, proxy string, wall time.Duration) Summary {
+func summarize(results []Result, all []string, p *Plan, proxy string, wall time.Duration) Summary {
 	s := Summary{Proxy: proxy, Wall: wall}
 	reported := map[string]bool{}
 	for _, r := range results {
@@ -160,14 +160,14 @@ func summarize(results []Result, all []string, p *plan, proxy string, wall time.
 			if r.Outcome != Failed {
 				continue
 			}
-		case !p.inFocus(r.Name):
+		case !p.InFocus(r.Name):
 			continue
 		case r.NotRun:
-			g := p.skipGroup(r.Name)
+			g := p.SkipGroupOf(r.Name)
 			if g == nil {
 				// Left out by --conformance-only, or the suite stopped
 				// before reaching it.
-				if p.conformanceOnly && !isConformance(r.Name) {
+				if p.conformanceOnly && !IsConformance(r.Name) {
 					continue
 				}
 				r.Outcome = NotRun
@@ -191,9 +191,9 @@ func summarize(results []Result, all []string, p *plan, proxy string, wall time.
 	return s
 }
 
-// writeMarkdown writes the summary as a Markdown table, ending with the
+// WriteMarkdown writes the summary as a Markdown table, ending with the
 // plain "N passed, N failed, N skipped" line.
-func (s Summary) writeMarkdown(w io.Writer) error {
+func (s Summary) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Kubernetes e2e (Services focus) with %s\n\n", s.Proxy)
 	fmt.Fprintf(&b, "Wall time: %s. Passed: %d, failed: %d, skipped: %d", s.Wall.Round(time.Second), s.Passed, s.Failed, s.Skipped)

@@ -1,4 +1,4 @@
-package main
+package upstream
 
 import (
 	"strings"
@@ -87,7 +87,7 @@ func TestSummary(t *testing.T) {
 	}
 
 	var b strings.Builder
-	if err := s.writeMarkdown(&b); err != nil {
+	if err := s.WriteMarkdown(&b); err != nil {
 		t.Fatal(err)
 	}
 	md := b.String()
@@ -119,7 +119,7 @@ func TestSummaryConformanceOnly(t *testing.T) {
 	}
 	s := summarize(res, nil, p, "kube-proxy", time.Minute)
 	for _, r := range s.Rows {
-		if r.NotRun && p.skipGroup(r.Name) == nil && !isConformance(r.Name) {
+		if r.NotRun && p.SkipGroupOf(r.Name) == nil && !IsConformance(r.Name) {
 			t.Errorf("a test left out by --conformance-only is in the table: %s", r.Name)
 		}
 	}
@@ -156,7 +156,7 @@ func TestFailedSuiteNodeIsReported(t *testing.T) {
 		t.Errorf("summary %+v", s)
 	}
 	var b strings.Builder
-	if err := s.writeMarkdown(&b); err != nil {
+	if err := s.WriteMarkdown(&b); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(b.String(), "Passed: 0, failed: 1, skipped: 1, not run: 1.") {
@@ -171,11 +171,11 @@ func TestParseSkips(t *testing.T) {
 	if _, err := parseSkips("## empty group\n## another\nx\n"); err == nil {
 		t.Error("an empty group was accepted")
 	}
-	p, err := newPlan(false)
+	p, err := NewPlan(false)
 	if err != nil {
 		t.Fatalf("the checked-in skip list: %v", err)
 	}
-	if len(p.groups) == 0 {
+	if len(p.Groups) == 0 {
 		t.Fatal("the checked-in skip list has no group")
 	}
 }
