@@ -1,14 +1,14 @@
 package main
 
 import (
+	"debug/elf"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-
-	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/oci"
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 )
 
 // Where things are in the image.
@@ -35,26 +35,52 @@ type spec struct {
 	Labels map[string]string
 }
 
+// elfArch maps an ELF machine to the image architecture.
+var elfArch = map[elf.Machine]string{elf.EM_X86_64: "amd64", elf.EM_AARCH64: "arm64"}
+
+// checkStatic fails unless p is a statically linked ELF executable (no
+// program interpreter, no shared libraries); it returns its architecture.
+func checkStatic(p string) (string, error) {
+	f, err := elf.Open(p)
+	if err != nil {
+		return "", fmt.Errorf("binary %s: %w", p, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return "", fmt.Errorf("binary %s is dynamically linked: build it with CGO_ENABLED=0 (make build)", p)
+		}
+	}
+	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+		return "", fmt.Errorf("binary %s needs shared libraries %v: build it with CGO_ENABLED=0 (make build)", p, libs)
+	}
+	arch, ok := elfArch[f.Machine]
+	if !ok {
+		return "", fmt.Errorf("binary %s: unsupported machine %v", p, f.Machine)
+	}
+	return arch, nil
+}
+
 // assemble builds the image: the userland layer, then the binary's layer;
 // the binary is the entrypoint.
 func assemble(s spec) (v1.Image, error) {
-	userland, err := oci.NewLayer(func(t *oci.TarWriter) error { return t.Tree(s.Userland) }, s.Epoch)
+	userland, err := ociimage.Layer(func(t *ociimage.TarWriter) error { return t.Tree(s.Userland) }, s.Epoch)
 	if err != nil {
 		return nil, fmt.Errorf("userland layer: %w", err)
 	}
-	bin, err := oci.NewLayer(func(t *oci.TarWriter) error {
+	bin, err := ociimage.Layer(func(t *ociimage.TarWriter) error {
 		return t.File(strings.TrimPrefix(binaryPath, "/"), s.Binary, 0o755)
 	}, s.Epoch)
 	if err != nil {
 		return nil, fmt.Errorf("binary layer: %w", err)
 	}
-	return oci.Image([]oci.Layer{
+	return ociimage.Image([]ociimage.ImageLayer{
 		{Layer: userland, CreatedBy: s.UserlandDesc},
 		{Layer: bin, CreatedBy: "ipvs-proxy " + binaryPath},
-	}, oci.Config{
+	}, ociimage.Config{
 		Arch: s.Arch, Epoch: s.Epoch,
 		Entrypoint: []string{binaryPath}, Cmd: []string{"run"}, Env: []string{imagePATH},
-		WorkingDir: "/", Labels: s.Labels,
+		Labels: s.Labels,
 	})
 }
 

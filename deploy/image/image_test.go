@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
-	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/oci"
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ocitest"
 )
 
@@ -84,7 +84,7 @@ func flatten(t *testing.T, img v1.Image) map[string]*tar.Header {
 
 func TestImageArchive(t *testing.T) {
 	bin := staticBinary(t)
-	arch, err := oci.CheckStatic(bin)
+	arch, err := checkStatic(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestImageArchive(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "image.tar")
-	if err := oci.WriteArchive(img, "ipvs-proxy:test", out, epoch); err != nil {
+	if err := ociimage.WriteArchive(img, "ipvs-proxy:test", out, epoch); err != nil {
 		t.Fatal(err)
 	}
 
@@ -168,7 +168,7 @@ func TestImageArchive(t *testing.T) {
 	}
 
 	// Docker's manifest.json points at the layout's blobs.
-	var dms []oci.DockerManifest
+	var dms []ociimage.DockerManifest
 	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +191,7 @@ func TestImageArchive(t *testing.T) {
 		t.Fatal(err)
 	}
 	out2 := filepath.Join(t.TempDir(), "image.tar")
-	if err := oci.WriteArchive(img2, "ipvs-proxy:test", out2, epoch); err != nil {
+	if err := ociimage.WriteArchive(img2, "ipvs-proxy:test", out2, epoch); err != nil {
 		t.Fatal(err)
 	}
 	if sum(t, out) != sum(t, out2) {
@@ -206,4 +206,38 @@ func sum(t *testing.T, p string) [32]byte {
 		t.Fatal(err)
 	}
 	return sha256.Sum256(b)
+}
+
+func TestCheckStatic(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh")
+	}
+	sh, _ = filepath.EvalSymlinks(sh)
+	if _, err := checkStatic(sh); err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
+		t.Errorf("checkStatic(%s) = %v, want a dynamically-linked error", sh, err)
+	}
+	notELF := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(notELF, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkStatic(notELF); err == nil {
+		t.Error("checkStatic accepted a script")
+	}
+}
+
+func TestRefNames(t *testing.T) {
+	for _, c := range []struct{ in, full, tag, short string }{
+		{"ipvs-proxy:latest", "docker.io/library/ipvs-proxy:latest", "latest", "ipvs-proxy:latest"},
+		{"ipvs-proxy", "docker.io/library/ipvs-proxy:latest", "latest", "ipvs-proxy:latest"},
+		{"registry.example:5000/net/ipvs-proxy:v1", "registry.example:5000/net/ipvs-proxy:v1", "v1", "registry.example:5000/net/ipvs-proxy:v1"},
+	} {
+		full, tag, short, err := ociimage.RefNames(c.in)
+		if err != nil || full != c.full || tag != c.tag || short != c.short {
+			t.Errorf("refNames(%q) = %q %q %q %v, want %q %q %q", c.in, full, tag, short, err, c.full, c.tag, c.short)
+		}
+	}
+	if _, _, _, err := ociimage.RefNames("Bad Name"); err == nil {
+		t.Error("refNames accepted an invalid reference")
+	}
 }

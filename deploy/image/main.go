@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/oci"
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
@@ -71,7 +71,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	arch, err := oci.CheckStatic(*binary)
+	arch, err := checkStatic(*binary)
 	if err != nil {
 		return err
 	}
@@ -114,7 +114,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := oci.WriteArchive(img, *tag, *output, epoch); err != nil {
+	if err := ociimage.WriteArchive(img, *tag, *output, epoch); err != nil {
 		return err
 	}
 	digest, err := img.Digest()

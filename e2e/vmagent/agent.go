@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
 )
 
@@ -67,6 +68,7 @@ func runAgent(listen, tokenFile string) error {
 	mux.HandleFunc("POST "+agentapi.PathWrite, a.handleWrite)
 	mux.HandleFunc("POST "+agentapi.PathUpload, a.handleUpload)
 	mux.HandleFunc("POST "+agentapi.PathPoweroff, a.handlePoweroff)
+	mux.HandleFunc("GET "+agentapi.PathDial, a.handleDial)
 
 	l, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -393,4 +395,41 @@ func (a *agent) handlePoweroff(w http.ResponseWriter, _ *http.Request) {
 			log.Printf("vmagent: power off: %v", err)
 		}
 	}()
+}
+
+// dialTimeout bounds a PathDial's connection attempt.
+const dialTimeout = 10 * time.Second
+
+// handleDial connects to ?addr= and, once connected, turns the request's
+// connection into a pipe to it (see agentapi.PathDial).
+func (a *agent) handleDial(w http.ResponseWriter, r *http.Request) {
+	addr := r.URL.Query().Get("addr")
+	if !strings.EqualFold(r.Header.Get("Upgrade"), agentapi.DialUpgrade) {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("dial: want Upgrade: %s", agentapi.DialUpgrade))
+		return
+	}
+	d := net.Dialer{Timeout: dialTimeout}
+	target, err := d.DialContext(r.Context(), "tcp", addr)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, fmt.Errorf("dial %q: %w", addr, err))
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		target.Close()
+		writeError(w, http.StatusInternalServerError, fmt.Errorf("dial %q: hijack: %w", addr, err))
+		return
+	}
+	_ = conn.SetDeadline(time.Time{}) // the server's header timeout no longer applies
+	_, err = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + agentapi.DialUpgrade + "\r\n\r\n")
+	if err == nil {
+		err = brw.Flush()
+	}
+	if err != nil {
+		conn.Close()
+		target.Close()
+		return
+	}
+	// brw.Reader may already hold the client's first bytes.
+	nettest.Splice(conn, brw.Reader, target)
 }

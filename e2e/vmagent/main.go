@@ -53,7 +53,7 @@ const usage = `usage:
   vmagent serve [--netns NAME] --name NAME --port PORT [--tcp] [--udp]
   vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
   vmagent hold [--netns NAME] --addr HOST:PORT [--interval DURATION] [--timeout DURATION]
-  vmagent http [--timeout DURATION] URL
+  vmagent http [--timeout DURATION] [--cacert FILE] URL
 `
 
 // errUsage makes main print the usage and exit with status 2.

@@ -37,6 +37,10 @@ var (
 	}
 	kcmCommands       = []command{{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"}}
 	kubeProxyCommands = []command{{"k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy"}}
+	// The one-node cluster's kubelet (it runs in the VM) and scheduler
+	// (on the host): only the cluster tests need them.
+	kubeletCommands   = []command{{"k8s.io/kubernetes/cmd/kubelet", "kubelet"}}
+	schedulerCommands = []command{{"k8s.io/kubernetes/cmd/kube-scheduler", "kube-scheduler"}}
 )
 
 // Binary names inside the directories that the Ensure functions return.
@@ -45,6 +49,8 @@ const (
 	BinControllerManager = "kube-controller-manager"
 	BinEtcd              = "etcd"
 	BinKubeProxy         = "kube-proxy"
+	BinKubelet           = "kubelet"
+	BinScheduler         = "kube-scheduler"
 )
 
 // CacheDir is where built control-plane binaries are kept between test runs:
@@ -92,6 +98,18 @@ func EnsureControllerManager(ctx context.Context, cacheDir string) (string, erro
 // architecture.
 func EnsureKubeProxy(ctx context.Context, cacheDir string) (string, error) {
 	return ensure(ctx, cacheDir, kubeProxyCommands)
+}
+
+// EnsureKubelet is EnsureBinaries for kubelet, in a directory of its own.
+// Like kube-proxy's, its binary runs inside the test VM.
+func EnsureKubelet(ctx context.Context, cacheDir string) (string, error) {
+	return ensure(ctx, cacheDir, kubeletCommands)
+}
+
+// EnsureScheduler is EnsureBinaries for kube-scheduler, in a directory of
+// its own.
+func EnsureScheduler(ctx context.Context, cacheDir string) (string, error) {
+	return ensure(ctx, cacheDir, schedulerCommands)
 }
 
 // WrapperPackage is a package of a wrapper module and the name of the

@@ -32,6 +32,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,6 +71,34 @@ type Options struct {
 	// else it is built on demand with EnsureControllerManager).
 	// Default: EnsureBinaries(ctx, CacheDir()).
 	BinDir string
+	// Cluster, if set, makes this the control plane of a real cluster
+	// whose node is elsewhere (package cluster: the bed's VM). It implies
+	// WithControllerManager.
+	Cluster *ClusterOptions
+}
+
+// ClusterOptions make the control plane serve a real node: kube-scheduler
+// runs, kube-controller-manager runs its default controllers (deployment,
+// replicaset, daemonset, namespace, garbage collector, serviceaccount,
+// serviceaccount-token, node IPAM and lifecycle, endpoints...), and the
+// apiserver advertises an address that the node reaches, reaches the
+// node's addresses through an HTTP CONNECT proxy, and publishes its
+// serving CA to pods (the kube-root-ca.crt ConfigMaps).
+type ClusterOptions struct {
+	// AdvertiseAddress is the apiserver's address as the node sees it
+	// (--advertise-address): the endpoint of the `kubernetes` Service,
+	// with the apiserver's port (APIServerPort), so the node must forward
+	// AdvertiseAddress:APIServerPort to it.
+	AdvertiseAddress string
+	// EgressSocket is the unix socket of an HTTP CONNECT proxy that
+	// carries the apiserver's connections to the cluster (kubelet's port
+	// for exec, logs and port-forward; pods and services for the proxy
+	// subresources): the apiserver's "cluster" egress selection. Empty:
+	// direct connections.
+	EgressSocket string
+	// ClusterCIDR is the pods' range (--cluster-cidr); node IPAM gives
+	// each Node a /24 of it.
+	ClusterCIDR string
 }
 
 // ControlPlane is a running control plane. Its fields are read-only.
@@ -102,6 +131,9 @@ type ControlPlane struct {
 	etcd      *process // guarded by mu
 	apiserver *process // guarded by mu
 	kcm       *process // guarded by mu
+	scheduler *process // guarded by mu
+	cluster   *ClusterOptions
+	schedDir  string // where kube-scheduler is
 	stopOnce  sync.Once
 }
 
@@ -122,6 +154,9 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		}
 		logf("control plane: binaries ready in %s (%s)", time.Since(began).Round(time.Millisecond), binDir)
 	}
+	if opts.Cluster != nil {
+		opts.WithControllerManager = true
+	}
 	kcmDir := opts.BinDir
 	if opts.WithControllerManager && (kcmDir == "" || !complete(kcmDir, kcmCommands)) {
 		began := time.Now()
@@ -129,6 +164,14 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			return nil, fmt.Errorf("control-plane binaries: %w", err)
 		}
 		logf("control plane: kube-controller-manager ready in %s (%s)", time.Since(began).Round(time.Millisecond), kcmDir)
+	}
+	schedDir := opts.BinDir
+	if opts.Cluster != nil && (schedDir == "" || !complete(schedDir, schedulerCommands)) {
+		began := time.Now()
+		if schedDir, err = EnsureScheduler(ctx, CacheDir()); err != nil {
+			return nil, fmt.Errorf("control-plane binaries: %w", err)
+		}
+		logf("control plane: kube-scheduler ready in %s (%s)", time.Since(began).Round(time.Millisecond), schedDir)
 	}
 	serviceCIDR := opts.ServiceCIDR
 	if serviceCIDR == "" {
@@ -146,6 +189,8 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		AdminToken:  randomHex(16),
 		binDir:      binDir,
 		kcmDir:      kcmDir,
+		schedDir:    schedDir,
+		cluster:     opts.Cluster,
 		serviceCIDR: serviceCIDR,
 		logf:        logf,
 		ownerLock:   ownerLock,
@@ -185,6 +230,13 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			return nil, err
 		}
 		logf("control plane: kube-controller-manager healthy after %s", time.Since(t).Round(time.Millisecond))
+	}
+	if opts.Cluster != nil {
+		t := time.Now()
+		if err := cp.startScheduler(ctx); err != nil {
+			return nil, err
+		}
+		logf("control plane: kube-scheduler healthy after %s", time.Since(t).Round(time.Millisecond))
 	}
 	logf("control plane: up in %s (%s)", time.Since(upStart).Round(time.Millisecond), dir)
 	return cp, nil
@@ -248,6 +300,17 @@ func (cp *ControlPlane) StartAPIServer(ctx context.Context) error {
 		"--endpoint-reconciler-type=none",
 		"--v=1",
 	}
+	if c := cp.cluster; c != nil {
+		args, err := cp.clusterAPIServerArgs(args)
+		if err != nil {
+			return err
+		}
+		p, err := cp.startProcess("kube-apiserver", BinAPIServer, args, &cp.apiserver)
+		if err != nil {
+			return err
+		}
+		return waitHealthy(ctx, p, apiserverTimeout, fmt.Sprintf("https://127.0.0.1:%d/readyz", cp.APIServerPort), cp.AdminToken)
+	}
 	p, err := cp.startProcess("kube-apiserver", BinAPIServer, args, &cp.apiserver)
 	if err != nil {
 		return err
@@ -263,7 +326,7 @@ func (cp *ControlPlane) Stop() {
 	cp.stopOnce.Do(func() {
 		cp.mu.Lock()
 		cp.stopped = true
-		procs := []*process{cp.kcm, cp.apiserver, cp.etcd}
+		procs := []*process{cp.scheduler, cp.kcm, cp.apiserver, cp.etcd}
 		cp.mu.Unlock()
 		t := time.Now()
 		for _, p := range procs {
@@ -292,7 +355,7 @@ func (cp *ControlPlane) pids() []int {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	var out []int
-	for _, p := range []*process{cp.etcd, cp.apiserver, cp.kcm} {
+	for _, p := range []*process{cp.etcd, cp.apiserver, cp.kcm, cp.scheduler} {
 		if p != nil && !p.exited() {
 			out = append(out, p.pid())
 		}
@@ -313,8 +376,11 @@ func (cp *ControlPlane) startProcess(name, binary string, args []string, field *
 		return nil, fmt.Errorf("%s is already running", name)
 	}
 	dir := cp.binDir
-	if binary == BinControllerManager {
+	switch binary {
+	case BinControllerManager:
 		dir = cp.kcmDir
+	case BinScheduler:
+		dir = cp.schedDir
 	}
 	p, err := startProcess(name, filepath.Join(dir, binary), args, filepath.Join(cp.Dir, name+".log"))
 	if err != nil {
@@ -365,6 +431,17 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context) error {
 			"--use-service-account-credentials=false",
 			"--controllers=serviceaccount,endpoint,endpointslice,endpointslicemirroring",
 			"--v=1",
+		}
+		if c := cp.cluster; c != nil {
+			args = append(args[:len(args)-2],
+				"--controllers=*",
+				"--root-ca-file="+filepath.Join(cp.Dir, "apiserver-certs", "apiserver.crt"),
+				"--service-account-private-key-file="+filepath.Join(cp.Dir, "sa.key"),
+				"--allocate-node-cidrs=true",
+				"--cluster-cidr="+c.ClusterCIDR,
+				"--service-cluster-ip-range="+cp.serviceCIDR,
+				"--node-cidr-mask-size-ipv4=24",
+				"--v=1")
 		}
 		p, err := cp.startProcess("kube-controller-manager", BinControllerManager, args, &cp.kcm)
 		if err != nil {
@@ -523,4 +600,65 @@ func randomHex(n int) string {
 		panic(err) // crypto/rand does not fail on Linux
 	}
 	return hex.EncodeToString(b)
+}
+
+// clusterAPIServerArgs turns the apiserver's arguments into those of a
+// cluster's (Options.Cluster): the node's view of its address, the lease
+// endpoint reconciler (so the `kubernetes` Service gets that address as
+// its endpoint), and the egress to the node's network.
+func (cp *ControlPlane) clusterAPIServerArgs(args []string) ([]string, error) {
+	c := cp.cluster
+	var out []string
+	for _, a := range args {
+		switch {
+		case strings.HasPrefix(a, "--advertise-address="), strings.HasPrefix(a, "--endpoint-reconciler-type="):
+		default:
+			out = append(out, a)
+		}
+	}
+	out = append(out,
+		"--advertise-address="+c.AdvertiseAddress,
+		"--kubelet-preferred-address-types=InternalIP,Hostname")
+	if c.EgressSocket != "" {
+		// The "cluster" selection covers the apiserver's connections to
+		// kubelets, and to pods and services for their proxy
+		// subresources. HTTPConnect over TCP always speaks TLS to the
+		// proxy; over a unix socket it is plain HTTP.
+		cfg := fmt.Sprintf(`apiVersion: apiserver.k8s.io/v1beta1
+kind: EgressSelectorConfiguration
+egressSelections:
+- name: cluster
+  connection:
+    proxyProtocol: HTTPConnect
+    transport:
+      uds:
+        udsName: %s
+`, c.EgressSocket)
+		p := filepath.Join(cp.Dir, "egress-selector.yaml")
+		if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+			return nil, fmt.Errorf("egress selector config: %w", err)
+		}
+		out = append(out, "--egress-selector-config-file="+p)
+	}
+	return out, nil
+}
+
+func (cp *ControlPlane) startScheduler(ctx context.Context) error {
+	return withFreePorts(1, func(ports []int) error {
+		args := []string{
+			"--kubeconfig=" + cp.Kubeconfig,
+			"--authentication-kubeconfig=" + cp.Kubeconfig,
+			"--authorization-kubeconfig=" + cp.Kubeconfig,
+			"--bind-address=127.0.0.1",
+			"--secure-port=" + strconv.Itoa(ports[0]),
+			"--cert-dir=" + filepath.Join(cp.Dir, "scheduler-certs"),
+			"--leader-elect=false",
+			"--v=1",
+		}
+		p, err := cp.startProcess("kube-scheduler", BinScheduler, args, &cp.scheduler)
+		if err != nil {
+			return err
+		}
+		return waitHealthy(ctx, p, kcmTimeout, fmt.Sprintf("https://127.0.0.1:%d/healthz", ports[0]), "")
+	})
 }

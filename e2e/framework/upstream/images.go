@@ -9,10 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
-	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/oci"
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
@@ -41,7 +42,7 @@ var alternatives = map[string]string{"bin/nc": "nc.openbsd"}
 
 // imageRecipe changes whenever the way the images are assembled changes,
 // so that cached archives are rebuilt.
-const imageRecipe = "agnhost-r1"
+const imageRecipe = "agnhost-r2"
 
 // agnhostPrune are removed from the unpacked packages.
 var agnhostPrune = []string{"usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/lintian",
@@ -62,10 +63,6 @@ var binDirs = []string{"usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin",
 func EnsureAgnhostImage(ctx context.Context, cacheDir, agnhost string, logf func(string, ...any)) (string, error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
-	}
-	arch, err := oci.CheckStatic(agnhost)
-	if err != nil {
-		return "", err
 	}
 	sum, err := fileSHA256(agnhost)
 	if err != nil {
@@ -111,37 +108,42 @@ func EnsureAgnhostImage(ctx context.Context, cacheDir, agnhost string, logf func
 	for _, p := range pkgs {
 		pv = append(pv, p+"="+versions[p])
 	}
-	userland, err := oci.NewLayer(func(t *oci.TarWriter) error { return t.Tree(root) }, imageEpoch)
+	userland, err := ociimage.Layer(func(t *ociimage.TarWriter) error { return t.Tree(root) }, imageEpoch)
 	if err != nil {
 		return "", fmt.Errorf("agnhost image: userland layer: %w", err)
 	}
-	bin, err := oci.NewLayer(func(t *oci.TarWriter) error {
+	// The agnhost layer: the binary, the second name the entrypoint
+	// tests run it under, and netexec's upload directory.
+	top := filepath.Join(work, "agnhost-layer")
+	if err := os.MkdirAll(filepath.Join(top, "uploads"), 0o755); err != nil {
+		return "", fmt.Errorf("agnhost image: %w", err)
+	}
+	if err := os.Symlink("agnhost", filepath.Join(top, "agnhost-2")); err != nil {
+		return "", fmt.Errorf("agnhost image: %w", err)
+	}
+	bin, err := ociimage.Layer(func(t *ociimage.TarWriter) error {
 		if err := t.File("agnhost", agnhost, 0o755); err != nil {
 			return err
 		}
-		// The entrypoint tests run the binary under a second name.
-		if err := t.Symlink("agnhost-2", "agnhost"); err != nil {
-			return err
-		}
-		return t.Dir("uploads", 0o755) // netexec's upload directory
+		return t.Tree(top)
 	}, imageEpoch)
 	if err != nil {
 		return "", fmt.Errorf("agnhost image: binary layer: %w", err)
 	}
-	img, err := oci.Image([]oci.Layer{
+	img, err := ociimage.Image([]ociimage.ImageLayer{
 		{Layer: userland, CreatedBy: "Debian packages " + strings.Join(pv, " ")},
 		{Layer: bin, CreatedBy: "agnhost (k8s.io/kubernetes/test/images/agnhost) /agnhost"},
-	}, oci.Config{
-		Arch: arch, Epoch: imageEpoch,
+	}, ociimage.Config{
+		// agnhost is built for this machine, like the Debian packages.
+		Arch: runtime.GOARCH, Epoch: imageEpoch,
 		Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"},
-		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		WorkingDir: "/",
-		Labels:     map[string]string{"io.ipvs-proxy.debian-packages": strings.Join(pv, " ")},
+		Env:    []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Labels: map[string]string{"io.ipvs-proxy.debian-packages": strings.Join(pv, " ")},
 	})
 	if err != nil {
 		return "", fmt.Errorf("agnhost image: %w", err)
 	}
-	if err := oci.WriteArchive(img, AgnhostImage, out, imageEpoch); err != nil {
+	if err := ociimage.WriteArchive(img, AgnhostImage, out, imageEpoch); err != nil {
 		return "", fmt.Errorf("agnhost image: %w", err)
 	}
 	if st, err := os.Stat(out); err == nil {

@@ -1,12 +1,14 @@
 package vm
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -342,4 +344,57 @@ func (p *Proc) stop(kill bool) error {
 	}
 	p.update(st)
 	return nil
+}
+
+// Dial connects to addr (host:port, TCP) from inside the guest through the
+// agent (agentapi.PathDial): the host reaches the guest's own addresses,
+// which QEMU's user network does not forward, such as the node's kubelet
+// or a pod.
+func (v *VM) Dial(ctx context.Context, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", "127.0.0.1:"+strconv.Itoa(v.hostPort))
+	if err != nil {
+		return nil, fmt.Errorf("vm: dial %s: %w", addr, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	req := fmt.Sprintf("GET %s?%s HTTP/1.1\r\nHost: vmagent\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n",
+		agentapi.PathDial, url.Values{"addr": {addr}}.Encode(), v.token, agentapi.DialUpgrade)
+	br := bufio.NewReader(conn)
+	var resp *http.Response
+	if _, err = io.WriteString(conn, req); err == nil {
+		resp, err = http.ReadResponse(br, nil)
+	}
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("vm: dial %s: %w", addr, err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		var e agentapi.ErrorResponse
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		conn.Close()
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return nil, fmt.Errorf("vm: dial %s: %s", addr, e.Error)
+		}
+		return nil, fmt.Errorf("vm: dial %s: %s", addr, resp.Status)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return &bufferedConn{Conn: conn, r: br}, nil
+}
+
+// bufferedConn is a connection whose first bytes may sit in r.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// CloseWrite half-closes the connection (the agent passes it on).
+func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
 }

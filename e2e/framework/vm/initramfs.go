@@ -240,7 +240,6 @@ func moduleDepends(p string) ([]string, error) {
 // xtables extensions, and every library they need (from their ELF
 // headers) with the dynamic loader.
 func addGuestTools(ar *archive, root string) error {
-	libDirs := []string{filepath.Join(root, "lib/x86_64-linux-gnu"), filepath.Join(root, "usr/lib/x86_64-linux-gnu")}
 	var elves []string // host paths of ELF files whose libraries are needed
 	for _, b := range guestBinaries {
 		found := ""
@@ -280,6 +279,14 @@ func addGuestTools(ar *archive, root string) error {
 		elves = append(elves, p)
 	}
 
+	return addLibraries(ar, root, elves)
+}
+
+// addLibraries adds every library that the ELF files elves (host paths
+// below root) need, recursively, from root's library directories, with
+// the dynamic loader.
+func addLibraries(ar *archive, root string, elves []string) error {
+	libDirs := []string{filepath.Join(root, "lib/x86_64-linux-gnu"), filepath.Join(root, "usr/lib/x86_64-linux-gnu")}
 	seen := map[string]bool{}
 	for len(elves) > 0 {
 		p := elves[0]
@@ -312,7 +319,7 @@ func addGuestTools(ar *archive, root string) error {
 				}
 			}
 			if found == "" {
-				return fmt.Errorf("%s needs %s, which no guest package has: add its package to guestPackages", p, lib)
+				return fmt.Errorf("%s needs %s, which no unpacked package has: add its package", p, lib)
 			}
 			real, err := resolveIn(root, found)
 			if err != nil {

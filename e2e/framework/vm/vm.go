@@ -48,7 +48,10 @@ var initScript []byte
 
 // APIServerGuestAddr is where the guest reaches the host's apiserver when
 // Options.APIServerPort is set.
-const APIServerGuestAddr = "10.0.2.100:6443"
+const APIServerGuestAddr = APIServerGuestIP + ":6443"
+
+// APIServerGuestIP is the address of APIServerGuestAddr.
+const APIServerGuestIP = "10.0.2.100"
 
 // Options configure a VM.
 type Options struct {
@@ -64,6 +67,14 @@ type Options struct {
 	// APIServerPort, if > 0, forwards the guest's connections to
 	// APIServerGuestAddr to 127.0.0.1:APIServerPort on the host.
 	APIServerPort int
+	// APIServerGuestPorts are more ports of APIServerGuestIP forwarded to
+	// APIServerPort like 6443 (needs APIServerPort): the one-node cluster
+	// forwards the apiserver's own port too, since that is the port of
+	// the `kubernetes` Service's endpoint.
+	APIServerGuestPorts []int
+	// Layers are extra initramfs archives (EnsureLayer) unpacked after
+	// the base one, before Files.
+	Layers []string
 	// KernelArgs are appended to the kernel command line.
 	KernelArgs []string
 	// BootTimeout bounds the boot up to the agent's first answer (default
@@ -208,7 +219,7 @@ func (v *VM) makeInitrd(ctx context.Context) (string, error) {
 		return "", err
 	}
 	defer out.Close()
-	for _, p := range []string{v.opts.Assets.Initramfs, extra} {
+	for _, p := range append(append([]string{v.opts.Assets.Initramfs}, v.opts.Layers...), extra) {
 		in, err := os.Open(p)
 		if err != nil {
 			return "", err
@@ -260,6 +271,9 @@ func (v *VM) boot(ctx context.Context, accel []string, initrd string) error {
 	netdev := fmt.Sprintf("user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:%d-%s:%d", port, agentapi.GuestAddr, agentapi.Port)
 	if v.opts.APIServerPort > 0 {
 		netdev += fmt.Sprintf(",guestfwd=tcp:%s-cmd:%s 127.0.0.1 %d", APIServerGuestAddr, v.ncPath, v.opts.APIServerPort)
+		for _, p := range v.opts.APIServerGuestPorts {
+			netdev += fmt.Sprintf(",guestfwd=tcp:%s:%d-cmd:%s 127.0.0.1 %d", APIServerGuestIP, p, v.ncPath, v.opts.APIServerPort)
+		}
 	}
 	console := filepath.Join(v.tmp, "console.log")
 	args := append([]string{}, accel...)

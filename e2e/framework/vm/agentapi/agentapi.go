@@ -38,7 +38,16 @@ const (
 	PathWrite    = "/file/write"
 	PathUpload   = "/file/upload"
 	PathPoweroff = "/poweroff"
+	// PathDial (GET, ?addr=HOST:PORT, with "Connection: Upgrade" and
+	// "Upgrade: "+DialUpgrade) dials addr over TCP from inside the guest
+	// and answers 101 Switching Protocols; the HTTP connection then carries
+	// the TCP connection's bytes both ways. The host reaches the guest's
+	// addresses (node, pods) through it.
+	PathDial = "/dial"
 )
+
+// DialUpgrade is the Upgrade protocol of PathDial.
+const DialUpgrade = "tcp"
 
 // PingResponse answers PathPing.
 type PingResponse struct {

@@ -1,16 +1,15 @@
-// Package oci assembles container images without a container engine:
-// reproducible tar layers from files and directory trees, an image from
-// them, and an OCI image archive (an OCI image layout in a tar, with
-// Docker's manifest.json as well) that containerd, podman and Docker load.
-// deploy/image builds ipvs-proxy's image with it, and the test bed the
-// images of Kubernetes' e2e suite.
-package oci
+// Package ociimage assembles container images without a container
+// engine: reproducible tar layers (root-owned files, one fixed time) and
+// OCI image archives (an OCI image layout in a tar, with Docker's
+// manifest.json too) that `ctr images import`, `podman load` and `docker
+// load` read. deploy/image builds ipvs-proxy's image with it, and the
+// e2e fixtures the test images of the one-node cluster.
+package ociimage
 
 import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
-	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -31,32 +31,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// elfArch maps an ELF machine to the image architecture.
-var elfArch = map[elf.Machine]string{elf.EM_X86_64: "amd64", elf.EM_AARCH64: "arm64"}
-
-// CheckStatic fails unless p is a statically linked ELF executable (no
-// program interpreter, no shared libraries); it returns its architecture.
-func CheckStatic(p string) (string, error) {
-	f, err := elf.Open(p)
-	if err != nil {
-		return "", fmt.Errorf("binary %s: %w", p, err)
-	}
-	defer f.Close()
-	for _, prog := range f.Progs {
-		if prog.Type == elf.PT_INTERP {
-			return "", fmt.Errorf("binary %s is dynamically linked: build it with CGO_ENABLED=0", p)
-		}
-	}
-	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
-		return "", fmt.Errorf("binary %s needs shared libraries %v: build it with CGO_ENABLED=0", p, libs)
-	}
-	arch, ok := elfArch[f.Machine]
-	if !ok {
-		return "", fmt.Errorf("binary %s: unsupported machine %v", p, f.Machine)
-	}
-	return arch, nil
-}
-
 // TarWriter writes reproducible tar entries: root-owned, one fixed time.
 type TarWriter struct {
 	tw    *tar.Writer
@@ -67,7 +41,7 @@ type TarWriter struct {
 	PlainModes bool
 }
 
-// NewTarWriter writes a tar stream to w whose entries carry the time epoch.
+// NewTarWriter writes a tar stream to w with every time set to epoch.
 func NewTarWriter(w io.Writer, epoch time.Time) *TarWriter {
 	return &TarWriter{tw: tar.NewWriter(w), epoch: epoch, dirs: map[string]bool{}}
 }
@@ -99,21 +73,7 @@ func (t *TarWriter) parents(name string) error {
 	return t.header(&tar.Header{Typeflag: tar.TypeDir, Name: dir + "/", Mode: 0o755})
 }
 
-// Dir adds the directory name (a relative slash path) with mode's
-// permission bits, and its missing parents.
-func (t *TarWriter) Dir(name string, mode fs.FileMode) error {
-	name = strings.TrimSuffix(name, "/")
-	if t.dirs[name] {
-		return nil
-	}
-	if err := t.parents(name); err != nil {
-		return err
-	}
-	t.dirs[name] = true
-	return t.header(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: int64(TarMode(mode | fs.ModeDir))})
-}
-
-// Symlink adds a symbolic link name -> target.
+// Symlink adds a symbolic link (and its missing parent directories).
 func (t *TarWriter) Symlink(name, target string) error {
 	if err := t.parents(name); err != nil {
 		return err
@@ -121,7 +81,8 @@ func (t *TarWriter) Symlink(name, target string) error {
 	return t.header(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777})
 }
 
-// File adds the regular file src as name with mode's permission bits.
+// File adds the host file src as name with mode (and its missing parent
+// directories).
 func (t *TarWriter) File(name, src string, mode fs.FileMode) error {
 	if err := t.parents(name); err != nil {
 		return err
@@ -144,9 +105,9 @@ func (t *TarWriter) File(name, src string, mode fs.FileMode) error {
 	return nil
 }
 
-// TarMode is a tar header's mode bits of an fs.FileMode (permissions,
+// tarMode is a tar header's mode bits of an fs.FileMode (permissions,
 // setuid/setgid, sticky).
-func TarMode(m fs.FileMode) fs.FileMode {
+func tarMode(m fs.FileMode) fs.FileMode {
 	out := m.Perm()
 	if m&fs.ModeSetuid != 0 {
 		out |= 0o4000
@@ -160,7 +121,7 @@ func TarMode(m fs.FileMode) fs.FileMode {
 	return out
 }
 
-// Tree adds the directory tree at root (in lexical order; hard links
+// tree adds the directory tree at root (in lexical order; hard links
 // become copies).
 func (t *TarWriter) Tree(root string) error {
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -179,7 +140,7 @@ func (t *TarWriter) Tree(root string) error {
 		switch {
 		case d.IsDir():
 			t.dirs[name] = true
-			return t.header(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: int64(TarMode(info.Mode()))})
+			return t.header(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: int64(tarMode(info.Mode()))})
 		case info.Mode()&fs.ModeSymlink != 0:
 			target, err := os.Readlink(p)
 			if err != nil {
@@ -187,17 +148,17 @@ func (t *TarWriter) Tree(root string) error {
 			}
 			return t.header(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777})
 		case info.Mode().IsRegular():
-			return t.File(name, p, TarMode(info.Mode()))
+			return t.File(name, p, tarMode(info.Mode()))
 		}
 		return fmt.Errorf("%s: unsupported file type %v", p, info.Mode().Type())
 	})
 }
 
-// Close finishes the tar stream.
+// Close writes the tar trailer.
 func (t *TarWriter) Close() error { return t.tw.Close() }
 
-// NewLayer makes an OCI layer (gzip) from a tar built by fill.
-func NewLayer(fill func(*TarWriter) error, epoch time.Time) (v1.Layer, error) {
+// Layer makes an OCI layer (gzip) from a tar built by fill.
+func Layer(fill func(*TarWriter) error, epoch time.Time) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := NewTarWriter(&buf, epoch)
 	if err := fill(tw); err != nil {
@@ -209,55 +170,6 @@ func NewLayer(fill func(*TarWriter) error, epoch time.Time) (v1.Layer, error) {
 	b := buf.Bytes()
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
 		tarball.WithMediaType(types.OCILayer), tarball.WithCompressionLevel(gzip.DefaultCompression), tarball.WithCompressedCaching)
-}
-
-// Layer is a layer of an image and what its history says made it.
-type Layer struct {
-	Layer     v1.Layer
-	CreatedBy string
-}
-
-// Config is what an image's configuration says besides its layers.
-type Config struct {
-	// Arch is the GOARCH, e.g. amd64.
-	Arch string
-	// Epoch is the image's creation time.
-	Epoch                time.Time
-	Entrypoint, Cmd, Env []string
-	WorkingDir           string
-	Labels               map[string]string
-}
-
-// Image is an OCI image of layers (bottom first) and config.
-func Image(layers []Layer, c Config) (v1.Image, error) {
-	created := v1.Time{Time: c.Epoch}
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	var adds []mutate.Addendum
-	for _, l := range layers {
-		adds = append(adds, mutate.Addendum{Layer: l.Layer, MediaType: types.OCILayer,
-			History: v1.History{Created: created, CreatedBy: l.CreatedBy}})
-	}
-	img, err := mutate.Append(img, adds...)
-	if err != nil {
-		return nil, fmt.Errorf("append layers: %w", err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("image config: %w", err)
-	}
-	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS, cf.Created = c.Arch, "linux", created
-	cf.Config.Entrypoint = c.Entrypoint
-	cf.Config.Cmd = c.Cmd
-	cf.Config.Env = c.Env
-	cf.Config.WorkingDir = c.WorkingDir
-	cf.Config.Labels = c.Labels
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return nil, fmt.Errorf("image config: %w", err)
-	}
-	return img, nil
 }
 
 // RefNames returns the names an archive gives an image reference, as
@@ -296,7 +208,7 @@ func WriteArchive(img v1.Image, ref, out string, epoch time.Time) error {
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "oci-archive-")
+	dir, err := os.MkdirTemp("", "ipvs-proxy-image-")
 	if err != nil {
 		return err
 	}
@@ -345,4 +257,75 @@ func WriteArchive(img v1.Image, ref, out string, epoch time.Time) error {
 		return fmt.Errorf("write %s: %w", out, err)
 	}
 	return os.Rename(tmp, out)
+}
+
+// StaticImage is a one-layer image of static executables: files maps each
+// path in the image to a host file (mode 0755); entrypoint is the image's
+// entrypoint. Test images of the e2e cluster are made this way.
+func StaticImage(files map[string]string, entrypoint []string, arch string, epoch time.Time) (v1.Image, error) {
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	layer, err := Layer(func(t *TarWriter) error {
+		for _, n := range names {
+			if err := t.File(strings.TrimPrefix(n, "/"), files[n], 0o755); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, epoch)
+	if err != nil {
+		return nil, fmt.Errorf("image layer: %w", err)
+	}
+	return Image([]ImageLayer{{Layer: layer, CreatedBy: "files " + strings.Join(names, " ")}},
+		Config{Arch: arch, Epoch: epoch, Entrypoint: entrypoint})
+}
+
+// ImageLayer is a layer of an image and what its history says made it.
+type ImageLayer struct {
+	Layer     v1.Layer
+	CreatedBy string
+}
+
+// Config is what an image's configuration says besides its layers.
+type Config struct {
+	// Arch is the GOARCH, e.g. amd64.
+	Arch string
+	// Epoch is the image's creation time.
+	Epoch                time.Time
+	Entrypoint, Cmd, Env []string
+	Labels               map[string]string
+}
+
+// Image is an OCI image of layers (bottom first) and c; its working
+// directory is /.
+func Image(layers []ImageLayer, c Config) (v1.Image, error) {
+	created := v1.Time{Time: c.Epoch}
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	var adds []mutate.Addendum
+	for _, l := range layers {
+		adds = append(adds, mutate.Addendum{Layer: l.Layer, MediaType: types.OCILayer,
+			History: v1.History{Created: created, CreatedBy: l.CreatedBy}})
+	}
+	img, err := mutate.Append(img, adds...)
+	if err != nil {
+		return nil, fmt.Errorf("append layers: %w", err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("image config: %w", err)
+	}
+	cf = cf.DeepCopy()
+	cf.Architecture, cf.OS, cf.Created = c.Arch, "linux", created
+	cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Env = c.Entrypoint, c.Cmd, c.Env
+	cf.Config.WorkingDir = "/"
+	cf.Config.Labels = c.Labels
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		return nil, fmt.Errorf("image config: %w", err)
+	}
+	return img, nil
 }

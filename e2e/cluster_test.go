@@ -1,0 +1,253 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+)
+
+// TestClusterNode: a real one-node cluster in the bed (kubelet, containerd
+// and runc in the VM, the control plane on the host) runs ipvs-proxy as
+// its DaemonSet from deploy/, with no kube-proxy: the Node gets Ready, the
+// DaemonSet's pod runs and programs the `kubernetes` Service into IPVS,
+// pods run, exec through the apiserver works, and pods reach a ClusterIP
+// Service's pod and the `kubernetes` Service.
+func TestClusterNode(t *testing.T) {
+	assets := vm.Require(t)
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Logf("TIMING node Ready: %s", c.NodeReady.Round(time.Millisecond))
+	cs := c.Client
+
+	// ipvs-proxy as users install it: deploy/*.yaml with the apiserver's
+	// address set in the ConfigMap, as its comment asks.
+	a := newApplier(t, c.CP.RESTConfig)
+	for _, obj := range manifests(t) {
+		if obj.GetKind() == "ConfigMap" && obj.GetName() == "ipvs-proxy" {
+			data := obj.Object["data"].(map[string]any)
+			data["kubeconfig.conf"] = strings.Replace(data["kubeconfig.conf"].(string), "APISERVER-HOST:6443", c.APIServerAddr(), 1)
+			data["config.yaml"] = strings.Replace(data["config.yaml"].(string), "clusterCIDRs: []", "clusterCIDRs: ["+cluster.ClusterCIDR+"]", 1)
+		}
+		if _, err := a.apply(ctx, obj, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ns := "cluster-node"
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The namespace's default ServiceAccount (the serviceaccount
+	// controller makes it).
+	waitFor(ctx, t, "ServiceAccount default in "+ns, func() (bool, string) {
+		_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	server := agentPod("server", []string{"/vmagent", "serve", "--name", "server", "--port", "8080", "--tcp"})
+	server.Labels = map[string]string{"app": "server"}
+	client := agentPod("client", []string{"/vmagent", "serve", "--name", "client", "--port", "8081", "--tcp"})
+	podsStart := time.Now()
+	for _, p := range []*corev1.Pod{server, client} {
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pods := map[string]*corev1.Pod{}
+	for _, name := range []string{"server", "client"} {
+		waitFor(ctx, t, "pod "+name+" Running", func() (bool, string) {
+			p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			pods[name] = p
+			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", podSummary(p)
+		}, c.KubeletLog)
+		t.Logf("TIMING pod %s Running after %s (IP %s)", name, time.Since(podsStart).Round(time.Millisecond), pods[name].Status.PodIP)
+	}
+
+	// exec through the apiserver (and its egress into the VM).
+	out, err := podExec(ctx, t, c, ns, "client", contains("refused"), "/vmagent", "http", "--timeout", "2s", "http://127.0.0.1:1/")
+	if err == nil || !strings.Contains(out, "refused") {
+		t.Errorf("exec in pod client: %q, %v; want the agent's connection-refused error", out, err)
+	} else {
+		t.Logf("exec in pod client: %s", strings.TrimSpace(out))
+	}
+
+	// ipvs-proxy's DaemonSet pod runs and has programmed the `kubernetes`
+	// Service.
+	waitFor(ctx, t, "ipvs-proxy DaemonSet ready", func() (bool, string) {
+		ds, err := cs.AppsV1().DaemonSets("kube-system").Get(ctx, "ipvs-proxy", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		pl, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ipvs-proxy"})
+		var states []string
+		for i := range pl.Items {
+			states = append(states, podSummary(&pl.Items[i]))
+		}
+		return ds.Status.NumberReady == 1, fmt.Sprintf("ready %d/%d: %s", ds.Status.NumberReady, ds.Status.DesiredNumberScheduled, strings.Join(states, "; "))
+	}, c.KubeletLog)
+	t.Logf("TIMING ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
+	waitFor(ctx, t, "the kubernetes Service in IPVS", func() (bool, string) {
+		out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", cluster.KubernetesIP+":443")
+		return err == nil && strings.Contains(out, c.APIServerAddr()), out + fmt.Sprint(err)
+	})
+
+	// A ClusterIP Service in front of the server pod, used from the client
+	// pod: the answer names the server and the client pod's own address.
+	svc, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "server"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "server"},
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := svc.Spec.ClusterIP + ":80"
+	waitFor(ctx, t, "Service server in IPVS", func() (bool, string) {
+		out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", vip)
+		return err == nil && strings.Contains(out, pods["server"].Status.PodIP+":8080"), out + fmt.Sprint(err)
+	})
+	out, err = podExec(ctx, t, c, ns, "client", func(s string) bool { return json.Valid([]byte(s)) }, "/vmagent", "hit", "--proto", "tcp", "--addr", vip, "--n", "3")
+	if err != nil {
+		t.Fatalf("hit %s from pod client: %v: %s", vip, err, out)
+	}
+	var hit nettest.HitResult
+	if err := json.Unmarshal([]byte(out), &hit); err != nil {
+		t.Fatalf("hit: %q: %v", out, err)
+	}
+	if hit.Answers["server"] != 3 || hit.Clients[pods["client"].Status.PodIP] != 3 {
+		t.Errorf("pod client -> %s: %+v; want 3 answers from server, seen from the client pod's %s", vip, hit, pods["client"].Status.PodIP)
+	} else {
+		t.Logf("pod client -> Service server %s: %+v", vip, hit)
+	}
+
+	// The `kubernetes` Service from a pod, verified with the pod's
+	// service-account CA.
+	out, err = podExec(ctx, t, c, ns, "client", contains("v1.36.3"), "/vmagent", "http", "--cacert", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+		"https://"+cluster.KubernetesIP+"/version")
+	if err != nil || !strings.Contains(out, `"status":200`) || !strings.Contains(out, "v1.36.3") {
+		t.Errorf("pod client -> https://%s/version: %q, %v", cluster.KubernetesIP, out, err)
+	} else {
+		t.Logf("pod client -> https://%s/version: %s", cluster.KubernetesIP, strings.TrimSpace(out))
+	}
+	if mem, err := c.VM.RunOK(ctx, "free", "-m"); err == nil {
+		t.Logf("VM memory:\n%s", mem)
+	}
+	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// agentPod is a pod of the test server image running argv.
+func agentPod(name string, argv []string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers: []corev1.Container{{
+				Name: name, Image: cluster.ServerImage, ImagePullPolicy: corev1.PullIfNotPresent, Command: argv,
+			}},
+		},
+	}
+}
+
+func podSummary(p *corev1.Pod) string {
+	s := p.Name + " " + string(p.Status.Phase)
+	for _, st := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		switch {
+		case st.State.Waiting != nil:
+			s += fmt.Sprintf(" %s:waiting(%s %s)", st.Name, st.State.Waiting.Reason, st.State.Waiting.Message)
+		case st.State.Terminated != nil:
+			s += fmt.Sprintf(" %s:terminated(%s %d)", st.Name, st.State.Terminated.Reason, st.State.Terminated.ExitCode)
+		case st.State.Running != nil:
+			s += fmt.Sprintf(" %s:running(ready=%v restarts=%d)", st.Name, st.Ready, st.RestartCount)
+		}
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Status != corev1.ConditionTrue && cond.Message != "" {
+			s += fmt.Sprintf(" [%s: %s]", cond.Type, cond.Message)
+		}
+	}
+	return s
+}
+
+// podExec runs argv in the pod's first container through the apiserver's
+// exec subresource and returns stdout and stderr together, once ok accepts
+// them. On a loaded machine an exec sometimes comes back with the right
+// exit status but its output empty or replaced by NUL bytes (seen with
+// containerd 1.6 under TCG; not yet pinned down, see the README), so an
+// answer that ok rejects is tried again, twice, and logged.
+func podExec(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, ok func(string) bool, argv ...string) (string, error) {
+	t.Helper()
+	var out string
+	var err error
+	for try := 1; try <= 3; try++ {
+		if out, err = podExecOnce(ctx, c, ns, pod, argv...); ok(out) {
+			return out, err
+		}
+		t.Logf("exec %q in pod %s, attempt %d: unexpected output %.120q (%v)", argv, pod, try, out, err)
+	}
+	return out, err
+}
+
+// contains is an output check for podExec.
+func contains(sub string) func(string) bool {
+	return func(out string) bool { return strings.Contains(out, sub) }
+}
+
+func podExecOnce(ctx context.Context, c *cluster.Cluster, ns, pod string, argv ...string) (string, error) {
+	req := c.CP.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ex, err := remotecommand.NewSPDYExecutor(c.CP.RESTConfig, "POST", req.URL())
+	if err != nil {
+		return "", err
+	}
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &out})
+	return out.String(), err
+}
+
+// waitFor polls cond every half second until it holds; it fails the test
+// after 5 minutes with cond's last word (and more, from extra).
+func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, string), extra ...func() string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			msg := fmt.Sprintf("%s: not after 5m: %s", what, last)
+			for _, f := range extra {
+				msg += "\n" + tailLines(f(), 40)
+			}
+			t.Fatal(msg)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}

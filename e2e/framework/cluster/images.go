@@ -1,0 +1,111 @@
+package cluster
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+)
+
+// Images of the node, imported into containerd under these names so that
+// IfNotPresent finds them (no registry is reachable).
+const (
+	// PauseImage is the sandbox image of kubelet v1.36.3 (and e2e's
+	// test/utils/image: registry.k8s.io/pause:3.10.2), here e2e/pause.
+	PauseImage = "registry.k8s.io/pause:3.10.2"
+	// ServerImage holds the bed's agent binary as /vmagent: `vmagent serve`
+	// answers "<name> <client-ip>", `vmagent hit` and `vmagent http` are
+	// clients.
+	ServerImage = "ipvs-proxy.test/vmagent:e2e"
+	// ProxyImage is the name deploy/daemonset.yaml uses (make image).
+	ProxyImage = "ipvs-proxy:latest"
+)
+
+// imageEpoch is the time of the test images' files (reproducible).
+var imageEpoch = time.Unix(1700000000, 0).UTC()
+
+// staticImage builds Go package pkg and returns an OCI archive of an image
+// named ref holding the binary as /<name>, its entrypoint. Archives are
+// cached in cacheDir/images by the binary's digest.
+func staticImage(ctx context.Context, cacheDir, tmp, pkg, name, ref string) (string, error) {
+	bin := filepath.Join(tmp, name)
+	if err := vm.BuildGoBinary(ctx, pkg, bin); err != nil {
+		return "", fmt.Errorf("image %s: %w", ref, err)
+	}
+	sum, err := fileDigest(bin)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", ref, err)
+	}
+	h := sha256.Sum256([]byte(ref + "\x00" + sum))
+	out := filepath.Join(cacheDir, "images", name+"-"+hex.EncodeToString(h[:])[:12]+".tar")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	img, err := ociimage.StaticImage(map[string]string{"/" + name: bin}, []string{"/" + name}, "amd64", imageEpoch)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", ref, err)
+	}
+	if err := ociimage.WriteArchive(img, ref, out, imageEpoch); err != nil {
+		return "", fmt.Errorf("image %s: %w", ref, err)
+	}
+	return out, nil
+}
+
+func fileDigest(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// proxyImage builds ipvs-proxy's image as `make image` does: the static,
+// stripped binary and deploy/image (Debian's iptables and kmod). The
+// archive is cached in cacheDir/images by the binary's digest.
+func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...any)) (string, error) {
+	bin := filepath.Join(tmp, "ipvs-proxy")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin,
+		"github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build ipvs-proxy: %w\n%s", err, b)
+	}
+	sum, err := fileDigest(bin)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", ProxyImage, err)
+	}
+	out := filepath.Join(cacheDir, "images", "ipvs-proxy-"+sum[:12]+".tar")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	cmd := exec.CommandContext(ctx, "go", "run", "github.com/ipvs-proxy/ipvs-proxy/deploy/image",
+		"--binary", bin, "--output", out, "--tag", ProxyImage, "--version", "e2e")
+	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(imageEpoch.Unix(), 10))
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("build ipvs-proxy's image: %w\n%s", err, b)
+	}
+	logf("cluster: %s", trimSpace(b))
+	return out, nil
+}
+
+func trimSpace(b []byte) string {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return string(b)
+}

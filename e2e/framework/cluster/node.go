@@ -1,0 +1,133 @@
+package cluster
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+)
+
+// runtimeLayer is the node's runtime: Debian 12's containerd, runc and CNI
+// plugins, unpacked into an extra initramfs layer that only the cluster's
+// VM boots with.
+var runtimeLayer = vm.LayerSpec{
+	Name:     "cluster-runtime",
+	Packages: []string{"containerd", "runc", "containernetworking-plugins", "libseccomp2", "libc6"},
+	Files: []string{"usr/bin/containerd", "usr/bin/containerd-shim-runc-v2", "usr/bin/ctr", "usr/sbin/runc",
+		"usr/lib/cni/bridge", "usr/lib/cni/host-local", "usr/lib/cni/loopback", "usr/lib/cni/portmap"},
+}
+
+// Guest paths of the node's files.
+const (
+	guestKubelet        = "/usr/local/bin/kubelet"
+	guestKubeletConfig  = "/etc/kubernetes/kubelet.yaml"
+	guestKubeconfig     = "/etc/kubernetes/kubelet.conf"
+	guestContainerdConf = "/etc/containerd/config.toml"
+	guestCNIConf        = "/etc/cni/net.d/10-bed.conflist"
+	guestSetup          = "/etc/kubernetes/node-setup.sh"
+	guestImages         = "/var/cache/images" // image archives, imported at boot
+	containerdSock      = "/run/containerd/containerd.sock"
+)
+
+// nodeSetup prepares the VM to be a node: cgroup v2, the kernel modules and
+// sysctls pods and Services need, tmpfs for the runtime's and kubelet's
+// state. See the script for why each step is there.
+//
+//go:embed node-setup.sh
+var nodeSetup []byte
+
+// containerdConfig is containerd 1.6's configuration for the node.
+//
+// runc cannot pivot_root out of the initramfs (the root file system is
+// rootfs, which cannot be unmounted or moved), so it runs with
+// NoPivotRoot (it moves the container's root over / and chroots). The
+// guest kernel has no overlay module in the base assets, so images are
+// unpacked with the native (copying) snapshotter: the test images are a
+// few MiB.
+func containerdConfig(pauseImage string) string {
+	return fmt.Sprintf(`version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.overlayfs"]
+
+[grpc]
+  address = %q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        NoPivotRoot = true
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+`, containerdSock, pauseImage)
+}
+
+// cniConfig gives pods addresses of podCIDR on the bridge cni0, with the
+// node as their gateway. ipMasq masquerades what pods send outside
+// podCIDR: the apiserver behind the `kubernetes` Service is at
+// 10.0.2.100, a forward of QEMU's user network, which answers the node's
+// own address only.
+func cniConfig(podCIDR string) string {
+	return fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "bed",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": %q}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`, podCIDR)
+}
+
+// kubeletConfig is the kubelet's KubeletConfiguration. The apiserver
+// reaches the kubelet only through the egress proxy, so anonymous requests
+// are allowed; eviction on disk thresholds is off (the node's disks are
+// tmpfs); cgroups are managed through cgroupfs (there is no systemd).
+func kubeletConfig() string {
+	return `apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 0.0.0.0
+port: 10250
+readOnlyPort: 0
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://` + containerdSock + `
+failSwapOn: false
+clusterDomain: cluster.local
+resolvConf: ""
+hairpinMode: hairpin-veth
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+evictionHard:
+  nodefs.available: "0%"
+  nodefs.inodesFree: "0%"
+  imagefs.available: "0%"
+`
+}
