@@ -42,6 +42,7 @@ type options struct {
 	list             bool
 	images           bool
 	bareControlPlane bool
+	narrow           string
 	out              string
 	timeout          time.Duration
 	startupTimeout   time.Duration
@@ -57,6 +58,7 @@ func main() {
 	flag.BoolVar(&o.images, "images", false, "build the test images the focus needs (OCI archives, cached) and print their paths, run nothing")
 	flag.BoolVar(&o.bareControlPlane, "bare-control-plane", false,
 		"instead of --kubeconfig, start the bed's host control plane (no node): shows that e2e.test starts and connects, and fails for want of a node")
+	flag.StringVar(&o.narrow, "focus", "", "run only the tests of the focus that this regular expression matches")
 	flag.StringVar(&o.out, "out", "bin/conformance", "report directory (a folder per proxy)")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "time limit of the suite (Ginkgo's)")
 	flag.DurationVar(&o.startupTimeout, "startup-timeout", 10*time.Minute, "how long the suite waits for schedulable nodes")
@@ -84,6 +86,11 @@ func run(ctx context.Context, o options) error {
 	p, err := upstream.NewPlan(o.conformanceOnly)
 	if err != nil {
 		return err
+	}
+	if o.narrow != "" {
+		if err := p.Narrow(o.narrow); err != nil {
+			return err
+		}
 	}
 	t0 := time.Now()
 	suite, err := upstream.EnsureSuite(ctx, controlplane.CacheDir())

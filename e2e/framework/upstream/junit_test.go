@@ -190,3 +190,24 @@ func TestParseTestList(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
+
+func TestNarrow(t *testing.T) {
+	p, err := newPlanFrom(testSkips, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Narrow(`secure master`); err != nil {
+		t.Fatal(err)
+	}
+	if !p.InFocus("[sig-network] Services should provide secure master service [Conformance]") ||
+		p.InFocus("[sig-network] Services should serve a basic endpoint from pods [Conformance]") ||
+		p.InFocus("[sig-apps] Deployment should provide secure master service") {
+		t.Error("Narrow does not keep exactly the focus's tests it matches")
+	}
+	if got := strings.Join(p.ginkgoArgs(), " "); !strings.Contains(got, "--ginkgo.focus=secure master ") {
+		t.Errorf("ginkgo arguments %q", got)
+	}
+	if err := p.Narrow(`(`); err == nil {
+		t.Error("a bad expression was accepted")
+	}
+}

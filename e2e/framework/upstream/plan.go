@@ -41,6 +41,8 @@ func (g *SkipGroup) Short() string {
 // [Conformance] tests run.
 type Plan struct {
 	focusRE, skipRE *regexp.Regexp
+	// narrowRE, if set, keeps only the tests of the focus it matches.
+	narrowRE        *regexp.Regexp
 	Groups          []SkipGroup
 	conformanceOnly bool
 }
@@ -96,7 +98,24 @@ func newPlanFrom(skips string, conformanceOnly bool) (*Plan, error) {
 }
 
 // focusExpr is the --ginkgo.focus expression.
-func (p *Plan) focusExpr() string { return strings.Join(focus, "|") }
+func (p *Plan) focusExpr() string {
+	if p.narrowRE != nil {
+		return p.narrowRE.String()
+	}
+	return strings.Join(focus, "|")
+}
+
+// Narrow keeps only the tests of the focus that expr (a Go regular
+// expression on full names, like Ginkgo's focus) matches: for a rerun of
+// some tests.
+func (p *Plan) Narrow(expr string) error {
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		return fmt.Errorf("narrow the focus: %w", err)
+	}
+	p.narrowRE = re
+	return nil
+}
 
 // skipExpr is the --ginkgo.skip expression.
 func (p *Plan) skipExpr() string { return p.skipRE.String() }
@@ -120,7 +139,9 @@ func (p *Plan) ginkgoArgs() []string {
 }
 
 // InFocus reports whether the test is in the focus.
-func (p *Plan) InFocus(name string) bool { return p.focusRE.MatchString(name) }
+func (p *Plan) InFocus(name string) bool {
+	return p.focusRE.MatchString(name) && (p.narrowRE == nil || p.narrowRE.MatchString(name))
+}
 
 // SkipGroupOf is the group that leaves the test out, or nil.
 func (p *Plan) SkipGroupOf(name string) *SkipGroup {
