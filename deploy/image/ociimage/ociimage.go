@@ -10,6 +10,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -328,4 +330,19 @@ func Image(layers []ImageLayer, c Config) (v1.Image, error) {
 		return nil, fmt.Errorf("image config: %w", err)
 	}
 	return img, nil
+}
+
+// FileDigest is the hex SHA-256 of a file's content: the cache key of an
+// image archive built around that file.
+func FileDigest(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("%s: %w", p, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,7 +63,7 @@ func EnsureAgnhostImage(ctx context.Context, cacheDir, agnhost string, logf func
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	sum, err := fileSHA256(agnhost)
+	sum, err := ociimage.FileDigest(agnhost)
 	if err != nil {
 		return "", err
 	}
@@ -227,17 +226,4 @@ func provided(root, name string) bool {
 		}
 	}
 	return false
-}
-
-func fileSHA256(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("%s: %w", p, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
