@@ -12,7 +12,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build image test checks bed unit e2e lint demo bench clean fuzz conformance conformance-list
+.PHONY: all build image test checks bed unit e2e lint demo bench bench-go clean fuzz conformance conformance-list
 
 all: build
 
@@ -47,6 +47,7 @@ test:
 checks: lint
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory fuzz FUZZTIME=5s
+	$(MAKE) --no-print-directory bench-go BENCH_GO_SIZES='1000' BENCH_GO_TIME=1x
 	$(GO) test -count=1 -run '^$$' ./e2e/... >/dev/null
 
 # Each fuzz target for FUZZTIME (one -fuzz target per go test run).
@@ -73,12 +74,21 @@ demo:
 bench:
 	$(GO) run ./e2e/bench $(BENCH_ARGS)
 
+# Growth of the agent's own work (build + reconcile against the fake
+# kernel) at 1k, 10k and 100k Services: time and allocations per Service,
+# and one change, which must stay flat. CI runs the 1k size once.
+BENCH_GO_SIZES ?= 1000|10000|100000
+BENCH_GO_TIME ?= 3x
+bench-go:
+	$(GO) test -run '^$$' -bench 'Growth.*/services=($(BENCH_GO_SIZES))$$' -benchtime $(BENCH_GO_TIME) ./proxier/
+
 # Kubernetes' own e2e tests of Services (e2e.test v1.36.3, built from Go
 # modules and cached) against a running cluster; JUnit report and summary
 # table in bin/conformance/$(PROXY)/. PROXY names the cluster's proxy
 # (ipvs-proxy or kube-proxy); CONFORMANCE_ONLY=1 runs only the
-# [Conformance] tests. Until the one-node cluster fixture is merged it
-# needs KUBECONFIG. `make conformance-list` lists the focus and the skips.
+# [Conformance] tests. It needs KUBECONFIG until the runner starts the
+# one-node cluster itself. `make conformance-list` lists the focus and
+# the skips.
 PROXY ?= ipvs-proxy
 conformance:
 	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --kubeconfig '$(KUBECONFIG)' $(if $(CONFORMANCE_ONLY),--conformance-only) $(CONFORMANCE_ARGS)

@@ -94,6 +94,13 @@ func TestClusterNode(t *testing.T) {
 		t.Logf("exec in pod client: %s", strings.TrimSpace(out))
 	}
 
+	// Logs through the apiserver (the same egress to the kubelet): the
+	// server printed READY once it listened.
+	waitFor(ctx, t, "pod server's log", func() (bool, string) {
+		b, err := cs.CoreV1().Pods(ns).GetLogs("server", &corev1.PodLogOptions{}).DoRaw(ctx)
+		return err == nil && strings.Contains(string(b), "READY"), fmt.Sprintf("%q %v", b, err)
+	})
+
 	// ipvs-proxy's DaemonSet pod runs and has programmed the `kubernetes`
 	// Service.
 	waitFor(ctx, t, "ipvs-proxy DaemonSet ready", func() (bool, string) {

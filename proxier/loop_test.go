@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -34,6 +36,12 @@ type loopBed struct {
 
 func newLoopBed(t *testing.T, objs ...*corev1.Service) *loopBed {
 	t.Helper()
+	return newLoopBedWith(t, nil, objs...)
+}
+
+// newLoopBedWith is newLoopBed with the Proxier's Config changed by tweak.
+func newLoopBedWith(t *testing.T, tweak func(*Config), objs ...*corev1.Service) *loopBed {
+	t.Helper()
 	b := &loopBed{t: t, client: k8sfake.NewClientset(), ipvs: fake.NewIPVS(),
 		clk: clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))}
 	ctx := context.Background()
@@ -52,6 +60,9 @@ func newLoopBed(t *testing.T, objs ...*corev1.Service) *loopBed {
 	cfg := Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true,
 		MinSyncPeriod: time.Second, SyncPeriod: time.Hour, RetryBase: 10 * time.Second, Clock: b.clk}
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	b.p = New(cfg, b.client, b.ipvs, fake.NewLinks(node), nil, nil, zap.NewNop())
 	return b
 }
@@ -210,5 +221,51 @@ func TestLoopRetriesAloneUnderEvents(t *testing.T) {
 	b.idle()
 	if sa, _ := b.p.rec.Status(types.NamespacedName{Namespace: "default", Name: "a"}); !sa.Applied || sa.Failures != 0 {
 		t.Errorf("status of a after its retry: %+v", sa)
+	}
+}
+
+// TestLoopResyncInSlicesLetsChangesThrough: the periodic full resync reads
+// one virtual server's real servers per sync here (ResyncSlice 1); its
+// slices follow one another without waiting MinSyncPeriod, and a change
+// that comes during the first slice is applied by the next sync, before
+// the resync ends. (A resync in one piece applied it only after reading
+// every virtual server.)
+func TestLoopResyncInSlicesLetsChangesThrough(t *testing.T) {
+	b := newLoopBedWith(t, func(c *Config) { c.ResyncSlice = 1 },
+		testService("a", "10.96.0.10", "rr"), testService("b", "10.96.0.11", "rr"), testService("c", "10.96.0.12", "rr"))
+	b.run()
+	b.eventually("the first sync", func() bool { return len(b.calls("AddRealServer")) == 3 })
+	b.idle()
+	b.clk.Step(time.Second) // a turn after the first sync, if one is due
+	b.idle()
+	b.ipvs.ResetCalls()
+
+	// While the resync reads a's real servers, c's endpoints change.
+	var once sync.Once
+	b.ipvs.InjectErrors(func(c fake.Call) error {
+		if c == "ListRealServers 10.96.0.10:80/TCP" {
+			once.Do(func() {
+				b.setEndpoints("c", "10.0.1.12", "10.0.2.12")
+				b.eventually("c's change reaching the loop", func() bool {
+					b.p.mu.Lock()
+					defer b.p.mu.Unlock()
+					return len(b.p.dirty) > 0
+				})
+			})
+		}
+		return nil
+	})
+	b.clk.Step(time.Hour - time.Second) // the periodic resync is due; the clock stays there
+	b.eventually("the resync's last slice", func() bool { return len(b.calls("ListRealServers 10.96.0.12:80/TCP")) == 2 })
+	b.idle()
+	got := b.calls("")
+	want := []string{
+		"ListVirtualServers", "ListRealServers 10.96.0.10:80/TCP", // the resync's read and slice 1
+		"ListRealServers 10.96.0.11:80/TCP", "ListRealServers 10.96.0.12:80/TCP", // slice 2 and c's change
+		"AddRealServer 10.96.0.12:80/TCP 10.0.2.12:8080 w=1",
+		"ListRealServers 10.96.0.12:80/TCP", // slice 3
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("kernel calls of the resync (-want +got):\n%s", diff)
 	}
 }

@@ -7,7 +7,7 @@ import (
 // Metrics are the proxier's Prometheus metrics. Names follow kube-proxy's
 // where one means the same thing (kubeproxy_*); the rest are ipvs_proxy_*.
 type Metrics struct {
-	SyncDuration        *prometheus.HistogramVec // label "kind": full or partial
+	SyncDuration        *prometheus.HistogramVec // label "kind": full, partial, or resync (a whole sliced resync)
 	ProgrammingLatency  prometheus.Histogram
 	SyncErrors          prometheus.Counter
 	LastSuccessfulSync  prometheus.Gauge
@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	buckets := prometheus.ExponentialBuckets(0.001, 2, 16) // 1ms .. ~33s
 	m := &Metrics{
 		SyncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kubeproxy_sync_proxy_rules_duration_seconds", Help: "Duration of syncs, by kind (full or partial).",
+			Name: "kubeproxy_sync_proxy_rules_duration_seconds", Help: "Duration of syncs, by kind: full or partial, and resync for a periodic full resync from its kernel read to its last slice.",
 			Buckets: buckets,
 		}, []string{"kind"}),
 		ProgrammingLatency: prometheus.NewHistogram(prometheus.HistogramOpts{

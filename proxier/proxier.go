@@ -48,6 +48,9 @@ type Config struct {
 	// RetryBase is the first retry delay of a failed Service or consumer,
 	// doubled per failure up to SyncPeriod; default 1s.
 	RetryBase time.Duration
+	// ResyncSlice is the number of virtual servers a periodic full resync
+	// checks per sync (ReconcilerConfig.ResyncSlice; default 500).
+	ResyncSlice int
 	// Clock defaults to the real clock (tests pass a fake one).
 	Clock clock.WithTicker
 	// AdoptInterface is kube-proxy's interface when taking a node over from
@@ -128,7 +131,8 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	}
 	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs,
 		Adopt: cfg.AdoptInterface}
-	rcfg := ReconcilerConfig{Ownership: own, RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock}
+	rcfg := ReconcilerConfig{Ownership: own, RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock,
+		ResyncSlice: cfg.ResyncSlice}
 	return &Proxier{
 		cfg: cfg, clock: cfg.Clock, client: client, links: links, log: log, recorder: recorder, metrics: metrics,
 		rec:           NewReconciler(ipvs, links, rcfg, log),
@@ -359,7 +363,9 @@ func (p *Proxier) Run(ctx context.Context) error {
 	notOurs := func(o *metav1.ListOptions) {
 		o.LabelSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(notOurs))
+	// model.Trim keeps in the caches only what the agent reads.
+	f := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(notOurs),
+		informers.WithTransform(model.Trim))
 	svcReg, err := f.Core().V1().Services().Informer().AddEventHandler(handler(p.onService))
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
@@ -370,7 +376,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	}
 	nf := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.cfg.NodeName).String()
-	}))
+	}), informers.WithTransform(model.Trim))
 	nodeReg, err := nf.Core().V1().Nodes().Informer().AddEventHandler(handler(p.onNode))
 	if err != nil {
 		return fmt.Errorf("watch node: %w", err)
@@ -403,7 +409,10 @@ func (p *Proxier) loop(ctx context.Context) {
 	full := true
 	var last, nextFull time.Time
 	for {
-		if wait := p.cfg.MinSyncPeriod - p.clock.Since(last); wait > 0 && !last.IsZero() {
+		// The slices of a periodic resync follow one another at once
+		// (changes that come meanwhile join the next one); other syncs
+		// are at least MinSyncPeriod apart.
+		if wait := p.cfg.MinSyncPeriod - p.clock.Since(last); wait > 0 && !last.IsZero() && !p.rec.Resyncing() {
 			t := p.clock.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -510,7 +519,10 @@ func (p *Proxier) snapshot(full bool) (syncInputs, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	rebuild := p.rebuild || full
+	// A full sync re-reads the kernel, not the plans: they change only
+	// with their inputs (events, the node's addresses and zone, the
+	// schedulers the kernel refused), which set rebuild.
+	rebuild := p.rebuild
 	p.rebuild = false
 	in := syncInputs{full: full, changed: p.dirty,
 		node: model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs}}
@@ -674,17 +686,25 @@ func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
 	}
 	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),
 		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
-		zap.Duration("took", total))
+		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft))
+	if st.ResyncDone {
+		p.metrics.SyncDuration.WithLabelValues("resync").Observe(st.ResyncTook.Seconds())
+		p.log.Info("full resync complete", zap.Duration("took", st.ResyncTook))
+	}
 
 	// A change is programmed once its Service is not failing; a failed
 	// kernel read applied nothing.
 	if !st.ReadFailed {
+		held := len(p.changes)
 		for n, at := range p.changes {
 			if p.rec.Failing(n) {
 				continue
 			}
 			p.metrics.ProgrammingLatency.Observe(now.Sub(at).Seconds())
 			delete(p.changes, n)
+		}
+		if len(p.changes) == 0 && held > 64 { // a map keeps its largest size: see emptied
+			p.changes = map[types.NamespacedName]time.Time{}
 		}
 	}
 

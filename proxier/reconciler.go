@@ -31,6 +31,13 @@ type SyncStats struct {
 	Failed  map[types.NamespacedName]error
 	// ReadFailed: the full sync's kernel read failed, nothing was applied.
 	ReadFailed bool
+	// A periodic full resync runs in slices (see Reconciler.Sync):
+	// ResyncLeft is the number of virtual servers it has still to check;
+	// ResyncDone is set by the sync that checked the last ones, with
+	// ResyncTook, the time from its kernel read to then.
+	ResyncLeft int
+	ResyncDone bool
+	ResyncTook time.Duration
 }
 
 // ServiceStatus is what the reconciler knows of one Service.
@@ -56,6 +63,10 @@ type ReconcilerConfig struct {
 	RetryBase, RetryMax time.Duration
 	// Clock defaults to the real clock.
 	Clock clock.PassiveClock
+	// ResyncSlice is the number of virtual servers a periodic full resync
+	// checks per sync (their real servers read, compared and repaired);
+	// default 500.
+	ResyncSlice int
 }
 
 // backoff is one retry schedule: failures in a row and the next attempt.
@@ -114,10 +125,14 @@ type Reconciler struct {
 	orphanKeys  map[model.VSKey]bool
 	orphanAddrs map[netip.Addr]bool
 
-	full    backoff // a failed kernel read: the next full sync
-	synced  bool    // a full sync has completed once
-	vsCount int
-	rsCount int
+	full   backoff // a failed kernel read: the next full sync
+	synced bool    // a full sync has completed once
+	// The periodic full resync in progress: the virtual servers it has
+	// still to check, in key order, and when it read the kernel.
+	resync      []model.VSKey
+	resyncStart time.Time
+	vsCount     int
+	rsCount     int
 
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
@@ -135,6 +150,9 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.ResyncSlice <= 0 {
+		cfg.ResyncSlice = 500
 	}
 	return &Reconciler{
 		ipvs: ipvs, links: links, cfg: cfg, own: cfg.Ownership, clock: cfg.Clock, log: log,
@@ -263,9 +281,22 @@ func (r *Reconciler) ConflictChanges() []types.NamespacedName {
 			delete(r.conflicted, n)
 		}
 	}
-	clear(r.conflictChanged)
+	r.conflictChanged = emptied(r.conflictChanged)
 	slices.SortFunc(out, compareNames)
 	return out
+}
+
+// emptied returns m empty: cleared in place when it is small, a new map
+// when it held many entries. Go's maps never shrink, and clearing or
+// iterating one costs its size at its largest: a set that held every
+// Service once (a full sync) would make every later partial sync cost
+// that much.
+func emptied[K comparable, V any](m map[K]V) map[K]V {
+	if len(m) > 64 {
+		return make(map[K]V)
+	}
+	clear(m)
+	return m
 }
 
 func compareNames(a, b types.NamespacedName) int {
@@ -320,7 +351,7 @@ func (r *Reconciler) FullDue() bool { return !r.synced || r.full.due(r.clock.Now
 // Pending reports whether a sync now has work to do.
 func (r *Reconciler) Pending() bool {
 	now := r.clock.Now()
-	if !r.synced || r.full.due(now) || r.orphan.due(now) ||
+	if !r.synced || r.full.due(now) || r.orphan.due(now) || len(r.resync) > 0 ||
 		len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0 || len(r.dirtyServices) > 0 {
 		return true
 	}
@@ -349,15 +380,30 @@ func (r *Reconciler) NextRetry() time.Time {
 	return next
 }
 
+// Resyncing reports whether a periodic full resync is in progress: the
+// next syncs check its remaining virtual servers.
+func (r *Reconciler) Resyncing() bool { return len(r.resync) > 0 }
+
 // Sync applies what changed since the last sync, and the retries that are
 // due. It is full (reads the kernel whole and repairs everything) when
 // full is set, before the first full sync has succeeded, and when a kernel
 // read failed and its retry is due. The error joins every failure; the
 // Services whose writes succeeded are programmed regardless.
+//
+// A full sync asked for once the kernel has been programmed (the periodic
+// resync) runs in slices, so that it never holds a change up for long: it
+// reads the virtual servers and addresses whole and repairs the addresses,
+// then it and each following sync check ResyncSlice virtual servers (read
+// their real servers, repair them) besides what changed, until all are
+// checked. Asking for a full sync while one runs continues it.
 func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	start := r.clock.Now()
 	now := start
+	sliced := full && r.synced && !r.full.due(now)
 	full = full || !r.synced || r.full.due(now)
+	if sliced && len(r.resync) > 0 {
+		full, sliced = false, false // one resync at a time: continue it
+	}
 	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
 	if full {
 		if err := r.readKernel(&st); err != nil {
@@ -366,8 +412,12 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 			st.Duration = r.clock.Since(start)
 			return st, err
 		}
+		r.resync = nil
+		if sliced {
+			r.startResync(now)
+		}
 	}
-	keys, addrs, services := r.scope(full, now)
+	keys, addrs, services := r.scope(full && !sliced, now, sliced)
 	want := r.desired(keys, addrs)
 	readFailed := r.readRealServers(&st, keys, want)
 	keys = slices.DeleteFunc(keys, func(k model.VSKey) bool { return readFailed[k] != nil })
@@ -395,15 +445,57 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	errs := r.record(&st, services, now)
 	st.Services = len(services)
 	st.Duration = r.clock.Since(start)
+	if !r.resyncStart.IsZero() {
+		st.ResyncLeft = len(r.resync)
+		if len(r.resync) == 0 {
+			st.ResyncDone, st.ResyncTook = true, r.clock.Since(r.resyncStart)
+			r.resyncStart = time.Time{}
+		}
+	}
 	return st, errors.Join(append(errs, orphanErrs...)...)
 }
 
+// startResync lists every virtual server a sliced resync checks: those
+// the plans claim and those in the kernel's view just read.
+func (r *Reconciler) startResync(now time.Time) {
+	keys := make([]model.VSKey, 0, len(r.claims)+len(r.kernel.VirtualServers))
+	for k := range r.claims {
+		keys = append(keys, k)
+	}
+	for k := range r.kernel.VirtualServers {
+		if _, ok := r.claims[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, model.VSKey.Compare)
+	r.resync, r.resyncStart = keys, now
+}
+
 // scope lists the virtual servers, addresses and Services a sync looks at,
-// and clears what it takes of the dirty sets.
-func (r *Reconciler) scope(full bool, now time.Time) ([]model.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
+// and clears what it takes of the dirty sets. full takes everything; else
+// what changed, the due retries and the next slice of a running resync
+// (and, when allAddrs, every address).
+func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
 	services := map[types.NamespacedName]bool{}
 	keySet := map[model.VSKey]bool{}
 	addrSet := map[netip.Addr]bool{}
+	if full || allAddrs {
+		for a := range r.wantAddr {
+			addrSet[a] = true
+		}
+		for a := range r.kernel.Bound {
+			addrSet[a] = true
+		}
+	}
+	if n := min(r.cfg.ResyncSlice, len(r.resync)); n > 0 && !full {
+		for _, k := range r.resync[:n] {
+			keySet[k] = true
+		}
+		r.resync = r.resync[n:]
+		if len(r.resync) == 0 {
+			r.resync = nil
+		}
+	}
 	if full {
 		for n := range r.plans {
 			services[n] = true
@@ -417,14 +509,8 @@ func (r *Reconciler) scope(full bool, now time.Time) ([]model.VSKey, []netip.Add
 		for k := range r.kernel.VirtualServers {
 			keySet[k] = true
 		}
-		for a := range r.wantAddr {
-			addrSet[a] = true
-		}
-		for a := range r.kernel.Bound {
-			addrSet[a] = true
-		}
-		clear(r.orphanKeys)
-		clear(r.orphanAddrs)
+		r.orphanKeys = emptied(r.orphanKeys)
+		r.orphanAddrs = emptied(r.orphanAddrs)
 	} else {
 		for n := range r.dirtyServices {
 			services[n] = true
@@ -452,13 +538,13 @@ func (r *Reconciler) scope(full bool, now time.Time) ([]model.VSKey, []netip.Add
 			for a := range r.orphanAddrs {
 				addrSet[a] = true
 			}
-			clear(r.orphanKeys)
-			clear(r.orphanAddrs)
+			r.orphanKeys = emptied(r.orphanKeys)
+			r.orphanAddrs = emptied(r.orphanAddrs)
 		}
 	}
-	clear(r.dirtyKeys)
-	clear(r.dirtyAddrs)
-	clear(r.dirtyServices)
+	r.dirtyKeys = emptied(r.dirtyKeys)
+	r.dirtyAddrs = emptied(r.dirtyAddrs)
+	r.dirtyServices = emptied(r.dirtyServices)
 	// The holder answers for what happens to its virtual servers; a
 	// failing one comes whole, so that its status says all of it.
 	var whole []types.NamespacedName

@@ -661,3 +661,70 @@ func TestReconcilerAdoptsKubeProxy(t *testing.T) {
 		t.Errorf("kernel (-want +got):\n%s", diff)
 	}
 }
+
+// A periodic full resync runs in slices of ResyncSlice virtual servers,
+// one per sync, and a change that comes meanwhile is applied by the next
+// sync, with the next slice, not after the whole resync.
+func TestReconcilerSlicedResync(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), ResyncSlice: 2}, zap.NewNop())
+	names := make([]types.NamespacedName, 5)
+	for i := range names {
+		names[i] = types.NamespacedName{Namespace: "ns", Name: fmt.Sprintf("svc-%d", i+1)}
+		r.SetPlan(names[i], plan(names[i], vsPlan(model.KindClusterIP, fmt.Sprintf("10.96.0.%d:80", i+1), "rr", fmt.Sprintf("10.0.1.%d:8080", i+1))))
+	}
+	if st := mustSync(t, r, true); !st.Full || st.ResyncLeft != 0 || r.Resyncing() {
+		t.Fatalf("the first sync is full and whole: %+v", st)
+	}
+
+	// Drift by hand in the first, second and last slices.
+	rs := func(a string) model.RSKey { return model.RSKey{Address: netip.MustParseAddr(a), Port: 8080} }
+	for _, err := range []error{
+		ipvs.DeleteRealServer(vsKey("10.96.0.1:80", model.TCP), rs("10.0.1.1")),
+		ipvs.UpdateRealServer(vsKey("10.96.0.3:80", model.TCP), model.RealServer{RSKey: rs("10.0.1.3"), Weight: 7}),
+		ipvs.DeleteRealServer(vsKey("10.96.0.5:80", model.TCP), rs("10.0.1.5")),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	resetCalls(ipvs, links)
+
+	step := func(what string, full bool, left int, writes, reads []string) SyncStats {
+		t.Helper()
+		wasResyncing := r.Resyncing() || full
+		st := mustSync(t, r, full)
+		if st.ResyncLeft != left || r.Resyncing() != (left > 0) || st.ResyncDone != (wasResyncing && left == 0) {
+			t.Errorf("%s: resync left %d (done %v, resyncing %v), want %d", what, st.ResyncLeft, st.ResyncDone, r.Resyncing(), left)
+		}
+		callsDiff(t, what+": writes", writes, ipvs.Writes())
+		callsDiff(t, what+": reads", reads, ipvs.Reads())
+		resetCalls(ipvs, links)
+		return st
+	}
+	// The resync reads the virtual servers whole, then the first slice's
+	// real servers.
+	if st := step("resync, slice 1", true, 3, []string{"AddRealServer 10.96.0.1:80/TCP 10.0.1.1:8080 w=1"},
+		[]string{"ListVirtualServers", "ListRealServers 10.96.0.1:80/TCP", "ListRealServers 10.96.0.2:80/TCP"}); !st.Full {
+		t.Error("the resync's first sync is not reported full")
+	}
+	// A change to a Service of the last slice comes: the next sync applies
+	// it with the second slice.
+	r.SetPlan(names[4], plan(names[4], vsPlan(model.KindClusterIP, "10.96.0.5:80", "rr", "10.0.1.5:8080", "10.0.2.5:8080")))
+	step("change + slice 2", false, 1, []string{
+		"UpdateRealServer 10.96.0.3:80/TCP 10.0.1.3:8080 w=1",
+		"AddRealServer 10.96.0.5:80/TCP 10.0.1.5:8080 w=1",
+		"AddRealServer 10.96.0.5:80/TCP 10.0.2.5:8080 w=1",
+	}, []string{"ListRealServers 10.96.0.3:80/TCP", "ListRealServers 10.96.0.4:80/TCP", "ListRealServers 10.96.0.5:80/TCP"})
+	// A full sync asked for meanwhile continues the resync (no new read of
+	// the virtual servers); the last slice finds the change applied.
+	if st := step("slice 3", true, 0, nil, []string{"ListRealServers 10.96.0.5:80/TCP"}); st.ResyncTook < 0 {
+		t.Error("negative resync duration")
+	}
+	step("after the resync", false, 0, nil, nil)
+	for i, n := range names {
+		if st, _ := r.Status(n); !st.Applied {
+			t.Errorf("service %d not applied: %+v", i+1, st)
+		}
+	}
+}

@@ -141,6 +141,7 @@ func (cf *configFile) fromKubeProxy(kp *kubeproxyconfig.KubeProxyConfiguration, 
 	mapValue(m, "udpTimeout", "ipvs.udpTimeout", kp.IPVS.UDPTimeout.Duration, &o.UDPTimeout)
 	// kube-proxy takes an IP alone and adds its default port.
 	mapValue(m, "metricsBindAddress", "metricsBindAddress", withDefaultPort(kp.MetricsBindAddress, "10249"), &o.MetricsBindAddress)
+	mapValue(m, "profiling", "enableProfiling", kp.EnableProfiling, &o.Profiling)
 	mapValue(m, "healthzBindAddress", "healthzBindAddress", withDefaultPort(kp.HealthzBindAddress, "10256"), &o.HealthzBindAddress)
 
 	// Fields that ipvs-proxy follows for some values only.

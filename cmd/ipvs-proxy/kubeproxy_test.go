@@ -137,7 +137,7 @@ oomScoreAdj: -999
 configSyncPeriod: 15m
 portRange: 30000-32767
 ipvs: {scheduler: wrr}
-`, want: func(o *options) { o.Scheduler = "wrr" }, ignored: []string{
+`, want: func(o *options) { o.Scheduler = "wrr"; o.Profiling = true }, ignored: []string{
 			"bindAddress: 192.0.2.7",
 			"bindAddressHardFail: true",
 			"clientConnection.burst: 10",
@@ -148,7 +148,6 @@ ipvs: {scheduler: wrr}
 			"conntrack.tcpEstablishedTimeout: 24h",
 			"detectLocal.interfaceNamePrefix: veth",
 			"detectLocalMode: InterfaceNamePrefix (ipvs-proxy tells local traffic by clusterCIDR)",
-			"enableProfiling: true",
 			"featureGates.SomeGate: true",
 			"iptables.localhostNodePorts: true",
 			"iptables.masqueradeBit: 14",

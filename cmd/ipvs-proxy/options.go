@@ -46,6 +46,7 @@ type options struct {
 	// Operations.
 	MetricsBindAddress string `json:"metricsBindAddress"`
 	HealthzBindAddress string `json:"healthzBindAddress"`
+	Profiling          bool   `json:"profiling"`
 
 	// Migration.
 	TakeoverKubeProxy bool `json:"takeoverKubeProxy"`
@@ -91,6 +92,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto (whichever the node's other rules use), nft or legacy.")
 	fs.BoolVar(&o.StrictARP, "strict-arp", o.StrictARP, "Do not answer ARP for the VIPs on the proxy's interface (arp_ignore=1, arp_announce=2).")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint (/metrics); empty disables it.")
+	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "Serve Go's pprof profiles under /debug/pprof/ on the metrics address (off by default: they expose internals).")
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address of /healthz and /livez; empty disables them.")
 }
 

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"strings"
 	"sync"
@@ -235,9 +236,11 @@ func (h *healthz) logChange(endpoint string, r healthReport) {
 // opsConfig is what startOperations needs; fields are injected in tests.
 type opsConfig struct {
 	MetricsAddr, HealthzAddr string
-	SyncPeriod               time.Duration
-	Registry                 *prometheus.Registry
-	Status                   func() proxier.Status
+	// Profiling serves Go's pprof handlers on MetricsAddr.
+	Profiling  bool
+	SyncPeriod time.Duration
+	Registry   *prometheus.Registry
+	Status     func() proxier.Status
 	// Problems lists the Services failing or in conflict (for /statusz);
 	// nil serves none.
 	Problems func() []proxier.ServiceStatus
@@ -322,6 +325,14 @@ func startOperations(ctx context.Context, c opsConfig, log *zap.Logger) (*operat
 			Registry: c.Registry, ErrorLog: zap.NewStdLog(log), MaxRequestsInFlight: 4, Timeout: 30 * time.Second,
 		}))
 		mux(c.MetricsAddr).Handle("/statusz", statuszHandler(c.Problems, log))
+		if c.Profiling {
+			m := mux(c.MetricsAddr)
+			m.HandleFunc("/debug/pprof/", pprof.Index) // the named profiles: heap, allocs, goroutine...
+			m.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			m.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			m.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 	}
 	for addr, m := range muxes {
 		ln, err := net.Listen("tcp", addr)
@@ -358,6 +369,9 @@ func muxPaths(addr string, c opsConfig) []string {
 	}
 	if addr == c.MetricsAddr {
 		p = append(p, "/metrics", "/statusz")
+		if c.Profiling {
+			p = append(p, "/debug/pprof/")
+		}
 	}
 	return p
 }
@@ -415,6 +429,7 @@ func serveOperations(ctx context.Context, o *options, cfg proxier.Config, p *pro
 	client kubernetes.Interface, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
 	ops, err := startOperations(ctx, opsConfig{
 		MetricsAddr: strings.TrimSpace(o.MetricsBindAddress), HealthzAddr: strings.TrimSpace(o.HealthzBindAddress),
+		Profiling:  o.Profiling,
 		SyncPeriod: cfg.SyncPeriod, Registry: reg, Status: p.Status, Problems: p.ServiceProblems, APICheck: versionCheck(client),
 		HealthCheckAddrs: healthCheckAddresses(links, cfg, log), Recorder: recorder,
 	}, log)

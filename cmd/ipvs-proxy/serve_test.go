@@ -233,6 +233,23 @@ func TestStartOperations(t *testing.T) {
 	if diff := cmp.Diff(wantAgent, agentStatus(context.Background(), ops.addrs["127.0.0.1:0"].String())); diff != "" {
 		t.Errorf("the agent's status via /statusz (-want +got):\n%s", diff)
 	}
+	// Profiling is off unless asked for.
+	if code, _ := get(t, base+"/debug/pprof/heap"); code != 404 {
+		t.Errorf("/debug/pprof/heap without --profiling: %d, want 404", code)
+	}
+	prof, err := startOperations(context.Background(), opsConfig{MetricsAddr: "127.0.0.1:0", Profiling: true,
+		SyncPeriod: time.Second, Registry: prometheus.NewRegistry(), Status: status.Status}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prof.stop()
+	pbase := "http://" + prof.addrs["127.0.0.1:0"].String()
+	if code, body := get(t, pbase+"/debug/pprof/heap?debug=1"); code != 200 || !strings.Contains(body, "heap profile") {
+		t.Errorf("/debug/pprof/heap with --profiling: %d %.80q", code, body)
+	}
+	if code, body := get(t, pbase+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Errorf("/debug/pprof/ index with --profiling: %d %.80q", code, body)
+	}
 	if got := agentStatus(context.Background(), "127.0.0.1:1"); got.Available || !strings.Contains(got.Error, "does not answer") {
 		t.Errorf("status of an agent that does not run: %+v", got)
 	}

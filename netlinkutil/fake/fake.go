@@ -29,6 +29,7 @@ type IPVS struct {
 	rs       map[model.VSKey]map[model.RSKey]model.RealServer
 	timeouts netlinkutil.Timeouts
 	calls    []Call
+	counts   counts
 	inject   ErrorFunc
 	// schedulers the fake kernel has; nil means every one.
 	schedulers map[string]bool
@@ -114,10 +115,47 @@ func (f *IPVS) ResetCalls() {
 // record appends a call and returns the injected error for it, if any.
 // Callers hold f.mu.
 func (f *IPVS) record(format string, args ...any) error {
-	c := Call(fmt.Sprintf(format, args...))
-	f.calls = append(f.calls, c)
-	if f.inject != nil {
-		return f.inject(c)
+	return f.counts.record(&f.calls, f.inject, format, args...)
+}
+
+// KeepCalls(false) makes the fake only count calls (Counts), not render and
+// keep them, unless an injector needs to see them: for benchmarks, where
+// rendering every call would cost more than the code measured.
+func (f *IPVS) KeepCalls(keep bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.counts.discard = !keep
+}
+
+// Counts returns the numbers of reads (List calls) and writes since the
+// fake was made, kept or not.
+func (f *IPVS) Counts() (reads, writes int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.counts.reads, f.counts.writes
+}
+
+// counts counts calls by kind; discard drops their rendering.
+type counts struct {
+	reads, writes int
+	discard       bool
+}
+
+func (c *counts) record(calls *[]Call, inject ErrorFunc, format string, args ...any) error {
+	if len(format) >= 4 && format[:4] == "List" {
+		c.reads++
+	} else {
+		c.writes++
+	}
+	if c.discard && inject == nil {
+		return nil
+	}
+	call := Call(fmt.Sprintf(format, args...))
+	if !c.discard {
+		*calls = append(*calls, call)
+	}
+	if inject != nil {
+		return inject(call)
 	}
 	return nil
 }
@@ -305,9 +343,10 @@ func (f *IPVS) Close() {}
 // Links is a fake of netlinkutil.Links.
 type Links struct {
 	mu     sync.Mutex
-	links  map[string][]netip.Addr // dummy links and their addresses
-	node   []netip.Addr            // addresses of the node's other links
+	links  map[string]map[netip.Addr]bool // dummy links and their addresses
+	node   []netip.Addr                   // addresses of the node's other links
 	calls  []Call
+	counts counts
 	inject ErrorFunc
 }
 
@@ -315,7 +354,7 @@ var _ netlinkutil.Links = (*Links)(nil)
 
 // NewLinks returns a fake whose node has the given addresses.
 func NewLinks(nodeAddrs ...netip.Addr) *Links {
-	return &Links{links: map[string][]netip.Addr{}, node: nodeAddrs}
+	return &Links{links: map[string]map[netip.Addr]bool{}, node: nodeAddrs}
 }
 
 // InjectErrors installs f; nil removes it.
@@ -349,9 +388,24 @@ func (l *Links) ResetCalls() {
 func (l *Links) Addresses(name string) []netip.Addr {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := slices.Clone(l.links[name])
+	return l.sorted(name)
+}
+
+// sorted returns a link's addresses in order. Callers hold l.mu.
+func (l *Links) sorted(name string) []netip.Addr {
+	var out []netip.Addr
+	for a := range l.links[name] {
+		out = append(out, a)
+	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out
+}
+
+// KeepCalls(false) makes the fake only count calls (see IPVS.KeepCalls).
+func (l *Links) KeepCalls(keep bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.counts.discard = !keep
 }
 
 // HasLink reports whether a link exists.
@@ -363,12 +417,7 @@ func (l *Links) HasLink(name string) bool {
 }
 
 func (l *Links) record(format string, args ...any) error {
-	c := Call(fmt.Sprintf(format, args...))
-	l.calls = append(l.calls, c)
-	if l.inject != nil {
-		return l.inject(c)
-	}
-	return nil
+	return l.counts.record(&l.calls, l.inject, format, args...)
 }
 
 // EnsureDummy implements netlinkutil.Links. An existing link is not a
@@ -382,7 +431,7 @@ func (l *Links) EnsureDummy(name string) error {
 	if err := l.record("EnsureDummy %s", name); err != nil {
 		return err
 	}
-	l.links[name] = nil
+	l.links[name] = map[netip.Addr]bool{}
 	return nil
 }
 
@@ -404,7 +453,7 @@ func (l *Links) ListAddresses(name string) ([]netip.Addr, error) {
 	if err := l.record("ListAddresses %s", name); err != nil {
 		return nil, err
 	}
-	return slices.Clone(l.links[name]), nil
+	return l.sorted(name), nil
 }
 
 // AddAddress implements netlinkutil.Links.
@@ -418,9 +467,7 @@ func (l *Links) AddAddress(name string, a netip.Addr) error {
 	if !ok {
 		return fmt.Errorf("link %s not found", name)
 	}
-	if !slices.Contains(addrs, a) {
-		l.links[name] = append(addrs, a)
-	}
+	addrs[a] = true
 	return nil
 }
 
@@ -431,7 +478,7 @@ func (l *Links) DeleteAddress(name string, a netip.Addr) error {
 	if err := l.record("DeleteAddress %s %s", name, a); err != nil {
 		return err
 	}
-	l.links[name] = slices.DeleteFunc(l.links[name], func(x netip.Addr) bool { return x == a })
+	delete(l.links[name], a)
 	return nil
 }
 

@@ -300,6 +300,9 @@ func FuzzBuild(f *testing.F) {
 		if !reflect.DeepEqual(w.svc, svcBefore) || !reflect.DeepEqual(w.slices, slicesBefore) {
 			t.Fatal("Build changed its input (objects shared with the informers' caches)")
 		}
+		if trimmed := buildTrimmed(w.svc, w.slices, w.node, w.cfg); !cmp.Equal(plan, trimmed, planCmp...) {
+			t.Fatalf("Build of the trimmed objects differs (-full +trimmed):\n%s", cmp.Diff(plan, trimmed, planCmp...))
+		}
 		if again := model.Build(w.svc, w.slices, w.node, w.cfg); !cmp.Equal(plan, again, planCmp...) {
 			t.Fatalf("Build is not deterministic:\n%s", cmp.Diff(plan, again, planCmp...))
 		}

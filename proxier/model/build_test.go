@@ -808,8 +808,26 @@ func TestBuild(t *testing.T) {
 			if diff := cmp.Diff(want, got, planCmp...); diff != "" {
 				t.Errorf("Build() mismatch (-want +got):\n%s", diff)
 			}
+			if diff := cmp.Diff(got, buildTrimmed(tc.svc, tc.slices, node, cfg), planCmp...); diff != "" {
+				t.Errorf("Build() of the trimmed objects differs (-full +trimmed):\n%s", diff)
+			}
 		})
 	}
+}
+
+// buildTrimmed builds from trimmed copies of the objects, as the agent's
+// informers hold them.
+func buildTrimmed(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node model.NodeInfo, cfg model.BuildConfig) model.ServicePlan {
+	var s *corev1.Service
+	if svc != nil {
+		s = svc.DeepCopy()
+		_, _ = model.Trim(s)
+	}
+	in := deepCopySlices(slices)
+	for _, sl := range in {
+		_, _ = model.Trim(sl)
+	}
+	return model.Build(s, in, node, cfg)
 }
 
 func deepCopySlices(in []*discoveryv1.EndpointSlice) []*discoveryv1.EndpointSlice {

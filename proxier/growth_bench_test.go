@@ -1,0 +1,170 @@
+package proxier
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// The growth benchmarks (`make bench-go`) show how the agent's own work —
+// building plans and reconciling them with a kernel (the fake: no netlink
+// cost) — grows with the number of Services, each a ClusterIP Service with
+// one port and two endpoints: per Service for a cold sync and a full
+// resync that finds nothing to do, and per change for one EndpointSlice
+// change, which must stay flat whatever the number of Services.
+
+var growthSizes = []int{1_000, 10_000, 100_000}
+
+// growthObjects makes n Services with a slice of two endpoints each.
+func growthObjects(n int) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+	svcs := make([]*corev1.Service, n)
+	slices := make([]*discoveryv1.EndpointSlice, n)
+	vip := netip.MustParseAddr("10.96.0.0")
+	ep := netip.MustParseAddr("10.128.0.0")
+	created := metav1.NewTime(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
+	for i := range n {
+		vip = vip.Next()
+		name := fmt.Sprintf("svc-%d", i)
+		svcs[i] = &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, UID: "u", CreationTimestamp: created},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: vip.String(), ClusterIPs: []string{vip.String()},
+				Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
+		}
+		var eps []discoveryv1.Endpoint
+		for range 2 {
+			ep = ep.Next()
+			eps = append(eps, discoveryv1.Endpoint{Addresses: []string{ep.String()},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+		}
+		slices[i] = &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "bench", Name: name + "-abc", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+			AddressType: discoveryv1.AddressTypeIPv4, Endpoints: eps,
+			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)}},
+		}
+	}
+	return svcs, slices
+}
+
+// growthProxier is a Proxier on fake kernels that keep no call log, fed
+// the objects through its event handlers as the informers would.
+func growthProxier(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) (*Proxier, *fake.IPVS) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	ipvs.KeepCalls(false)
+	links.KeepCalls(false)
+	cfg := Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true, MinSyncPeriod: time.Second, SyncPeriod: time.Hour}
+	p := New(cfg, k8sfake.NewClientset(), ipvs, links, nil, nil, zap.NewNop())
+	for i := range svcs {
+		p.onService(svcs[i], false)
+		p.onSlice(slices[i], false)
+	}
+	return p, ipvs
+}
+
+func mustSyncOnce(b *testing.B, p *Proxier, full bool) {
+	if err := p.SyncOnce(full); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// heapInUse is the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// BenchmarkGrowthColdSync: the first sync of n Services into an empty
+// kernel (plans built, every virtual server, real server and address
+// written). Also reports the heap the agent keeps per Service afterwards
+// (plans, the reconciler's indexes; not the objects, which the informers'
+// caches would hold).
+func BenchmarkGrowthColdSync(b *testing.B) {
+	for _, n := range growthSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			svcs, slices := growthObjects(n)
+			var kept uint64
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				base := heapInUse()
+				p, ipvs := growthProxier(svcs, slices)
+				b.StartTimer()
+				mustSyncOnce(b, p, true)
+				b.StopTimer()
+				if _, writes := ipvs.Counts(); writes != 3*n {
+					b.Fatalf("cold sync made %d IPVS writes, want %d", writes, 3*n)
+				}
+				kept = heapInUse() - base
+				runtime.KeepAlive(p)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/service")
+			b.ReportMetric(float64(kept)/float64(n), "kept-B/service")
+		})
+	}
+}
+
+// BenchmarkGrowthResync: a full resync of n programmed Services that finds
+// nothing to change (every plan rebuilt, the kernel read and compared).
+func BenchmarkGrowthResync(b *testing.B) {
+	for _, n := range growthSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			svcs, slices := growthObjects(n)
+			p, ipvs := growthProxier(svcs, slices)
+			mustSyncOnce(b, p, true)
+			_, before := ipvs.Counts()
+			b.ReportAllocs()
+			for b.Loop() {
+				mustSyncOnce(b, p, true)
+			}
+			if _, after := ipvs.Counts(); after != before {
+				b.Fatalf("resyncs made %d IPVS writes, want 0", after-before)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/service")
+		})
+	}
+}
+
+// BenchmarkGrowthChange: one EndpointSlice change (an endpoint replaced)
+// among n programmed Services, synced partially: its cost should not
+// depend on n.
+func BenchmarkGrowthChange(b *testing.B) {
+	for _, n := range growthSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			svcs, slices := growthObjects(n)
+			p, ipvs := growthProxier(svcs, slices)
+			mustSyncOnce(b, p, true)
+			// Two versions of one slice, alternated: each sync replaces
+			// one real server.
+			changed := slices[n/2].DeepCopy()
+			changed.Endpoints[0].Addresses = []string{"10.255.0.1"}
+			versions := []*discoveryv1.EndpointSlice{changed, slices[n/2]}
+			_, before := ipvs.Counts()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				p.onSlice(versions[i%2], false)
+				mustSyncOnce(b, p, false)
+				i++
+			}
+			if _, after := ipvs.Counts(); after-before != 2*i {
+				b.Fatalf("%d changes made %d IPVS writes, want %d (one add and one delete each)", i, after-before, 2*i)
+			}
+		})
+	}
+}
