@@ -12,7 +12,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build image test checks bed unit e2e lint demo bench bench-go clean fuzz
+.PHONY: all build image test checks bed unit e2e lint demo bench bench-go clean fuzz conformance conformance-list
 
 all: build
 
@@ -81,6 +81,20 @@ BENCH_GO_SIZES ?= 1000|10000|100000
 BENCH_GO_TIME ?= 3x
 bench-go:
 	$(GO) test -run '^$$' -bench 'Growth.*/services=($(BENCH_GO_SIZES))$$' -benchtime $(BENCH_GO_TIME) ./proxier/
+
+# Kubernetes' own e2e tests of Services (e2e.test v1.36.3, built from Go
+# modules and cached) against a running cluster; JUnit report and summary
+# table in bin/conformance/$(PROXY)/. PROXY names the cluster's proxy
+# (ipvs-proxy or kube-proxy); CONFORMANCE_ONLY=1 runs only the
+# [Conformance] tests. It needs KUBECONFIG until the runner starts the
+# one-node cluster itself. `make conformance-list` lists the focus and
+# the skips.
+PROXY ?= ipvs-proxy
+conformance:
+	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --kubeconfig '$(KUBECONFIG)' $(if $(CONFORMANCE_ONLY),--conformance-only) $(CONFORMANCE_ARGS)
+
+conformance-list:
+	$(GO) run ./e2e/conformance --list
 
 clean:
 	rm -rf bin

@@ -8,9 +8,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 )
 
@@ -77,32 +74,14 @@ func assemble(s spec) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("binary layer: %w", err)
 	}
-	created := v1.Time{Time: s.Epoch}
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img,
-		mutate.Addendum{Layer: userland, MediaType: types.OCILayer, History: v1.History{Created: created, CreatedBy: s.UserlandDesc}},
-		mutate.Addendum{Layer: bin, MediaType: types.OCILayer, History: v1.History{Created: created, CreatedBy: "ipvs-proxy " + binaryPath}},
-	)
-	if err != nil {
-		return nil, fmt.Errorf("append layers: %w", err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("image config: %w", err)
-	}
-	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS, cf.Created = s.Arch, "linux", created
-	cf.Config.Entrypoint = []string{binaryPath}
-	cf.Config.Cmd = []string{"run"}
-	cf.Config.Env = []string{imagePATH}
-	cf.Config.WorkingDir = "/"
-	cf.Config.Labels = s.Labels
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return nil, fmt.Errorf("image config: %w", err)
-	}
-	return img, nil
+	return ociimage.Image([]ociimage.ImageLayer{
+		{Layer: userland, CreatedBy: s.UserlandDesc},
+		{Layer: bin, CreatedBy: "ipvs-proxy " + binaryPath},
+	}, ociimage.Config{
+		Arch: s.Arch, Epoch: s.Epoch,
+		Entrypoint: []string{binaryPath}, Cmd: []string{"run"}, Env: []string{imagePATH},
+		Labels: s.Labels,
+	})
 }
 
 // sortedLabels is labels as sorted "k=v" lines (for printing).

@@ -10,6 +10,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -279,25 +281,68 @@ func StaticImage(files map[string]string, entrypoint []string, arch string, epoc
 	if err != nil {
 		return nil, fmt.Errorf("image layer: %w", err)
 	}
-	created := v1.Time{Time: epoch}
+	return Image([]ImageLayer{{Layer: layer, CreatedBy: "files " + strings.Join(names, " ")}},
+		Config{Arch: arch, Epoch: epoch, Entrypoint: entrypoint})
+}
+
+// ImageLayer is a layer of an image and what its history says made it.
+type ImageLayer struct {
+	Layer     v1.Layer
+	CreatedBy string
+}
+
+// Config is what an image's configuration says besides its layers.
+type Config struct {
+	// Arch is the GOARCH, e.g. amd64.
+	Arch string
+	// Epoch is the image's creation time.
+	Epoch                time.Time
+	Entrypoint, Cmd, Env []string
+	Labels               map[string]string
+}
+
+// Image is an OCI image of layers (bottom first) and c; its working
+// directory is /.
+func Image(layers []ImageLayer, c Config) (v1.Image, error) {
+	created := v1.Time{Time: c.Epoch}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img, mutate.Addendum{Layer: layer, MediaType: types.OCILayer,
-		History: v1.History{Created: created, CreatedBy: "files " + strings.Join(names, " ")}})
+	var adds []mutate.Addendum
+	for _, l := range layers {
+		adds = append(adds, mutate.Addendum{Layer: l.Layer, MediaType: types.OCILayer,
+			History: v1.History{Created: created, CreatedBy: l.CreatedBy}})
+	}
+	img, err := mutate.Append(img, adds...)
 	if err != nil {
-		return nil, fmt.Errorf("append layer: %w", err)
+		return nil, fmt.Errorf("append layers: %w", err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return nil, fmt.Errorf("image config: %w", err)
 	}
 	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS, cf.Created = arch, "linux", created
-	cf.Config.Entrypoint = entrypoint
+	cf.Architecture, cf.OS, cf.Created = c.Arch, "linux", created
+	cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Env = c.Entrypoint, c.Cmd, c.Env
 	cf.Config.WorkingDir = "/"
+	cf.Config.Labels = c.Labels
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		return nil, fmt.Errorf("image config: %w", err)
 	}
 	return img, nil
+}
+
+// FileDigest is the hex SHA-256 of a file's content: the cache key of an
+// image archive built around that file.
+func FileDigest(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("%s: %w", p, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -63,6 +63,9 @@ type Options struct {
 	// ProxyImage is ipvs-proxy's image archive (make image); empty: built
 	// as make image does. Imported as ProxyImage.
 	ProxyImage string
+	// Images are more image archives to import (a file name in the
+	// guest, ending in .tar, to a host archive), e.g. the e2e suite's.
+	Images map[string]string
 }
 
 // Cluster is a running one-node cluster.
@@ -134,6 +137,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		}
 	}
 	for name, p := range map[string]string{"pause.tar": pause, "vmagent.tar": server, "ipvs-proxy.tar": proxy} {
+		images[guestImages+"/"+name] = p
+	}
+	for name, p := range opts.Images {
 		images[guestImages+"/"+name] = p
 	}
 	logf("cluster: node's runtime, kubelet and images ready after %s", time.Since(t).Round(time.Millisecond))

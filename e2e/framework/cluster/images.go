@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +40,7 @@ func staticImage(ctx context.Context, cacheDir, tmp, pkg, name, ref string) (str
 	if err := vm.BuildGoBinary(ctx, pkg, bin); err != nil {
 		return "", fmt.Errorf("image %s: %w", ref, err)
 	}
-	sum, err := fileDigest(bin)
+	sum, err := ociimage.FileDigest(bin)
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", ref, err)
 	}
@@ -60,19 +59,6 @@ func staticImage(ctx context.Context, cacheDir, tmp, pkg, name, ref string) (str
 	return out, nil
 }
 
-func fileDigest(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
 // proxyImage builds ipvs-proxy's image as `make image` does: the static,
 // stripped binary and deploy/image (Debian's iptables and kmod). The
 // archive is cached in cacheDir/images by the binary's digest.
@@ -84,7 +70,7 @@ func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...
 	if b, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build ipvs-proxy: %w\n%s", err, b)
 	}
-	sum, err := fileDigest(bin)
+	sum, err := ociimage.FileDigest(bin)
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", ProxyImage, err)
 	}

@@ -18,7 +18,11 @@ import (
 )
 
 // command is a main package of the wrapper module and its binary's name.
+// A binary named NAME.test is the package's test binary (`go test -c`).
 type command struct{ pkg, binary string }
+
+// testBinarySuffix marks a command built with `go test -c`.
+const testBinarySuffix = ".test"
 
 // The commands built from the wrapper module, in sets: every test needs
 // the first; kube-controller-manager only tests of selectors, and
@@ -108,8 +112,30 @@ func EnsureScheduler(ctx context.Context, cacheDir string) (string, error) {
 	return ensure(ctx, cacheDir, schedulerCommands)
 }
 
+// WrapperPackage is a package of a wrapper module and the name of the
+// binary built from it; a binary named NAME.test is the package's test
+// binary (`go test -c`).
+type WrapperPackage struct{ Path, Binary string }
+
+// EnsureWrapperBinaries is EnsureBinaries for packages of another wrapper
+// module: module is its folder relative to the repository root (e.g.
+// "e2e/k8se2e"), with its own go.mod requiring k8s.io/kubernetes. The
+// directory is keyed by that module's build list, so each wrapper module
+// has its own cache key.
+func EnsureWrapperBinaries(ctx context.Context, cacheDir, module string, pkgs []WrapperPackage) (string, error) {
+	commands := make([]command, len(pkgs))
+	for i, p := range pkgs {
+		commands[i] = command{p.Path, p.Binary}
+	}
+	return ensureModule(ctx, cacheDir, module, commands)
+}
+
 func ensure(ctx context.Context, cacheDir string, commands []command) (string, error) {
-	modDir, err := wrapperModuleDir()
+	return ensureModule(ctx, cacheDir, "e2e/k8sbin", commands)
+}
+
+func ensureModule(ctx context.Context, cacheDir, module string, commands []command) (string, error) {
+	modDir, err := wrapperModuleDir(module)
 	if err != nil {
 		return "", err
 	}
@@ -241,10 +267,26 @@ func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []com
 	if err != nil {
 		return err
 	}
-	args := []string{"build", "-trimpath", "-ldflags", ldflags, "-o", outDir + string(filepath.Separator)}
+	var mains []string
 	for _, c := range commands {
-		args = append(args, c.pkg)
+		if strings.HasSuffix(c.binary, testBinarySuffix) {
+			args := []string{"test", "-c", "-vet=off", "-trimpath", "-ldflags", ldflags, "-o", filepath.Join(outDir, c.binary), c.pkg}
+			if err := runGo(ctx, goBin, modDir, args); err != nil {
+				return err
+			}
+			continue
+		}
+		mains = append(mains, c.pkg)
 	}
+	if len(mains) == 0 {
+		return nil
+	}
+	args := append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", outDir + string(filepath.Separator)}, mains...)
+	return runGo(ctx, goBin, modDir, args)
+}
+
+// runGo runs the go command in the wrapper module.
+func runGo(ctx context.Context, goBin, modDir string, args []string) error {
 	cmd := exec.CommandContext(ctx, goBin, args...)
 	cmd.Dir = modDir
 	cmd.Env = goEnv()
@@ -257,17 +299,21 @@ func goBuild(ctx context.Context, modDir, outDir, ldflags string, commands []com
 
 	start := time.Now()
 	if err := spawn(cmd); err != nil {
-		return fmt.Errorf("start go build: %w", err)
+		return fmt.Errorf("start go %s: %w", args[0], err)
 	}
 	if err := cmd.Wait(); err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
-		return fmt.Errorf("go build in %s after %s: %w\n%s", modDir, time.Since(start).Round(time.Second),
+		return fmt.Errorf("go %s in %s after %s: %w\n%s", args[0], modDir, time.Since(start).Round(time.Second),
 			err, tail(out.Bytes(), 60))
 	}
 	return nil
 }
+
+// LockFile takes an exclusive flock on path, waiting for ctx; the returned
+// func releases it. Other builders of cached parts share it.
+func LockFile(ctx context.Context, path string) (func(), error) { return lockFile(ctx, path) }
 
 // lockFile takes an exclusive flock on path, polling so that ctx can cancel
 // the wait. The returned func releases it.
@@ -316,13 +362,13 @@ func binaryNames(commands []command) string {
 	return strings.Join(names, ", ")
 }
 
-// wrapperModuleDir finds e2e/k8sbin: next to this source file when the test
-// binary was built without -trimpath, else above the working directory
-// (go test runs a test binary in its package's folder).
-func wrapperModuleDir() (string, error) {
-	const rel = "e2e/k8sbin"
+// wrapperModuleDir finds a wrapper module (rel, e.g. e2e/k8sbin): next to
+// this source file when the test binary was built without -trimpath, else
+// above the working directory (go test runs a test binary in its package's
+// folder).
+func wrapperModuleDir(rel string) (string, error) {
 	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		d := filepath.Join(filepath.Dir(file), "..", "..", "k8sbin")
+		d := filepath.Join(filepath.Dir(file), "..", "..", "..", filepath.FromSlash(rel))
 		if isModule(d) {
 			return d, nil
 		}

@@ -1,0 +1,225 @@
+package upstream
+
+import (
+	"encoding/xml"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+)
+
+// junitSuites is the part of Ginkgo's JUnit report that the summary reads.
+type junitSuites struct {
+	Suites []junitSuite `xml:"testsuite"`
+}
+
+type junitSuite struct {
+	Name  string      `xml:"name,attr"`
+	Cases []junitCase `xml:"testcase"`
+}
+
+type junitCase struct {
+	Name    string        `xml:"name,attr"`
+	Status  string        `xml:"status,attr"`
+	Time    float64       `xml:"time,attr"`
+	Skipped *junitMessage `xml:"skipped"`
+	Failure *junitMessage `xml:"failure"`
+	Error   *junitMessage `xml:"error"`
+}
+
+type junitMessage struct {
+	Message string `xml:"message,attr"`
+	Type    string `xml:"type,attr"`
+	Text    string `xml:",chardata"`
+}
+
+// Outcome is what became of one test.
+type Outcome string
+
+const (
+	Passed  Outcome = "passed"
+	Failed  Outcome = "failed"
+	Skipped Outcome = "skipped"
+	// NotRun is a selected test that did not run: the suite stopped
+	// before it (a failed [SynchronizedBeforeSuite], a timeout).
+	NotRun Outcome = "not run"
+)
+
+// Result is one test case of a report.
+type Result struct {
+	// Name is the spec's full text, without Ginkgo's "[It] " node type.
+	Name    string
+	Outcome Outcome
+	// Why is the reason of a skip or the first line of a failure.
+	Why      string
+	Duration time.Duration
+	// NotRun marks a spec that the focus and skip expressions left out
+	// (Ginkgo reports it as skipped with no reason).
+	NotRun bool
+}
+
+// readJUnit parses a Ginkgo JUnit report.
+func readJUnit(r io.Reader) ([]Result, error) {
+	var s junitSuites
+	if err := xml.NewDecoder(r).Decode(&s); err != nil {
+		return nil, fmt.Errorf("JUnit report: %w", err)
+	}
+	var out []Result
+	for _, suite := range s.Suites {
+		for _, c := range suite.Cases {
+			res := Result{Name: strings.TrimPrefix(c.Name, "[It] "), Duration: time.Duration(c.Time * float64(time.Second))}
+			switch {
+			case c.Failure != nil:
+				res.Outcome, res.Why = Failed, firstLine(c.Failure.Message, c.Failure.Text)
+			case c.Error != nil:
+				res.Outcome, res.Why = Failed, firstLine(c.Error.Message, c.Error.Text)
+			case c.Skipped != nil:
+				res.Outcome = Skipped
+				// "skipped": left out by the filters; "skipped - REASON":
+				// the test called Skip; "pending": not written yet.
+				reason, called := strings.CutPrefix(c.Skipped.Message, "skipped - ")
+				if called {
+					res.Why = firstLine(reason)
+				} else {
+					res.NotRun = true
+					if c.Skipped.Message != "skipped" {
+						res.Why = c.Skipped.Message
+					}
+				}
+			case c.Status == "passed" || c.Status == "":
+				res.Outcome = Passed
+			default: // panicked, interrupted, aborted, timedout
+				res.Outcome, res.Why = Failed, c.Status
+			}
+			out = append(out, res)
+		}
+	}
+	return out, nil
+}
+
+func readJUnitFile(path string) ([]Result, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	res, err := readJUnit(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return res, nil
+}
+
+// firstLine is the first non-empty line of the texts.
+func firstLine(texts ...string) string {
+	for _, t := range texts {
+		for _, l := range strings.Split(t, "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				return l
+			}
+		}
+	}
+	return ""
+}
+
+// Summary is the table of one run.
+type Summary struct {
+	Proxy string
+	// Wall is the run's wall time.
+	Wall time.Duration
+	// Rows are the tests of the focus, sorted by name.
+	Rows                            []Result
+	Passed, Failed, Skipped, NotRun int
+}
+
+// summarize keeps the results of the plan's tests: those run (passed,
+// failed or skipped by the test itself), those the skip list leaves out
+// (with the group's reason), those selected that did not run, and failed
+// suite-level nodes (a failed [SynchronizedBeforeSuite] explains why
+// nothing ran). all is every test's name (e2e.test --list-tests): the
+// report lacks the tests when the suite failed before them.
+func summarize(results []Result, all []string, p *Plan, proxy string, wall time.Duration) Summary {
+	s := Summary{Proxy: proxy, Wall: wall}
+	reported := map[string]bool{}
+	for _, r := range results {
+		reported[r.Name] = true
+	}
+	for _, n := range all {
+		if !reported[n] {
+			results = append(results, Result{Name: n, Outcome: Skipped, NotRun: true})
+		}
+	}
+	for _, r := range results {
+		suiteNode := strings.HasPrefix(r.Name, "[SynchronizedBeforeSuite]") || strings.HasPrefix(r.Name, "[BeforeSuite]") ||
+			strings.HasPrefix(r.Name, "[SynchronizedAfterSuite]") || strings.HasPrefix(r.Name, "[AfterSuite]") ||
+			strings.HasPrefix(r.Name, "[ReportAfterSuite]") || strings.HasPrefix(r.Name, "[ReportBeforeSuite]")
+		switch {
+		case suiteNode:
+			if r.Outcome != Failed {
+				continue
+			}
+		case !p.InFocus(r.Name):
+			continue
+		case r.NotRun:
+			g := p.SkipGroupOf(r.Name)
+			if g == nil {
+				// Left out by --conformance-only, or the suite stopped
+				// before reaching it.
+				if p.conformanceOnly && !IsConformance(r.Name) {
+					continue
+				}
+				r.Outcome = NotRun
+			} else {
+				r.Why = "skip list: " + g.Short()
+			}
+		}
+		switch r.Outcome {
+		case Passed:
+			s.Passed++
+		case Failed:
+			s.Failed++
+		case Skipped:
+			s.Skipped++
+		case NotRun:
+			s.NotRun++
+		}
+		s.Rows = append(s.Rows, r)
+	}
+	sort.SliceStable(s.Rows, func(i, j int) bool { return s.Rows[i].Name < s.Rows[j].Name })
+	return s
+}
+
+// WriteMarkdown writes the summary as a Markdown table, ending with the
+// plain "N passed, N failed, N skipped" line.
+func (s Summary) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Kubernetes e2e (Services focus) with %s\n\n", s.Proxy)
+	fmt.Fprintf(&b, "Wall time: %s. Passed: %d, failed: %d, skipped: %d", s.Wall.Round(time.Second), s.Passed, s.Failed, s.Skipped)
+	if s.NotRun > 0 {
+		fmt.Fprintf(&b, ", not run: %d", s.NotRun)
+	}
+	b.WriteString(".\n\n")
+	b.WriteString("| Test | Result | Time | Note |\n| --- | --- | ---: | --- |\n")
+	for _, r := range s.Rows {
+		t := ""
+		if r.Duration > 0 {
+			t = r.Duration.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(r.Name), r.Outcome, t, cell(r.Why))
+	}
+	fmt.Fprintf(&b, "\n%d passed, %d failed, %d skipped\n", s.Passed, s.Failed, s.Skipped)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// cell escapes text for a Markdown table cell.
+func cell(s string) string {
+	s = strings.ReplaceAll(s, "|", `\|`)
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 300 {
+		s = s[:297] + "..."
+	}
+	return s
+}

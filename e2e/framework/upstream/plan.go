@@ -1,0 +1,164 @@
+package upstream
+
+import (
+	"bufio"
+	_ "embed"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// focus selects the tests of issue 8: the Services tests of sig-network
+// and those of EndpointSlices, the granular Service checks, conntrack and
+// the proxy itself. Each is a Go regular expression on a test's full name,
+// as Ginkgo's --ginkgo.focus takes it.
+var focus = []string{
+	`\[sig-network\] Services`,
+	`EndpointSlice`,
+	`Networking Granular Checks: Services`,
+	`Conntrack`,
+	`KubeProxy`,
+}
+
+//go:embed skips.txt
+var skipsText string
+
+// SkipGroup is tests left out for one reason.
+type SkipGroup struct {
+	Reason string
+	// Parts are literal parts of full test names (a tag such as
+	// [Feature:LoadBalancer], or a whole name).
+	Parts []string
+}
+
+// Short is the reason up to its first colon (for table cells).
+func (g *SkipGroup) Short() string {
+	short, _, _ := strings.Cut(g.Reason, ": ")
+	return short
+}
+
+// Plan is what a run selects: the focus, the skip list and whether only
+// [Conformance] tests run.
+type Plan struct {
+	focusRE, skipRE *regexp.Regexp
+	// narrowRE, if set, keeps only the tests of the focus it matches.
+	narrowRE        *regexp.Regexp
+	Groups          []SkipGroup
+	conformanceOnly bool
+}
+
+// parseSkips reads the skip list: "## reason" opens a group, each other
+// non-empty line that is not a "#" comment is a literal part of the full
+// names of the tests the group leaves out.
+func parseSkips(text string) ([]SkipGroup, error) {
+	var groups []SkipGroup
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.HasPrefix(line, "## "):
+			groups = append(groups, SkipGroup{Reason: strings.TrimSpace(line[3:])})
+		case line == "" || strings.HasPrefix(line, "#"):
+		case len(groups) == 0:
+			return nil, fmt.Errorf("skip list line %d: %q before the first \"## reason\"", n, line)
+		default:
+			g := &groups[len(groups)-1]
+			g.Parts = append(g.Parts, line)
+		}
+	}
+	for _, g := range groups {
+		if len(g.Parts) == 0 {
+			return nil, fmt.Errorf("skip list: group %q names no test", g.Reason)
+		}
+	}
+	return groups, sc.Err()
+}
+
+// NewPlan is the plan of the checked-in skip list (skips.txt).
+func NewPlan(conformanceOnly bool) (*Plan, error) { return newPlanFrom(skipsText, conformanceOnly) }
+
+// newPlanFrom is newPlan with the skip list's text.
+func newPlanFrom(skips string, conformanceOnly bool) (*Plan, error) {
+	groups, err := parseSkips(skips)
+	if err != nil {
+		return nil, err
+	}
+	var parts []string
+	for _, g := range groups {
+		for _, p := range g.Parts {
+			parts = append(parts, regexp.QuoteMeta(p))
+		}
+	}
+	p := &Plan{Groups: groups, conformanceOnly: conformanceOnly}
+	p.focusRE = regexp.MustCompile(p.focusExpr())
+	if p.skipRE, err = regexp.Compile(strings.Join(parts, "|")); err != nil {
+		return nil, fmt.Errorf("skip list: %w", err)
+	}
+	return p, nil
+}
+
+// focusExpr is the --ginkgo.focus expression.
+func (p *Plan) focusExpr() string {
+	if p.narrowRE != nil {
+		return p.narrowRE.String()
+	}
+	return strings.Join(focus, "|")
+}
+
+// Narrow keeps only the tests of the focus that expr (a Go regular
+// expression on full names, like Ginkgo's focus) matches: for a rerun of
+// some tests.
+func (p *Plan) Narrow(expr string) error {
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		return fmt.Errorf("narrow the focus: %w", err)
+	}
+	p.narrowRE = re
+	return nil
+}
+
+// skipExpr is the --ginkgo.skip expression.
+func (p *Plan) skipExpr() string { return p.skipRE.String() }
+
+// labelFilter is the --ginkgo.label-filter expression ("" for none): the
+// suite labels [Conformance] tests "Conformance".
+func (p *Plan) labelFilter() string {
+	if p.conformanceOnly {
+		return "Conformance"
+	}
+	return ""
+}
+
+// ginkgoArgs are e2e.test's arguments that select the plan's tests.
+func (p *Plan) ginkgoArgs() []string {
+	args := []string{"--ginkgo.focus=" + p.focusExpr(), "--ginkgo.skip=" + p.skipExpr()}
+	if lf := p.labelFilter(); lf != "" {
+		args = append(args, "--ginkgo.label-filter="+lf)
+	}
+	return args
+}
+
+// InFocus reports whether the test is in the focus.
+func (p *Plan) InFocus(name string) bool {
+	return p.focusRE.MatchString(name) && (p.narrowRE == nil || p.narrowRE.MatchString(name))
+}
+
+// SkipGroupOf is the group that leaves the test out, or nil.
+func (p *Plan) SkipGroupOf(name string) *SkipGroup {
+	for i, g := range p.Groups {
+		for _, part := range g.Parts {
+			if strings.Contains(name, part) {
+				return &p.Groups[i]
+			}
+		}
+	}
+	return nil
+}
+
+// selected reports whether the run starts the test.
+func (p *Plan) selected(name string) bool {
+	return p.InFocus(name) && p.SkipGroupOf(name) == nil && (!p.conformanceOnly || IsConformance(name))
+}
+
+// IsConformance reports whether a test is tagged [Conformance].
+func IsConformance(name string) bool { return strings.Contains(name, "[Conformance]") }

@@ -1,0 +1,44 @@
+// Package upstream provides Kubernetes' own end-to-end suite to the test
+// bed: e2e.test, the kubectl it runs and the agnhost command, built from
+// the wrapper module e2e/k8se2e at the bed's Kubernetes version and cached
+// like the control plane's binaries; and the test images those tests
+// start, assembled as OCI archives under the exact names the suite uses.
+package upstream
+
+import (
+	"context"
+	"path/filepath"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
+)
+
+// The wrapper module and the binaries built from it.
+const (
+	module     = "e2e/k8se2e"
+	BinE2ETest = "e2e.test"
+	BinKubectl = "kubectl"
+	BinAgnhost = "agnhost"
+)
+
+var suitePackages = []controlplane.WrapperPackage{
+	{Path: "k8s.io/kubernetes/test/e2e", Binary: BinE2ETest},
+	{Path: "k8s.io/kubernetes/cmd/kubectl", Binary: BinKubectl},
+	{Path: "k8s.io/kubernetes/test/images/agnhost", Binary: BinAgnhost},
+}
+
+// Suite is a directory of the suite's binaries.
+type Suite struct{ Dir string }
+
+// E2ETest, Kubectl and Agnhost are the binaries' paths.
+func (s Suite) E2ETest() string { return filepath.Join(s.Dir, BinE2ETest) }
+func (s Suite) Kubectl() string { return filepath.Join(s.Dir, BinKubectl) }
+func (s Suite) Agnhost() string { return filepath.Join(s.Dir, BinAgnhost) }
+
+// EnsureSuite builds e2e.test (`go test -c` of test/e2e), kubectl and
+// agnhost into a directory of cacheDir keyed by e2e/k8se2e's build list
+// (static, -trimpath, version-stamped), unless it is there. A cold build
+// compiles most of Kubernetes: many minutes and a few GB of memory.
+func EnsureSuite(ctx context.Context, cacheDir string) (Suite, error) {
+	dir, err := controlplane.EnsureWrapperBinaries(ctx, cacheDir, module, suitePackages)
+	return Suite{Dir: dir}, err
+}
