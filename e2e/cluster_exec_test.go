@@ -1,3 +1,9 @@
+//go:build execpaths
+
+// A diagnostic suite of its own (`make exec-paths`), not part of `make e2e`:
+// it measures an upstream bug (exec output lost in containerd 1.6.20's CRI
+// exec path) and takes minutes with a cluster of its own.
+
 package e2e
 
 import (
