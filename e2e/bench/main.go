@@ -145,10 +145,16 @@ func run(ctx context.Context, c config) error {
 		sr := sizeResult{services: n}
 		for _, p := range c.proxies {
 			r, err := bn.measure(ctx, proxyKinds[p], n)
+			sr.proxies = append(sr.proxies, r)
 			if err != nil {
+				// What was measured before the failure or interrupt
+				// ("-": not measured).
+				fmt.Println()
+				for _, t := range append(tables, sr) {
+					printSize(os.Stdout, t)
+				}
 				return fmt.Errorf("%s at %d Services: %w", p, n, err)
 			}
-			sr.proxies = append(sr.proxies, r)
 		}
 		if c.floor && slices.Contains(c.proxies, "ipvs-proxy") {
 			if sr.floor, err = bn.floor(ctx, n); err != nil {

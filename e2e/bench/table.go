@@ -23,9 +23,12 @@ type row struct {
 	ratio func(proxyResult) []float64
 }
 
+// secs prints seconds; zero or less is "-": not measured.
 func secs(v float64) string {
 	d := time.Duration(v * float64(time.Second))
 	switch {
+	case d <= 0:
+		return "-"
 	case d >= 10*time.Second:
 		return d.Round(100 * time.Millisecond).String()
 	case d >= time.Second:
@@ -58,11 +61,19 @@ var rows = []row{
 		func(r proxyResult) []float64 { return []float64{r.cold.Idle} }},
 	{"cold: CPU, proxy + processes it runs",
 		func(r proxyResult) string {
+			if r.cold.Idle <= 0 {
+				return "-"
+			}
 			return fmt.Sprintf("%.1fs + %.1fs", r.cold.CPUSelf, r.cold.CPUChildren)
 		},
 		func(r proxyResult) []float64 { return []float64{r.cold.CPUSelf + r.cold.CPUChildren} }},
 	{"one change, p50 / max",
-		func(r proxyResult) string { return secs(median(r.change)) + " / " + secs(maxOf(r.change)) },
+		func(r proxyResult) string {
+			if len(r.change) == 0 {
+				return "-"
+			}
+			return secs(median(r.change)) + " / " + secs(maxOf(r.change))
+		},
 		func(r proxyResult) []float64 { return []float64{median(r.change), maxOf(r.change)} }},
 	{"burst of changes, until the last",
 		func(r proxyResult) string { return secs(r.burst) },
@@ -80,7 +91,12 @@ var rows = []row{
 		},
 		func(r proxyResult) []float64 { return []float64{median(r.resync), maxOf(r.resync)} }},
 	{"peak RSS",
-		func(r proxyResult) string { return fmt.Sprintf("%d MiB", r.rssKiB/1024) },
+		func(r proxyResult) string {
+			if r.rssKiB == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%d MiB", r.rssKiB/1024)
+		},
 		func(r proxyResult) []float64 { return []float64{float64(r.rssKiB)} }},
 	{"restart, nothing changed: programmed, idle",
 		func(r proxyResult) string { return secs(r.restart.Idle) },
@@ -88,6 +104,9 @@ var rows = []row{
 	{"restart: kernel lines changed (IPVS/VIPs/ipset/iptables)",
 		func(r proxyResult) string {
 			d := r.restartDiff
+			if d == nil {
+				return "-"
+			}
 			return fmt.Sprintf("%d/%d/%d/%d", d["IPVS"], d["VIPs"], d["ipset"], d["iptables"])
 		}, nil},
 	{"restart: kernel writes it counted",

@@ -32,13 +32,19 @@ func (c *changeFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.timeout, "timeout", 20*time.Minute, "how long one change may take to reach the kernel")
 }
 
-func (c *changeFlags) client() (kubernetes.Interface, error) {
+// open makes an apiserver client (not throttled) and opens IPVS.
+func (c *changeFlags) open() (kubernetes.Interface, netlinkutil.IPVS, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
+		return nil, nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	cfg.QPS, cfg.Burst = 1000, 1000
-	return kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	k, err := netlinkutil.NewIPVS()
+	return cs, k, err
 }
 
 // change is one EndpointSlice's first endpoint moved to a neighbour
@@ -112,11 +118,7 @@ func latency(args []string) error {
 	if err != nil {
 		return fmt.Errorf("virtual server %q: %w", *vsArg, err)
 	}
-	cs, err := cf.client()
-	if err != nil {
-		return err
-	}
-	k, err := netlinkutil.NewIPVS()
+	cs, k, err := cf.open()
 	if err != nil {
 		return err
 	}
@@ -215,11 +217,7 @@ func burst(args []string) error {
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return fmt.Errorf("parse %s: %w", *specFile, err)
 	}
-	cs, err := cf.client()
-	if err != nil {
-		return err
-	}
-	k, err := netlinkutil.NewIPVS()
+	cs, k, err := cf.open()
 	if err != nil {
 		return err
 	}
