@@ -81,6 +81,9 @@ var rows = []row{
 	{"one change during a full sync, p50 / max",
 		func(r proxyResult) string {
 			if len(r.resync) == 0 {
+				if r.resyncTries > 0 {
+					return fmt.Sprintf("- (%d tries)", r.resyncTries)
+				}
 				return "-"
 			}
 			s := secs(median(r.resync)) + " / " + secs(maxOf(r.resync))
@@ -189,7 +192,7 @@ in the VM), or from the change's update through the apiserver, until the kernel 
   50 ms in %v; the time is the start of that quiet period, the CPU is up to then.
 - one change: an endpoint of one EndpointSlice moved, %d rounds; burst: %d EndpointSlices changed at once (8 updates
   in flight), until the kernel has the last; during a full sync: the change made once the proxy's CPU starts again
-  after 2 s of quiet (its periodic sync), %d rounds (for ipvs-proxy, only those its log shows inside a full sync;
+  after 1 s of quiet (its periodic sync), %d rounds (for ipvs-proxy, only those its log shows inside a full sync;
   tries: all that were made).
 - restart: the proxy stopped and started again with nothing changed; the kernel's lines compared before and after
   (ipvsadm -Sn, the interface's addresses, ipset save, iptables-save and ip6tables-save without counters) count

@@ -111,6 +111,8 @@ func latency(args []string) error {
 	rounds := fs.Int("rounds", 5, "changes to time")
 	duringSync := fs.String("during-sync-of", "", "make each change once this process's periodic sync has begun")
 	syncCPU := fs.Duration("sync-cpu", 150*time.Millisecond, "with -during-sync-of: CPU used after a quiet period that means a sync began")
+	syncQuiet := fs.Duration("sync-quiet", time.Second, "with -during-sync-of: the quiet period before a sync")
+	syncWait := fs.Duration("sync-wait", 5*time.Minute, "with -during-sync-of: how long to wait for a sync to begin")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -137,7 +139,7 @@ func latency(args []string) error {
 			return err
 		}
 		if *duringSync != "" {
-			waited, err := awaitSync(*duringSync, *syncCPU, cf.timeout)
+			waited, err := awaitSync(*duringSync, *syncQuiet, *syncCPU, *syncWait)
 			if err != nil {
 				return err
 			}
@@ -167,10 +169,14 @@ func latency(args []string) error {
 	return json.NewEncoder(os.Stdout).Encode(out)
 }
 
-// awaitSync waits for the process named comm to be quiet for two seconds
-// and then to use cpu of CPU time (sampled every 10 ms): a sync that began
-// on its own (or some other work: the caller checks).
-func awaitSync(comm string, cpu, timeout time.Duration) (time.Duration, error) {
+// errNoSync: the process was never quiet and then busy again.
+var errNoSync = errors.New("no quiet period followed by a sync")
+
+// awaitSync waits for the process named comm to be quiet (less than 20 ms
+// of CPU time in quiet) and then to use cpu of CPU time (sampled every
+// 10 ms): a sync that began on its own (or some other work: the caller
+// checks).
+func awaitSync(comm string, quiet, cpu, timeout time.Duration) (time.Duration, error) {
 	pid, _, err := findProc(comm, 10*time.Second)
 	if err != nil {
 		return 0, err
@@ -184,7 +190,7 @@ func awaitSync(comm string, cpu, timeout time.Duration) (time.Duration, error) {
 			return 0, err
 		}
 		if base < 0 {
-			if _, ok := log.idleSince(2*time.Second, 20*time.Millisecond); ok {
+			if _, ok := log.idleSince(quiet, 20*time.Millisecond); ok {
 				base = s.total()
 			}
 			continue
@@ -193,7 +199,7 @@ func awaitSync(comm string, cpu, timeout time.Duration) (time.Duration, error) {
 			return time.Since(start), nil
 		}
 	}
-	return 0, fmt.Errorf("%s began no sync in %v", comm, timeout)
+	return 0, fmt.Errorf("%s: %w in %v", comm, errNoSync, timeout)
 }
 
 // burst changes many EndpointSlices at once (eight updates in flight) and
