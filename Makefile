@@ -70,7 +70,8 @@ lint:
 demo:
 	$(GO) run ./e2e/demo
 
-# Figures at 1,000 and 10,000 Services in the bed (not a test: it prints).
+# ipvs-proxy and kube-proxy side by side at 1,000 and 10,000 Services in
+# the bed (not a test: it prints); e.g. BENCH_ARGS="-proxies ipvs-proxy -sizes 1000".
 bench:
 	$(GO) run ./e2e/bench $(BENCH_ARGS)
 
