@@ -16,7 +16,8 @@
 // (e2e/framework/cluster: the VM as the node, the control plane on the
 // host, CoreDNS), the test images imported into the node, installs
 // ipvs-proxy from deploy/ as its DaemonSet, runs the suite and stops the
-// cluster. Reports go to bin/conformance/<proxy>/: junit_01.xml, e2e.log,
+// cluster (--proxy kube-proxy: upstream kube-proxy v1.36.3 --proxy-mode=ipvs
+// runs in the VM instead). Reports go to bin/conformance/<proxy>/: junit_01.xml, e2e.log,
 // summary.md and, for a cluster of its own, the node's logs (cluster/).
 // Arguments after "--" are passed to e2e.test.
 package main
@@ -156,9 +157,6 @@ func run(ctx context.Context, o options) error {
 // startCluster starts the bed's one-node cluster with the suite's images
 // and the proxy, and returns once the cluster's DNS is ready.
 func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluster.Cluster, error) {
-	if o.proxy != "ipvs-proxy" {
-		return nil, fmt.Errorf("--proxy %s: a cluster of its own runs ipvs-proxy only so far; give --kubeconfig", o.proxy)
-	}
 	t0 := time.Now()
 	assets, err := vm.EnsureAssets(ctx, vm.CacheDir(), logf)
 	if err != nil {
@@ -172,11 +170,18 @@ func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluste
 	if err != nil {
 		return nil, err
 	}
-	if err := c.DeployIPVSProxy(ctx, o.deployDir); err != nil {
+	switch o.proxy {
+	case "kube-proxy":
+		// A process in the VM: it ends with the VM.
+		_, err = c.StartKubeProxy(ctx)
+	default:
+		err = c.DeployIPVSProxy(ctx, o.deployDir)
+	}
+	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	logf("ipvs-proxy ready after %s", time.Since(t0).Round(time.Second))
+	logf("%s ready after %s", o.proxy, time.Since(t0).Round(time.Second))
 	if err := c.WaitDNS(ctx); err != nil {
 		c.Close()
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/manifest"
 )
 
@@ -96,4 +97,21 @@ func PodSummary(p *corev1.Pod) string {
 		}
 	}
 	return s
+}
+
+// StartKubeProxy runs upstream kube-proxy v1.36.3 in IPVS mode on the
+// node in place of ipvs-proxy's DaemonSet (the comparison row of the
+// e2e suite): as a process in the VM (e2e/framework/kubeproxy), node
+// NodeName, with the kubelet's kubeconfig, the cluster's pod CIDR and
+// node ports on every local address (as deploy/'s nodePortAddresses: []). It returns after kube-proxy's first
+// sync. Deploy one proxy only.
+func (c *Cluster) StartKubeProxy(ctx context.Context) (*kubeproxy.KubeProxy, error) {
+	kp, err := kubeproxy.StartIn(ctx, c.VM, kubeproxy.Options{
+		Log: c.logf, Kubeconfig: guestKubeconfig, NodeName: NodeName,
+		ClusterCIDR: ClusterCIDR, NodePortAddresses: []string{},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	return kp, nil
 }
