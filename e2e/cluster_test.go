@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/utils/ptr"
@@ -53,15 +54,7 @@ func TestClusterNode(t *testing.T) {
 	t.Logf("TIMING ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
 
 	ns := "cluster-node"
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// The namespace's default ServiceAccount (the serviceaccount
-	// controller makes it).
-	waitFor(ctx, t, "ServiceAccount default in "+ns, func() (bool, string) {
-		_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, fmt.Sprint(err)
-	})
+	clusterNamespace(ctx, t, cs, ns)
 	server := agentPod("server", []string{"/vmagent", "serve", "--name", "server", "--port", "8080", "--tcp"})
 	server.Labels = map[string]string{"app": "server"}
 	client := agentPod("client", []string{"/vmagent", "serve", "--name", "client", "--port", "8081", "--tcp"})
@@ -246,10 +239,12 @@ func agentPod(name string, argv []string) *corev1.Pod {
 
 // podExec runs argv in the pod's first container through the apiserver's
 // exec subresource and returns stdout and stderr together, once ok accepts
-// them. On a loaded machine an exec sometimes comes back with the right
-// exit status but its output empty or replaced by NUL bytes (seen with
-// containerd 1.6 under TCG; not yet pinned down, see the README), so an
-// answer that ok rejects is tried again, twice, and logged.
+// them. On a loaded machine an exec often comes back with the right exit
+// status but its output empty (once replaced by NUL bytes): containerd
+// 1.6.20's CRI exec path loses it, with or without the kubelet, the
+// apiserver and the bed's egress in between, while containerd's own ctr
+// loses none (TestClusterExecPaths, README). So an answer that ok rejects
+// is tried again, twice, and logged.
 func podExec(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, ok func(string) bool, argv ...string) (string, error) {
 	t.Helper()
 	var out string
@@ -303,4 +298,18 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, 
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// clusterNamespace creates namespace ns and waits for its default
+// ServiceAccount (the serviceaccount controller makes it), which pods
+// need.
+func clusterNamespace(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns string) {
+	t.Helper()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(ctx, t, "ServiceAccount default in "+ns, func() (bool, string) {
+		_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
 }

@@ -11,25 +11,31 @@
 //	    writes and reads of a cold sync and a full resync both ways: one
 //	    netlink request at a time and batched (netlinkutil's IPVS.Apply,
 //	    ListAllRealServers; ipset entries in bulk). Prints JSON.
-//	ipvsbench latency KUBECONFIG NAMESPACE SLICE VIP:PORT ROUNDS
-//	    replaces the first endpoint of an EndpointSlice through the apiserver
-//	    and polls the kernel (one destination dump of that virtual server at a
-//	    time) until the change has landed; prints each round's latency as JSON.
-//	    Both ends are timed on this VM's clock.
+//	ipvsbench settle -comm NAME -expect FILE -iface IF -set SET [-quiet 5s]
+//	    follows the proxy NAME from its start (its process start time) until
+//	    every virtual server in FILE (same form) is in the kernel, and until
+//	    everything is (real servers, VIPs on IF, clusterIPs in SET, a nat rule
+//	    on SET) and its CPU, with that of the processes it runs, is idle.
+//	ipvsbench latency -kubeconfig K -namespace NS -slice NAME -vs VIP:PORT [-rounds 5] [-during-sync-of NAME]
+//	    moves the first endpoint of an EndpointSlice through the apiserver
+//	    and polls the kernel (destination dumps of that virtual server) until
+//	    the change has landed; prints each round's latency as JSON. With
+//	    -during-sync-of, each change is made once that process has begun a
+//	    sync of its own (CPU after a quiet period).
+//	ipvsbench burst -kubeconfig K -namespace NS -changes FILE
+//	    makes the changes in FILE ([{"slice":NAME,"vs":VIP:PORT},...]) at
+//	    once and times them until the kernel has the last one.
+//
+// Everything is timed on this VM's clock.
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"strconv"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -44,15 +50,19 @@ func main() {
 	switch {
 	case len(os.Args) == 3 && os.Args[1] == "floor":
 		err = floor(os.Args[2])
-	case len(os.Args) == 7 && os.Args[1] == "latency":
+	case len(os.Args) > 1 && os.Args[1] == "settle":
+		err = settle(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "latency":
 		err = latency(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "burst":
+		err = burst(os.Args[2:])
 	case len(os.Args) == 3 && os.Args[1] == "netlink":
 		var n int
 		if n, err = strconv.Atoi(os.Args[2]); err == nil {
 			err = netlinkFigures(n)
 		}
 	default:
-		err = fmt.Errorf("usage: ipvsbench floor FILE | netlink N | latency KUBECONFIG NAMESPACE SLICE VIP:PORT ROUNDS")
+		err = fmt.Errorf("usage: ipvsbench floor FILE | netlink N | settle ... | latency ... | burst ... (see the package's doc)")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ipvsbench:", err)
@@ -68,13 +78,9 @@ type Service struct {
 }
 
 func floor(file string) error {
-	data, err := os.ReadFile(file)
+	svcs, err := readServices(file)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", file, err)
-	}
-	var svcs []Service
-	if err := json.Unmarshal(data, &svcs); err != nil {
-		return fmt.Errorf("parse %s: %w", file, err)
+		return err
 	}
 	ipvs, err := netlinkutil.NewIPVS()
 	if err != nil {
@@ -122,73 +128,4 @@ func floor(file string) error {
 	}
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{"seconds": time.Since(start).Seconds(), "calls": calls,
 		"addressSeconds": addrTime.Seconds()})
-}
-
-func latency(args []string) error {
-	kubeconfig, ns, sliceName, vsArg := args[0], args[1], args[2], args[3]
-	rounds, err := strconv.Atoi(args[4])
-	if err != nil {
-		return fmt.Errorf("rounds %q: %w", args[4], err)
-	}
-	ap, err := netip.ParseAddrPort(vsArg)
-	if err != nil {
-		return fmt.Errorf("virtual server %q: %w", vsArg, err)
-	}
-	key := model.VSKey{Address: ap.Addr(), Protocol: model.TCP, Port: ap.Port()}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return fmt.Errorf("kubeconfig: %w", err)
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	ipvs, err := netlinkutil.NewIPVS()
-	if err != nil {
-		return err
-	}
-	defer ipvs.Close()
-	ctx := context.Background()
-	var out []float64
-	for i := 0; i < rounds; i++ {
-		eps, err := cs.DiscoveryV1().EndpointSlices(ns).Get(ctx, sliceName, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("get slice: %w", err)
-		}
-		if len(eps.Endpoints) == 0 || len(eps.Endpoints[0].Addresses) == 0 {
-			return fmt.Errorf("slice %s/%s has no endpoint to change", ns, sliceName)
-		}
-		old, err := netip.ParseAddr(eps.Endpoints[0].Addresses[0])
-		if err != nil {
-			return err
-		}
-		// Move the endpoint to the next address (same subnet, routable).
-		next := old.Next()
-		eps.Endpoints[0].Addresses[0] = next.String()
-		start := time.Now()
-		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Update(ctx, eps, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("update slice: %w", err)
-		}
-		for {
-			rss, err := ipvs.ListRealServers(key)
-			if err != nil {
-				return err
-			}
-			hasNew, hasOld := false, false
-			for _, r := range rss {
-				hasNew = hasNew || r.Address == next
-				hasOld = hasOld || r.Address == old
-			}
-			if hasNew && !hasOld {
-				break
-			}
-			if time.Since(start) > time.Minute {
-				return fmt.Errorf("round %d: the change did not reach the kernel in a minute", i)
-			}
-			time.Sleep(time.Millisecond)
-		}
-		out = append(out, time.Since(start).Seconds())
-		time.Sleep(300 * time.Millisecond) // let the agent settle between rounds
-	}
-	return json.NewEncoder(os.Stdout).Encode(map[string]any{"seconds": out})
 }

@@ -62,6 +62,10 @@ type Options struct {
 	// bed.GuestKubecfg); NodeName its hostnameOverride (default
 	// bed.NodeName).
 	Kubeconfig, NodeName string
+	// NoWait makes Start return as soon as kube-proxy is started, without
+	// waiting for its first sync (nor restarting it if it dies first): for
+	// callers that time the first sync themselves.
+	NoWait bool
 	// Args are more command-line flags. Next to a config file kube-proxy
 	// honours only its logging flags (e.g. --vmodule); settings belong in
 	// the configuration, so add them to Options.
@@ -76,8 +80,8 @@ type KubeProxy struct {
 
 // Start builds kube-proxy if needed, installs it in the VM, writes its
 // configuration and starts it as node bed.NodeName with the bed's
-// kubeconfig, and waits for its first sync (ctx bounds the whole). The
-// bed's agent must be stopped.
+// kubeconfig, and waits for its first sync (ctx bounds the whole) unless
+// o.NoWait. The bed's agent must be stopped.
 func Start(ctx context.Context, b *bed.Bed, o Options) (*KubeProxy, error) {
 	if b.AgentRunning() {
 		return nil, errors.New("kubeproxy: the bed's agent runs: stop it first (Bed.StopAgent)")
@@ -113,6 +117,9 @@ func StartIn(ctx context.Context, v *vm.VM, o Options) (*KubeProxy, error) {
 			return nil, err
 		}
 		k := &KubeProxy{vm: v, proc: p}
+		if o.NoWait {
+			return k, nil
+		}
 		start := time.Now()
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		err = k.waitSynced(wctx)

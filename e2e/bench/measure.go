@@ -1,0 +1,501 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+)
+
+// The two proxies run with the same periods: a change is synced 100 ms
+// after the last, and a full sync runs every 30 s (kube-proxy's default;
+// kube-proxy's every sync is full). Both know the cluster CIDR and put
+// node ports on eth0.
+var ipvsProxyArgs = []string{"--min-sync-period", "100ms", "--sync-period", "30s",
+	"--nodeport-addresses", bed.NodePortCIDR, "--cluster-cidr", bed.ClusterCIDR}
+
+var kubeProxyOptions = kubeproxy.Options{MinSyncPeriod: 100 * time.Millisecond, SyncPeriod: 30 * time.Second, NoWait: true}
+
+const (
+	ipvsbench = "/usr/local/bin/ipvsbench"
+	// helperTimeout bounds one in-VM measurement (kube-proxy at 10,000
+	// Services takes many minutes to settle under emulation).
+	helperTimeout = 3 * time.Hour
+)
+
+// running is a started proxy.
+type running interface {
+	Stop() error
+	Output() string
+}
+
+// proxyKind is one of the proxies compared.
+type proxyKind struct {
+	name  string
+	comm  string // its process name in the VM
+	iface string // its dummy interface
+	set   string // its ipset of clusterIP,proto:port
+	// start starts it; it may return before or after its first sync.
+	start func(ctx context.Context, b *bed.Bed) (running, error)
+}
+
+var proxyKinds = map[string]proxyKind{
+	"ipvs-proxy": {name: "ipvs-proxy", comm: "ipvs-proxy", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
+		start: func(ctx context.Context, b *bed.Bed) (running, error) {
+			if err := b.StartAgent(ctx, "--log-level", "info"); err != nil {
+				return nil, err
+			}
+			return agent{b}, nil
+		}},
+	"kube-proxy": {name: "kube-proxy", comm: "kube-proxy", iface: kubeproxy.Interface, set: "KUBE-CLUSTER-IP",
+		start: func(ctx context.Context, b *bed.Bed) (running, error) {
+			o := kubeProxyOptions
+			o.Log = logf
+			return kubeproxy.Start(ctx, b, o)
+		}},
+}
+
+// agent is the bed's ipvs-proxy as a running proxy.
+type agent struct{ b *bed.Bed }
+
+func (a agent) Stop() error    { return a.b.StopAgent() }
+func (a agent) Output() string { return a.b.AgentOutput() }
+
+// bench holds what every measurement uses.
+type bench struct {
+	bed    *bed.Bed
+	client kubernetes.Interface
+	cfg    config
+}
+
+// settled is ipvsbench settle's answer (seconds since the proxy started).
+type settled struct {
+	VirtualServers float64 `json:"virtualServers"`
+	Idle           float64 `json:"idle"`
+	CPUSelf        float64 `json:"cpuSelf"`
+	CPUChildren    float64 `json:"cpuChildren"`
+	Checks         int     `json:"checks"`
+}
+
+// proxyResult is one proxy's figures at one size.
+type proxyResult struct {
+	proxy  string
+	cold   settled
+	change []float64 // seconds, sorted
+	burst  float64
+	resync []float64 // changes made during a periodic full sync, sorted
+	// resyncTries: changes made once the proxy woke up, inside a full
+	// sync or not.
+	resyncTries int
+	rssKiB      int
+	restart     settled
+	// restartDiff counts kernel lines that differ before and after the
+	// restart, by kind; restartWrites are the writes the proxy counted
+	// itself (-1: it does not say).
+	restartDiff   map[string]int
+	restartWrites int
+	// ipvs-proxy's own account of its first sync.
+	coldSync []syncRecord
+}
+
+// helper runs ipvsbench in the VM and decodes its JSON answer into out.
+func (bn *bench) helper(ctx context.Context, out any, args ...string) error {
+	r, err := bn.bed.VM.Exec(ctx, vm.Command{Argv: append([]string{ipvsbench}, args...), Timeout: helperTimeout})
+	if err != nil {
+		return err
+	}
+	if r.ExitCode != 0 {
+		return fmt.Errorf("ipvsbench %s: exit status %d: %s", args[0], r.ExitCode, strings.TrimSpace(r.Stderr))
+	}
+	if err := json.Unmarshal([]byte(r.Stdout), out); err != nil {
+		return fmt.Errorf("ipvsbench %s: answer %q: %w", args[0], r.Stdout, err)
+	}
+	return nil
+}
+
+// clean stops nothing: no proxy may run. It removes both proxies' state
+// from the kernel and checks that IPVS is empty.
+func (bn *bench) clean(ctx context.Context) error {
+	for _, p := range proxyKinds {
+		if r, err := bn.bed.VM.Run(ctx, "pidof", p.comm); err != nil || r.ExitCode == 0 {
+			return fmt.Errorf("%s still runs (pidof: %q, %v)", p.name, r.Stdout, err)
+		}
+	}
+	if out, err := kubeproxy.Cleanup(ctx, bn.bed); err != nil {
+		return fmt.Errorf("cleanup: %w\n%s", err, out)
+	}
+	if out, _ := bn.bed.IPVSTable(ctx); strings.Contains(out, "\nTCP ") {
+		return fmt.Errorf("IPVS not empty after the cleanup:\n%.2000s", out)
+	}
+	// Deleting thousands of addresses leaves the kernel work to finish in
+	// the background; let it, so that what comes next is timed alone.
+	time.Sleep(5 * time.Second)
+	return nil
+}
+
+// writeExpected writes the Services as they are now into the VM.
+func (bn *bench) writeExpected(ctx context.Context, path string) ([]service, []string, error) {
+	exp, names, err := expected(ctx, bn.client)
+	if err != nil {
+		return nil, nil, err
+	}
+	data, err := json.Marshal(exp)
+	if err != nil {
+		return nil, nil, err
+	}
+	return exp, names, bn.bed.VM.WriteFile(ctx, path, data, 0o644)
+}
+
+// settle starts p and follows it with ipvsbench settle until everything
+// is programmed and it is idle. kube-proxy v1.36.3 sometimes dies at its
+// start (see package kubeproxy): then its state is removed and it is
+// started again, up to three times.
+func (bn *bench) settle(ctx context.Context, p proxyKind, cold bool) (settled, running, error) {
+	const expect = "/tmp/expect.json"
+	if _, _, err := bn.writeExpected(ctx, expect); err != nil {
+		return settled{}, nil, err
+	}
+	for try := 1; ; try++ {
+		type started struct {
+			r   running
+			err error
+		}
+		ch := make(chan started, 1)
+		var s settled
+		var errSettle error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			errSettle = bn.helper(ctx, &s, "settle", "-comm", p.comm, "-expect", expect, "-iface", p.iface,
+				"-set", p.set, "-quiet", bn.cfg.quiet.String(), "-timeout", (helperTimeout - time.Minute).String())
+		}()
+		time.Sleep(time.Second) // ipvsbench settle is up and looking
+		go func() {
+			r, err := p.start(ctx, bn.bed)
+			ch <- started{r, err}
+		}()
+		<-done
+		st := <-ch
+		if errSettle == nil && st.err == nil {
+			return s, st.r, nil
+		}
+		out := ""
+		if st.r != nil {
+			out = st.r.Output()
+			_ = st.r.Stop()
+		}
+		err := errors.Join(errSettle, st.err)
+		if p.name != "kube-proxy" || try == 3 || !cold || ctx.Err() != nil || !strings.Contains(err.Error(), "has ended") {
+			return s, nil, fmt.Errorf("%w\n%s", err, tailLines(out, 60))
+		}
+		logf("%s died before it settled; starting it again on a clean kernel, as a kubelet would:\n%s", p.name, tailLines(out, 20))
+		if err := bn.clean(ctx); err != nil {
+			return s, nil, err
+		}
+	}
+}
+
+func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, error) {
+	r := proxyResult{proxy: p.name, restartWrites: -1}
+	if err := bn.clean(ctx); err != nil {
+		return r, err
+	}
+	// 1. Cold: into a clean kernel.
+	cold, proc, err := bn.settle(ctx, p, true)
+	if err != nil {
+		return r, fmt.Errorf("cold start: %w", err)
+	}
+	defer func() {
+		if proc != nil {
+			_ = proc.Stop()
+		}
+	}()
+	r.cold = cold
+	if p.name == "ipvs-proxy" {
+		r.coldSync = syncs(proc.Output())
+	}
+	logf("%s, %d Services, cold: every virtual server after %.3fs, everything and idle after %.3fs (%d checks), CPU %.2fs + %.2fs (children)",
+		p.name, n, cold.VirtualServers, cold.Idle, cold.Checks, cold.CPUSelf, cold.CPUChildren)
+
+	exp, names, err := expected(ctx, bn.client)
+	if err != nil {
+		return r, err
+	}
+	vip := map[string]string{}
+	for i, s := range exp {
+		vip[names[i]] = fmt.Sprintf("%s:%d", s.VIP, s.Port)
+	}
+	single := fmt.Sprintf("svc-%05d", n/2)
+	changeArgs := []string{"-kubeconfig", bed.GuestKubecfg, "-namespace", namespace, "-timeout", "30m"}
+
+	// 2. Single changes.
+	var lat struct {
+		Seconds []float64 `json:"seconds"`
+		At      []float64 `json:"at"`
+	}
+	if err := bn.helper(ctx, &lat, append([]string{"latency", "-slice", single, "-vs", vip[single],
+		"-rounds", strconv.Itoa(bn.cfg.rounds)}, changeArgs...)...); err != nil {
+		return r, err
+	}
+	r.change = slices.Sorted(slices.Values(lat.Seconds))
+	logf("%s, %d Services: one change %v", p.name, n, lat.Seconds)
+
+	// 3. A burst of changes, to Services other than the single one.
+	var spec []map[string]string
+	for k := 0; k < bn.cfg.burst; k++ {
+		name := fmt.Sprintf("svc-%05d", k*n/bn.cfg.burst+1)
+		spec = append(spec, map[string]string{"slice": name, "vs": vip[name]})
+	}
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return r, err
+	}
+	if err := bn.bed.VM.WriteFile(ctx, "/tmp/burst.json", data, 0o644); err != nil {
+		return r, err
+	}
+	var burst struct {
+		Seconds float64 `json:"seconds"`
+		Issued  float64 `json:"issued"`
+	}
+	if err := bn.helper(ctx, &burst, append([]string{"burst", "-changes", "/tmp/burst.json"}, changeArgs...)...); err != nil {
+		return r, err
+	}
+	r.burst = burst.Seconds
+	logf("%s, %d Services: %d changes in %.3fs (issued in %.3fs)", p.name, n, bn.cfg.burst, burst.Seconds, burst.Issued)
+	if r.rssKiB, err = bn.peakRSS(ctx, p); err != nil {
+		return r, err
+	}
+
+	// 4. A restart with nothing changed.
+	before, err := bn.snapshot(ctx, p)
+	if err != nil {
+		return r, err
+	}
+	err = proc.Stop()
+	proc = nil
+	if err != nil {
+		return r, err
+	}
+	if r.restart, proc, err = bn.settle(ctx, p, false); err != nil {
+		return r, fmt.Errorf("restart: %w", err)
+	}
+	after, err := bn.snapshot(ctx, p)
+	if err != nil {
+		return r, err
+	}
+	r.restartDiff = map[string]int{}
+	for kind := range before {
+		r.restartDiff[kind] = diffCount(before[kind], after[kind])
+	}
+	if p.name == "ipvs-proxy" {
+		if s := syncs(proc.Output()); len(s) > 0 {
+			r.restartWrites = s[0].writes
+		}
+	}
+	logf("%s, %d Services: restart: everything and idle after %.3fs (%d checks), kernel lines changed %v, writes it counted %d",
+		p.name, n, r.restart.Idle, r.restart.Checks, r.restartDiff, r.restartWrites)
+
+	// 5. Single changes made while a periodic full sync runs.
+	if err := bn.duringSync(ctx, p, &r, proc, append([]string{"latency", "-slice", single, "-vs", vip[single],
+		"-during-sync-of", p.comm}, changeArgs...)); err != nil {
+		return r, err
+	}
+	rss, err := bn.peakRSS(ctx, p)
+	if err != nil {
+		return r, err
+	}
+	r.rssKiB = max(r.rssKiB, rss)
+	return r, nil
+}
+
+// duringSync times changes made once p's periodic sync has begun (args:
+// ipvsbench latency's). kube-proxy's every sync is full; ipvs-proxy's log
+// tells whether a change fell inside a full sync, and changes that did
+// not (other work woke it) are made again, up to three times as many.
+func (bn *bench) duringSync(ctx context.Context, p proxyKind, r *proxyResult, proc running, args []string) error {
+	want := bn.cfg.resyncRounds
+	if want == 0 {
+		return nil
+	}
+	var all []float64
+	for attempt := 0; len(r.resync) < want && attempt < 3*want; attempt++ {
+		var lat struct {
+			Seconds []float64 `json:"seconds"`
+			At      []float64 `json:"at"`
+		}
+		rounds := 1
+		if p.name == "kube-proxy" {
+			rounds = want
+		}
+		if err := bn.helper(ctx, &lat, append(args, "-rounds", strconv.Itoa(rounds))...); err != nil {
+			// A proxy that never goes quiet (one full sync after
+			// another) gives no start of a sync to aim at: a try
+			// without a figure.
+			if !strings.Contains(err.Error(), "no quiet period") {
+				return err
+			}
+			logf("%s: %v", p.name, err)
+			r.resyncTries++
+			continue
+		}
+		all = append(all, lat.Seconds...)
+		for i, t := range lat.At {
+			if p.name == "kube-proxy" || inFullSync(proc.Output(), []float64{t}) == 1 {
+				r.resync = append(r.resync, lat.Seconds[i])
+			}
+		}
+	}
+	slices.Sort(r.resync)
+	r.resyncTries += len(all)
+	logf("%s: one change during a periodic sync %v; %d of them inside a full sync %v", p.name, all, len(r.resync), r.resync)
+	return nil
+}
+
+func (bn *bench) peakRSS(ctx context.Context, p proxyKind) (int, error) {
+	out, err := bn.bed.VM.RunOK(ctx, "sh", "-c", "cat /proc/$(pidof "+p.comm+")/status")
+	if err != nil {
+		return 0, err
+	}
+	m := vmHWMLine.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("no VmHWM in %q", out)
+	}
+	return strconv.Atoi(m[1])
+}
+
+var counters = regexp.MustCompile(`\[\d+:\d+\]`)
+
+// snapshot is the kernel state a proxy programs, as lines by kind: the
+// IPVS table (ipvsadm -Sn: virtual servers with their flags and
+// scheduler, real servers with their weights), the addresses on its
+// interface, every ipset with its entries (ipset save) and the iptables
+// rules of both families (without counters).
+func (bn *bench) snapshot(ctx context.Context, p proxyKind) (map[string][]string, error) {
+	out := map[string][]string{}
+	lines := func(kind string, keep func(string) (string, bool), argv ...string) error {
+		text, err := bn.bed.VM.RunOK(ctx, argv...)
+		if err != nil {
+			return err
+		}
+		for _, l := range strings.Split(text, "\n") {
+			if l, ok := keep(l); ok {
+				out[kind] = append(out[kind], l)
+			}
+		}
+		return nil
+	}
+	all := func(l string) (string, bool) { return l, l != "" }
+	errs := []error{
+		lines("IPVS", all, "ipvsadm", "-Sn"),
+		lines("VIPs", func(l string) (string, bool) {
+			f := strings.Fields(l)
+			return strings.Join(f[:min(len(f), 2)], " "), len(f) > 1 && f[0] == "inet"
+		}, "ip", "addr", "show", "dev", p.iface),
+		lines("ipset", all, "ipset", "save"),
+	}
+	for _, tool := range []string{"iptables-save", "ip6tables-save"} {
+		errs = append(errs, lines("iptables", func(l string) (string, bool) {
+			return counters.ReplaceAllString(l, ""), l != "" && !strings.HasPrefix(l, "#")
+		}, tool))
+	}
+	return out, errors.Join(errs...)
+}
+
+// diffCount is the number of lines in one of a and b and not in the other
+// (as multisets).
+func diffCount(a, b []string) int {
+	count := map[string]int{}
+	for _, l := range a {
+		count[l]++
+	}
+	for _, l := range b {
+		count[l]--
+	}
+	n := 0
+	for _, c := range count {
+		n += max(c, -c)
+	}
+	return n
+}
+
+var fullSyncLine = regexp.MustCompile(`"ts":([0-9.e+]+).*"msg":"synced".*"kind":"full".*"took":([0-9.e-]+)`)
+
+// inFullSync counts the times (Unix seconds) that fall inside one of the
+// full syncs in ipvs-proxy's log.
+func inFullSync(log string, at []float64) int {
+	n := 0
+	for _, t := range at {
+		for _, m := range fullSyncLine.FindAllStringSubmatch(log, -1) {
+			end, _ := strconv.ParseFloat(m[1], 64)
+			took, _ := strconv.ParseFloat(m[2], 64)
+			if end-took <= t && t <= end {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// floorResult compares ipvs-proxy's cold sync with bare netlink calls.
+type floorResult struct {
+	floor, addrs time.Duration
+	calls        int
+	adoptWrites  int
+}
+
+// floor creates the objects with bare netlink calls, one at a time, in a
+// clean kernel, then starts ipvs-proxy on that kernel and counts its
+// writes.
+func (bn *bench) floor(ctx context.Context, n int) (floorResult, error) {
+	var fr floorResult
+	if err := bn.clean(ctx); err != nil {
+		return fr, err
+	}
+	if _, _, err := bn.writeExpected(ctx, "/tmp/floor.json"); err != nil {
+		return fr, err
+	}
+	var fl struct {
+		Seconds        float64 `json:"seconds"`
+		AddressSeconds float64 `json:"addressSeconds"`
+		Calls          int     `json:"calls"`
+	}
+	if err := bn.helper(ctx, &fl, "floor", "/tmp/floor.json"); err != nil {
+		return fr, err
+	}
+	fr.floor, fr.calls = time.Duration(fl.Seconds*float64(time.Second)), fl.Calls
+	fr.addrs = time.Duration(fl.AddressSeconds * float64(time.Second))
+	if err := bn.bed.StartAgent(ctx, "--log-level", "info"); err != nil {
+		return fr, err
+	}
+	s := syncs(bn.bed.AgentOutput())
+	if err := bn.bed.StopAgent(); err != nil {
+		return fr, err
+	}
+	if len(s) == 0 {
+		return fr, errors.New("no first sync in the agent's log")
+	}
+	fr.adoptWrites = s[0].writes
+	logf("%d Services: floor %v (binding the VIPs: %v), %d calls; ipvs-proxy's writes on it: %d", n, fr.floor, fr.addrs, fr.calls, fr.adoptWrites)
+	return fr, nil
+}
+
+// tailLines is the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+)
+
+const (
+	namespace = "bench"
+	// Endpoints live in 10.176.0.0/12, routed in the VM by a dummy
+	// interface: IPVS refuses a NAT real server it has no route to.
+	endpointNet = "10.176.0.1/12"
+)
+
+// service is a bench Service as the kernel should show it: one virtual
+// server and its real servers (ipvsbench's input).
+type service struct {
+	VIP  string   `json:"vip"`
+	Port uint16   `json:"port"`
+	RS   []string `json:"rs"`
+}
+
+func endpointAddr(i, k int) string {
+	// Two endpoints per Service, 16 addresses apart; the changes move an
+	// endpoint to its neighbour (the last bit flipped) and back.
+	j := (i*2+k)*16 + 16
+	return fmt.Sprintf("10.%d.%d.%d", 176+j>>16, (j>>8)&255, j&255)
+}
+
+// createServices creates Services from..to-1, each with an EndpointSlice of
+// two ready endpoints, with 16 workers.
+func createServices(ctx context.Context, c kubernetes.Interface, from, to int) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	work := make(chan int)
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				err := createService(ctx, c, i)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := from; i < to; i++ {
+		mu.Lock()
+		failed := firstErr != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return firstErr
+}
+
+func createService(ctx context.Context, c kubernetes.Interface, i int) error {
+	name := fmt.Sprintf("svc-%05d", i)
+	_, err := c.CoreV1().Services(namespace).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{bed.Port("http", corev1.ProtocolTCP, 80)}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create service %s: %w", name, err)
+	}
+	eps := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(bed.BackendPort))}},
+	}
+	for k := 0; k < 2; k++ {
+		a := endpointAddr(i, k)
+		eps.Endpoints = append(eps.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	}
+	if _, err := c.DiscoveryV1().EndpointSlices(namespace).Create(ctx, eps, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpointslice %s: %w", name, err)
+	}
+	return nil
+}
+
+var (
+	syncLine  = regexp.MustCompile(`"msg":"synced".*"kind":"(full|partial)".*"writes":(\d+).*"ipvs":([0-9.e-]+).*"took":([0-9.e-]+)`)
+	vmHWMLine = regexp.MustCompile(`VmHWM:\s+(\d+) kB`)
+)
+
+type syncRecord struct {
+	full   bool
+	writes int
+	ipvs   time.Duration // the IPVS reconciler's part
+	took   time.Duration // the whole sync: plans, IPVS, iptables glue
+}
+
+func syncs(log string) []syncRecord {
+	var out []syncRecord
+	for _, m := range syncLine.FindAllStringSubmatch(log, -1) {
+		w, _ := strconv.Atoi(m[2])
+		ipvs, _ := strconv.ParseFloat(m[3], 64)
+		took, _ := strconv.ParseFloat(m[4], 64)
+		out = append(out, syncRecord{full: m[1] == "full", writes: w,
+			ipvs: time.Duration(ipvs * float64(time.Second)), took: time.Duration(took * float64(time.Second))})
+	}
+	return out
+}
+
+// expected lists the bench Services as they are now: clusterIP:80 with the
+// addresses of their EndpointSlice, sorted by clusterIP, and the name of
+// each.
+func expected(ctx context.Context, c kubernetes.Interface) ([]service, []string, error) {
+	svcs, err := c.CoreV1().Services(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list services: %w", err)
+	}
+	slicesList, err := c.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list endpointslices: %w", err)
+	}
+	rs := map[string][]string{}
+	for _, eps := range slicesList.Items {
+		for _, e := range eps.Endpoints {
+			for _, a := range e.Addresses {
+				rs[eps.Name] = append(rs[eps.Name], fmt.Sprintf("%s:%d", a, bed.BackendPort))
+			}
+		}
+	}
+	type named struct {
+		s    service
+		name string
+	}
+	var all []named
+	for _, s := range svcs.Items {
+		if len(rs[s.Name]) == 0 {
+			return nil, nil, fmt.Errorf("service %s has no endpoints", s.Name)
+		}
+		all = append(all, named{service{VIP: s.Spec.ClusterIP, Port: 80, RS: rs[s.Name]}, s.Name})
+	}
+	slices.SortFunc(all, func(a, b named) int {
+		return netip.MustParseAddr(a.s.VIP).Compare(netip.MustParseAddr(b.s.VIP))
+	})
+	out, names := make([]service, len(all)), make([]string, len(all))
+	for i, n := range all {
+		out[i], names[i] = n.s, n.name
+	}
+	return out, names, nil
+}

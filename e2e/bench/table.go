@@ -1,0 +1,202 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// sizeResult is one size's figures.
+type sizeResult struct {
+	services int
+	proxies  []proxyResult
+	floor    floorResult
+}
+
+// row is one line of a size's table: a label and a figure per proxy, and
+// the numbers the ratio is made of (kube-proxy's over ipvs-proxy's).
+type row struct {
+	label string
+	value func(proxyResult) string
+	ratio func(proxyResult) []float64
+}
+
+// secs prints seconds; zero or less is "-": not measured.
+func secs(v float64) string {
+	d := time.Duration(v * float64(time.Second))
+	switch {
+	case d <= 0:
+		return "-"
+	case d >= 10*time.Second:
+		return d.Round(100 * time.Millisecond).String()
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond).String()
+	default:
+		return d.Round(time.Millisecond).String()
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	return v[len(v)/2]
+}
+
+func maxOf(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	return slices.Max(v)
+}
+
+var rows = []row{
+	{"cold: every virtual server in the kernel",
+		func(r proxyResult) string { return secs(r.cold.VirtualServers) },
+		func(r proxyResult) []float64 { return []float64{r.cold.VirtualServers} }},
+	{"cold: everything programmed, CPU idle",
+		func(r proxyResult) string { return secs(r.cold.Idle) },
+		func(r proxyResult) []float64 { return []float64{r.cold.Idle} }},
+	{"cold: CPU, proxy + processes it runs",
+		func(r proxyResult) string {
+			if r.cold.Idle <= 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1fs + %.1fs", r.cold.CPUSelf, r.cold.CPUChildren)
+		},
+		func(r proxyResult) []float64 { return []float64{r.cold.CPUSelf + r.cold.CPUChildren} }},
+	{"one change, p50 / max",
+		func(r proxyResult) string {
+			if len(r.change) == 0 {
+				return "-"
+			}
+			return secs(median(r.change)) + " / " + secs(maxOf(r.change))
+		},
+		func(r proxyResult) []float64 { return []float64{median(r.change), maxOf(r.change)} }},
+	{"burst of changes, until the last",
+		func(r proxyResult) string { return secs(r.burst) },
+		func(r proxyResult) []float64 { return []float64{r.burst} }},
+	{"one change during a full sync, p50 / max",
+		func(r proxyResult) string {
+			if len(r.resync) == 0 {
+				if r.resyncTries > 0 {
+					return fmt.Sprintf("- (%d tries)", r.resyncTries)
+				}
+				return "-"
+			}
+			s := secs(median(r.resync)) + " / " + secs(maxOf(r.resync))
+			if r.resyncTries > len(r.resync) {
+				s += fmt.Sprintf(" (%d tries)", r.resyncTries)
+			}
+			return s
+		},
+		func(r proxyResult) []float64 { return []float64{median(r.resync), maxOf(r.resync)} }},
+	{"peak RSS",
+		func(r proxyResult) string {
+			if r.rssKiB == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%d MiB", r.rssKiB/1024)
+		},
+		func(r proxyResult) []float64 { return []float64{float64(r.rssKiB)} }},
+	{"restart, nothing changed: programmed, idle",
+		func(r proxyResult) string { return secs(r.restart.Idle) },
+		func(r proxyResult) []float64 { return []float64{r.restart.Idle} }},
+	{"restart: kernel lines changed (IPVS/VIPs/ipset/iptables)",
+		func(r proxyResult) string {
+			d := r.restartDiff
+			if d == nil {
+				return "-"
+			}
+			return fmt.Sprintf("%d/%d/%d/%d", d["IPVS"], d["VIPs"], d["ipset"], d["iptables"])
+		}, nil},
+	{"restart: kernel writes it counted",
+		func(r proxyResult) string {
+			if r.restartWrites < 0 {
+				return "-"
+			}
+			return fmt.Sprint(r.restartWrites)
+		}, nil},
+}
+
+// printSize prints one size's table in Markdown: a column per proxy, and
+// the ratio kube-proxy / ipvs-proxy when both ran.
+func printSize(w io.Writer, sr sizeResult) {
+	var kp, ip *proxyResult
+	head := "| " + fmt.Sprintf("%d Services × 2 endpoints", sr.services) + " |"
+	sep := "|---|"
+	for i := range sr.proxies {
+		p := &sr.proxies[i]
+		head += " " + p.proxy + " |"
+		sep += "---|"
+		switch p.proxy {
+		case "kube-proxy":
+			kp = p
+		case "ipvs-proxy":
+			ip = p
+		}
+	}
+	both := kp != nil && ip != nil
+	if both {
+		head += " kube-proxy / ipvs-proxy |"
+		sep += "---|"
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, sep)
+	for _, r := range rows {
+		line := "| " + r.label + " |"
+		for _, p := range sr.proxies {
+			line += " " + r.value(p) + " |"
+		}
+		if both {
+			line += " " + ratio(r, *kp, *ip) + " |"
+		}
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintln(w)
+	if ip != nil && sr.floor.calls > 0 && len(ip.coldSync) > 0 {
+		c := ip.coldSync[0]
+		fmt.Fprintln(w, "| ipvs-proxy, cold | IPVS sync | floor | ratio | whole first sync | writes | writes on the floor's kernel |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+		fmt.Fprintf(w, "| %d Services | %s | %s | %.2f | %s | %d | %d |\n\n", sr.services, secs(c.ipvs.Seconds()),
+			secs(sr.floor.floor.Seconds()), c.ipvs.Seconds()/sr.floor.floor.Seconds(), secs(c.took.Seconds()),
+			c.writes, sr.floor.adoptWrites)
+	}
+}
+
+func ratio(r row, kp, ip proxyResult) string {
+	if r.ratio == nil {
+		return ""
+	}
+	a, b := r.ratio(kp), r.ratio(ip)
+	var parts []string
+	for i := range a {
+		if b[i] <= 0 || a[i] <= 0 {
+			parts = append(parts, "-")
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%.1f", a[i]/b[i]))
+	}
+	return strings.Join(parts, " / ")
+}
+
+func printNotes(w io.Writer, c config) {
+	fmt.Fprintf(w, `Both proxies in turn in one VM (software emulation), on a clean kernel, against the same apiserver and objects;
+a change is synced 100 ms after the last, a full sync every 30 s. Times from the proxy's start (its process start time
+in the VM), or from the change's update through the apiserver, until the kernel shows it, timed in the VM.
+- cold: every virtual server: polled one GET per missing virtual server; everything programmed: virtual and real
+  servers, VIPs on the proxy's interface, clusterIPs in its ipset and its nat rule on that set, checked when the CPU of
+  the proxy and of the processes it runs (iptables-restore, ipset: live ones and waited-for ones) grew by less than
+  50 ms in %v; the time is the start of that quiet period, the CPU is up to then.
+- one change: an endpoint of one EndpointSlice moved, %d rounds; burst: %d EndpointSlices changed at once (8 updates
+  in flight), until the kernel has the last; during a full sync: the change made once the proxy's CPU starts again
+  after 1 s of quiet (its periodic sync), %d rounds (for ipvs-proxy, only those its log shows inside a full sync;
+  tries: all that were made).
+- restart: the proxy stopped and started again with nothing changed; the kernel's lines compared before and after
+  (ipvsadm -Sn, the interface's addresses, ipset save, iptables-save and ip6tables-save without counters) count
+  what changed, not what was rewritten unchanged; ipvs-proxy also counts its own writes.
+- floor: the same virtual servers, real servers and VIPs created with bare netlink calls, one at a time.
+`, c.quiet, c.rounds, c.burst, c.resyncRounds)
+}
