@@ -87,12 +87,12 @@ bench-go:
 # modules and cached) against a running cluster; JUnit report and summary
 # table in bin/conformance/$(PROXY)/. PROXY names the cluster's proxy
 # (ipvs-proxy or kube-proxy); CONFORMANCE_ONLY=1 runs only the
-# [Conformance] tests. It needs KUBECONFIG until the runner starts the
-# one-node cluster itself. `make conformance-list` lists the focus and
-# the skips.
+# [Conformance] tests. Without KUBECONFIG it starts the bed's one-node
+# cluster (ipvs-proxy as its DaemonSet from deploy/, CoreDNS) and stops it
+# after. `make conformance-list` lists the focus and the skips.
 PROXY ?= ipvs-proxy
 conformance:
-	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --kubeconfig '$(KUBECONFIG)' $(if $(CONFORMANCE_ONLY),--conformance-only) $(CONFORMANCE_ARGS)
+	$(GO) run ./e2e/conformance --proxy '$(PROXY)' $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) $(CONFORMANCE_ARGS)
 
 conformance-list:
 	$(GO) run ./e2e/conformance --list

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +31,8 @@ import (
 // its DaemonSet from deploy/, with no kube-proxy: the Node gets Ready, the
 // DaemonSet's pod runs and programs the `kubernetes` Service into IPVS,
 // pods run, exec through the apiserver works, and pods reach a ClusterIP
-// Service's pod and the `kubernetes` Service.
+// Service's pod and the `kubernetes` Service, and resolve Services' names
+// through the cluster's DNS (CoreDNS behind the kube-dns Service).
 func TestClusterNode(t *testing.T) {
 	assets := vm.Require(t)
 	began := time.Now()
@@ -43,17 +48,10 @@ func TestClusterNode(t *testing.T) {
 
 	// ipvs-proxy as users install it: deploy/*.yaml with the apiserver's
 	// address set in the ConfigMap, as its comment asks.
-	a := newApplier(t, c.CP.RESTConfig)
-	for _, obj := range manifests(t) {
-		if obj.GetKind() == "ConfigMap" && obj.GetName() == "ipvs-proxy" {
-			data := obj.Object["data"].(map[string]any)
-			data["kubeconfig.conf"] = strings.Replace(data["kubeconfig.conf"].(string), "APISERVER-HOST:6443", c.APIServerAddr(), 1)
-			data["config.yaml"] = strings.Replace(data["config.yaml"].(string), "clusterCIDRs: []", "clusterCIDRs: ["+cluster.ClusterCIDR+"]", 1)
-		}
-		if _, err := a.apply(ctx, obj, false); err != nil {
-			t.Fatal(err)
-		}
+	if err := c.DeployIPVSProxy(ctx, deployDir); err != nil {
+		t.Fatal(err)
 	}
+	t.Logf("TIMING ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
 
 	ns := "cluster-node"
 	clusterNamespace(ctx, t, cs, ns)
@@ -74,7 +72,7 @@ func TestClusterNode(t *testing.T) {
 				return false, err.Error()
 			}
 			pods[name] = p
-			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", podSummary(p)
+			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", cluster.PodSummary(p)
 		}, c.KubeletLog)
 		t.Logf("TIMING pod %s Running after %s (IP %s)", name, time.Since(podsStart).Round(time.Millisecond), pods[name].Status.PodIP)
 	}
@@ -94,21 +92,7 @@ func TestClusterNode(t *testing.T) {
 		return err == nil && strings.Contains(string(b), "READY"), fmt.Sprintf("%q %v", b, err)
 	})
 
-	// ipvs-proxy's DaemonSet pod runs and has programmed the `kubernetes`
-	// Service.
-	waitFor(ctx, t, "ipvs-proxy DaemonSet ready", func() (bool, string) {
-		ds, err := cs.AppsV1().DaemonSets("kube-system").Get(ctx, "ipvs-proxy", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		pl, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ipvs-proxy"})
-		var states []string
-		for i := range pl.Items {
-			states = append(states, podSummary(&pl.Items[i]))
-		}
-		return ds.Status.NumberReady == 1, fmt.Sprintf("ready %d/%d: %s", ds.Status.NumberReady, ds.Status.DesiredNumberScheduled, strings.Join(states, "; "))
-	}, c.KubeletLog)
-	t.Logf("TIMING ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
+	// ipvs-proxy has programmed the `kubernetes` Service.
 	waitFor(ctx, t, "the kubernetes Service in IPVS", func() (bool, string) {
 		out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", cluster.KubernetesIP+":443")
 		return err == nil && strings.Contains(out, c.APIServerAddr()), out + fmt.Sprint(err)
@@ -129,18 +113,81 @@ func TestClusterNode(t *testing.T) {
 		out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", vip)
 		return err == nil && strings.Contains(out, pods["server"].Status.PodIP+":8080"), out + fmt.Sprint(err)
 	})
-	out, err = podExec(ctx, t, c, ns, "client", func(s string) bool { return json.Valid([]byte(s)) }, "/vmagent", "hit", "--proto", "tcp", "--addr", vip, "--n", "3")
-	if err != nil {
-		t.Fatalf("hit %s from pod client: %v: %s", vip, err, out)
-	}
-	var hit nettest.HitResult
-	if err := json.Unmarshal([]byte(out), &hit); err != nil {
-		t.Fatalf("hit: %q: %v", out, err)
-	}
+	hit := podHit(ctx, t, c, ns, "client", vip, 3)
 	if hit.Answers["server"] != 3 || hit.Clients[pods["client"].Status.PodIP] != 3 {
 		t.Errorf("pod client -> %s: %+v; want 3 answers from server, seen from the client pod's %s", vip, hit, pods["client"].Status.PodIP)
 	} else {
 		t.Logf("pod client -> Service server %s: %+v", vip, hit)
+	}
+
+	// The cluster's DNS (CoreDNS behind kube-dns, through IPVS): the
+	// client pod reaches the Service by its short name and by its full
+	// name (the Go resolver, over UDP, with the search path kubelet wrote);
+	// the node resolves it over TCP; a name outside cluster.local is not
+	// answered.
+	if err := c.WaitDNS(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, proto := range []string{"udp", "tcp"} {
+		waitFor(ctx, t, "kube-dns "+proto+" in IPVS", func() (bool, string) {
+			out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln", "--"+proto+"-service", cluster.DNSServiceIP+":53")
+			return err == nil && dnsBackend.MatchString(out), out + fmt.Sprint(err)
+		})
+	}
+	// Pods of their own whose command is the client, read through their
+	// logs: an exec's output is sometimes lost (see podExec).
+	byName := map[string]string{"by-short-name": "server:80", "by-full-name": "server." + ns + ".svc." + cluster.ClusterDomain + ":80"}
+	for pod, addr := range byName {
+		p := agentPod(pod, []string{"/vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", "2"})
+		p.Spec.RestartPolicy = corev1.RestartPolicyNever
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for pod, addr := range byName {
+		waitFor(ctx, t, "pod "+pod+" Succeeded", func() (bool, string) {
+			p, err := cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return p.Status.Phase == corev1.PodSucceeded, cluster.PodSummary(p)
+		}, c.KubeletLog)
+		b, err := cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("logs of pod %s: %v", pod, err)
+		}
+		var hit nettest.HitResult
+		if err := json.Unmarshal(b, &hit); err != nil {
+			t.Fatalf("pod %s's hit: %q: %v", pod, b, err)
+		}
+		if hit.Answers["server"] != 2 {
+			t.Errorf("pod %s -> %s: %+v; want 2 answers from server", pod, addr, hit)
+		} else {
+			t.Logf("pod %s -> %s: %+v", pod, addr, hit)
+		}
+	}
+	// Over TCP from the node: a Go resolver whose connections are the
+	// guest agent's (a stream, so DNS over TCP).
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return c.VM.Dial(ctx, cluster.DNSServiceIP+":53")
+	}}
+	full := "server." + ns + ".svc." + cluster.ClusterDomain + "."
+	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+	addrs, err := r.LookupHost(lctx, full)
+	lcancel()
+	if err != nil || len(addrs) != 1 || addrs[0] != svc.Spec.ClusterIP {
+		t.Errorf("%s over TCP from the node: %v, %v; want [%s]", full, addrs, err, svc.Spec.ClusterIP)
+	} else {
+		t.Logf("%s over TCP from the node: %v", full, addrs)
+	}
+	lctx, lcancel = context.WithTimeout(ctx, 30*time.Second)
+	addrs, err = r.LookupHost(lctx, "example.com.")
+	lcancel()
+	var dnsErr *net.DNSError
+	if err == nil || !errors.As(err, &dnsErr) || dnsErr.IsTimeout {
+		t.Errorf("example.com. from the cluster's DNS: %v, %v; want an answer without addresses (refused)", addrs, err)
+	} else {
+		t.Logf("example.com. from the cluster's DNS: %v", err)
 	}
 
 	// The `kubernetes` Service from a pod, verified with the pod's
@@ -158,6 +205,25 @@ func TestClusterNode(t *testing.T) {
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
 }
 
+// dnsBackend is a pod's port 53 as a real server in `ipvsadm -Ln`.
+var dnsBackend = regexp.MustCompile(`-> 10\.244\.\d+\.\d+:53 `)
+
+// podHit runs `vmagent hit` over TCP to addr (host:port; a name is
+// resolved in the pod) n times in the pod and returns its result.
+func podHit(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod, addr string, n int) nettest.HitResult {
+	t.Helper()
+	out, err := podExec(ctx, t, c, ns, pod, func(s string) bool { return json.Valid([]byte(s)) },
+		"/vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", strconv.Itoa(n))
+	if err != nil {
+		t.Fatalf("hit %s from pod %s: %v: %s", addr, pod, err, out)
+	}
+	var hit nettest.HitResult
+	if err := json.Unmarshal([]byte(out), &hit); err != nil {
+		t.Fatalf("hit: %q: %v", out, err)
+	}
+	return hit
+}
+
 // agentPod is a pod of the test server image running argv.
 func agentPod(name string, argv []string) *corev1.Pod {
 	return &corev1.Pod{
@@ -169,26 +235,6 @@ func agentPod(name string, argv []string) *corev1.Pod {
 			}},
 		},
 	}
-}
-
-func podSummary(p *corev1.Pod) string {
-	s := p.Name + " " + string(p.Status.Phase)
-	for _, st := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
-		switch {
-		case st.State.Waiting != nil:
-			s += fmt.Sprintf(" %s:waiting(%s %s)", st.Name, st.State.Waiting.Reason, st.State.Waiting.Message)
-		case st.State.Terminated != nil:
-			s += fmt.Sprintf(" %s:terminated(%s %d)", st.Name, st.State.Terminated.Reason, st.State.Terminated.ExitCode)
-		case st.State.Running != nil:
-			s += fmt.Sprintf(" %s:running(ready=%v restarts=%d)", st.Name, st.Ready, st.RestartCount)
-		}
-	}
-	for _, cond := range p.Status.Conditions {
-		if cond.Status != corev1.ConditionTrue && cond.Message != "" {
-			s += fmt.Sprintf(" [%s: %s]", cond.Type, cond.Message)
-		}
-	}
-	return s
 }
 
 // podExec runs argv in the pod's first container through the apiserver's

@@ -1,15 +1,11 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -18,21 +14,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/manifest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
@@ -42,92 +33,20 @@ const deployDir = "../deploy"
 // manifests reads every object of deploy/*.yaml, in file order.
 func manifests(t *testing.T) []*unstructured.Unstructured {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(deployDir, "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests in %s: %v", deployDir, err)
+	objs, err := manifest.ReadDir(deployDir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sort.Strings(files)
-	var out []*unstructured.Unstructured
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-		for {
-			var obj map[string]any
-			if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
-				break
-			} else if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if obj == nil {
-				continue
-			}
-			out = append(out, &unstructured.Unstructured{Object: obj})
-		}
-	}
-	return out
+	return objs
 }
 
-// applier applies objects with server-side apply.
-type applier struct {
-	dyn    dynamic.Interface
-	mapper meta.RESTMapper
-}
-
-func newApplier(t *testing.T, cfg *rest.Config) applier {
+func newApplier(t *testing.T, cfg *rest.Config) *manifest.Applier {
 	t.Helper()
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	a, err := manifest.NewApplier(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}
-}
-
-func (a applier) resource(obj *unstructured.Unstructured) (dynamic.ResourceInterface, error) {
-	gvk := obj.GroupVersionKind()
-	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", gvk, err)
-	}
-	if m.Scope.Name() == meta.RESTScopeNameNamespace {
-		return a.dyn.Resource(m.Resource).Namespace(obj.GetNamespace()), nil
-	}
-	return a.dyn.Resource(m.Resource), nil
-}
-
-// apply applies obj (dry run: validated and defaulted by the apiserver,
-// not stored).
-func (a applier) apply(ctx context.Context, obj *unstructured.Unstructured, dryRun bool) (*unstructured.Unstructured, error) {
-	r, err := a.resource(obj)
-	if err != nil {
-		return nil, err
-	}
-	opts := metav1.ApplyOptions{FieldManager: "ipvs-proxy-e2e", Force: true}
-	if dryRun {
-		opts.DryRun = []string{metav1.DryRunAll}
-	}
-	out, err := r.Apply(ctx, obj.GetName(), obj, opts)
-	if err != nil {
-		return nil, fmt.Errorf("apply %s %s/%s: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
-	}
-	return out, nil
-}
-
-func (a applier) delete(ctx context.Context, obj *unstructured.Unstructured) error {
-	r, err := a.resource(obj)
-	if err != nil {
-		return err
-	}
-	if err := r.Delete(ctx, obj.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	return nil
+	return a
 }
 
 // TestDeployManifestsDryRun: every object of deploy/ passes the real
@@ -138,7 +57,7 @@ func TestDeployManifestsDryRun(t *testing.T) {
 	a := newApplier(t, e.CP.RESTConfig)
 	kinds := map[string]int{}
 	for _, obj := range manifests(t) {
-		out, err := a.apply(ctx, obj, true)
+		out, err := a.Apply(ctx, obj, true)
 		if err != nil {
 			t.Error(err)
 			continue
@@ -197,11 +116,11 @@ func TestDeployRBAC(t *testing.T) {
 		t.Fatalf("%d RBAC objects in deploy/, want 3", len(rbac))
 	}
 	for _, obj := range rbac {
-		if _, err := a.apply(ctx, obj, false); err != nil {
+		if _, err := a.Apply(ctx, obj, false); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			if err := a.delete(context.Background(), obj); err != nil {
+			if err := a.Delete(context.Background(), obj); err != nil {
 				t.Errorf("delete %s %s: %v", obj.GetKind(), obj.GetName(), err)
 			}
 		})

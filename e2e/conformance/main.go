@@ -2,6 +2,7 @@
 // (e2e.test v1.36.3, built from Go modules and cached) against a running
 // cluster and writes a JUnit report and a summary table:
 //
+//	go run ./e2e/conformance [--proxy ipvs-proxy] [--conformance-only]    # starts the bed's one-node cluster
 //	go run ./e2e/conformance --kubeconfig KUBECONFIG [--proxy ipvs-proxy|kube-proxy] [--conformance-only]
 //	go run ./e2e/conformance --list                # the focus, what is skipped and why
 //	go run ./e2e/conformance --images              # build the test images (OCI archives)
@@ -11,8 +12,14 @@
 // Networking Granular Checks: Services, Conntrack and KubeProxy; the skip
 // list (e2e/framework/upstream/skips.txt) leaves out, in groups with their
 // reasons, what a one-node cluster without a cloud provider cannot run.
-// Reports go to bin/conformance/<proxy>/: junit_01.xml, e2e.log and
-// summary.md. Arguments after "--" are passed to e2e.test.
+// Without --kubeconfig it starts the bed's one-node cluster
+// (e2e/framework/cluster: the VM as the node, the control plane on the
+// host, CoreDNS), the test images imported into the node, installs
+// ipvs-proxy from deploy/ as its DaemonSet, runs the suite and stops the
+// cluster (--proxy kube-proxy: upstream kube-proxy v1.36.3 --proxy-mode=ipvs
+// runs in the VM instead). Reports go to bin/conformance/<proxy>/: junit_01.xml, e2e.log,
+// summary.md and, for a cluster of its own, the node's logs (cluster/).
+// Arguments after "--" are passed to e2e.test.
 package main
 
 import (
@@ -28,8 +35,13 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/upstream"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
 // proxies are the proxies a run can be made with.
@@ -42,6 +54,7 @@ type options struct {
 	list             bool
 	images           bool
 	bareControlPlane bool
+	deployDir        string
 	narrow           string
 	out              string
 	timeout          time.Duration
@@ -58,6 +71,7 @@ func main() {
 	flag.BoolVar(&o.images, "images", false, "build the test images the focus needs (OCI archives, cached) and print their paths, run nothing")
 	flag.BoolVar(&o.bareControlPlane, "bare-control-plane", false,
 		"instead of --kubeconfig, start the bed's host control plane (no node): shows that e2e.test starts and connects, and fails for want of a node")
+	flag.StringVar(&o.deployDir, "deploy", "deploy", "ipvs-proxy's manifests, for a cluster of its own")
 	flag.StringVar(&o.narrow, "focus", "", "run only the tests of the focus that this regular expression matches")
 	flag.StringVar(&o.out, "out", "bin/conformance", "report directory (a folder per proxy)")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "time limit of the suite (Ginkgo's)")
@@ -80,8 +94,8 @@ func run(ctx context.Context, o options) error {
 	if !slices.Contains(proxies, o.proxy) {
 		return fmt.Errorf("--proxy %q: want one of %s", o.proxy, strings.Join(proxies, ", "))
 	}
-	if !o.list && !o.images && (o.kubeconfig == "") == !o.bareControlPlane {
-		return errors.New("want one of --kubeconfig (the cluster fixture is not wired in yet), --bare-control-plane, --list or --images")
+	if o.kubeconfig != "" && o.bareControlPlane {
+		return errors.New("--kubeconfig and --bare-control-plane exclude each other")
 	}
 	p, err := upstream.NewPlan(o.conformanceOnly)
 	if err != nil {
@@ -117,6 +131,16 @@ func run(ctx context.Context, o options) error {
 		}
 		defer cp.Stop()
 		o.kubeconfig = cp.Kubeconfig
+	case o.kubeconfig == "":
+		c, err := startCluster(ctx, o, suite)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			saveClusterLogs(c, filepath.Join(o.out, o.proxy, "cluster"))
+			c.Close()
+		}()
+		o.kubeconfig = c.Kubeconfig
 	}
 	s, err := suite.Run(ctx, p, upstream.RunOptions{
 		Kubeconfig: o.kubeconfig, Proxy: o.proxy, OutDir: filepath.Join(o.out, o.proxy),
@@ -128,4 +152,76 @@ func run(ctx context.Context, o options) error {
 		fmt.Printf("%d passed, %d failed, %d skipped\n", s.Passed, s.Failed, s.Skipped)
 	}
 	return err
+}
+
+// startCluster starts the bed's one-node cluster with the suite's images
+// and the proxy, and returns once the cluster's DNS is ready.
+func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluster.Cluster, error) {
+	t0 := time.Now()
+	assets, err := vm.EnsureAssets(ctx, vm.CacheDir(), logf)
+	if err != nil {
+		return nil, err
+	}
+	agnhost, err := upstream.EnsureAgnhostImage(ctx, controlplane.CacheDir(), suite.Agnhost(), logf)
+	if err != nil {
+		return nil, err
+	}
+	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: logf, Images: map[string]string{"agnhost.tar": agnhost}})
+	if err != nil {
+		return nil, err
+	}
+	switch o.proxy {
+	case "kube-proxy":
+		// A process in the VM: it ends with the VM.
+		_, err = c.StartKubeProxy(ctx)
+	default:
+		err = c.DeployIPVSProxy(ctx, o.deployDir)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	logf("%s ready after %s", o.proxy, time.Since(t0).Round(time.Second))
+	if err := c.WaitDNS(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	logf("cluster ready (node, %s, DNS) after %s", o.proxy, time.Since(t0).Round(time.Second))
+	return c, nil
+}
+
+// saveClusterLogs writes the node's kubelet and containerd logs, the
+// proxy's and CoreDNS's pod logs and the IPVS table into dir, for reading
+// failures after the cluster is gone.
+func saveClusterLogs(c *cluster.Cluster, dir string) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		logf("save cluster logs: %v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	files := map[string]string{"kubelet.log": c.KubeletLog(), "containerd.log": c.ContainerdLog()}
+	if out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln"); err == nil {
+		files["ipvsadm.txt"] = out
+	}
+	for _, sel := range []string{"app.kubernetes.io/name=ipvs-proxy", "k8s-app=kube-dns"} {
+		pl, err := c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			continue
+		}
+		for _, p := range pl.Items {
+			for _, ct := range p.Spec.Containers {
+				b, err := c.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct.Name}).DoRaw(ctx)
+				if err != nil {
+					b = []byte(err.Error())
+				}
+				files[p.Name+"-"+ct.Name+".log"] = string(b)
+			}
+		}
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			logf("save cluster logs: %v", err)
+		}
+	}
 }

@@ -284,7 +284,13 @@ func (b *Bed) IPVSTable(ctx context.Context, args ...string) (string, error) {
 // the VM's root namespace) and returns its samples: the name with its
 // labels as written -> value.
 func (b *Bed) Metrics(ctx context.Context, url string) (map[string]float64, error) {
-	code, body, err := b.VM.HTTPGet(ctx, url)
+	return ScrapeMetrics(ctx, b.VM, url)
+}
+
+// ScrapeMetrics is Bed.Metrics for any VM: url's Prometheus text,
+// fetched from inside v, as series name (with labels) to value.
+func ScrapeMetrics(ctx context.Context, v *vm.VM, url string) (map[string]float64, error) {
+	code, body, err := v.HTTPGet(ctx, url)
 	if err != nil {
 		return nil, err
 	}

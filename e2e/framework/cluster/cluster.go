@@ -19,9 +19,14 @@
 //
 // Images (no registry is reachable) are built here and imported into
 // containerd under the names kubelet and the manifests use: the pause
-// image (e2e/pause), a test server (the bed's agent), and ipvs-proxy's.
-// No kube-proxy runs: Services are ipvs-proxy's, deployed with the
-// manifests of deploy/ by the caller.
+// image (e2e/pause), a test server (the bed's agent), CoreDNS (e2e/coredns)
+// and ipvs-proxy's.
+//
+// The cluster's DNS is CoreDNS behind the kube-dns Service at DNSServiceIP,
+// kubelet's clusterDNS, answering cluster.local only (see dns.go); Start
+// creates it. No kube-proxy runs: Services are ipvs-proxy's, deployed
+// with the manifests of deploy/ (DeployIPVSProxy) by the caller, and DNS
+// gets ready once they are (WaitDNS).
 package cluster
 
 import (
@@ -130,13 +135,17 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	dns, err := dnsImage(ctx, cache)
+	if err != nil {
+		return nil, err
+	}
 	proxy := opts.ProxyImage
 	if proxy == "" {
 		if proxy, err = proxyImage(ctx, cache, c.tmp, logf); err != nil {
 			return nil, err
 		}
 	}
-	for name, p := range map[string]string{"pause.tar": pause, "vmagent.tar": server, "ipvs-proxy.tar": proxy} {
+	for name, p := range map[string]string{"pause.tar": pause, "vmagent.tar": server, "ipvs-proxy.tar": proxy, "coredns.tar": dns} {
 		images[guestImages+"/"+name] = p
 	}
 	for name, p := range opts.Images {
@@ -188,6 +197,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	c.NodeReady = time.Since(began)
 	logf("cluster: node %s Ready after %s", NodeName, c.NodeReady.Round(time.Millisecond))
+	if err := deployDNS(ctx, c.Client); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 

@@ -32,14 +32,19 @@ const (
 // imageEpoch is the time of the test images' files (reproducible).
 var imageEpoch = time.Unix(1700000000, 0).UTC()
 
-// staticImage builds Go package pkg and returns an OCI archive of an image
-// named ref holding the binary as /<name>, its entrypoint. Archives are
-// cached in cacheDir/images by the binary's digest.
+// staticImage builds Go package pkg and returns binaryImage of it.
 func staticImage(ctx context.Context, cacheDir, tmp, pkg, name, ref string) (string, error) {
 	bin := filepath.Join(tmp, name)
 	if err := vm.BuildGoBinary(ctx, pkg, bin); err != nil {
 		return "", fmt.Errorf("image %s: %w", ref, err)
 	}
+	return binaryImage(cacheDir, bin, name, ref)
+}
+
+// binaryImage returns an OCI archive of an image named ref holding the
+// static binary bin as /<name>, its entrypoint, cached in cacheDir/images
+// by the binary's digest.
+func binaryImage(cacheDir, bin, name, ref string) (string, error) {
 	sum, err := ociimage.FileDigest(bin)
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", ref, err)

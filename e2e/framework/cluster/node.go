@@ -102,7 +102,7 @@ func cniConfig(podCIDR string) string {
 
 // kubeletConfig is the kubelet's KubeletConfiguration. The apiserver
 // reaches the kubelet only through the egress proxy, so anonymous requests
-// are allowed; eviction on disk thresholds is off (the node's disks are
+// are allowed; pods' nameserver is the kube-dns Service; eviction on disk thresholds is off (the node's disks are
 // tmpfs); cgroups are managed through cgroupfs (there is no systemd).
 func kubeletConfig() string {
 	return `apiVersion: kubelet.config.k8s.io/v1beta1
@@ -120,7 +120,9 @@ authorization:
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix://` + containerdSock + `
 failSwapOn: false
-clusterDomain: cluster.local
+clusterDomain: ` + ClusterDomain + `
+clusterDNS:
+- ` + DNSServiceIP + `
 resolvConf: ""
 hairpinMode: hairpin-veth
 serializeImagePulls: false

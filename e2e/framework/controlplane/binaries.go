@@ -134,6 +134,22 @@ func ensure(ctx context.Context, cacheDir string, commands []command) (string, e
 	return ensureModule(ctx, cacheDir, "e2e/k8sbin", commands)
 }
 
+// EnsureModuleBinaries is EnsureWrapperBinaries for a wrapper module of
+// another project than Kubernetes (e.g. "e2e/coredns"): its binaries are
+// not version-stamped and go to a directory of cacheDir named name-<hash
+// of the module's build list>.
+func EnsureModuleBinaries(ctx context.Context, cacheDir, module, name string, pkgs []WrapperPackage) (string, error) {
+	commands := make([]command, len(pkgs))
+	for i, p := range pkgs {
+		commands[i] = command{p.Path, p.Binary}
+	}
+	modDir, err := wrapperModuleDir(module)
+	if err != nil {
+		return "", err
+	}
+	return buildModule(ctx, cacheDir, modDir, name, "-s -w", commands)
+}
+
 func ensureModule(ctx context.Context, cacheDir, module string, commands []command) (string, error) {
 	modDir, err := wrapperModuleDir(module)
 	if err != nil {
@@ -151,7 +167,13 @@ func ensureModule(ctx context.Context, cacheDir, module string, commands []comma
 	if err != nil {
 		return "", err
 	}
+	return buildModule(ctx, cacheDir, modDir, "k8s-"+version, ldflags, commands)
+}
 
+// buildModule builds commands of the wrapper module in modDir with ldflags
+// into cacheDir/<name>-<hash>, unless they are there; the hash covers the
+// module's build list, the flags and the commands.
+func buildModule(ctx context.Context, cacheDir, modDir, name, ldflags string, commands []command) (string, error) {
 	modules, err := buildList(ctx, modDir)
 	if err != nil {
 		return "", err
@@ -165,7 +187,7 @@ func ensureModule(ctx context.Context, cacheDir, module string, commands []comma
 	for _, c := range commands {
 		fmt.Fprintf(h, "%s=%s\n", c.pkg, c.binary)
 	}
-	binDir := filepath.Join(cacheDir, "k8s-"+version+"-"+hex.EncodeToString(h.Sum(nil))[:12])
+	binDir := filepath.Join(cacheDir, name+"-"+hex.EncodeToString(h.Sum(nil))[:12])
 	if complete(binDir, commands) {
 		return binDir, nil
 	}

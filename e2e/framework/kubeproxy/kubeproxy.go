@@ -58,6 +58,10 @@ type Options struct {
 	Scheduler string
 	// Verbosity is kube-proxy's -v (default 2).
 	Verbosity int
+	// Kubeconfig is kube-proxy's kubeconfig, a path in the VM (default
+	// bed.GuestKubecfg); NodeName its hostnameOverride (default
+	// bed.NodeName).
+	Kubeconfig, NodeName string
 	// NoWait makes Start return as soon as kube-proxy is started, without
 	// waiting for its first sync (nor restarting it if it dies first): for
 	// callers that time the first sync themselves.
@@ -70,7 +74,7 @@ type Options struct {
 
 // KubeProxy is kube-proxy running in the bed's VM.
 type KubeProxy struct {
-	bed  *bed.Bed
+	vm   *vm.VM
 	proc *vm.Proc
 }
 
@@ -82,13 +86,20 @@ func Start(ctx context.Context, b *bed.Bed, o Options) (*KubeProxy, error) {
 	if b.AgentRunning() {
 		return nil, errors.New("kubeproxy: the bed's agent runs: stop it first (Bed.StopAgent)")
 	}
+	return StartIn(ctx, b.VM, o)
+}
+
+// StartIn is Start in any VM with the bed's tools (e.g. the one-node
+// cluster's node, with Options.Kubeconfig and NodeName set): nothing else
+// may proxy Services there.
+func StartIn(ctx context.Context, v *vm.VM, o Options) (*KubeProxy, error) {
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
-	if err := install(ctx, b.VM, o.Log); err != nil {
+	if err := install(ctx, v, o.Log); err != nil {
 		return nil, err
 	}
-	if err := b.VM.WriteFile(ctx, GuestConfig, []byte(o.config()), 0o644); err != nil {
+	if err := v.WriteFile(ctx, GuestConfig, []byte(o.config()), 0o644); err != nil {
 		return nil, err
 	}
 	verbosity := o.Verbosity
@@ -101,11 +112,11 @@ func Start(ctx context.Context, b *bed.Bed, o Options) (*KubeProxy, error) {
 	// in a cluster the kubelet restarts it, and so does this.
 	const tries = 3
 	for try := 1; ; try++ {
-		p, err := b.VM.Start(ctx, argv...)
+		p, err := v.Start(ctx, argv...)
 		if err != nil {
 			return nil, err
 		}
-		k := &KubeProxy{bed: b, proc: p}
+		k := &KubeProxy{vm: v, proc: p}
 		if o.NoWait {
 			return k, nil
 		}
@@ -159,6 +170,13 @@ func (o Options) config() string {
 	if nodePorts == nil {
 		nodePorts = []string{bed.NodePortCIDR}
 	}
+	kubeconfig, nodeName := o.Kubeconfig, o.NodeName
+	if kubeconfig == "" {
+		kubeconfig = bed.GuestKubecfg
+	}
+	if nodeName == "" {
+		nodeName = bed.NodeName
+	}
 	syncPeriod, minSyncPeriod := o.SyncPeriod, o.MinSyncPeriod
 	if syncPeriod == 0 {
 		syncPeriod = 30 * time.Second
@@ -191,7 +209,7 @@ conntrack:
   tcpCloseWaitTimeout: 0s
   udpTimeout: 0s
   udpStreamTimeout: 0s
-`, bed.GuestKubecfg, bed.NodeName, clusterCIDR, strings.Join(quoted, ", "), syncPeriod, minSyncPeriod, o.Scheduler)
+`, kubeconfig, nodeName, clusterCIDR, strings.Join(quoted, ", "), syncPeriod, minSyncPeriod, o.Scheduler)
 }
 
 // syncedMetric is set at the end of each successful sync, per IP family.
@@ -231,7 +249,7 @@ func (k *KubeProxy) waitSynced(ctx context.Context) error {
 
 // synced tells why kube-proxy is not synced for families yet (nil: it is).
 func (k *KubeProxy) synced(ctx context.Context, families []string) error {
-	m, err := k.bed.Metrics(ctx, MetricsURL)
+	m, err := bed.ScrapeMetrics(ctx, k.vm, MetricsURL)
 	if err != nil {
 		return err
 	}
@@ -240,7 +258,7 @@ func (k *KubeProxy) synced(ctx context.Context, families []string) error {
 			return fmt.Errorf("no %s sync yet", f)
 		}
 	}
-	if status, body, err := k.bed.VM.HTTPGet(ctx, HealthzURL); err != nil || status != 200 {
+	if status, body, err := k.vm.HTTPGet(ctx, HealthzURL); err != nil || status != 200 {
 		return fmt.Errorf("GET %s: %d %s %v", HealthzURL, status, body, err)
 	}
 	return nil
@@ -255,12 +273,12 @@ func (k *KubeProxy) WaitNextSync(ctx context.Context) error {
 	if strings.Contains(k.proc.Output(), dualStack) {
 		families = append(families, "IPv6")
 	}
-	first, err := k.bed.Metrics(ctx, MetricsURL)
+	first, err := bed.ScrapeMetrics(ctx, k.vm, MetricsURL)
 	if err != nil {
 		return err
 	}
 	for {
-		m, err := k.bed.Metrics(ctx, MetricsURL)
+		m, err := bed.ScrapeMetrics(ctx, k.vm, MetricsURL)
 		if err != nil {
 			return err
 		}

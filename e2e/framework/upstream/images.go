@@ -26,8 +26,12 @@ const AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 // image is Alpine's busybox with bind-tools, curl, netcat-openbsd,
 // iproute2 (and iperf, bash, util-linux-misc that the Services tests do
 // not use). The tests exec `/bin/sh -x -c` with curl, nc (-v -z -t -u -w),
-// nslookup, ss, wget, seq, grep, tail, test, echo, sleep and cat.
-var agnhostPackages = []string{"busybox-static", "bind9-dnsutils", "curl", "iproute2", "netcat-openbsd"}
+// nslookup, ss, wget, seq, grep, tail, test, echo, sleep and cat. wget is
+// GNU wget: Debian 12's busybox-static (1.35) segfaults on every
+// `wget -T N` (the timeout the Services tests' wget loops pass), which
+// failed "should serve a basic endpoint from pods"-style reachability
+// checks with "Segmentation fault" as the answer.
+var agnhostPackages = []string{"busybox-static", "bind9-dnsutils", "curl", "iproute2", "netcat-openbsd", "wget"}
 
 // agnhostShell is /bin/sh. Not busybox's: Debian builds busybox-static to
 // prefer its own applets inside its shell, so `nc` or `ip` there would be
@@ -41,7 +45,7 @@ var alternatives = map[string]string{"bin/nc": "nc.openbsd"}
 
 // imageRecipe changes whenever the way the images are assembled changes,
 // so that cached archives are rebuilt.
-const imageRecipe = "agnhost-r2"
+const imageRecipe = "agnhost-r3"
 
 // agnhostPrune are removed from the unpacked packages.
 var agnhostPrune = []string{"usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/lintian",

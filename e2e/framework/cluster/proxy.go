@@ -1,0 +1,117 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/manifest"
+)
+
+// DeployIPVSProxy installs ipvs-proxy as users do: every object of
+// deployDir/*.yaml (the repository's deploy/), server-side applied, with
+// the apiserver's address and the cluster's pod CIDR set in its ConfigMap
+// as the ConfigMap's comments ask. It returns once the DaemonSet's pod is
+// ready (up to 5 minutes).
+func (c *Cluster) DeployIPVSProxy(ctx context.Context, deployDir string) error {
+	objs, err := manifest.ReadDir(deployDir)
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	for _, obj := range objs {
+		if obj.GetKind() != "ConfigMap" || obj.GetName() != "ipvs-proxy" {
+			continue
+		}
+		data, ok := obj.Object["data"].(map[string]any)
+		if !ok {
+			return fmt.Errorf("cluster: ConfigMap ipvs-proxy in %s has no data", deployDir)
+		}
+		kc, _ := data["kubeconfig.conf"].(string)
+		cfg, _ := data["config.yaml"].(string)
+		if !strings.Contains(kc, "APISERVER-HOST:6443") || !strings.Contains(cfg, "clusterCIDRs: []") {
+			return fmt.Errorf("cluster: ConfigMap ipvs-proxy in %s: no APISERVER-HOST:6443 or clusterCIDRs: [] to fill in", deployDir)
+		}
+		data["kubeconfig.conf"] = strings.Replace(kc, "APISERVER-HOST:6443", c.APIServerAddr(), 1)
+		data["config.yaml"] = strings.Replace(cfg, "clusterCIDRs: []", "clusterCIDRs: ["+ClusterCIDR+"]", 1)
+	}
+	a, err := manifest.NewApplier(c.CP.RESTConfig)
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	if err := a.ApplyAll(ctx, objs); err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	return c.WaitDaemonSet(ctx, metav1.NamespaceSystem, "ipvs-proxy", "app.kubernetes.io/name=ipvs-proxy")
+}
+
+// WaitDaemonSet waits (up to 5 minutes) until the DaemonSet ns/name has
+// its one pod ready; selector selects its pods (for the error message).
+func (c *Cluster) WaitDaemonSet(ctx context.Context, ns, name, selector string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	last := ""
+	for {
+		ds, err := c.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && ds.Status.NumberReady >= 1 {
+			return nil
+		}
+		last = fmt.Sprint(err)
+		if err == nil {
+			last = fmt.Sprintf("ready %d/%d", ds.Status.NumberReady, ds.Status.DesiredNumberScheduled)
+		}
+		if pl, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector}); err == nil {
+			for i := range pl.Items {
+				last += "; " + PodSummary(&pl.Items[i])
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: DaemonSet %s/%s not ready: %w: %s\nkubelet:\n%s", ns, name, ctx.Err(), last, tailString(c.KubeletLog(), 3000))
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// PodSummary is a one-line account of a pod's phase, its containers'
+// states and its conditions that do not hold.
+func PodSummary(p *corev1.Pod) string {
+	s := p.Name + " " + string(p.Status.Phase)
+	for _, st := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		switch {
+		case st.State.Waiting != nil:
+			s += fmt.Sprintf(" %s:waiting(%s %s)", st.Name, st.State.Waiting.Reason, st.State.Waiting.Message)
+		case st.State.Terminated != nil:
+			s += fmt.Sprintf(" %s:terminated(%s %d)", st.Name, st.State.Terminated.Reason, st.State.Terminated.ExitCode)
+		case st.State.Running != nil:
+			s += fmt.Sprintf(" %s:running(ready=%v restarts=%d)", st.Name, st.Ready, st.RestartCount)
+		}
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Status != corev1.ConditionTrue && cond.Message != "" {
+			s += fmt.Sprintf(" [%s: %s]", cond.Type, cond.Message)
+		}
+	}
+	return s
+}
+
+// StartKubeProxy runs upstream kube-proxy v1.36.3 in IPVS mode on the
+// node in place of ipvs-proxy's DaemonSet (the comparison row of the
+// e2e suite): as a process in the VM (e2e/framework/kubeproxy), node
+// NodeName, with the kubelet's kubeconfig, the cluster's pod CIDR and
+// node ports on every local address (as deploy/'s nodePortAddresses: []). It returns after kube-proxy's first
+// sync. Deploy one proxy only.
+func (c *Cluster) StartKubeProxy(ctx context.Context) (*kubeproxy.KubeProxy, error) {
+	kp, err := kubeproxy.StartIn(ctx, c.VM, kubeproxy.Options{
+		Log: c.logf, Kubeconfig: guestKubeconfig, NodeName: NodeName,
+		ClusterCIDR: ClusterCIDR, NodePortAddresses: []string{},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	return kp, nil
+}
