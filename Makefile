@@ -89,10 +89,13 @@ bench-go:
 # (ipvs-proxy or kube-proxy); CONFORMANCE_ONLY=1 runs only the
 # [Conformance] tests. Without KUBECONFIG it starts the bed's one-node
 # cluster (ipvs-proxy as its DaemonSet from deploy/, CoreDNS) and stops it
-# after. `make conformance-list` lists the focus and the skips.
+# after. CONFORMANCE_PROCS=N runs the tests on N parallel processes
+# (Ginkgo's runner; [Serial] ones alone at the end). `make
+# conformance-list` lists the focus and the skips.
 PROXY ?= ipvs-proxy
+CONFORMANCE_PROCS ?= 1
 conformance:
-	$(GO) run ./e2e/conformance --proxy '$(PROXY)' $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) $(CONFORMANCE_ARGS)
+	$(GO) run ./e2e/conformance --proxy '$(PROXY)' $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) --procs $(CONFORMANCE_PROCS) $(CONFORMANCE_ARGS)
 
 conformance-list:
 	$(GO) run ./e2e/conformance --list

@@ -58,6 +58,7 @@ type options struct {
 	narrow           string
 	out              string
 	timeout          time.Duration
+	procs            int
 	startupTimeout   time.Duration
 	extra            []string
 }
@@ -76,6 +77,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "bin/conformance", "report directory (a folder per proxy)")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "time limit of the suite (Ginkgo's)")
 	flag.DurationVar(&o.startupTimeout, "startup-timeout", 10*time.Minute, "how long the suite waits for schedulable nodes")
+	flag.IntVar(&o.procs, "procs", 1, "parallel processes of the suite (Ginkgo's runner, built here); [Serial] tests run alone at the end")
 	flag.Parse()
 	o.extra = flag.Args()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -142,9 +144,16 @@ func run(ctx context.Context, o options) error {
 		}()
 		o.kubeconfig = c.Kubeconfig
 	}
+	var ginkgo string
+	if o.procs > 1 {
+		if ginkgo, err = upstream.EnsureGinkgo(ctx, controlplane.CacheDir()); err != nil {
+			return err
+		}
+	}
 	s, err := suite.Run(ctx, p, upstream.RunOptions{
 		Kubeconfig: o.kubeconfig, Proxy: o.proxy, OutDir: filepath.Join(o.out, o.proxy),
 		Timeout: o.timeout, StartupTimeout: o.startupTimeout, Extra: o.extra,
+		Procs: o.procs, Ginkgo: ginkgo,
 		Output: os.Stdout, Logf: logf,
 	})
 	if s.Proxy != "" {

@@ -29,6 +29,12 @@ type RunOptions struct {
 	Timeout, StartupTimeout time.Duration
 	// Extra are more arguments of e2e.test.
 	Extra []string
+	// Procs > 1 runs the tests on that many parallel processes through
+	// Ginkgo's runner at Ginkgo (EnsureGinkgo), as upstream's
+	// hack/ginkgo-e2e.sh does; tests marked [Serial] still run alone, at
+	// the end. 0 or 1 runs e2e.test itself, one test at a time.
+	Procs  int
+	Ginkgo string
 	// Output receives e2e.test's output as well as e2e.log (optional).
 	Output io.Writer
 	// Logf receives progress messages (optional).
@@ -68,18 +74,20 @@ func (s Suite) Run(ctx context.Context, p *Plan, o RunOptions) (Summary, error) 
 		"--e2e-output-dir=" + out,
 		"--disable-log-dump",
 		"--node-schedulable-timeout=" + o.StartupTimeout.String(),
-		"--ginkgo.timeout=" + o.Timeout.String(),
-		"--ginkgo.no-color",
 	}
 	args = append(args, p.ginkgoArgs()...)
 	args = append(args, o.Extra...)
+	bin, args, err := s.command(o, args)
+	if err != nil {
+		return Summary{}, err
+	}
 	logPath := filepath.Join(out, "e2e.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return Summary{}, err
 	}
 	defer logFile.Close()
-	cmd := exec.CommandContext(ctx, s.E2ETest(), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = out
 	cmd.Stdout = io.Writer(logFile)
 	if o.Output != nil {
@@ -89,7 +97,7 @@ func (s Suite) Run(ctx context.Context, p *Plan, o RunOptions) (Summary, error) 
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = time.Minute
-	logf("running %s %s", s.E2ETest(), strings.Join(args, " "))
+	logf("running %s %s", bin, strings.Join(args, " "))
 	start := time.Now()
 	runErr := cmd.Run()
 	wall := time.Since(start)
@@ -166,6 +174,26 @@ func (s Suite) List(ctx context.Context, p *Plan, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "e2e.test --ginkgo.dry-run with the same expressions selects the same %d tests.\n", dry)
 	return nil
+}
+
+// command is the program and arguments that run e2e.test with args (its
+// own flags and the plan's --ginkgo ones): e2e.test itself, or Ginkgo's
+// runner on o.Procs processes.
+func (s Suite) command(o RunOptions, args []string) (string, []string, error) {
+	suite := []string{"--ginkgo.timeout=" + o.Timeout.String(), "--ginkgo.no-color"}
+	if o.Procs <= 1 {
+		return s.E2ETest(), append(suite, args...), nil
+	}
+	if o.Ginkgo == "" {
+		return "", nil, fmt.Errorf("%d parallel processes need Ginkgo's runner (RunOptions.Ginkgo)", o.Procs)
+	}
+	runner := []string{
+		fmt.Sprintf("--procs=%d", o.Procs),
+		"--timeout=" + o.Timeout.String(),
+		"--no-color",
+		s.E2ETest(), "--",
+	}
+	return o.Ginkgo, append(runner, args...), nil
 }
 
 // dryRun runs e2e.test --ginkgo.dry-run with the plan's expressions and

@@ -7,6 +7,7 @@ package upstream
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
@@ -33,6 +34,19 @@ type Suite struct{ Dir string }
 func (s Suite) E2ETest() string { return filepath.Join(s.Dir, BinE2ETest) }
 func (s Suite) Kubectl() string { return filepath.Join(s.Dir, BinKubectl) }
 func (s Suite) Agnhost() string { return filepath.Join(s.Dir, BinAgnhost) }
+
+// EnsureGinkgo builds Ginkgo's command-line runner, at the version the
+// suite is built with, from the wrapper module e2e/ginkgo into a directory
+// of cacheDir keyed by its build list, unless it is there, and returns
+// its path.
+func EnsureGinkgo(ctx context.Context, cacheDir string) (string, error) {
+	dir, err := controlplane.EnsureModuleBinaries(ctx, cacheDir, "e2e/ginkgo", "ginkgo",
+		[]controlplane.WrapperPackage{{Path: "github.com/onsi/ginkgo/v2/ginkgo", Binary: "ginkgo"}})
+	if err != nil {
+		return "", fmt.Errorf("build Ginkgo's runner: %w", err)
+	}
+	return filepath.Join(dir, "ginkgo"), nil
+}
 
 // EnsureSuite builds e2e.test (`go test -c` of test/e2e), kubectl and
 // agnhost into a directory of cacheDir keyed by e2e/k8se2e's build list
