@@ -283,7 +283,13 @@ func podExecOnce(ctx context.Context, c *cluster.Cluster, ns, pod string, argv .
 // after 5 minutes with cond's last word (and more, from extra).
 func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, string), extra ...func() string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	waitWithin(ctx, t, 5*time.Minute, what, cond, extra...)
+}
+
+// waitWithin is waitFor with another time limit.
+func waitWithin(ctx context.Context, t *testing.T, limit time.Duration, what string, cond func() (bool, string), extra ...func() string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for {
 		ok, last := cond()
@@ -292,7 +298,7 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, 
 		}
 		select {
 		case <-ctx.Done():
-			msg := fmt.Sprintf("%s: not after 5m: %s", what, last)
+			msg := fmt.Sprintf("%s: not after %s: %s", what, limit, last)
 			for _, f := range extra {
 				msg += "\n" + tailLines(f(), 40)
 			}

@@ -197,6 +197,7 @@ func serveCmd(args []string, stdout io.Writer) error {
 	fs.IntVar(&c.Port, "port", 0, "TCP/UDP port")
 	fs.BoolVar(&c.TCP, "tcp", false, "serve TCP")
 	fs.BoolVar(&c.UDP, "udp", false, "serve UDP")
+	drain := fs.Duration("drain", 0, "after SIGTERM, go on serving (old and new connections) this long before closing, as a pod that drains")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -222,6 +223,13 @@ func serveCmd(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "READY %s netns=%s port=%d %s\n", c.Name, ns, c.Port, strings.Join(protos, "+"))
 	<-sigs
+	if *drain > 0 {
+		fmt.Fprintf(stdout, "DRAINING %s for %s\n", c.Name, *drain)
+		select {
+		case <-time.After(*drain):
+		case <-sigs: // a second signal: now
+		}
+	}
 	return s.Close()
 }
 
