@@ -311,12 +311,27 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 		"-during-sync-of", p.comm}, changeArgs...)); err != nil {
 		return r, err
 	}
+	if p.name == "ipvs-proxy" {
+		// Where the full syncs' time went: the proxy's own account.
+		for _, l := range fullSyncLines(proc.Output()) {
+			logf("%s, %d Services: %s", p.name, n, l)
+		}
+	}
 	rss, err := bn.peakRSS(ctx, p)
 	if err != nil {
 		return r, err
 	}
 	r.rssKiB = max(r.rssKiB, rss)
 	return r, nil
+}
+
+var fullSyncLog = regexp.MustCompile(`"msg":"(synced".*"kind":"full"|iptables glue synced".*"full":true|full resync complete").*`)
+
+// fullSyncLines are the log lines of ipvs-proxy's full syncs: the whole
+// sync with its IPVS part, kernel read and consumers, the glue's part with
+// its own parts, and the end of each sliced resync.
+func fullSyncLines(log string) []string {
+	return fullSyncLog.FindAllString(log, -1)
 }
 
 // duringSync times changes made once p's periodic sync has begun (args:
