@@ -325,11 +325,12 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	return r, nil
 }
 
-var fullSyncLog = regexp.MustCompile(`"msg":"(synced".*"kind":"full"|iptables glue synced".*"full":true|full resync complete").*`)
+var fullSyncLog = regexp.MustCompile(`"msg":"(synced".*"kind":"full"|iptables glue synced".*"full":true|iptables glue checked"|full resync complete").*`)
 
 // fullSyncLines are the log lines of ipvs-proxy's full syncs: the whole
 // sync with its IPVS part, kernel read and consumers, the glue's part with
-// its own parts, and the end of each sliced resync.
+// its own parts (a full sync in the loop, or a check read off the loop and
+// applied later), and the end of each sliced resync.
 func fullSyncLines(log string) []string {
 	return fullSyncLog.FindAllString(log, -1)
 }
