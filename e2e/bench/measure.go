@@ -222,8 +222,15 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 		}
 	}()
 	r.cold = cold
+	coldLines := 0
 	if p.name == "ipvs-proxy" {
 		r.coldSync = syncs(proc.Output())
+		// The first sync's parts, as soon as they are there.
+		lines := fullSyncLines(proc.Output())
+		for _, l := range lines {
+			logf("%s, %d Services, cold: %s", p.name, n, l)
+		}
+		coldLines = len(lines)
 	}
 	logf("%s, %d Services, cold: every virtual server after %.3fs, everything and idle after %.3fs (%d checks), CPU %.2fs + %.2fs (children)",
 		p.name, n, cold.VirtualServers, cold.Idle, cold.Checks, cold.CPUSelf, cold.CPUChildren)
@@ -313,7 +320,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	}
 	if p.name == "ipvs-proxy" {
 		// Where the full syncs' time went: the proxy's own account.
-		for _, l := range fullSyncLines(proc.Output()) {
+		for _, l := range fullSyncLines(proc.Output())[coldLines:] {
 			logf("%s, %d Services: %s", p.name, n, l)
 		}
 	}

@@ -234,3 +234,51 @@ func TestCheckFailureFallsBackToTheLoop(t *testing.T) {
 		t.Errorf("IPVSP-SERVICE = %v; want the entry repaired", got)
 	}
 }
+
+// TestCheckDroppedByAFullSyncInTheLoop: a check still under way when a
+// failed sync's full retry runs whole in the loop is of no use: its result
+// is dropped (nothing pending, nothing applied), and the next periodic
+// full sync starts a new one.
+func TestCheckDroppedByAFullSyncInTheLoop(t *testing.T) {
+	b := newCheckBed(t, Config{Interface: "ipvs-proxy0", IPv4: true})
+	b.sync(t, true)
+	b.held.hold(b.setNames())
+	if st := b.sync(t, true); !st.CheckStarted {
+		t.Fatalf("periodic full sync %+v; want a check", st)
+	}
+	<-b.held.read
+
+	b.sets.InjectErrors(func(c ipsetfake.Call) error {
+		if strings.HasPrefix(string(c), "Add IPVSP-CLUSTER-IP") {
+			return errors.New("injected")
+		}
+		return nil
+	})
+	p1 := service(1)
+	b.g.SetPlan(p1.Service, p1)
+	if _, err := b.g.SyncStats(false); err == nil {
+		t.Fatal("the partial sync did not fail")
+	}
+	b.sets.InjectErrors(nil)
+	close(b.held.release)
+	b.waitWoken(t)
+	b.held.held = false
+
+	st := b.sync(t, true) // the consumer's retry, full
+	if st.CheckStarted || st.Checked || st.Reads == 0 {
+		t.Errorf("retry %+v; want it whole in the loop", st)
+	}
+	if b.g.Pending() {
+		t.Error("the dropped check is still pending")
+	}
+	if got := b.sets.Entries("IPVSP-CLUSTER-IP"); !slices.Equal(got, []string{"10.96.0.2,tcp:80"}) {
+		t.Errorf("IPVSP-CLUSTER-IP = %v", got)
+	}
+	if st := b.sync(t, true); !st.CheckStarted {
+		t.Errorf("the next periodic full sync %+v; want a new check", st)
+	}
+	b.waitWoken(t)
+	if st := b.sync(t, false); !st.Checked || st.Added+st.Deleted+st.Restores != 0 {
+		t.Errorf("the new check %+v; want it applied with nothing to repair", st)
+	}
+}

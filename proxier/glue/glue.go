@@ -291,6 +291,11 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	if inLoop {
 		g.syncer.Forget()
 		g.checkGen = 0 // a check under way is of no use now
+		select {
+		case <-g.checks: // one done is dropped
+			g.checking = false
+		default:
+		}
 	}
 	setsStart := time.Now()
 	// Sets first: the rules refer to them, and iptables-restore fails on a
