@@ -386,6 +386,83 @@ func TestGlueSetsFollowServices(t *testing.T) {
 	}
 }
 
+// TestGlueRepairsDrift: a set entry deleted, a foreign entry added and one
+// of ipvs-proxy's chains flushed behind its back are repaired by a periodic
+// full sync (--sync-period 5s here), by its check read off the sync loop
+// (the log line of the check that repaired them says so).
+func TestGlueRepairsDrift(t *testing.T) {
+	e := setup(t)
+	e.logGlueState(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 1)
+	svc := e.createService(t, ns, "drift", []corev1.ServicePort{tcpPort("http", 80)})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	entry := svc.Spec.ClusterIP + ",tcp:80"
+	const foreign = "10.96.255.254"
+	inSet := func(set, en string) bool { return strings.Contains(e.ipsetList(t, set), "\n"+en+"\n") }
+	eventually(t, 30*time.Second, func() error {
+		if !inSet("IPVSP-CLUSTER-IP", entry) {
+			return fmt.Errorf("no %s in IPVSP-CLUSTER-IP yet", entry)
+		}
+		return nil
+	})
+	rules := ownRules(e.iptablesSave(t, "iptables-save"))
+	chain := ""
+	for _, l := range rules {
+		if strings.HasPrefix(l, "-A IPVSP-") {
+			chain = strings.Fields(l)[1]
+			break
+		}
+	}
+	if chain == "" {
+		t.Fatalf("no rule in a chain of ipvs-proxy's:\n%s", strings.Join(rules, "\n"))
+	}
+	table := ""
+	for _, l := range strings.Split(e.iptablesSave(t, "iptables-save"), "\n") {
+		if strings.HasPrefix(l, "*") {
+			table = l[1:]
+		}
+		if strings.HasPrefix(l, "-A "+chain+" ") {
+			break
+		}
+	}
+	checked := strings.Count(e.AgentOutput(), `"msg":"iptables glue checked"`)
+
+	for _, argv := range [][]string{
+		{"ipset", "del", "IPVSP-CLUSTER-IP", entry},
+		{"ipset", "add", "IPVSP-VIP", foreign},
+		{"iptables", "-t", table, "-F", chain},
+	} {
+		if _, err := e.VM.RunOK(context.Background(), argv...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("drift: %s deleted from IPVSP-CLUSTER-IP, %s added to IPVSP-VIP, %s/%s flushed", entry, foreign, table, chain)
+	eventually(t, 60*time.Second, func() error {
+		switch {
+		case !inSet("IPVSP-CLUSTER-IP", entry):
+			return fmt.Errorf("%s not back in IPVSP-CLUSTER-IP", entry)
+		case inSet("IPVSP-VIP", foreign):
+			return fmt.Errorf("%s still in IPVSP-VIP", foreign)
+		}
+		if now := ownRules(e.iptablesSave(t, "iptables-save")); !slices.Equal(now, rules) {
+			return fmt.Errorf("rules not repaired:\n%s", strings.Join(now, "\n"))
+		}
+		return nil
+	})
+	var repairs []string
+	for _, l := range strings.Split(e.AgentOutput(), "\n") {
+		if strings.Contains(l, `"msg":"iptables glue checked"`) {
+			repairs = append(repairs, l)
+		}
+	}
+	repairs = repairs[min(checked, len(repairs)):]
+	if !slices.ContainsFunc(repairs, func(l string) bool { return !strings.Contains(l, `"added":0,`) }) ||
+		!slices.ContainsFunc(repairs, func(l string) bool { return !strings.Contains(l, `"restores":0,`) }) {
+		t.Errorf("no check since the drift repaired a set entry and the rules; checks:\n%s", strings.Join(repairs, "\n"))
+	}
+}
+
 // TestGlueLegacyBackend: on a node whose rules are in iptables-legacy, the
 // agent detects it and puts its rules there (and none in nft); cleanup
 // removes them from there. The shared agent is back on nft afterwards.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Contents is what a set should hold.
@@ -16,6 +17,8 @@ type Stats struct {
 	Deleted int  // entries deleted from a live set
 	Rebuilt bool // a new set was filled and swapped in (Added counts its entries)
 	Created bool // the set did not exist
+	// ReadTime is the time spent reading the set (Reads).
+	ReadTime time.Duration
 }
 
 // Writes is the number of entry writes.
@@ -31,6 +34,15 @@ func (s Stats) Writes() int { return s.Added + s.Deleted }
 type Syncer struct {
 	sets Interface
 	view map[string]*viewed
+	// track holds, per set named to Track, what was written to it since:
+	// a read made meanwhile may or may not show those writes.
+	track map[string]*written
+}
+
+// written is what a Syncer wrote to a set since Track.
+type written struct {
+	entries map[Entry]struct{}
+	all     bool // the set was rebuilt, created or forgotten
 }
 
 type viewed struct {
@@ -40,7 +52,77 @@ type viewed struct {
 
 // NewSyncer returns a Syncer with an empty view.
 func NewSyncer(sets Interface) *Syncer {
-	return &Syncer{sets: sets, view: map[string]*viewed{}}
+	return &Syncer{sets: sets, view: map[string]*viewed{}, track: map[string]*written{}}
+}
+
+// Track starts recording the writes to the named sets, for SyncRead: call
+// it just before a read of them begins elsewhere (another goroutine may
+// read them while this one writes).
+func (s *Syncer) Track(names ...string) {
+	for _, n := range names {
+		s.track[n] = &written{entries: map[Entry]struct{}{}}
+	}
+}
+
+// Untrack stops recording the writes to every set.
+func (s *Syncer) Untrack() { clear(s.track) }
+
+// wrote records writes of entries to a tracked set.
+func (s *Syncer) wrote(name string, entries []Entry) {
+	if w := s.track[name]; w != nil {
+		for _, e := range entries {
+			w.entries[e] = struct{}{}
+		}
+	}
+}
+
+// wroteAll records that a tracked set was rebuilt, created or forgotten.
+func (s *Syncer) wroteAll(name string) {
+	if w := s.track[name]; w != nil {
+		w.all = true
+	}
+}
+
+// SyncRead is Sync with a reread whose read was made elsewhere, since
+// Track named the set: cur and readErr are that read's result. The
+// entries this Syncer wrote since Track are taken from its view (the read
+// may have seen them before or after the write), the others from cur, so
+// that drift is repaired without undoing a later write. Without a record
+// since Track or a current view (a failed write forgot it), or when the
+// read found no set, it rereads the set itself. It stops tracking the set.
+func (s *Syncer) SyncRead(spec Spec, want Contents, cur Set, readErr error) (Stats, error) {
+	spec = spec.Normalized()
+	w := s.track[spec.Name]
+	delete(s.track, spec.Name)
+	v := s.view[spec.Name]
+	switch {
+	case readErr != nil && !errors.Is(readErr, ErrNotFound):
+		return Stats{Reads: 1}, readErr
+	case w == nil || readErr != nil || v == nil || v.entries == nil || v.spec != spec:
+		return s.Sync(spec, want, true)
+	case w.all: // rebuilt since: the view is as fresh as any read
+		st, err := s.Sync(spec, want, false)
+		st.Reads++
+		return st, err
+	}
+	if cur.Type != spec.Type || cur.Family != spec.Family {
+		return Stats{Reads: 1}, mismatch(spec, cur)
+	}
+	nv := &viewed{spec: cur.Spec.Normalized(), entries: make(Contents, len(cur.Entries))}
+	for _, e := range cur.Entries {
+		nv.entries[e] = struct{}{}
+	}
+	for e := range w.entries {
+		if _, ok := v.entries[e]; ok {
+			nv.entries[e] = struct{}{}
+		} else {
+			delete(nv.entries, e)
+		}
+	}
+	s.view[spec.Name] = nv
+	st, err := s.Sync(spec, want, false)
+	st.Reads++
+	return st, err
 }
 
 // rebuildGain is how many writes a rebuild must save over the difference
@@ -142,16 +224,20 @@ func (s *Syncer) apply(name string, v *viewed, add, del []Entry, st *Stats) erro
 	slices.SortFunc(del, Entry.Compare)
 	// Additions first: for a moment the set holds old and new entries,
 	// never neither.
+	s.wrote(name, add)
 	if err := s.sets.Add(name, add...); err != nil {
 		v.entries = nil
+		s.wroteAll(name)
 		return err
 	}
 	st.Added += len(add)
 	for _, e := range add {
 		v.entries[e] = struct{}{}
 	}
+	s.wrote(name, del)
 	if err := s.sets.Del(name, del...); err != nil {
 		v.entries = nil
+		s.wroteAll(name)
 		return err
 	}
 	st.Deleted += len(del)
@@ -167,8 +253,11 @@ func (s *Syncer) apply(name string, v *viewed, add, del []Entry, st *Stats) erro
 // error.
 func (s *Syncer) read(spec Spec, st *Stats) (*viewed, error) {
 	st.Reads++
+	start := time.Now()
 	cur, err := s.sets.List(spec.Name)
+	st.ReadTime += time.Since(start)
 	if errors.Is(err, ErrNotFound) {
+		s.wroteAll(spec.Name)
 		if err := s.sets.Create(spec); err != nil {
 			return nil, err
 		}
@@ -179,8 +268,7 @@ func (s *Syncer) read(spec Spec, st *Stats) (*viewed, error) {
 		return nil, err
 	}
 	if cur.Type != spec.Type || cur.Family != spec.Family {
-		return nil, fmt.Errorf("ipset: set %s is %s %s, want %s %s (run `ipvs-proxy cleanup` to remove the old sets): %w",
-			spec.Name, cur.Type, cur.Family, spec.Type, spec.Family, ErrMismatch)
+		return nil, mismatch(spec, cur)
 	}
 	v := &viewed{spec: cur.Spec.Normalized(), entries: make(Contents, len(cur.Entries))}
 	for _, e := range cur.Entries {
@@ -189,8 +277,14 @@ func (s *Syncer) read(spec Spec, st *Stats) (*viewed, error) {
 	return v, nil
 }
 
+func mismatch(spec Spec, cur Set) error {
+	return fmt.Errorf("ipset: set %s is %s %s, want %s %s (run `ipvs-proxy cleanup` to remove the old sets): %w",
+		spec.Name, cur.Type, cur.Family, spec.Type, spec.Family, ErrMismatch)
+}
+
 // rebuild fills a new set with want and swaps it with the live one.
 func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
+	s.wroteAll(spec.Name)
 	tmp := spec
 	tmp.Name = TempName(spec.Name)
 	if err := s.sets.Destroy(tmp.Name); err != nil { // a leftover of a crash
@@ -223,8 +317,13 @@ func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
 // Destroy destroys a set and forgets it.
 func (s *Syncer) Destroy(name string) error {
 	delete(s.view, name)
+	s.wroteAll(name)
 	return s.sets.Destroy(name)
 }
 
 // Forget drops every set from the view: the next Sync of each rereads it.
-func (s *Syncer) Forget() { clear(s.view) }
+// It stops tracking writes too.
+func (s *Syncer) Forget() {
+	clear(s.view)
+	clear(s.track)
+}

@@ -230,3 +230,58 @@ func TestSyncerChanged(t *testing.T) {
 		t.Errorf("full sync (-want +got):\n%s", diff)
 	}
 }
+
+// TestSyncerSyncRead: a read made elsewhere since Track repairs the drift
+// it shows; entries written since Track are taken from the view (the read
+// is older than them), so they are neither undone nor written again. A set
+// that the read did not find is created and filled; without Track the set
+// is read again here.
+func TestSyncerSyncRead(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	a, b, c, d := ep("10.96.0.1", 80), ep("10.96.0.2", 80), ep("10.96.0.3", 80), ep("10.96.0.4", 80)
+	sync(t, s, contents(a, b), false)
+
+	_ = f.Del(spec.Name, a) // drift
+	s.Track(spec.Name)
+	read, err := f.List(spec.Name) // the read, elsewhere: b
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Meanwhile: c added, b deleted.
+	if _, err := s.SyncChanged(spec, contents(a, c), []ipset.Entry{b, c}); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Add(spec.Name, d) // more drift, after the read: for the next one
+	f.ResetCalls()
+	st, err := s.SyncRead(spec, contents(a, c), read, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]fake.Call{"Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("repair (-want +got):\n%s", diff)
+	}
+	if st.Reads != 1 || st.Added != 1 || st.Deleted != 0 {
+		t.Errorf("stats %+v", st)
+	}
+
+	// Not tracked: read again here (and d, the later drift, goes).
+	f.ResetCalls()
+	if _, err := s.SyncRead(spec, contents(a, c), read, nil); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Del IPVSP-CLUSTER-IP 10.96.0.4,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("untracked (-want +got):\n%s", diff)
+	}
+
+	// The read found no set: created and filled.
+	_ = f.Destroy(spec.Name)
+	s.Track(spec.Name)
+	f.ResetCalls()
+	if _, err := s.SyncRead(spec, contents(a, c), ipset.Set{}, ipset.ErrNotFound); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Entries(spec.Name); !cmp.Equal(got, []string{"10.96.0.1,tcp:80", "10.96.0.3,tcp:80"}) {
+		t.Errorf("set after a read that found none: %v (calls %v)", got, f.Calls())
+	}
+}

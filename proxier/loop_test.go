@@ -268,3 +268,89 @@ func TestLoopResyncInSlicesLetsChangesThrough(t *testing.T) {
 		t.Errorf("kernel calls of the resync (-want +got):\n%s", diff)
 	}
 }
+
+// bgConsumer is a BackgroundConsumer whose periodic full sync's read is
+// held until release is closed; it records its syncs.
+type bgConsumer struct {
+	mu      sync.Mutex
+	wake    func()
+	release chan struct{}
+	synced  bool // its first full sync is done
+	reading bool
+	read    bool // a read is done and waits for a sync
+	syncs   []string
+}
+
+func (c *bgConsumer) Name() string                                     { return "background" }
+func (c *bgConsumer) SetPlan(types.NamespacedName, *model.ServicePlan) {}
+func (c *bgConsumer) SetWake(wake func())                              { c.wake = wake }
+
+func (c *bgConsumer) Pending() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.read
+}
+
+func (c *bgConsumer) Sync(full bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.read:
+		c.read = false
+		c.syncs = append(c.syncs, "applied")
+	case full && c.synced && !c.reading:
+		c.reading = true
+		c.syncs = append(c.syncs, "read started")
+		go func() {
+			<-c.release
+			c.mu.Lock()
+			c.reading, c.read = false, true
+			c.mu.Unlock()
+			c.wake()
+		}()
+	case full:
+		c.synced = true
+		c.syncs = append(c.syncs, "full")
+	default:
+		c.syncs = append(c.syncs, "partial")
+	}
+	return nil
+}
+
+func (c *bgConsumer) got() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.syncs)
+}
+
+// TestLoopBackgroundConsumerHoldsNoChange: a consumer's periodic full sync
+// reads off the loop. While its read is held, a change goes through the
+// loop to the kernel; when the read is done, the consumer's wake brings a
+// sync at once (no event, no clock step) in which it applies the read.
+func TestLoopBackgroundConsumerHoldsNoChange(t *testing.T) {
+	b := newLoopBedWith(t, func(c *Config) { c.MinSyncPeriod = 0 },
+		testService("a", "10.96.0.10", "rr"), testService("c", "10.96.0.12", "rr"))
+	bg := &bgConsumer{release: make(chan struct{})}
+	b.p.AddConsumer(bg)
+	if bg.wake == nil {
+		t.Fatal("AddConsumer gave the background consumer no wake function")
+	}
+	b.run()
+	b.eventually("the first sync", func() bool { return len(b.calls("AddRealServer")) == 2 })
+	b.idle()
+	b.clk.Step(time.Hour) // the periodic full sync
+	b.eventually("the consumer's read to start", func() bool { return slices.Contains(bg.got(), "read started") })
+	b.idle()
+	b.ipvs.ResetCalls()
+
+	b.setEndpoints("c", "10.0.1.12", "10.0.2.12")
+	b.eventually("c's change in the kernel while the read is held", func() bool {
+		return len(b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.2.12:8080")) == 1
+	})
+	close(bg.release)
+	b.eventually("the read applied", func() bool { return slices.Contains(bg.got(), "applied") })
+	want := []string{"full", "read started", "partial", "applied"}
+	if diff := cmp.Diff(want, bg.got()); diff != "" {
+		t.Errorf("the consumer's syncs (-want +got):\n%s", diff)
+	}
+}

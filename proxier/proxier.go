@@ -71,6 +71,18 @@ type Consumer interface {
 	Sync(full bool) error
 }
 
+// BackgroundConsumer is a Consumer whose periodic full sync reads the kernel
+// off the sync loop, so that it holds no change up: Sync(true) starts the
+// read and returns; when the read is done the consumer calls wake, and the
+// loop's next sync, partial, applies what it found.
+type BackgroundConsumer interface {
+	Consumer
+	// SetWake gives the function that asks the loop for a sync.
+	SetWake(wake func())
+	// Pending reports that a finished read waits for a sync.
+	Pending() bool
+}
+
 // Proxier watches Services, EndpointSlices and its Node and keeps the kernel
 // in line with them.
 type Proxier struct {
@@ -187,7 +199,12 @@ func (p *Proxier) runFinishers() error {
 }
 
 // AddConsumer adds a consumer of plans; call it before Run.
-func (p *Proxier) AddConsumer(c Consumer) { p.consumers = append(p.consumers, c) }
+func (p *Proxier) AddConsumer(c Consumer) {
+	if bc, ok := c.(BackgroundConsumer); ok {
+		bc.SetWake(p.kick)
+	}
+	p.consumers = append(p.consumers, c)
+}
 
 // Status is the proxier's health as seen by /healthz.
 type Status struct {
@@ -502,11 +519,13 @@ func (p *Proxier) SyncOnce(full bool) error {
 		p.rebuild = true
 		p.mu.Unlock()
 	}
+	consumersStart := p.clock.Now()
 	nodeErr = errors.Join(nodeErr, p.syncConsumers(st.Full))
+	consumers := p.clock.Since(consumersStart)
 	if err == nil && nodeErr == nil && len(p.finishers) > 0 {
 		nodeErr = p.runFinishers()
 	}
-	p.record(start, st, err, nodeErr)
+	p.record(start, st, consumers, err, nodeErr)
 	return errors.Join(err, nodeErr)
 }
 
@@ -617,11 +636,17 @@ func (p *Proxier) reportConflicts(name types.NamespacedName) {
 	}
 }
 
-// consumersDue reports whether a consumer's retry is due.
+// consumersDue reports whether a consumer's retry is due or a consumer's
+// background read waits to be applied.
 func (p *Proxier) consumersDue() bool {
 	now := p.clock.Now()
 	for _, b := range p.consumerRetry {
 		if b.due(now) {
+			return true
+		}
+	}
+	for _, c := range p.consumers {
+		if bc, ok := c.(BackgroundConsumer); ok && bc.Pending() {
 			return true
 		}
 	}
@@ -654,8 +679,9 @@ func (p *Proxier) syncConsumers(full bool) error {
 }
 
 // record takes a sync's outcome into metrics, logs and health: recErr is
-// the reconciler's, nodeErr that of the node's addresses and consumers.
-func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
+// the reconciler's, nodeErr that of the node's addresses and consumers;
+// consumers is the time the consumers' syncs took.
+func (p *Proxier) record(start time.Time, st SyncStats, consumers time.Duration, recErr, nodeErr error) {
 	kind := "partial"
 	if st.Full {
 		kind = "full"
@@ -686,6 +712,7 @@ func (p *Proxier) record(start time.Time, st SyncStats, recErr, nodeErr error) {
 	}
 	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),
 		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
+		zap.Duration("read", st.Read), zap.Duration("consumers", consumers),
 		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft))
 	if st.ResyncDone {
 		p.metrics.SyncDuration.WithLabelValues("resync").Observe(st.ResyncTook.Seconds())

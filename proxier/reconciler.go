@@ -25,6 +25,9 @@ type SyncStats struct {
 	Writes   int // netlink writes (IPVS and addresses)
 	Reads    int // netlink dumps
 	Duration time.Duration
+	// Read is the part of Duration spent in a full sync's kernel read
+	// (virtual servers, all real servers, addresses).
+	Read time.Duration
 	// Applied lists the Services in scope whose every write succeeded;
 	// Failed, those with a failed write or read, with the error.
 	Applied []types.NamespacedName
@@ -409,7 +412,9 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	}
 	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
 	if full {
-		if err := r.readKernel(&st); err != nil {
+		err := r.readKernel(&st)
+		st.Read = r.clock.Since(start)
+		if err != nil {
 			st.ReadFailed = true
 			r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 			st.Duration = r.clock.Since(start)

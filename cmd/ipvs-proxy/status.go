@@ -344,7 +344,8 @@ func servicePortLabel(svc *corev1.Service, portName string) string {
 
 // readOwnedKernel reads, by run's rule (proxier.ReadKernel), the part of
 // the kernel ipvs-proxy owns given what is wanted, with every owned virtual
-// server's real servers, and counts the others' virtual servers.
+// server's real servers (one bulk read), and counts the others' virtual
+// servers.
 func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links, want model.Desired) (*model.Kernel, int, error) {
 	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
 	k, others, _, err := proxier.ReadKernel(ipvs, links, own, func(key model.VSKey) bool {
@@ -354,10 +355,19 @@ func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkuti
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the kernel: %w", err)
 	}
+	// Every virtual server's real servers in one read, as the
+	// reconciler's full sync reads them; those the read left out (see
+	// netlinkutil.IPVS) are read alone.
+	all, err := ipvs.ListAllRealServers()
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the kernel: %w", err)
+	}
 	for key := range k.VirtualServers {
-		rss, err := ipvs.ListRealServers(key)
-		if err != nil {
-			return nil, 0, fmt.Errorf("read the kernel: %w", err)
+		rss, ok := all[key]
+		if !ok {
+			if rss, err = ipvs.ListRealServers(key); err != nil {
+				return nil, 0, fmt.Errorf("read the kernel: %w", err)
+			}
 		}
 		k.RealServers[key] = rss
 	}

@@ -206,6 +206,46 @@ func TestStatusNoDrift(t *testing.T) {
 	}
 }
 
+// TestStatusReadsRealServersInBulk: status reads every virtual server's
+// real servers in one bulk read, as the reconciler does, and reads alone
+// only those the bulk read left out; the report is the same either way.
+func TestStatusReadsRealServersInBulk(t *testing.T) {
+	objs := statusObjects()
+	ipvs, links := programmed(t, objs)
+	reads := func() (bulk, single []string) {
+		for _, c := range ipvs.Calls() {
+			switch s := string(c); {
+			case s == "ListAllRealServers":
+				bulk = append(bulk, s)
+			case strings.HasPrefix(s, "ListRealServers"):
+				single = append(single, s)
+			}
+		}
+		return bulk, single
+	}
+	ipvs.ResetCalls()
+	whole := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
+	if bulk, single := reads(); len(bulk) != 1 || len(single) != 0 {
+		t.Errorf("reads of real servers: %v and %v; want one bulk read and none alone", bulk, single)
+	}
+
+	left := vsKey("10.96.0.11", 8000)
+	ipvs.SkipInBulkRead(left)
+	ipvs.ResetCalls()
+	rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
+	if bulk, single := reads(); len(bulk) != 1 || !slices.Equal(single, []string{"ListRealServers " + left.String()}) {
+		t.Errorf("reads of real servers: %v and %v; want one bulk read and %s alone", bulk, single, left)
+	}
+	a, errA := json.MarshalIndent(whole, "", " ")
+	b, errB := json.MarshalIndent(rep, "", " ")
+	if errA != nil || errB != nil {
+		t.Fatal(errA, errB)
+	}
+	if diff := cmp.Diff(string(a), string(b)); diff != "" {
+		t.Errorf("report with a virtual server left out of the bulk read (-whole +got):\n%s", diff)
+	}
+}
+
 func TestStatusDrift(t *testing.T) {
 	web := vsKey("10.96.0.10", 80)
 	tests := []struct {

@@ -222,8 +222,15 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 		}
 	}()
 	r.cold = cold
+	coldLines := 0
 	if p.name == "ipvs-proxy" {
 		r.coldSync = syncs(proc.Output())
+		// The first sync's parts, as soon as they are there.
+		lines := fullSyncLines(proc.Output())
+		for _, l := range lines {
+			logf("%s, %d Services, cold: %s", p.name, n, l)
+		}
+		coldLines = len(lines)
 	}
 	logf("%s, %d Services, cold: every virtual server after %.3fs, everything and idle after %.3fs (%d checks), CPU %.2fs + %.2fs (children)",
 		p.name, n, cold.VirtualServers, cold.Idle, cold.Checks, cold.CPUSelf, cold.CPUChildren)
@@ -311,12 +318,28 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 		"-during-sync-of", p.comm}, changeArgs...)); err != nil {
 		return r, err
 	}
+	if p.name == "ipvs-proxy" {
+		// Where the full syncs' time went: the proxy's own account.
+		for _, l := range fullSyncLines(proc.Output())[coldLines:] {
+			logf("%s, %d Services: %s", p.name, n, l)
+		}
+	}
 	rss, err := bn.peakRSS(ctx, p)
 	if err != nil {
 		return r, err
 	}
 	r.rssKiB = max(r.rssKiB, rss)
 	return r, nil
+}
+
+var fullSyncLog = regexp.MustCompile(`"msg":"(synced".*"kind":"full"|iptables glue synced".*"full":true|iptables glue checked"|full resync complete").*`)
+
+// fullSyncLines are the log lines of ipvs-proxy's full syncs: the whole
+// sync with its IPVS part, kernel read and consumers, the glue's part with
+// its own parts (a full sync in the loop, or a check read off the loop and
+// applied later), and the end of each sliced resync.
+func fullSyncLines(log string) []string {
+	return fullSyncLog.FindAllString(log, -1)
 }
 
 // duringSync times changes made once p's periodic sync has begun (args:

@@ -72,6 +72,18 @@ type Glue struct {
 	nodeAddrs []netip.Addr
 
 	synced bool // a full sync has succeeded
+	failed bool // the last sync failed: the next full one runs whole in the loop
+
+	// A periodic full sync reads the kernel off the sync loop (see
+	// check.go): wake asks the loop for a sync when the read is done (nil:
+	// full syncs run whole in the loop), checks hands the read over,
+	// checking is set while a read runs and checkGen is the generation
+	// whose result is still wanted (0: none).
+	wake     func()
+	checks   chan checkResult
+	checking bool
+	gen      uint64
+	checkGen uint64
 }
 
 var _ proxier.Consumer = (*Glue)(nil)
@@ -85,6 +97,7 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		refs:    map[setID]map[ipset.Entry]int{},
 		want:    map[setID]ipset.Contents{},
 		dirty:   map[setID]map[ipset.Entry]struct{}{},
+		checks:  make(chan checkResult, 1),
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
 		g.refs[id] = map[ipset.Entry]int{}
@@ -213,66 +226,105 @@ type Stats struct {
 	Restores   int // iptables-restore runs
 	Duration   time.Duration
 	NodeChange bool
+	// The parts of Duration: reading the node's addresses, reading the
+	// sets, writing them (the rest of the sets' time), and the iptables
+	// rules (iptables-save and iptables-restore).
+	AddressTime, SetReadTime, SetWriteTime, RulesTime time.Duration
+	// CheckStarted: a periodic full sync started its read off the loop.
+	// Checked: the sync applied such a read (the repairs are counted
+	// above; CheckAdded and CheckDeleted are those of the read's sets
+	// alone), which took CheckTook off the loop, of which CheckSetRead
+	// reading the sets and CheckRulesRead running iptables-save.
+	CheckStarted, Checked                   bool
+	CheckAdded, CheckDeleted                int
+	CheckSetRead, CheckRulesRead, CheckTook time.Duration
 }
 
 // Sync implements proxier.Consumer. A partial sync writes the difference of
 // the sets that changed, from memory; a full one (and the first) re-reads
 // the node's addresses, every set and the iptables rules, and repairs them.
+// Once SetWake gave it a way to ask for a sync, a periodic full sync (after
+// a first one that succeeded, and while syncs succeed) reads the sets and
+// rules off the sync loop, and a later sync repairs what that read found
+// (see check.go): the loop's partial syncs are never held up by it.
 func (g *Glue) Sync(full bool) error {
+	inLoop := full && !g.background(full)
 	st, err := g.SyncStats(full)
 	logAt := g.log.Debug
-	if full && (st.Restores > 0 || st.Added+st.Deleted > 0 || err != nil) {
+	if inLoop || !g.synced {
 		logAt = g.log.Info
 	}
-	logAt("iptables glue synced", zap.Bool("full", full || !g.synced), zap.Int("sets", st.Sets),
-		zap.Int("added", st.Added), zap.Int("deleted", st.Deleted), zap.Int("rebuilt", st.Rebuilt),
-		zap.Int("restores", st.Restores), zap.Duration("took", st.Duration))
+	logAt("iptables glue synced", zap.Bool("full", inLoop || !g.synced), zap.Bool("checkStarted", st.CheckStarted),
+		zap.Int("sets", st.Sets), zap.Int("added", st.Added), zap.Int("deleted", st.Deleted), zap.Int("rebuilt", st.Rebuilt),
+		zap.Int("restores", st.Restores), zap.Duration("addresses", st.AddressTime),
+		zap.Duration("setRead", st.SetReadTime), zap.Duration("setWrite", st.SetWriteTime),
+		zap.Duration("rules", st.RulesTime), zap.Duration("took", st.Duration))
+	if st.Checked {
+		g.log.Info("iptables glue checked", zap.Duration("setRead", st.CheckSetRead), zap.Duration("rulesRead", st.CheckRulesRead),
+			zap.Duration("readTook", st.CheckTook), zap.Int("added", st.CheckAdded), zap.Int("deleted", st.CheckDeleted),
+			zap.Int("rebuilt", st.Rebuilt), zap.Int("restores", st.Restores), zap.Duration("took", st.Duration))
+	}
 	return err
+}
+
+// background reports whether a full sync asked for now reads the kernel off
+// the loop.
+func (g *Glue) background(full bool) bool {
+	return full && g.synced && !g.failed && g.wake != nil
 }
 
 // SyncStats is Sync, returning what it did.
 func (g *Glue) SyncStats(full bool) (Stats, error) {
 	start := time.Now()
 	first := !g.synced
+	background := g.background(full)
 	full = full || first
+	inLoop := full && !background // the whole full sync, here
 	var st Stats
 	var errs []error
 	if full {
 		if err := g.refreshNodeAddresses(&st); err != nil {
 			errs = append(errs, err)
 		}
-		g.syncer.Forget()
+		st.AddressTime = time.Since(start)
 	}
+	if inLoop {
+		g.syncer.Forget()
+		g.checkGen = 0 // a check under way is of no use now
+		select {
+		case <-g.checks: // one done is dropped
+			g.checking = false
+		default:
+		}
+	}
+	setsStart := time.Now()
 	// Sets first: the rules refer to them, and iptables-restore fails on a
 	// missing set.
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
 		changed, dirty := g.dirty[id]
-		if !full && !dirty {
+		if !inLoop && !dirty {
 			continue
 		}
 		var s ipset.Stats
 		var err error
-		if full {
+		if inLoop {
 			s, err = g.syncer.Sync(id.spec(), g.want[id], true)
 		} else {
 			s, err = g.syncer.SyncChanged(id.spec(), g.want[id], slices.Collect(maps.Keys(changed)))
 		}
-		st.Sets++
-		st.Reads += s.Reads
-		st.Added += s.Added
-		st.Deleted += s.Deleted
-		if s.Rebuilt {
-			st.Rebuilt++
-		}
+		st.add(s)
 		if err != nil {
 			errs = append(errs, g.setError(id, err))
 			continue
 		}
 		delete(g.dirty, id)
 	}
-	if full {
-		n, err := g.syncRules(first)
+	st.SetWriteTime = time.Since(setsStart) - st.SetReadTime
+	if inLoop {
+		rulesStart := time.Now()
+		n, err := g.syncRules(first, nil)
 		st.Restores += n
+		st.RulesTime = time.Since(rulesStart)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -282,13 +334,32 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 			// are gone. Listing every set costs, so only at start-up.
 			errs = append(errs, g.destroyStaleSets()...)
 		}
+	} else {
+		errs = append(errs, g.applyCheck(&st)...)
+		if background && !g.checking {
+			g.startCheck()
+			st.CheckStarted = true
+		}
 	}
 	err := errors.Join(errs...)
-	if full && err == nil {
+	if inLoop && err == nil {
 		g.synced = true
 	}
+	g.failed = err != nil
 	st.Duration = time.Since(start)
 	return st, err
+}
+
+// add counts one set's sync.
+func (st *Stats) add(s ipset.Stats) {
+	st.Sets++
+	st.Reads += s.Reads
+	st.SetReadTime += s.ReadTime
+	st.Added += s.Added
+	st.Deleted += s.Deleted
+	if s.Rebuilt {
+		st.Rebuilt++
+	}
 }
 
 // setError names the Services whose entries a failed set write concerned.
@@ -330,8 +401,9 @@ func (g *Glue) refreshNodeAddresses(st *Stats) error {
 
 // syncRules reads each family's rules and applies the difference in one
 // iptables-restore per family (one transaction per table). On the first
-// sync, the rules of a family that is not served are removed.
-func (g *Glue) syncRules(first bool) (restores int, err error) {
+// sync, the rules of a family that is not served are removed. saved, when
+// not nil, holds the served families' rules as read off the loop.
+func (g *Glue) syncRules(first bool, saved map[ipset.Family]savedRead) (restores int, err error) {
 	var errs []error
 	for _, fam := range []ipset.Family{ipset.IPv4, ipset.IPv6} {
 		ipt := g.ipt[fam]
@@ -349,12 +421,17 @@ func (g *Glue) syncRules(first bool) (restores int, err error) {
 		if served {
 			want = Rules(g.ruleConfig(fam))
 		}
-		saved, err := ipt.Save(context.Background())
+		var have Saved
+		if saved != nil {
+			have, err = saved[fam].saved, saved[fam].err
+		} else {
+			have, err = ipt.Save(context.Background())
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		input := RestoreInput(want, saved, Owned)
+		input := RestoreInput(want, have, Owned)
 		if input == "" {
 			continue
 		}
