@@ -304,11 +304,16 @@ func (c chaosEnv) kernelState(t *testing.T) chaos.State {
 func (c chaosEnv) converge(t *testing.T, what string, exp chaos.Expected, timeout time.Duration) (time.Duration, chaos.Diff) {
 	t.Helper()
 	start := time.Now()
+	logged := start
 	for {
 		d := chaos.Compare(c.kernelState(t), exp)
 		took := time.Since(start)
 		if d.Converged() {
 			return took, d
+		}
+		if time.Since(logged) > 5*time.Second {
+			t.Logf("%s: after %v: %s", what, took.Round(time.Millisecond), d)
+			logged = time.Now()
 		}
 		if took > timeout {
 			t.Errorf("%s: not converged after %v: %s", what, timeout, d)
