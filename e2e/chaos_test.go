@@ -399,7 +399,11 @@ type liveTraffic struct {
 
 func (c chaosEnv) startLiveTraffic(t *testing.T, l liveService, held int) *liveTraffic {
 	t.Helper()
-	lt := &liveTraffic{flows: []*traffic{c.startTraffic(t, "tcp", l.tcp), c.startTraffic(t, "udp", l.udp)}}
+	// A 5 s timeout per attempt: a failure is a refusal, a reset or a
+	// black hole, not a VM that the shared machine starved for 2 s (seen
+	// at load average 16).
+	lt := &liveTraffic{flows: []*traffic{c.startTrafficTimeout(t, "tcp", l.tcp, 5*time.Second),
+		c.startTrafficTimeout(t, "udp", l.udp, 5*time.Second)}}
 	for i := 0; i < held; i++ {
 		h, b := c.holdConn(t, l.tcp)
 		lt.holds = append(lt.holds, h)
