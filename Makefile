@@ -12,7 +12,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build image test checks bed unit e2e lint demo bench bench-go exec-paths clean fuzz conformance conformance-list
+.PHONY: all build image test checks bed unit e2e lint demo bench bench-go exec-paths clean fuzz conformance conformance-list chaos
 
 all: build
 
@@ -33,8 +33,23 @@ unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /e2e)
 
 # The test bed: a real kube-apiserver and a QEMU VM with Debian's kernel.
+# The chaos cases (TestChaos*) are among its tests, at CHAOS_SIZE; their
+# table follows.
 e2e:
-	$(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./e2e/...
+	rm -rf $(CHAOS_OUT)
+	CHAOS_SIZE=$(CHAOS_SIZE) CHAOS_OUT=$(CHAOS_OUT) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./e2e/...
+	if ls $(CHAOS_OUT)/*.json >/dev/null 2>&1; then $(GO) run ./e2e/chaos/table -dir $(CHAOS_OUT); fi
+
+# The reliability suite alone: agent restarts, an apiserver outage, watch
+# gaps, damage by hand, endpoint churn, each under live traffic, at
+# CHAOS_SIZE Services (CI: 300; by hand e.g. `make chaos CHAOS_SIZE=3000`);
+# one row of figures per case in CHAOS_OUT, printed as a table.
+CHAOS_SIZE ?= 300
+CHAOS_OUT ?= $(CURDIR)/bin/chaos
+chaos:
+	rm -rf $(CHAOS_OUT)
+	CHAOS_SIZE=$(CHAOS_SIZE) CHAOS_OUT=$(CHAOS_OUT) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -run '^TestChaos' -v ./e2e/; \
+		status=$$?; $(GO) run ./e2e/chaos/table -dir $(CHAOS_OUT) || status=1; exit $$status
 
 # The bed's cached parts (kernel, QEMU, kube-apiserver...) are built while
 # lint and unit tests run: on a fresh machine that is most of the time.

@@ -31,8 +31,15 @@ type traffic struct {
 // every 50 ms from the client namespace until stopped.
 func (e env) startTraffic(t *testing.T, proto, addr string) *traffic {
 	t.Helper()
+	return e.startTrafficTimeout(t, proto, addr, 2*time.Second)
+}
+
+// startTrafficTimeout is startTraffic with another timeout for each
+// attempt.
+func (e env) startTrafficTimeout(t *testing.T, proto, addr string, timeout time.Duration) *traffic {
+	t.Helper()
 	p, err := e.VM.Start(context.Background(), "vmagent", "hit", "--netns", bed.ClientNetns, "--proto", proto,
-		"--addr", addr, "--n", "1000000", "--interval", "50ms", "--timeout", "2s")
+		"--addr", addr, "--n", "1000000", "--interval", "50ms", "--timeout", timeout.String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,9 +150,7 @@ func Start(ctx context.Context, assets *vm.Assets, opts Options) (_ *Bed, err er
 // StartAgent starts `ipvs-proxy run` in the VM, with Options.AgentArgs and
 // then extra, and waits for its first full sync.
 func (b *Bed) StartAgent(ctx context.Context, extra ...string) error {
-	argv := append([]string{GuestBinary, "run", "--kubeconfig", GuestKubecfg, "--hostname-override", NodeName}, b.opts.AgentArgs...)
-	argv = append(argv, extra...)
-	p, err := b.VM.Start(ctx, argv...)
+	p, err := b.startAgent(ctx, extra)
 	if err != nil {
 		return err
 	}
@@ -169,8 +167,34 @@ func (b *Bed) StartAgent(ctx context.Context, extra ...string) error {
 	return nil
 }
 
+func (b *Bed) startAgent(ctx context.Context, extra []string) (*vm.Proc, error) {
+	argv := append([]string{GuestBinary, "run", "--kubeconfig", GuestKubecfg, "--hostname-override", NodeName}, b.opts.AgentArgs...)
+	return b.VM.Start(ctx, append(argv, extra...)...)
+}
+
+// LaunchAgent starts the agent as StartAgent does but returns at once,
+// before its first sync (to interrupt that sync); the agent counts as
+// running from then on.
+func (b *Bed) LaunchAgent(ctx context.Context, extra ...string) (*vm.Proc, error) {
+	p, err := b.startAgent(ctx, extra)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.agent = p
+	b.mu.Unlock()
+	return p, nil
+}
+
+// KillAgent ends the agent with SIGKILL, as a crash or the OOM killer
+// would, if it runs.
+func (b *Bed) KillAgent() error { return b.endAgent((*vm.Proc).Kill) }
+
 // StopAgent stops the agent (SIGTERM) if it runs.
-func (b *Bed) StopAgent() error {
+func (b *Bed) StopAgent() error { return b.endAgent((*vm.Proc).Stop) }
+
+// endAgent forgets the running agent, if any, and ends it with end.
+func (b *Bed) endAgent(end func(*vm.Proc) error) error {
 	b.mu.Lock()
 	p := b.agent
 	b.agent = nil
@@ -178,7 +202,7 @@ func (b *Bed) StopAgent() error {
 	if p == nil {
 		return nil
 	}
-	return p.Stop()
+	return end(p)
 }
 
 // AgentRunning reports whether the bed's agent runs (StartAgent, and no

@@ -1,0 +1,33 @@
+// Command table prints the rows of the reliability suite (`make chaos`) as
+// a Markdown table: every <case>.json of a directory (default $CHAOS_OUT,
+// else bin/chaos). It fails when there is no row or a row counts leaks.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
+)
+
+func main() {
+	dir := flag.String("dir", chaos.Dir(), "the directory of the rows (<case>.json)")
+	flag.Parse()
+	rows, err := chaos.Read(*dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintf(os.Stderr, "no chaos rows in %s\n", *dir)
+		os.Exit(1)
+	}
+	fmt.Print(chaos.Table(rows))
+	for _, r := range rows {
+		if r.Leaks > 0 {
+			fmt.Fprintf(os.Stderr, "%s: %d leaks\n", r.Case, r.Leaks)
+			os.Exit(1)
+		}
+	}
+}

@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+)
+
+// apiserverBack restarts the apiserver when the test ends if it is down,
+// and waits for the agent's /healthz: the bed is shared.
+func (c chaosEnv) apiserverBack(t *testing.T, down *bool) {
+	t.Cleanup(func() {
+		if *down {
+			if err := c.CP.StartAPIServer(context.Background()); err != nil {
+				t.Errorf("restart the apiserver: %v", err)
+				return
+			}
+			*down = false
+		}
+		c.waitHealth(t, healthzURL, 200, 2*time.Minute)
+	})
+}
+
+// changesAfter makes one change of each kind in ns: a Service created, a
+// Service's endpoints changed, a Service deleted; it returns when the API
+// took them.
+func (c chaosEnv) changesAfter(t *testing.T, ns, prefix string, change, remove []*corev1.Service) {
+	t.Helper()
+	c.bulkServices(t, ns, prefix, 0, len(change))
+	err := parallel(len(change), func(i int) error {
+		s := change[i]
+		old, err := c.fast.DiscoveryV1().EndpointSlices(ns).Get(context.Background(), s.Name+"-ipv4", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		eps := slice(s, fakeEndpoints(1000+i, 3))
+		eps.ResourceVersion = old.ResourceVersion
+		_, err = c.fast.DiscoveryV1().EndpointSlices(ns).Update(context.Background(), eps, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("change endpoints: %v", err)
+	}
+	c.deleteServices(t, remove)
+}
+
+// TestChaosAPIServerDown: with CHAOS_SIZE Services and live traffic, the
+// apiserver stops for 60 s while the agent runs: no connection fails, the
+// kernel does not change (no write at all), /livez stays 200 and /healthz
+// turns 503 after 2 × --sync-period as the README documents; when the
+// apiserver is back /healthz is 200 again and Services created, changed
+// and deleted then reach the kernel.
+func TestChaosAPIServerDown(t *testing.T) {
+	c := chaosSetup(t)
+	n := chaosSize(t)
+	ns, live, bulk := c.scaled(t, n)
+	c.waitHealth(t, healthzURL, 200, time.Minute)
+
+	lt := c.startLiveTraffic(t, live, 2)
+	before := c.kernelState(t)
+	exp := c.expected(t, ns)
+	mark := c.logMark()
+	down := true
+	c.apiserverBack(t, &down)
+	c.CP.StopAPIServer()
+	stopped := time.Now()
+	const outage = 60 * time.Second
+	var unhealthyAfter time.Duration
+	var reasons string
+	// Health every 2 s; the kernel, whose read is heavier, every 10 s and
+	// at the end.
+	checks := 0
+	var kernelChecked time.Time
+	for time.Since(stopped) < outage {
+		if code, b := c.healthOf(t, livezURL); code != 200 {
+			t.Errorf("/livez %d %v %v into the outage", code, b, time.Since(stopped).Round(time.Second))
+		}
+		code, b := c.healthOf(t, healthzURL)
+		if code == 503 && unhealthyAfter == 0 {
+			unhealthyAfter = time.Since(stopped)
+			reasons = fmt.Sprint(b["reasons"])
+		}
+		if code == 200 && unhealthyAfter != 0 {
+			t.Errorf("/healthz 200 again %v into the outage: %v", time.Since(stopped).Round(time.Second), b)
+		}
+		if time.Since(kernelChecked) > 10*time.Second || time.Since(stopped) > outage-5*time.Second {
+			if st := c.kernelState(t); !reflect.DeepEqual(st, before) {
+				t.Errorf("the kernel changed %v into the outage: %s", time.Since(stopped).Round(time.Second), chaos.Compare(st, exp))
+			}
+			kernelChecked = time.Now()
+			checks++
+		}
+		time.Sleep(2 * time.Second)
+	}
+	writes := syncWrites(c.logSince(mark))
+	if writes != 0 {
+		t.Errorf("the agent wrote %d times while the apiserver was down", writes)
+	}
+	switch {
+	case unhealthyAfter == 0:
+		t.Errorf("/healthz never failed in a %v outage", outage)
+	case unhealthyAfter < healthLimit:
+		t.Errorf("/healthz failed %v into the outage, before the limit %v", unhealthyAfter, healthLimit)
+	case !strings.Contains(reasons, "apiserver unreachable"):
+		t.Errorf("/healthz reasons: %s", reasons)
+	}
+
+	restart := time.Now()
+	if err := c.CP.StartAPIServer(context.Background()); err != nil {
+		t.Fatalf("restart the apiserver: %v", err)
+	}
+	down = false
+	c.waitHealth(t, healthzURL, 200, 2*time.Minute)
+	healthyAfter := time.Since(restart)
+	changed := time.Now()
+	c.changesAfter(t, ns, "after", bulk[:10], bulk[10:20])
+	_, d := c.converge(t, "changes after the apiserver returned", c.expected(t, ns), 2*time.Minute)
+	took := time.Since(changed) // from the first change
+	time.Sleep(2 * time.Second)
+	attempted, failed, errs := lt.stop(t)
+	if failed > 0 {
+		t.Errorf("%d of %d connections failed: %q", failed, attempted, errs)
+	}
+	chaos.Record(t, "", chaos.Row{Case: "apiserver-down-60s", TrafficAttempted: attempted, TrafficFailed: failed,
+		KernelWrites: writes, ConvergeSeconds: seconds(took), Leaks: len(d.Leaks),
+		Notes: fmt.Sprintf("%d Services; 0 writes and the kernel unchanged over %d checks in the outage; /livez 200 throughout; "+
+			"/healthz 503 after %.0f s (limit %v), 200 again %.1f s after the apiserver's restart; 10 Services created, 10 changed, "+
+			"10 deleted after it: in the kernel %.1f s later", n+1, checks, seconds(unhealthyAfter), healthLimit, seconds(healthyAfter),
+			seconds(took))})
+}
+
+// apiserverRequests counts the apiserver's requests of a verb on Services
+// and EndpointSlices answered with code, since it started
+// (apiserver_request_total).
+func (c chaosEnv) apiserverRequests(t *testing.T, verb, code string) int {
+	t.Helper()
+	body, err := c.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("apiserver metrics: %v", err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(l, "apiserver_request_total{") || !strings.Contains(l, `verb="`+verb+`"`) ||
+			!strings.Contains(l, `code="`+code+`"`) ||
+			!(strings.Contains(l, `resource="services"`) || strings.Contains(l, `resource="endpointslices"`)) {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err == nil {
+			n += int(v)
+		}
+	}
+	return n
+}
+
+// TestChaosWatchGap: the agent loses the apiserver (its connections are
+// refused in the VM) while the apiserver restarts; Services are created,
+// changed and deleted meanwhile; etcd is compacted and the apiserver
+// restarts again, so the agent's watches cannot resume ("too old resource
+// version") and must list again. When the agent reaches the apiserver
+// again, every change is in the kernel, deletions included, nothing
+// leaked, and the live Service's connections never failed.
+func TestChaosWatchGap(t *testing.T) {
+	c := chaosSetup(t)
+	ns := c.namespace(t)
+	c.cleanupNamespace(t, ns)
+	live := c.liveService(t, ns)
+	gap := c.bulkServices(t, ns, "gap", 0, 40)
+	c.converge(t, "the Services", c.expected(t, ns), 2*time.Minute)
+	if t.Failed() {
+		t.FailNow()
+	}
+	lt := c.startLiveTraffic(t, live, 2)
+	mark := c.logMark()
+
+	host, port, _ := strings.Cut(vm.APIServerGuestAddr, ":")
+	block := []string{"OUTPUT", "-p", "tcp", "-d", host, "--dport", port, "-j", "REJECT", "--reject-with", "tcp-reset"}
+	c.vmRun(t, append([]string{"iptables", "-I"}, block...)...)
+	blocked := true
+	t.Cleanup(func() {
+		if blocked {
+			_, _ = c.VM.RunOK(context.Background(), append([]string{"iptables", "-D"}, block...)...)
+		}
+	})
+	down := false
+	c.apiserverBack(t, &down)
+	restartAPIServer := func() {
+		down = true
+		c.CP.StopAPIServer()
+		if err := c.CP.StartAPIServer(context.Background()); err != nil {
+			t.Fatalf("restart the apiserver: %v", err)
+		}
+		down = false
+	}
+	restartAPIServer() // ends the agent's watches; it cannot reconnect
+	c.changesAfter(t, ns, "gap-new", gap[:10], gap[10:20])
+	rev, err := c.CP.CompactEtcd(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	restartAPIServer()
+	c.vmRun(t, append([]string{"iptables", "-D"}, block...)...)
+	blocked = false
+	took, d := c.converge(t, "after the watch gap", c.expected(t, ns), 3*time.Minute)
+	time.Sleep(2 * time.Second)
+	attempted, failed, errs := lt.stop(t)
+	if failed > 0 {
+		t.Errorf("%d of %d connections failed: %q", failed, attempted, errs)
+	}
+	log := c.logSince(mark)
+	// client-go lists again when a watch ends with an error (an apiserver
+	// that went away); the compaction leaves it no way to resume one. The
+	// count includes the test's own two lists (expected).
+	relist := fmt.Sprintf("%d lists of Services/EndpointSlices since the apiserver's restart, the test's 2 included; "+
+		"%d \"watch ended with error\" in the agent's log", c.apiserverRequests(t, "LIST", "200"),
+		strings.Count(log, "watch ended with error"))
+	t.Logf("etcd compacted at revision %d; %s", rev, relist)
+	c.waitHealth(t, healthzURL, 200, 2*time.Minute)
+	chaos.Record(t, "", chaos.Row{Case: "watch-gap-compaction", TrafficAttempted: attempted, TrafficFailed: failed,
+		KernelWrites: syncWrites(log), ConvergeSeconds: seconds(took), Leaks: len(d.Leaks),
+		Notes: fmt.Sprintf("41 Services; cut off from the apiserver: 10 Services created, 10 changed, 10 deleted; etcd compacted, "+
+			"apiserver restarted; all in the kernel %.1f s after the agent's path came back (%s)", seconds(took), relist)})
+}
