@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
@@ -250,6 +251,12 @@ func TestChaosRollingUpdate(t *testing.T) {
 	if answersAtTermination < 0 || total <= answersAtTermination {
 		t.Errorf("the held connection got no answer while its pod %s terminated (%d answers, %d before)", heldPod, total, answersAtTermination)
 	}
+	chaos.Record(t, "", chaos.Row{
+		Case: "rolling-update", TrafficAttempted: res.Total() + len(failures) + 1, TrafficFailed: len(unexcused),
+		ConvergeSeconds: seconds(rollout),
+		Notes: fmt.Sprintf("2 pods replaced one by one in the cluster; converge = rollout until IPVS has exactly the new pods; held connection: %d answers on its old pod, %d while it terminated; %d failures during VM stalls (control failed too); writes not counted (the agent runs in its pod)",
+			total, total-answersAtTermination, len(failures)-len(unexcused)),
+	})
 }
 
 // hitFailure is a failed attempt of a hit and when it began (the VM's
