@@ -274,9 +274,13 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 	if timeouts > 0 {
 		t.Logf("%s: %d of %d attempts timed out: %s", fc.name, timeouts, attempted, strings.Join(timeoutErrs, "; "))
 	}
+	steadyNote := fmt.Sprintf("%d of %d failed", failedConns, attempted)
+	if failedConns > 0 {
+		steadyNote += ", all timeouts (VM stalls: compare the 0pct control)"
+	}
 	notes := fmt.Sprintf("rate %v seed %d, %d Services created, %d changed, %d deleted; injected failures %s; agent: %v failed Service syncs, %s; "+
-		"steady Service: %d of %d failed, all timeouts (VM stalls, see the 0pct control), a held TCP connection kept its backend (%d answers)",
-		fc.rate, fc.seed, size, (size+2)/3, (size+1)/3, strings.Join(kinds, ", "), svcFailures, back, failedConns, attempted, hold.answers())
+		"steady Service: %s, a held TCP connection kept its backend (%d answers)",
+		fc.rate, fc.seed, size, (size+2)/3, (size+1)/3, strings.Join(kinds, ", "), svcFailures, back, steadyNote, hold.answers())
 	writeChaosRow(t, chaosRow{Case: fc.name, TrafficAttempted: attempted, TrafficFailed: failedConns, KernelWrites: writes,
 		ConvergeSeconds: math.Round(converge.Seconds()*10) / 10, Leaks: len(leaks), Notes: notes})
 }
