@@ -48,9 +48,9 @@ func (w Write) String() string {
 	return model.Op{Kind: w.Kind, VirtualServer: w.VirtualServer, RealServer: w.RealServer}.String()
 }
 
-// wrap gives a write's error the context that the one-at-a-time calls give
+// Wrap gives a write's error the context that the one-at-a-time calls give
 // it.
-func (w Write) wrap(err error) error {
+func (w Write) Wrap(err error) error {
 	vs, rs := w.VirtualServer, w.RealServer.RSKey
 	switch w.Kind {
 	case model.OpAddVirtualServer:

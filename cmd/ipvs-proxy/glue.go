@@ -13,8 +13,8 @@ import (
 
 // newGlue builds the iptables glue: the ipsets over netlink and the
 // iptables tools of the detected (or chosen) backend for each served
-// family. close releases the netlink socket.
-func newGlue(o *options, cfg proxier.Config, links netlinkutil.Links, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
+// family; hook wraps the sets. close releases the netlink socket.
+func newGlue(o *options, cfg proxier.Config, links netlinkutil.Links, hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
 	gcfg, err := o.glueConfig(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -43,7 +43,7 @@ func newGlue(o *options, cfg proxier.Config, links netlinkutil.Links, log *zap.L
 	if err != nil {
 		return nil, nil, err
 	}
-	return glue.New(gcfg, sets, ipt, links, log.Named("glue")), sets.Close, nil
+	return glue.New(gcfg, hook.Sets(sets), ipt, links, log.Named("glue")), sets.Close, nil
 }
 
 // glueSysctls are the kernel settings of --strict-arp: answer ARP only for

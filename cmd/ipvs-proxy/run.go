@@ -24,6 +24,7 @@ import (
 
 func newRunCommand() *cobra.Command {
 	var of *optionFlags
+	var hooks kernelHookFactory
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Watch Services and EndpointSlices and program IPVS",
@@ -33,10 +34,11 @@ func newRunCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return run(cmd.Context(), o, warn)
+			return run(cmd.Context(), o, warn, hooks)
 		},
 	}
 	of = newOptionFlags(cmd.Flags())
+	hooks = addKernelHookFlags(cmd.Flags()) // none in the released binary
 	return cmd
 }
 
@@ -126,8 +128,9 @@ func logConfigWarning(log *zap.Logger, warn *configWarning) {
 	}
 }
 
-// run runs the proxy; warn, if not nil, is logged once at start.
-func run(ctx context.Context, o *options, warn *configWarning) error {
+// run runs the proxy; warn, if not nil, is logged once at start; hooks
+// may wrap the kernel handles (only in a test build).
+func run(ctx context.Context, o *options, warn *configWarning, hooks kernelHookFactory) error {
 	log, err := newLogger(o.LogLevel, o.LogFormat)
 	if err != nil {
 		return err
@@ -142,22 +145,28 @@ func run(ctx context.Context, o *options, warn *configWarning) error {
 	log.Info("starting ipvs-proxy", zap.String("version", version), zap.String("interface", cfg.Interface),
 		zap.String("scheduler", cfg.Scheduler.Name))
 
-	ipvs, err := netlinkutil.NewIPVS()
+	reg := prometheus.NewRegistry()
+	hook, err := hooks.hook(log, reg)
 	if err != nil {
 		return err
 	}
-	defer ipvs.Close()
-	links, err := netlinkutil.NewLinks()
+	realIPVS, err := netlinkutil.NewIPVS()
 	if err != nil {
 		return err
 	}
+	defer realIPVS.Close()
+	realLinks, err := netlinkutil.NewLinks()
+	if err != nil {
+		return err
+	}
+	ipvs, links := hook.IPVS(realIPVS), hook.Links(realLinks)
 	if err := ensureSysctls(log, cfg.IPv6); err != nil {
 		return err
 	}
 	if err := ensureGlueSysctls(log, o.StrictARP); err != nil {
 		return err
 	}
-	g, closeSets, err := newGlue(o, cfg, links, log)
+	g, closeSets, err := newGlue(o, cfg, links, hook, log)
 	if err != nil {
 		return err
 	}
@@ -181,7 +190,6 @@ func run(ctx context.Context, o *options, warn *configWarning) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ipvs-proxy", Host: cfg.NodeName})
 
-	reg := prometheus.NewRegistry()
 	metrics := proxier.NewMetrics(reg)
 	p := proxier.New(cfg, client, ipvs, links, recorder, metrics, log)
 	if ct, err := netlinkutil.NewConntrack(); err != nil {

@@ -21,6 +21,17 @@ type Call string
 // ErrorFunc decides whether a call fails; it sees the rendered call.
 type ErrorFunc func(call Call) error
 
+// How the writes are rendered, by the fake and by the fault-injecting
+// wrapper of the real kernel (faulty.go) alike; callWrite is "Add" or "Del",
+// the set and the entries.
+const (
+	callCreate  = "Create %s %s %s"
+	callDestroy = "Destroy %s"
+	callSwap    = "Swap %s %s"
+	callFlush   = "Flush %s"
+	callWrite   = "%s %s %s"
+)
+
 type set struct {
 	spec    ipset.Spec
 	entries map[ipset.Entry]bool
@@ -187,7 +198,7 @@ func (f *Sets) Create(spec ipset.Spec) error {
 		return err
 	}
 	spec = spec.Normalized()
-	if err := f.record("Create %s %s %s", spec.Name, spec.Type, spec.Family); err != nil {
+	if err := f.record(callCreate, spec.Name, spec.Type, spec.Family); err != nil {
 		return err
 	}
 	if err := f.mustOwn("create", spec.Name); err != nil {
@@ -207,7 +218,7 @@ func (f *Sets) Create(spec ipset.Spec) error {
 func (f *Sets) Destroy(name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("Destroy %s", name); err != nil {
+	if err := f.record(callDestroy, name); err != nil {
 		return err
 	}
 	if err := f.mustOwn("destroy", name); err != nil {
@@ -228,7 +239,7 @@ func (f *Sets) Destroy(name string) error {
 func (f *Sets) Swap(a, b string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("Swap %s %s", a, b); err != nil {
+	if err := f.record(callSwap, a, b); err != nil {
 		return err
 	}
 	if err := f.mustOwn("swap", a); err != nil {
@@ -257,7 +268,7 @@ func (f *Sets) Swap(a, b string) error {
 func (f *Sets) Flush(name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("Flush %s", name); err != nil {
+	if err := f.record(callFlush, name); err != nil {
 		return err
 	}
 	if err := f.mustOwn("flush", name); err != nil {
@@ -321,7 +332,7 @@ func (f *Sets) write(op, name string, entries []ipset.Entry, add bool) error {
 	for i, e := range entries {
 		rendered[i] = e.String()
 	}
-	if err := f.record("%s %s %s", op, name, strings.Join(rendered, " ")); err != nil {
+	if err := f.record(callWrite, op, name, strings.Join(rendered, " ")); err != nil {
 		return err
 	}
 	if err := f.mustOwn(strings.ToLower(op), name); err != nil {

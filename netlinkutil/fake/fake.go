@@ -22,6 +22,22 @@ type Call string
 // ErrorFunc decides whether a call fails; it sees the rendered call.
 type ErrorFunc func(call Call) error
 
+// How the writes are rendered, by the fakes and by the fault-injecting
+// wrappers of the real kernel (faulty.go) alike.
+const (
+	callAddVS         = "AddVirtualServer %s"
+	callUpdateVS      = "UpdateVirtualServer %s"
+	callDeleteVS      = "DeleteVirtualServer %s"
+	callAddRS         = "AddRealServer %s %s w=%d"
+	callUpdateRS      = "UpdateRealServer %s %s w=%d"
+	callDeleteRS      = "DeleteRealServer %s %s"
+	callAddAddress    = "AddAddress %s %s"
+	callDeleteAddress = "DeleteAddress %s %s"
+	callEnsureDummy   = "EnsureDummy %s"
+	callDeleteLink    = "DeleteLink %s"
+	callSetTimeouts   = "SetTimeouts tcp=%s tcpfin=%s udp=%s"
+)
+
 // IPVS is a fake IPVS table.
 type IPVS struct {
 	mu       sync.Mutex
@@ -304,7 +320,7 @@ func (f *IPVS) AddVirtualServer(vs model.VirtualServer) error {
 // The writes; callers hold f.mu.
 
 func (f *IPVS) addVirtualServer(vs model.VirtualServer) error {
-	if err := f.record("AddVirtualServer %s", vs); err != nil {
+	if err := f.record(callAddVS, vs); err != nil {
 		return err
 	}
 	if _, ok := f.vs[vs.VSKey]; ok {
@@ -327,7 +343,7 @@ func (f *IPVS) UpdateVirtualServer(vs model.VirtualServer) error {
 }
 
 func (f *IPVS) updateVirtualServer(vs model.VirtualServer) error {
-	if err := f.record("UpdateVirtualServer %s", vs); err != nil {
+	if err := f.record(callUpdateVS, vs); err != nil {
 		return err
 	}
 	if _, ok := f.vs[vs.VSKey]; !ok {
@@ -349,7 +365,7 @@ func (f *IPVS) DeleteVirtualServer(vs model.VSKey) error {
 }
 
 func (f *IPVS) deleteVirtualServer(vs model.VSKey) error {
-	if err := f.record("DeleteVirtualServer %s", vs); err != nil {
+	if err := f.record(callDeleteVS, vs); err != nil {
 		return err
 	}
 	if _, ok := f.vs[vs]; !ok {
@@ -368,7 +384,7 @@ func (f *IPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
 }
 
 func (f *IPVS) addRealServer(vs model.VSKey, rs model.RealServer) error {
-	if err := f.record("AddRealServer %s %s w=%d", vs, rs.RSKey, rs.Weight); err != nil {
+	if err := f.record(callAddRS, vs, rs.RSKey, rs.Weight); err != nil {
 		return err
 	}
 	m, ok := f.rs[vs]
@@ -390,7 +406,7 @@ func (f *IPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
 }
 
 func (f *IPVS) updateRealServer(vs model.VSKey, rs model.RealServer) error {
-	if err := f.record("UpdateRealServer %s %s w=%d", vs, rs.RSKey, rs.Weight); err != nil {
+	if err := f.record(callUpdateRS, vs, rs.RSKey, rs.Weight); err != nil {
 		return err
 	}
 	m, ok := f.rs[vs]
@@ -412,7 +428,7 @@ func (f *IPVS) DeleteRealServer(vs model.VSKey, rs model.RSKey) error {
 }
 
 func (f *IPVS) deleteRealServer(vs model.VSKey, rs model.RSKey) error {
-	if err := f.record("DeleteRealServer %s %s", vs, rs); err != nil {
+	if err := f.record(callDeleteRS, vs, rs); err != nil {
 		return err
 	}
 	m, ok := f.rs[vs]
@@ -430,7 +446,7 @@ func (f *IPVS) deleteRealServer(vs model.VSKey, rs model.RSKey) error {
 func (f *IPVS) SetTimeouts(t netlinkutil.Timeouts) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("SetTimeouts tcp=%s tcpfin=%s udp=%s", t.TCP, t.TCPFin, t.UDP); err != nil {
+	if err := f.record(callSetTimeouts, t.TCP, t.TCPFin, t.UDP); err != nil {
 		return err
 	}
 	f.timeouts = t
@@ -528,7 +544,7 @@ func (l *Links) EnsureDummy(name string) error {
 	if _, ok := l.links[name]; ok {
 		return l.record("ListLink %s", name)
 	}
-	if err := l.record("EnsureDummy %s", name); err != nil {
+	if err := l.record(callEnsureDummy, name); err != nil {
 		return err
 	}
 	l.links[name] = map[netip.Addr]bool{}
@@ -539,7 +555,7 @@ func (l *Links) EnsureDummy(name string) error {
 func (l *Links) DeleteLink(name string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.record("DeleteLink %s", name); err != nil {
+	if err := l.record(callDeleteLink, name); err != nil {
 		return err
 	}
 	delete(l.links, name)
@@ -560,7 +576,7 @@ func (l *Links) ListAddresses(name string) ([]netip.Addr, error) {
 func (l *Links) AddAddress(name string, a netip.Addr) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.record("AddAddress %s %s", name, a); err != nil {
+	if err := l.record(callAddAddress, name, a); err != nil {
 		return err
 	}
 	addrs, ok := l.links[name]
@@ -575,7 +591,7 @@ func (l *Links) AddAddress(name string, a netip.Addr) error {
 func (l *Links) DeleteAddress(name string, a netip.Addr) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.record("DeleteAddress %s %s", name, a); err != nil {
+	if err := l.record(callDeleteAddress, name, a); err != nil {
 		return err
 	}
 	delete(l.links[name], a)

@@ -6,8 +6,11 @@ package bed
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -75,6 +78,9 @@ type Bed struct {
 	mu     sync.Mutex
 	agent  *vm.Proc
 	nextNs int
+	// variants are the agent's test builds installed in the VM: guest
+	// path -> the digest of the binary copied there.
+	variants map[string]string
 }
 
 // Start builds the binaries, starts the control plane and the VM, creates
@@ -150,7 +156,13 @@ func Start(ctx context.Context, assets *vm.Assets, opts Options) (_ *Bed, err er
 // StartAgent starts `ipvs-proxy run` in the VM, with Options.AgentArgs and
 // then extra, and waits for its first full sync.
 func (b *Bed) StartAgent(ctx context.Context, extra ...string) error {
-	p, err := b.startAgent(ctx, extra)
+	return b.StartAgentBinary(ctx, GuestBinary, extra...)
+}
+
+// StartAgentBinary is StartAgent with another build of the agent, at a
+// path in the guest (see InstallAgentVariant).
+func (b *Bed) StartAgentBinary(ctx context.Context, binary string, extra ...string) error {
+	p, err := b.startAgent(ctx, binary, extra)
 	if err != nil {
 		return err
 	}
@@ -167,8 +179,8 @@ func (b *Bed) StartAgent(ctx context.Context, extra ...string) error {
 	return nil
 }
 
-func (b *Bed) startAgent(ctx context.Context, extra []string) (*vm.Proc, error) {
-	argv := append([]string{GuestBinary, "run", "--kubeconfig", GuestKubecfg, "--hostname-override", NodeName}, b.opts.AgentArgs...)
+func (b *Bed) startAgent(ctx context.Context, binary string, extra []string) (*vm.Proc, error) {
+	argv := append([]string{binary, "run", "--kubeconfig", GuestKubecfg, "--hostname-override", NodeName}, b.opts.AgentArgs...)
 	return b.VM.Start(ctx, append(argv, extra...)...)
 }
 
@@ -176,7 +188,7 @@ func (b *Bed) startAgent(ctx context.Context, extra []string) (*vm.Proc, error) 
 // before its first sync (to interrupt that sync); the agent counts as
 // running from then on.
 func (b *Bed) LaunchAgent(ctx context.Context, extra ...string) (*vm.Proc, error) {
-	p, err := b.startAgent(ctx, extra)
+	p, err := b.startAgent(ctx, GuestBinary, extra)
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +201,45 @@ func (b *Bed) LaunchAgent(ctx context.Context, extra ...string) (*vm.Proc, error
 // KillAgent ends the agent with SIGKILL, as a crash or the OOM killer
 // would, if it runs.
 func (b *Bed) KillAgent() error { return b.endAgent((*vm.Proc).Kill) }
+
+// InstallAgentVariant builds the agent with build tags (a test build, e.g.
+// "faultinject"), cached by its inputs (vm.BuildVariant), copies it into
+// the running VM unless the same binary is there already, and returns its
+// path in the guest, GuestBinary-<tags>.
+func (b *Bed) InstallAgentVariant(ctx context.Context, tags ...string) (string, error) {
+	bin, err := vm.BuildVariant(ctx, vm.CacheDir(), "github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy", tags, b.opts.Log)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.Open(bin)
+	if err != nil {
+		return "", fmt.Errorf("bed: %w", err)
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return "", fmt.Errorf("bed: read %s: %w", bin, err)
+	}
+	digest := hex.EncodeToString(h.Sum(nil))
+	guest := GuestBinary + "-" + strings.Join(tags, "-")
+	b.mu.Lock()
+	have := b.variants[guest] == digest
+	b.mu.Unlock()
+	if have {
+		return guest, nil
+	}
+	if err := b.VM.CopyFile(ctx, bin, guest); err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	if b.variants == nil {
+		b.variants = map[string]string{}
+	}
+	b.variants[guest] = digest
+	b.mu.Unlock()
+	return guest, nil
+}
 
 // StopAgent stops the agent (SIGTERM) if it runs.
 func (b *Bed) StopAgent() error { return b.endAgent((*vm.Proc).Stop) }

@@ -99,3 +99,31 @@ func copyFile(src, dst string, perm os.FileMode) error {
 	}
 	return os.WriteFile(dst, b, perm)
 }
+
+// BuildVariant builds package pkg with build tags (a test build, such as
+// ipvs-proxy's faultinject) into a cache directory of its own, per module
+// checkout and tags, and returns the binary's path. The binary stays
+// there: go build relinks it only when its inputs changed (its build ID
+// says), so a second build with nothing changed costs a check. A file lock
+// keeps concurrent test processes apart.
+func BuildVariant(ctx context.Context, cacheDir, pkg string, tags []string, logf func(string, ...any)) (string, error) {
+	mod, err := runCmd(ctx, "", goTool(), "env", "GOMOD")
+	if err != nil {
+		return "", fmt.Errorf("build %s: %w", pkg, err)
+	}
+	tagList := strings.Join(tags, ",")
+	dir := filepath.Join(cacheDir, "variants", filepath.Base(pkg)+"-"+strings.ReplaceAll(tagList, ",", "-")+"-"+shortHash(strings.TrimSpace(mod)))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("build %s: %w", pkg, err)
+	}
+	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"), logf)
+	if err != nil {
+		return "", fmt.Errorf("build %s: %w", pkg, err)
+	}
+	defer unlock()
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	if err := runGo(ctx, "build", "-trimpath", "-tags", tagList, "-o", bin, pkg); err != nil {
+		return "", err
+	}
+	return bin, nil
+}
