@@ -223,6 +223,9 @@ func (c *Cluster) startNode(ctx context.Context) error {
 		return fmt.Errorf("cluster: node setup: %w", err)
 	}
 	var err error
+	if _, err := v.RunOK(ctx, "modprobe", "overlay"); err != nil {
+		return fmt.Errorf("cluster: load overlay for containerd's snapshotter: %w", err)
+	}
 	if c.containerd, err = v.Start(ctx, "containerd", "--config", guestContainerdConf); err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
@@ -232,11 +235,10 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	logf := c.logf
 	logf("cluster: containerd up after %s", time.Since(t).Round(time.Millisecond))
 	t = time.Now()
-	// The native snapshotter: the guest has no overlayfs (see
-	// containerdConfig).
+	// The overlayfs snapshotter (see containerdConfig).
 	r, err := v.Exec(ctx, vm.Command{Argv: []string{"sh", "-c",
 		"for f in " + guestImages + "/*.tar; do ctr -n k8s.io images import --no-unpack=false \"$f\" || exit 1; done; ctr -n k8s.io images ls -q"},
-		Env: []string{"CONTAINERD_SNAPSHOTTER=native", "CONTAINERD_ADDRESS=" + containerdSock}})
+		Env: []string{"CONTAINERD_SNAPSHOTTER=overlayfs", "CONTAINERD_ADDRESS=" + containerdSock}})
 	if err != nil {
 		return fmt.Errorf("cluster: import images: %w", err)
 	}

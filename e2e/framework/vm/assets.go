@@ -77,7 +77,7 @@ var (
 	// extraModules are in the initramfs but loaded only on demand (by a
 	// test, or by the kernel through /sbin/modprobe).
 	extraModules = []string{"bridge", "br_netfilter", "sctp", "xt_physdev", "xt_recent", "xt_limit",
-		"nft_fib_inet", "nft_limit", "ip_vs_ftp"}
+		"nft_fib_inet", "nft_limit", "ip_vs_ftp", "overlay"}
 )
 
 // recipe is the asset recipe's version: the revision and a hash of the
