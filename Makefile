@@ -10,7 +10,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
-E2E_TIMEOUT ?= 60m
+E2E_TIMEOUT ?= 80m
 
 .PHONY: all build image test checks bed unit e2e lint demo bench bench-go exec-paths clean fuzz conformance conformance-list chaos
 
