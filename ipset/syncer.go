@@ -178,16 +178,19 @@ func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
 		}
 	}
 	if len(add) == 0 && len(del) == 0 && v.spec == spec {
-		return st, nil
+		return st, s.dropTemp(spec.Name)
 	}
 	if v.spec != spec || (len(add)+len(del) > len(want)+rebuildGain && !st.Created) {
 		err := s.rebuild(spec, want, &st)
-		if err != nil {
+		if err != nil && s.view[spec.Name] == v {
 			v.entries = nil
 		}
 		return st, err
 	}
-	return st, s.apply(spec.Name, v, add, del, &st)
+	if err := s.apply(spec.Name, v, add, del, &st); err != nil {
+		return st, err
+	}
+	return st, s.dropTemp(spec.Name)
 }
 
 // SyncChanged is Sync for a partial update: only the entries in changed may
@@ -282,36 +285,91 @@ func mismatch(spec Spec, cur Set) error {
 		spec.Name, cur.Type, cur.Family, spec.Type, spec.Family, ErrMismatch)
 }
 
-// rebuild fills a new set with want and swaps it with the live one.
+// rebuild fills the set TempName(spec.Name) with want and swaps it with
+// the live one. The temporary set is kept in the view like any other, so a
+// rebuild that fails part-way (a refused entry, a failed swap) resumes at
+// the next attempt from what the set holds, rereading it after a failed
+// write, instead of starting again: a fresh start needs every write of a
+// large set to succeed at once, which repeated write failures never grant
+// (a 200-entry set never converged with half the writes failing).
 func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
 	s.wroteAll(spec.Name)
 	tmp := spec
 	tmp.Name = TempName(spec.Name)
-	if err := s.sets.Destroy(tmp.Name); err != nil { // a leftover of a crash
+	if err := s.fillTemp(tmp, want, st); err != nil {
 		return err
-	}
-	if err := s.sets.Create(tmp); err != nil {
-		return err
-	}
-	entries := make([]Entry, 0, len(want))
-	for e := range want {
-		entries = append(entries, e)
-	}
-	slices.SortFunc(entries, Entry.Compare)
-	if err := s.sets.Add(tmp.Name, entries...); err != nil {
-		return errors.Join(err, s.sets.Destroy(tmp.Name))
 	}
 	if err := s.sets.Swap(spec.Name, tmp.Name); err != nil {
-		return errors.Join(err, s.sets.Destroy(tmp.Name))
+		return err // the filled set stays for the next attempt
 	}
 	st.Rebuilt = true
-	st.Added += len(entries)
 	contents := make(Contents, len(want))
 	for e := range want {
 		contents[e] = struct{}{}
 	}
 	s.view[spec.Name] = &viewed{spec: spec, entries: contents}
-	return s.sets.Destroy(tmp.Name)
+	// The temporary set now holds the old contents: known to exist, to be
+	// destroyed now or, if that fails, by the set's next Sync.
+	s.view[tmp.Name] = &viewed{spec: tmp}
+	return s.dropTemp(spec.Name)
+}
+
+// fillTemp makes the rebuild's set tmp hold want: created afresh on a
+// rebuild's first attempt (after destroying a leftover of a crash, perhaps
+// of other parameters), synced by difference on later ones.
+func (s *Syncer) fillTemp(tmp Spec, want Contents, st *Stats) error {
+	v := s.view[tmp.Name]
+	switch {
+	case v == nil || v.spec != tmp:
+		delete(s.view, tmp.Name)
+		if err := s.sets.Destroy(tmp.Name); err != nil {
+			return err
+		}
+		if err := s.sets.Create(tmp); err != nil {
+			return err
+		}
+		v = &viewed{spec: tmp, entries: Contents{}}
+		s.view[tmp.Name] = v
+	case v.entries == nil: // an earlier attempt's write failed
+		nv, err := s.read(tmp, st)
+		if err != nil {
+			delete(s.view, tmp.Name)
+			return err
+		}
+		if nv.spec != tmp {
+			delete(s.view, tmp.Name)
+			return fmt.Errorf("ipset: rebuild of %s: %s is %+v, want %+v", tmp.Name, tmp.Name, nv.spec, tmp)
+		}
+		v = nv
+		s.view[tmp.Name] = v
+	}
+	var add, del []Entry
+	for e := range want {
+		if _, ok := v.entries[e]; !ok {
+			add = append(add, e)
+		}
+	}
+	for e := range v.entries {
+		if _, ok := want[e]; !ok {
+			del = append(del, e)
+		}
+	}
+	return s.apply(tmp.Name, v, add, del, st)
+}
+
+// dropTemp destroys the temporary set of a rebuild of name that is known
+// to exist (a rebuild finished, or given up for a sync by difference); if
+// that fails it stays known, and the next Sync of name tries again.
+func (s *Syncer) dropTemp(name string) error {
+	tmp := TempName(name)
+	if _, ok := s.view[tmp]; !ok {
+		return nil
+	}
+	if err := s.sets.Destroy(tmp); err != nil {
+		return err
+	}
+	delete(s.view, tmp)
+	return nil
 }
 
 // Destroy destroys a set and forgets it.
