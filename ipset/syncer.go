@@ -46,6 +46,7 @@ type written struct {
 }
 
 type viewed struct {
+	temp    bool // a rebuild's temporary set: Forget keeps knowing it exists
 	spec    Spec
 	entries Contents // nil: unknown, reread before the next diff
 }
@@ -218,7 +219,10 @@ func (s *Syncer) SyncChanged(spec Spec, want Contents, changed []Entry) (Stats, 
 			del = append(del, e)
 		}
 	}
-	return st, s.apply(spec.Name, v, add, del, &st)
+	if err := s.apply(spec.Name, v, add, del, &st); err != nil {
+		return st, err
+	}
+	return st, s.dropTemp(spec.Name)
 }
 
 // apply adds, then deletes, entries of a live set and keeps the view.
@@ -286,12 +290,13 @@ func mismatch(spec Spec, cur Set) error {
 }
 
 // rebuild fills the set TempName(spec.Name) with want and swaps it with
-// the live one. The temporary set is kept in the view like any other, so a
-// rebuild that fails part-way (a refused entry, a failed swap) resumes at
-// the next attempt from what the set holds, rereading it after a failed
-// write, instead of starting again: a fresh start needs every write of a
-// large set to succeed at once, which repeated write failures never grant
-// (a 200-entry set never converged with half the writes failing).
+// the live one. The temporary set is kept in the view like any other (and
+// Forget keeps knowing that it exists), so a rebuild that fails part-way (a
+// refused entry, a failed swap) resumes at the next attempt from what the
+// set holds, rereading it after a failed write, instead of starting again:
+// a fresh start needs every write of a large set to succeed at once, which
+// repeated write failures never grant (a 200-entry set never converged
+// with half the writes failing).
 func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
 	s.wroteAll(spec.Name)
 	tmp := spec
@@ -300,7 +305,8 @@ func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
 		return err
 	}
 	if err := s.sets.Swap(spec.Name, tmp.Name); err != nil {
-		return err // the filled set stays for the next attempt
+		s.view[tmp.Name].entries = nil // kept for the next attempt, reread
+		return err
 	}
 	st.Rebuilt = true
 	contents := make(Contents, len(want))
@@ -309,38 +315,36 @@ func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
 	}
 	s.view[spec.Name] = &viewed{spec: spec, entries: contents}
 	// The temporary set now holds the old contents: known to exist, to be
-	// destroyed now or, if that fails, by the set's next Sync.
-	s.view[tmp.Name] = &viewed{spec: tmp}
+	// destroyed now or, if that fails, by the set's next sync.
+	s.view[tmp.Name] = &viewed{spec: tmp, temp: true}
 	return s.dropTemp(spec.Name)
 }
 
-// fillTemp makes the rebuild's set tmp hold want: created afresh on a
-// rebuild's first attempt (after destroying a leftover of a crash, perhaps
-// of other parameters), synced by difference on later ones.
+// fillTemp makes the rebuild's set tmp hold want: synced by difference
+// when an earlier attempt left it (reread if that attempt's write failed),
+// created afresh otherwise, or when it has other parameters (a crash's
+// leftover perhaps).
 func (s *Syncer) fillTemp(tmp Spec, want Contents, st *Stats) error {
 	v := s.view[tmp.Name]
-	switch {
-	case v == nil || v.spec != tmp:
-		delete(s.view, tmp.Name)
+	if v != nil && v.entries == nil {
+		nv, err := s.read(tmp, st) // (creates it if it is gone)
+		if err != nil {
+			return err // still known: the next attempt rereads it
+		}
+		nv.temp = true
+		s.view[tmp.Name] = nv
+		v = nv
+	}
+	if v == nil || v.spec != tmp {
+		s.view[tmp.Name] = &viewed{spec: tmp, temp: true} // may exist
 		if err := s.sets.Destroy(tmp.Name); err != nil {
 			return err
 		}
+		delete(s.view, tmp.Name)
 		if err := s.sets.Create(tmp); err != nil {
 			return err
 		}
-		v = &viewed{spec: tmp, entries: Contents{}}
-		s.view[tmp.Name] = v
-	case v.entries == nil: // an earlier attempt's write failed
-		nv, err := s.read(tmp, st)
-		if err != nil {
-			delete(s.view, tmp.Name)
-			return err
-		}
-		if nv.spec != tmp {
-			delete(s.view, tmp.Name)
-			return fmt.Errorf("ipset: rebuild of %s: %s is %+v, want %+v", tmp.Name, tmp.Name, nv.spec, tmp)
-		}
-		v = nv
+		v = &viewed{spec: tmp, entries: Contents{}, temp: true}
 		s.view[tmp.Name] = v
 	}
 	var add, del []Entry
@@ -357,9 +361,9 @@ func (s *Syncer) fillTemp(tmp Spec, want Contents, st *Stats) error {
 	return s.apply(tmp.Name, v, add, del, st)
 }
 
-// dropTemp destroys the temporary set of a rebuild of name that is known
+// dropTemp destroys the temporary set of a rebuild of name if it is known
 // to exist (a rebuild finished, or given up for a sync by difference); if
-// that fails it stays known, and the next Sync of name tries again.
+// that fails it stays known, and the next sync of name tries again.
 func (s *Syncer) dropTemp(name string) error {
 	tmp := TempName(name)
 	if _, ok := s.view[tmp]; !ok {
@@ -380,8 +384,16 @@ func (s *Syncer) Destroy(name string) error {
 }
 
 // Forget drops every set from the view: the next Sync of each rereads it.
-// It stops tracking writes too.
+// A rebuild's temporary set stays known to exist (its contents unknown), so
+// that the rebuild resumes from it or a sync by difference destroys it. It
+// stops tracking writes too.
 func (s *Syncer) Forget() {
-	clear(s.view)
+	for name, v := range s.view {
+		if v.temp {
+			v.entries = nil // it exists: a rebuild rereads it, a sync destroys it
+			continue
+		}
+		delete(s.view, name)
+	}
 	clear(s.track)
 }

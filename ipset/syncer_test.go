@@ -2,6 +2,7 @@ package ipset_test
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"strings"
@@ -122,61 +123,145 @@ func TestSyncerRebuild(t *testing.T) {
 // TestSyncerRebuildResumes: with half of all writes failing (entries,
 // creations, swaps and destructions alike), a rebuild of a 300-entry set
 // resumes from what its temporary set holds at each attempt, and converges
-// in a few attempts with no temporary set left; starting afresh at each
-// attempt, it needed all 300 additions to succeed at once and never did
-// (the kernel-faults chaos case at 50% ran 15 minutes without converging).
+// with each entry written once and no temporary set left; starting afresh
+// at each attempt, it needed all 300 additions to succeed at once and
+// never did (the kernel-faults chaos case at 50% ran 15 minutes without
+// converging). The glue's retries are full syncs that Forget the view
+// first: the rebuild resumes through that too.
 func TestSyncerRebuildResumes(t *testing.T) {
-	f := fake.New()
-	s := ipset.NewSyncer(f)
-	old := ipset.Contents{}
+	for _, forget := range []bool{false, true} {
+		t.Run(fmt.Sprintf("forget=%v", forget), func(t *testing.T) {
+			f := fake.New()
+			s := ipset.NewSyncer(f)
+			old := ipset.Contents{}
+			for i := range 300 {
+				old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+			}
+			sync(t, s, old, false)
+			want := ipset.Contents{}
+			for i := range 300 {
+				want[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+			}
+			// Half the writes fail, whatever they are (a fixed seed): no
+			// attempt can do everything, but each does about half of
+			// what is left.
+			rnd := rand.New(rand.NewPCG(1, 2))
+			s = ipset.NewSyncer(fake.Wrap(f, func(fake.Call) error {
+				if rnd.IntN(2) == 0 {
+					return errors.New("injected")
+				}
+				return nil
+			}))
+			f.ResetCalls()
+			attempts, rebuilt := 0, false
+			for ; attempts < 40; attempts++ {
+				if forget {
+					s.Forget()
+				}
+				st, err := s.Sync(spec, want, forget)
+				rebuilt = rebuilt || st.Rebuilt
+				if err == nil {
+					break
+				}
+			}
+			if attempts == 40 {
+				t.Fatalf("not converged after 40 attempts; sets %v", f.Names())
+			}
+			if !rebuilt {
+				t.Errorf("converged without a rebuild: %v", f.Calls())
+			}
+			got := f.Entries(spec.Name)
+			if len(got) != len(want) || !strings.HasPrefix(got[0], "10.97.") || !strings.HasPrefix(got[len(got)-1], "10.97.") {
+				t.Errorf("the set holds %d entries (%v ... ), want the 300 of 10.97.0.0/16", len(got), got[:min(3, len(got))])
+			}
+			if names := f.Names(); len(names) != 1 {
+				t.Errorf("sets left: %v, want only %s", names, spec.Name)
+			}
+			added := 0
+			for _, c := range f.Writes() {
+				if strings.HasPrefix(string(c), "Add "+ipset.TempName(spec.Name)+" ") {
+					added += len(strings.Fields(string(c))) - 2
+				}
+			}
+			t.Logf("converged after %d failed attempts; %d entries written to the temporary set for 300 wanted", attempts, added)
+			if added > 2*len(want) {
+				t.Errorf("%d entries written to the temporary set for %d wanted: the rebuild started again instead of resuming", added, len(want))
+			}
+		})
+	}
+}
+
+// TestSyncerRebuildLeavesNoTemp: the temporary set is destroyed by a later
+// sync when its destruction after the swap failed, whatever comes between:
+// a Forget (the glue's retry), a rebuild of another capacity that finds
+// the old set under the temporary name, a sync by difference.
+func TestSyncerRebuildLeavesNoTemp(t *testing.T) {
+	a, b := ipset.Contents{}, ipset.Contents{}
 	for i := range 300 {
-		old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+		a[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
 	}
-	sync(t, s, old, false)
-	want := ipset.Contents{}
-	for i := range 300 {
-		want[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+	for i := range 10 {
+		b[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, 0, byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
 	}
-	// Half the writes fail, whatever they are (a fixed seed): no attempt
-	// can do everything, but each does about half of what is left.
-	rnd := rand.New(rand.NewPCG(1, 2))
-	s = ipset.NewSyncer(fake.Wrap(f, func(fake.Call) error {
-		if rnd.IntN(2) == 0 {
-			return errors.New("injected")
-		}
-		return nil
-	}))
-	f.ResetCalls()
-	attempts, rebuilt := 0, false
-	for ; attempts < 40; attempts++ {
-		st, err := s.Sync(spec, want, false)
-		rebuilt = rebuilt || st.Rebuilt
-		if err == nil {
-			break
-		}
+	small, big := spec, spec
+	small.MaxElem, big.MaxElem = 4096, 8192
+	tmp := ipset.TempName(spec.Name)
+	// failDestroyAfterSwap fails the temporary set's destruction that
+	// follows a swap.
+	failDestroyAfterSwap := func(f *fake.Sets) {
+		swapped := false
+		f.InjectErrors(func(c fake.Call) error {
+			if strings.HasPrefix(string(c), "Swap ") {
+				swapped = true
+			} else if swapped && string(c) == "Destroy "+tmp {
+				return errors.New("injected")
+			}
+			return nil
+		})
 	}
-	if attempts == 40 {
-		t.Fatalf("not converged after 40 attempts; sets %v", f.Names())
-	}
-	if !rebuilt {
-		t.Errorf("converged without a rebuild: %v", f.Calls())
-	}
-	got := f.Entries(spec.Name)
-	if len(got) != len(want) || !strings.HasPrefix(got[0], "10.97.") || !strings.HasPrefix(got[len(got)-1], "10.97.") {
-		t.Errorf("the set holds %d entries (%v ... ), want the 300 of 10.97.0.0/16", len(got), got[:min(3, len(got))])
-	}
-	if names := f.Names(); len(names) != 1 {
-		t.Errorf("sets left: %v, want only %s", names, spec.Name)
-	}
-	added := 0
-	for _, c := range f.Writes() {
-		if strings.HasPrefix(string(c), "Add "+ipset.TempName(spec.Name)+" ") {
-			added += len(strings.Fields(string(c))) - 2
-		}
-	}
-	t.Logf("converged after %d failed attempts; %d entries written to the temporary set for 300 wanted", attempts, added)
-	if added > 2*len(want) {
-		t.Errorf("%d entries written to the temporary set for %d wanted: the rebuild started again instead of resuming", added, len(want))
+	for _, tc := range []struct {
+		name  string
+		after func(t *testing.T, s *ipset.Syncer)
+	}{
+		{"then a sync by difference", func(t *testing.T, s *ipset.Syncer) {
+			if _, err := s.Sync(big, a, false); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"then Forget and a reread", func(t *testing.T, s *ipset.Syncer) {
+			s.Forget()
+			if _, err := s.Sync(big, a, true); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"then a rebuild that finds the old capacity", func(t *testing.T, s *ipset.Syncer) {
+			if _, err := s.Sync(big, b, false); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Sync(big, a, false); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := fake.New()
+			s := ipset.NewSyncer(f)
+			if _, err := s.Sync(small, a, false); err != nil {
+				t.Fatal(err)
+			}
+			failDestroyAfterSwap(f)
+			if st, err := s.Sync(big, a, false); err == nil || !st.Rebuilt {
+				t.Fatalf("the capacity rebuild: rebuilt %v, error %v; want rebuilt and the destruction's error", st.Rebuilt, err)
+			}
+			f.InjectErrors(nil)
+			tc.after(t, s)
+			if names := f.Names(); len(names) != 1 {
+				t.Errorf("sets left: %v, want only %s", names, spec.Name)
+			}
+			if got := f.Entries(spec.Name); len(got) != len(a) {
+				t.Errorf("the set holds %d entries, want %d", len(got), len(a))
+			}
+		})
 	}
 }
 

@@ -328,10 +328,12 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		if err != nil {
 			errs = append(errs, err)
 		}
-		if err == nil && first {
+		if err == nil && len(errs) == 0 && first {
 			// Sets of a family no longer served, of an older version, or
-			// a rebuild's leftover: only after the rules that used them
-			// are gone. Listing every set costs, so only at start-up.
+			// a crashed rebuild's leftover: only after the rules that used
+			// them are gone, and only once every set is synced (a rebuild
+			// under way resumes from its temporary set). Listing every set
+			// costs, so only at start-up.
 			errs = append(errs, g.destroyStaleSets()...)
 		}
 	} else {

@@ -3,6 +3,7 @@ package glue
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -242,6 +243,68 @@ func TestFailedWriteIsRetried(t *testing.T) {
 	b.sync(t, true)
 	if got := b.sets.Entries("IPVSP-CLUSTER-IP"); !slices.Equal(got, []string{"10.96.0.2,tcp:80"}) {
 		t.Errorf("IPVSP-CLUSTER-IP after the retry = %v", got)
+	}
+}
+
+// TestRestartRebuildResumes: the agent restarts after its 300 Services
+// were replaced by 300 others, so every set is rebuilt, while half of all
+// set writes fail (a fixed seed). The proxier retries a failed consumer
+// with a full sync, which forgets the glue's view of the sets: each
+// rebuild still resumes from its temporary set (each entry written about
+// once), converges, and leaves no temporary set. It never converged when a
+// retry started every rebuild afresh, nor when start-up's removal of stale
+// sets destroyed a rebuild under way.
+func TestRestartRebuildResumes(t *testing.T) {
+	b := newBed(t, dualStack)
+	for i := range 300 {
+		p := service(i)
+		b.g.SetPlan(p.Service, p)
+	}
+	b.sync(t, true)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	faulty := ipsetfake.Wrap(b.sets, func(ipsetfake.Call) error {
+		if rnd.IntN(2) == 0 {
+			return errors.New("injected")
+		}
+		return nil
+	})
+	restarted := New(dualStack, faulty, b.g.ipt, b.links, b.g.log)
+	for i := 1000; i < 1300; i++ {
+		p := service(i)
+		restarted.SetPlan(p.Service, p)
+	}
+	b.sets.ResetCalls()
+	attempts := 0
+	for ; attempts < 40; attempts++ {
+		if _, err := restarted.SyncStats(true); err == nil {
+			break
+		}
+	}
+	if attempts == 40 {
+		t.Fatalf("not converged after 40 full syncs")
+	}
+	added := 0
+	for _, c := range b.sets.Writes() {
+		if f := strings.Fields(string(c)); len(f) > 2 && f[0] == "Add" && strings.HasSuffix(f[1], "-N") {
+			added += len(f) - 2
+		}
+	}
+	t.Logf("converged after %d failed full syncs; %d entries written to temporary sets", attempts, added)
+	// Six sets of 300 entries are rebuilt (clusterIPs, node ports, their
+	// Services, VIPs, hairpin...): about 1,800 entries if each is written once.
+	if added > 2*1800 {
+		t.Errorf("%d entries written to temporary sets: the rebuilds started again instead of resuming", added)
+	}
+	for _, n := range b.sets.Names() {
+		if strings.HasSuffix(n, "-N") {
+			t.Errorf("temporary set %s left", n)
+		}
+	}
+	// The new Services' clusterIPs are 10.96.4.1-10.96.5.50, the old ones'
+	// 10.96.0.1-10.96.1.50.
+	got := b.sets.Entries("IPVSP-CLUSTER-IP")
+	if len(got) != 300 || !strings.HasPrefix(got[0], "10.96.4.") || !strings.HasPrefix(got[len(got)-1], "10.96.5.") {
+		t.Errorf("IPVSP-CLUSTER-IP holds %d entries (%v ...); want the 300 new clusterIPs", len(got), got[:min(2, len(got))])
 	}
 }
 
