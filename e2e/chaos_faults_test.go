@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net/netip"
 	"slices"
@@ -108,6 +109,16 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 	// and a third are deleted.
 	ns := e.namespace(t)
 	c := &churn{e: e, ns: ns, base: k * 4000}
+	// The case's Services go with it: the bed's later tests (kube-proxy's
+	// syncs in TestTakeoverFromKubeProxy among them) should not carry them.
+	t.Cleanup(func() {
+		c.mu.Lock()
+		live := slices.Collect(maps.Keys(c.svcs))
+		c.mu.Unlock()
+		for _, i := range live {
+			c.delete(t, i)
+		}
+	})
 	start := time.Now()
 	c.run(t, size, func(i int) { c.create(t, i) })
 	c.run(t, size, func(i int) {

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
 )
@@ -44,6 +47,7 @@ func (e env) kubeProxy(t *testing.T, opts kubeproxy.Options) *kubeproxy.KubeProx
 	if out, err := e.VM.RunOK(ctx, bed.GuestBinary, "cleanup"); err != nil {
 		t.Fatalf("remove the agent's state: %v\n%s", err, out)
 	}
+	e.dropFinishedTests(t)
 	if opts.Log == nil {
 		opts.Log = t.Logf
 	}
@@ -55,6 +59,43 @@ func (e env) kubeProxy(t *testing.T, opts kubeproxy.Options) *kubeproxy.KubeProx
 		t.Fatal(err)
 	}
 	return kp
+}
+
+// dropFinishedTests deletes the Services and EndpointSlices of the
+// namespaces of tests that have ended. The bed runs no namespace
+// controller, so a deleted namespace keeps its objects, and kube-proxy,
+// which rewrites everything on each sync, would carry them all: with the
+// ~600 Services the chaos cases leave, its first sync took 2m42s and its
+// later ones held up the takeover test. (The agent, stopped here, reads
+// the smaller set when it starts again.)
+func (e env) dropFinishedTests(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	nss, err := e.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("list namespaces: %v", err)
+	}
+	svcs, namespaces := 0, 0
+	for _, ns := range nss.Items {
+		if ns.DeletionTimestamp == nil {
+			continue
+		}
+		ss, err := e.Client.CoreV1().Services(ns.Name).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("list the Services of %s: %v", ns.Name, err)
+		}
+		for _, s := range ss.Items {
+			if err := e.Client.CoreV1().Services(ns.Name).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatalf("delete Service %s/%s: %v", ns.Name, s.Name, err)
+			}
+			svcs++
+		}
+		if err := e.Client.DiscoveryV1().EndpointSlices(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatalf("delete the EndpointSlices of %s: %v", ns.Name, err)
+		}
+		namespaces++
+	}
+	t.Logf("deleted the %d Services (and the slices) of %d ended tests' namespaces", svcs, namespaces)
 }
 
 // expectNoKubeProxyState checks that nothing of kube-proxy is left in the

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
@@ -144,6 +145,11 @@ func (e env) programmedState(t *testing.T) map[string][]string {
 func TestTakeoverFromKubeProxy(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
+	if all, err := e.Client.CoreV1().Services("").List(ctx, metav1.ListOptions{}); err == nil {
+		// (kube-proxy programs every one of them: earlier tests' leftovers
+		// make its syncs long.)
+		t.Logf("Services in the cluster: %d", len(all.Items))
+	}
 	kp := e.kubeProxy(t, kubeproxy.Options{})
 	t.Cleanup(func() { _ = e.StopAgent() }) // before the fixture's own cleanup
 	ns := e.namespace(t)
@@ -203,6 +209,21 @@ func TestTakeoverFromKubeProxy(t *testing.T) {
 		}
 	})
 	mark("held connections open")
+	// What a broken held connection leaves to explain it (a quiet CI run
+	// once lost the masqueraded node port's, 1.3 s after kube-proxy's stop,
+	// before ipvs-proxy's first sync): the connection tables, before and
+	// at the failure, and the agent's log up to its first sync.
+	ctBefore := e.vmRun(t, "vmagent", "conntrack", "--port", fmt.Sprint(nodePort))
+	ipvsBefore := e.ipvsadm(t, "-c")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		t.Logf("conntrack entries to port %d when the held connections opened:\n%s\nand now:\n%s", nodePort, ctBefore,
+			e.vmRun(t, "vmagent", "conntrack", "--port", fmt.Sprint(nodePort)))
+		t.Logf("IPVS connection table when the held connections opened:\n%s\nand now:\n%s", ipvsBefore, e.ipvsadm(t, "-c"))
+		t.Logf("the agent's log to its first sync:\n%s", head(e.AgentOutput(), 200))
+	})
 	var traffics []*traffic
 	for _, a := range tcpAddrs {
 		traffics = append(traffics, e.startTraffic(t, "tcp", a))
@@ -310,4 +331,13 @@ func TestTakeoverFromKubeProxy(t *testing.T) {
 	attempts, failed, _, _ := tr.stop(t, time.Time{})
 	t.Logf("rollback figures: Service traffic back %s after the cleanup began; new connections %d, failed %d (one every 50 ms)",
 		back.Round(time.Millisecond), attempts, failed)
+}
+
+// head is the first n lines of s.
+func head(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) > n {
+		lines = append(lines[:n], fmt.Sprintf("... (%d more lines)\n", len(lines)-n))
+	}
+	return strings.Join(lines, "")
 }

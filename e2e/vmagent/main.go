@@ -13,6 +13,7 @@
 //	vmagent serve [--netns NAME] --name be1 --port 8080 [--tcp] [--udp]
 //	vmagent hit [--netns NAME] --proto tcp|udp --addr 10.96.0.10:80 [--n 6] [--timeout 2s]
 //	vmagent hold [--netns NAME] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s]
+//	vmagent conntrack [--port 30080]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
@@ -54,6 +55,7 @@ const usage = `usage:
   vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
   vmagent hold [--netns NAME] --addr HOST:PORT [--interval DURATION] [--timeout DURATION]
   vmagent http [--timeout DURATION] [--cacert FILE] URL
+  vmagent conntrack [--port PORT]
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -88,6 +90,8 @@ func run(args []string, stdout io.Writer) error {
 		return holdCmd(args[1:], stdout)
 	case "http":
 		return httpCmd(args[1:], stdout)
+	case "conntrack":
+		return conntrackCmd(args[1:], stdout)
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
