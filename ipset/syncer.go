@@ -167,17 +167,7 @@ func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
 		s.view[spec.Name] = v
 	}
 
-	var add, del []Entry
-	for e := range want {
-		if _, ok := v.entries[e]; !ok {
-			add = append(add, e)
-		}
-	}
-	for e := range v.entries {
-		if _, ok := want[e]; !ok {
-			del = append(del, e)
-		}
-	}
+	add, del := difference(want, v.entries)
 	if len(add) == 0 && len(del) == 0 && v.spec == spec {
 		return st, s.dropTemp(spec.Name)
 	}
@@ -192,6 +182,22 @@ func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
 		return st, err
 	}
 	return st, s.dropTemp(spec.Name)
+}
+
+// difference is what to add to have, and what to delete from it, to get
+// want.
+func difference(want, have Contents) (add, del []Entry) {
+	for e := range want {
+		if _, ok := have[e]; !ok {
+			add = append(add, e)
+		}
+	}
+	for e := range have {
+		if _, ok := want[e]; !ok {
+			del = append(del, e)
+		}
+	}
+	return add, del
 }
 
 // SyncChanged is Sync for a partial update: only the entries in changed may
@@ -347,17 +353,7 @@ func (s *Syncer) fillTemp(tmp Spec, want Contents, st *Stats) error {
 		v = &viewed{spec: tmp, entries: Contents{}, temp: true}
 		s.view[tmp.Name] = v
 	}
-	var add, del []Entry
-	for e := range want {
-		if _, ok := v.entries[e]; !ok {
-			add = append(add, e)
-		}
-	}
-	for e := range v.entries {
-		if _, ok := want[e]; !ok {
-			del = append(del, e)
-		}
-	}
+	add, del := difference(want, v.entries)
 	return s.apply(tmp.Name, v, add, del, st)
 }
 
