@@ -42,9 +42,11 @@ func dropRulesUsing(save, set string) string {
 
 // TestChaosManualDamage: CHAOS_SIZE Services, traffic, and another tool's
 // virtual server. Someone flushes the whole IPVS table (and puts the other
-// tool's virtual server back), deletes the proxy's dummy interface, and
-// destroys an ipset (after the rules that use it): each time
-// the next resync restores exactly what was there (the time is printed),
+// tool's virtual server back), unbinds the live Service's clusterIP,
+// deletes the proxy's dummy interface, and destroys an ipset (after the
+// rules that use it): each time the next resync restores exactly what was
+// there (the unbinding and the deletion sooner: the kernel announces them,
+// and the next sync repairs them; the time is printed),
 // the other tool's virtual server is left alone, nothing leaks. New
 // connections fail between a damage and its repair: counted, not asserted.
 func TestChaosManualDamage(t *testing.T) {
@@ -75,6 +77,9 @@ func TestChaosManualDamage(t *testing.T) {
 		{"ipvsadm -C", func() {
 			c.vmRun(t, "ipvsadm", "-C")
 			addForeign() // the other tool puts its own back
+		}},
+		{"ip addr del " + live.svc.Spec.ClusterIP, func() {
+			c.vmRun(t, "ip", "addr", "del", live.svc.Spec.ClusterIP+"/32", "dev", proxyIface)
 		}},
 		{"ip link del " + proxyIface, func() { c.vmRun(t, "ip", "link", "del", proxyIface) }},
 		{"ipset destroy IPVSP-SERVICE", func() {

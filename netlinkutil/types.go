@@ -6,6 +6,7 @@
 package netlinkutil
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -113,4 +114,20 @@ type Links interface {
 	// NodeAddresses lists the unicast addresses of every link but loopback
 	// and the links named in exclude.
 	NodeAddresses(exclude ...string) ([]netip.Addr, error)
+}
+
+// Removal is an address or a link that the kernel announced removed.
+type Removal struct {
+	Link string     // the watched link
+	Addr netip.Addr // the address removed from it; invalid: the link itself is gone
+}
+
+// RemovalWatcher reports removals as the kernel announces them (route
+// netlink's multicast groups), its own writes' included: an agent tells
+// them from someone else's by its view of what it bound.
+type RemovalWatcher interface {
+	// WatchRemovals calls fn, on a goroutine of its own, for every address
+	// removed from link and when link itself is removed, until ctx ends;
+	// onErr gets a lost subscription or overrun (events may be missing).
+	WatchRemovals(ctx context.Context, link string, fn func(Removal), onErr func(error)) error
 }

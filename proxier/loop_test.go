@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -30,6 +31,7 @@ type loopBed struct {
 	t      *testing.T
 	client *k8sfake.Clientset
 	ipvs   *fake.IPVS
+	links  *fake.Links
 	clk    *clocktesting.FakeClock
 	p      *Proxier
 }
@@ -42,7 +44,7 @@ func newLoopBed(t *testing.T, objs ...*corev1.Service) *loopBed {
 // newLoopBedWith is newLoopBed with the Proxier's Config changed by tweak.
 func newLoopBedWith(t *testing.T, tweak func(*Config), objs ...*corev1.Service) *loopBed {
 	t.Helper()
-	b := &loopBed{t: t, client: k8sfake.NewClientset(), ipvs: fake.NewIPVS(),
+	b := &loopBed{t: t, client: k8sfake.NewClientset(), ipvs: fake.NewIPVS(), links: fake.NewLinks(node),
 		clk: clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))}
 	ctx := context.Background()
 	for _, s := range objs {
@@ -63,7 +65,7 @@ func newLoopBedWith(t *testing.T, tweak func(*Config), objs ...*corev1.Service) 
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	b.p = New(cfg, b.client, b.ipvs, fake.NewLinks(node), nil, nil, zap.NewNop())
+	b.p = New(cfg, b.client, b.ipvs, b.links, nil, nil, zap.NewNop())
 	return b
 }
 
@@ -352,5 +354,87 @@ func TestLoopBackgroundConsumerHoldsNoChange(t *testing.T) {
 	want := []string{"full", "read started", "partial", "applied"}
 	if diff := cmp.Diff(want, bg.got()); diff != "" {
 		t.Errorf("the consumer's syncs (-want +got):\n%s", diff)
+	}
+}
+
+// TestLoopRepairsWhatTheKernelReportsRemoved: the full resync is an hour
+// away, yet an address someone removed from the interface is bound again
+// by the next partial sync (one write, no kernel read), the removal of the
+// agent's own unbinding is ignored, and a removed interface is created
+// again with its addresses by a full sync at once.
+func TestLoopRepairsWhatTheKernelReportsRemoved(t *testing.T) {
+	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"), testService("b", "10.96.0.11", "rr"))
+	b.run()
+	b.eventually("the first sync", func() bool { return len(b.calls("AddRealServer")) == 2 })
+	b.idle()
+	bound := func(a string) bool { return slices.Contains(b.links.Addresses(testIface), netip.MustParseAddr(a)) }
+	linkCalls := func() []string {
+		var out []string
+		for _, c := range b.links.Writes() {
+			out = append(out, string(c))
+		}
+		return out
+	}
+	// settle lets the loop's next sync run (it waits MinSyncPeriod on the
+	// fake clock) and waits for it.
+	settle := func() {
+		b.clk.Step(time.Second)
+		b.idle()
+	}
+
+	// Someone else's `ip addr del` (linkCalls are the writes).
+	if err := b.links.DeleteAddress(testIface, netip.MustParseAddr("10.96.0.10")); err != nil {
+		t.Fatal(err)
+	}
+	b.links.ResetCalls()
+	b.ipvs.ResetCalls()
+	if n := b.links.Deliver(); n != 1 {
+		t.Fatalf("delivered %d removals, want 1", n)
+	}
+	b.eventually("the removal reaching the loop", func() bool {
+		b.clk.Step(time.Second)
+		return bound("10.96.0.10")
+	})
+	b.idle()
+	if diff := cmp.Diff([]string{"AddAddress ipvs-proxy0 10.96.0.10"}, linkCalls()); diff != "" {
+		t.Errorf("links calls of the repair (-want +got):\n%s", diff)
+	}
+	if c := b.calls(""); len(c) != 0 {
+		t.Errorf("IPVS calls of the repair: %q (no kernel read wanted)", c)
+	}
+
+	// The agent's own unbinding (b deleted) is announced too: ignored.
+	if err := b.client.CoreV1().Services("default").Delete(context.Background(), "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.eventually("b's unbinding", func() bool {
+		b.clk.Step(time.Second)
+		return !bound("10.96.0.11")
+	})
+	b.idle()
+	b.links.ResetCalls()
+	if n := b.links.Deliver(); n != 1 {
+		t.Fatalf("delivered %d removals, want 1", n)
+	}
+	settle()
+	if c := linkCalls(); len(c) != 0 {
+		t.Errorf("links calls after the agent's own removal was announced: %q", c)
+	}
+
+	// Someone's `ip link del`: the interface and its address come back.
+	if err := b.links.DeleteLink(testIface); err != nil {
+		t.Fatal(err)
+	}
+	b.links.ResetCalls()
+	if n := b.links.Deliver(); n != 2 {
+		t.Fatalf("delivered %d removals, want 2 (the address, the link)", n)
+	}
+	b.eventually("the interface created again", func() bool {
+		b.clk.Step(time.Second)
+		return b.links.HasLink(testIface) && bound("10.96.0.10")
+	})
+	b.idle()
+	if c := linkCalls(); !slices.Contains(c, "EnsureDummy ipvs-proxy0") || !slices.Contains(c, "AddAddress ipvs-proxy0 10.96.0.10") {
+		t.Errorf("links calls of the interface's repair: %q", c)
 	}
 }

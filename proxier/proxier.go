@@ -127,6 +127,10 @@ type Proxier struct {
 	// problems are the statuses of the Services failing or in conflict,
 	// as of the last sync.
 	problems []ServiceStatus
+	// What the kernel reported removed from the interface since the last
+	// sync (see watchRemovals).
+	removedAddrs []netip.Addr
+	linkRemoved  bool
 }
 
 // New returns a Proxier. recorder may be nil (no Events).
@@ -413,8 +417,59 @@ func (p *Proxier) Run(ctx context.Context) error {
 	n := len(p.services)
 	p.mu.Unlock()
 	p.log.Info("initial list received", zap.Int("services", n))
+	p.watchRemovals(ctx)
 	p.loop(ctx)
 	return nil
+}
+
+// watchRemovals has the kernel tell the loop when an address is removed
+// from the interface or the interface itself is removed (someone's `ip
+// addr del`, `ip link del`), so that the next sync repairs it at once
+// instead of the periodic resync. Without notifications (links that send
+// none, a subscription refused) the resync still repairs it.
+func (p *Proxier) watchRemovals(ctx context.Context) {
+	w, ok := p.links.(netlinkutil.RemovalWatcher)
+	if !ok {
+		return
+	}
+	err := w.WatchRemovals(ctx, p.cfg.Interface, p.kernelRemoved, func(err error) {
+		p.log.Warn("kernel notifications of removed addresses lost; the periodic resync repairs what they miss", zap.Error(err))
+	})
+	if err != nil {
+		p.log.Warn("no kernel notifications of removed addresses; the periodic resync repairs them", zap.Error(err))
+	}
+}
+
+// kernelRemoved records a removal the kernel reported and wakes the loop.
+func (p *Proxier) kernelRemoved(r netlinkutil.Removal) {
+	p.mu.Lock()
+	if r.Addr.IsValid() {
+		p.removedAddrs = append(p.removedAddrs, r.Addr)
+	} else {
+		p.linkRemoved = true
+	}
+	p.mu.Unlock()
+	p.kick()
+}
+
+// takeRemovals hands the reported removals to the reconciler: a removed
+// interface makes this sync full, removed addresses still wanted are bound
+// again by it. It reports whether the sync must be full.
+func (p *Proxier) takeRemovals() bool {
+	p.mu.Lock()
+	addrs, link := p.removedAddrs, p.linkRemoved
+	p.removedAddrs, p.linkRemoved = nil, false
+	p.mu.Unlock()
+	if link {
+		p.log.Info("the kernel reports the interface removed: creating it again", zap.String("interface", p.cfg.Interface))
+		p.rec.RequestFull()
+		return true
+	}
+	if n := p.rec.AddressesRemoved(addrs); n > 0 {
+		p.log.Info("the kernel reports bound addresses removed: binding them again", zap.String("interface", p.cfg.Interface),
+			zap.Int("addresses", n))
+	}
+	return false
 }
 
 // loop runs syncs: a partial one when something changed, no more often
@@ -501,7 +556,7 @@ type syncInput struct {
 // record the outcome. full rebuilds every plan and re-reads the kernel.
 func (p *Proxier) SyncOnce(full bool) error {
 	start := p.clock.Now()
-	full = full || p.rec.FullDue()
+	full = p.takeRemovals() || full || p.rec.FullDue()
 	in, nodeErr := p.snapshot(full)
 	p.build(in)
 	if !full && !p.rec.Pending() && len(in.services) == 0 && !p.consumersDue() {

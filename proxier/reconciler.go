@@ -352,6 +352,31 @@ func (r *Reconciler) Counts() (virtualServers, realServers int) { return r.vsCou
 
 // FullDue reports whether the next sync must be full: no full sync has
 // succeeded yet, or a failed kernel read's retry is due.
+// AddressesRemoved takes the addresses that the kernel reports removed
+// from the interface out of the view of the kernel, and returns how many
+// it took: those still wanted are bound again by the next sync, a partial
+// one. Removals of the reconciler's own unbinding find the view already
+// without them and are ignored.
+func (r *Reconciler) AddressesRemoved(addrs []netip.Addr) int {
+	n := 0
+	for _, a := range addrs {
+		if !r.kernel.Bound[a] {
+			continue
+		}
+		delete(r.kernel.Bound, a)
+		r.dirtyAddrs[a] = true
+		n++
+	}
+	return n
+}
+
+// RequestFull makes the next sync full and whole (the interface was
+// removed: it is created again, every address bound again).
+func (r *Reconciler) RequestFull() {
+	r.full.failures = max(r.full.failures, 1)
+	r.full.next = r.clock.Now()
+}
+
 func (r *Reconciler) FullDue() bool { return !r.synced || r.full.due(r.clock.Now()) }
 
 // Pending reports whether a sync now has work to do.

@@ -4,6 +4,7 @@
 package fake
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -464,9 +465,57 @@ type Links struct {
 	calls  []Call
 	counts counts
 	inject ErrorFunc
+	// Removals announced, like the kernel's, for every removal (the
+	// watcher's own included), held until Deliver.
+	watchers []linkWatcher
+	pending  []netlinkutil.Removal
 }
 
-var _ netlinkutil.Links = (*Links)(nil)
+type linkWatcher struct {
+	ctx  context.Context
+	link string
+	fn   func(netlinkutil.Removal)
+}
+
+var (
+	_ netlinkutil.Links          = (*Links)(nil)
+	_ netlinkutil.RemovalWatcher = (*Links)(nil)
+)
+
+// WatchRemovals implements netlinkutil.RemovalWatcher: the removals of
+// link are queued as they happen and handed to fn by Deliver.
+func (l *Links) WatchRemovals(ctx context.Context, link string, fn func(netlinkutil.Removal), _ func(error)) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.watchers = append(l.watchers, linkWatcher{ctx: ctx, link: link, fn: fn})
+	return nil
+}
+
+// announceLocked queues a removal for the watchers; l.mu is held.
+func (l *Links) announceLocked(r netlinkutil.Removal) {
+	if len(l.watchers) > 0 {
+		l.pending = append(l.pending, r)
+	}
+}
+
+// Deliver hands the queued removals to the watchers of their links (whose
+// context has not ended), in order, and returns how many it delivered.
+func (l *Links) Deliver() int {
+	l.mu.Lock()
+	pending, watchers := l.pending, slices.Clone(l.watchers)
+	l.pending = nil
+	l.mu.Unlock()
+	n := 0
+	for _, r := range pending {
+		for _, w := range watchers {
+			if w.link == r.Link && w.ctx.Err() == nil {
+				w.fn(r)
+				n++
+			}
+		}
+	}
+	return n
+}
 
 // NewLinks returns a fake whose node has the given addresses.
 func NewLinks(nodeAddrs ...netip.Addr) *Links {
@@ -558,6 +607,14 @@ func (l *Links) DeleteLink(name string) error {
 	if err := l.record(callDeleteLink, name); err != nil {
 		return err
 	}
+	if addrs, ok := l.links[name]; ok {
+		for _, a := range l.sorted(name) {
+			if addrs[a] {
+				l.announceLocked(netlinkutil.Removal{Link: name, Addr: a})
+			}
+		}
+		l.announceLocked(netlinkutil.Removal{Link: name})
+	}
 	delete(l.links, name)
 	return nil
 }
@@ -593,6 +650,9 @@ func (l *Links) DeleteAddress(name string, a netip.Addr) error {
 	defer l.mu.Unlock()
 	if err := l.record(callDeleteAddress, name, a); err != nil {
 		return err
+	}
+	if l.links[name][a] {
+		l.announceLocked(netlinkutil.Removal{Link: name, Addr: a})
 	}
 	delete(l.links[name], a)
 	return nil

@@ -1,6 +1,8 @@
 package fake
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -146,6 +148,16 @@ var _ netlinkutil.Links = (*FaultyLinks)(nil)
 // WrapLinks wraps inner's writes with fn.
 func WrapLinks(inner netlinkutil.Links, fn ErrorFunc) *FaultyLinks {
 	return &FaultyLinks{Links: inner, inject: fn}
+}
+
+// WatchRemovals passes the inner links' notifications through (reads and
+// notifications are not faulted); without a watcher inside, it fails.
+func (l *FaultyLinks) WatchRemovals(ctx context.Context, link string, fn func(netlinkutil.Removal), onErr func(error)) error {
+	w, ok := l.Links.(netlinkutil.RemovalWatcher)
+	if !ok {
+		return errors.New("the wrapped links send no notifications")
+	}
+	return w.WatchRemovals(ctx, link, fn, onErr)
 }
 
 func (l *FaultyLinks) injected(format string, args ...any) error {

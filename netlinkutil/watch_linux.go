@@ -1,0 +1,74 @@
+package netlinkutil
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+var _ RemovalWatcher = (*kernelLinks)(nil)
+
+// WatchRemovals implements RemovalWatcher with two route netlink
+// subscriptions (links, with the existing ones listed first, and
+// addresses) in the current network namespace. An address counts when it
+// leaves the link's current index; once the link is gone its addresses'
+// removals are left to the link's.
+func (l *kernelLinks) WatchRemovals(ctx context.Context, link string, fn func(Removal), onErr func(error)) error {
+	done := make(chan struct{})
+	links := make(chan netlink.LinkUpdate, 64)
+	addrs := make(chan netlink.AddrUpdate, 1024)
+	report := func(err error) {
+		if ctx.Err() == nil { // (closing the subscriptions fails their reads)
+			onErr(fmt.Errorf("kernel notifications: %w", err))
+		}
+	}
+	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{ListExisting: true, ErrorCallback: report}); err != nil {
+		close(done)
+		return fmt.Errorf("subscribe to link notifications: %w", err)
+	}
+	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{ErrorCallback: report,
+		ReceiveBufferSize: 1 << 20}); err != nil {
+		close(done)
+		return fmt.Errorf("subscribe to address notifications: %w", err)
+	}
+	go func() {
+		defer close(done)
+		index := 0 // the link's, once known; 0 while it does not exist
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case u, ok := <-links:
+				if !ok {
+					report(errors.New("link subscription closed"))
+					return
+				}
+				if u.Attrs() == nil || u.Attrs().Name != link {
+					continue
+				}
+				if u.Header.Type == unix.RTM_DELLINK {
+					index = 0
+					fn(Removal{Link: link})
+					continue
+				}
+				index = u.Attrs().Index
+			case u, ok := <-addrs:
+				if !ok {
+					report(errors.New("address subscription closed"))
+					return
+				}
+				if u.NewAddr || index == 0 || u.LinkIndex != index {
+					continue
+				}
+				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok {
+					fn(Removal{Link: link, Addr: a.Unmap()})
+				}
+			}
+		}
+	}()
+	return nil
+}
