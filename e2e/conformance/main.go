@@ -59,6 +59,7 @@ type options struct {
 	out              string
 	timeout          time.Duration
 	procs            int
+	flakeAttempts    int
 	startupTimeout   time.Duration
 	extra            []string
 }
@@ -69,7 +70,7 @@ func main() {
 	flag.StringVar(&o.proxy, "proxy", "ipvs-proxy", "the cluster's Service proxy: "+strings.Join(proxies, " or ")+" (names the report)")
 	flag.BoolVar(&o.conformanceOnly, "conformance-only", false, "run only the [Conformance] tests of the focus")
 	flag.BoolVar(&o.list, "list", false, "list the tests of the focus and the skip list's reasons, run nothing")
-	flag.BoolVar(&o.images, "images", false, "build the test images the focus needs (OCI archives, cached) and print their paths, run nothing")
+	flag.BoolVar(&o.images, "images", false, "build the test images the focus needs (OCI archives, cached) and print their paths, run nothing (with --procs > 1, also Ginkgo's runner)")
 	flag.BoolVar(&o.bareControlPlane, "bare-control-plane", false,
 		"instead of --kubeconfig, start the bed's host control plane (no node): shows that e2e.test starts and connects, and fails for want of a node")
 	flag.StringVar(&o.deployDir, "deploy", "deploy", "ipvs-proxy's manifests, for a cluster of its own")
@@ -78,6 +79,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "time limit of the suite (Ginkgo's)")
 	flag.DurationVar(&o.startupTimeout, "startup-timeout", 10*time.Minute, "how long the suite waits for schedulable nodes")
 	flag.IntVar(&o.procs, "procs", 1, "parallel processes of the suite (Ginkgo's runner, built here); [Serial] tests run alone at the end")
+	flag.IntVar(&o.flakeAttempts, "flake-attempts", 1, "attempts a failed test gets in all (Ginkgo's --flake-attempts); the summary names those that passed only on a later one")
 	flag.Parse()
 	o.extra = flag.Args()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -124,6 +126,12 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		logf("images ready (%s)", time.Since(t0).Round(time.Second))
+		if o.procs > 1 {
+			// Ginkgo's runner too, for a later run on that many processes.
+			if _, err := upstream.EnsureGinkgo(ctx, controlplane.CacheDir()); err != nil {
+				return err
+			}
+		}
 		fmt.Printf("%s\t%s\n", upstream.AgnhostImage, archive)
 		return nil
 	case o.bareControlPlane:
@@ -153,12 +161,12 @@ func run(ctx context.Context, o options) error {
 	s, err := suite.Run(ctx, p, upstream.RunOptions{
 		Kubeconfig: o.kubeconfig, Proxy: o.proxy, OutDir: filepath.Join(o.out, o.proxy),
 		Timeout: o.timeout, StartupTimeout: o.startupTimeout, Extra: o.extra,
-		Procs: o.procs, Ginkgo: ginkgo,
+		Procs: o.procs, Ginkgo: ginkgo, FlakeAttempts: o.flakeAttempts,
 		Output: os.Stdout, Logf: logf,
 	})
 	if s.Proxy != "" {
 		// The plain closing line.
-		fmt.Printf("%d passed, %d failed, %d skipped\n", s.Passed, s.Failed, s.Skipped)
+		fmt.Println(s.Line())
 	}
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -27,6 +28,10 @@ type junitCase struct {
 	Skipped *junitMessage `xml:"skipped"`
 	Failure *junitMessage `xml:"failure"`
 	Error   *junitMessage `xml:"error"`
+	// SystemErr is the spec's timeline: with --flake-attempts it holds
+	// each failed attempt ("[FAILED] Failure recorded during attempt N:"
+	// and its message, then "Attempt #N Failed.  Retrying").
+	SystemErr string `xml:"system-err"`
 }
 
 type junitMessage struct {
@@ -58,6 +63,10 @@ type Result struct {
 	// NotRun marks a spec that the focus and skip expressions left out
 	// (Ginkgo reports it as skipped with no reason).
 	NotRun bool
+	// Retries counts the failed attempts before the last one (Ginkgo's
+	// --flake-attempts); RetryWhy is the first one's failure.
+	Retries  int
+	RetryWhy string
 }
 
 // readJUnit parses a Ginkgo JUnit report.
@@ -70,6 +79,7 @@ func readJUnit(r io.Reader) ([]Result, error) {
 	for _, suite := range s.Suites {
 		for _, c := range suite.Cases {
 			res := Result{Name: strings.TrimPrefix(c.Name, "[It] "), Duration: time.Duration(c.Time * float64(time.Second))}
+			res.Retries, res.RetryWhy = retries(c.SystemErr)
 			switch {
 			case c.Failure != nil:
 				res.Outcome, res.Why = Failed, firstLine(c.Failure.Message, c.Failure.Text)
@@ -97,6 +107,23 @@ func readJUnit(r io.Reader) ([]Result, error) {
 		}
 	}
 	return out, nil
+}
+
+// retryMark opens the record of a failed attempt in a spec's timeline.
+var retryMark = regexp.MustCompile(`(?m)^Attempt #\d+ Failed\.  Retrying`)
+
+// retries reads a spec's timeline: the number of failed attempts that
+// Ginkgo retried, and the first one's failure message.
+func retries(timeline string) (int, string) {
+	n := len(retryMark.FindAllStringIndex(timeline, -1))
+	if n == 0 {
+		return 0, ""
+	}
+	_, after, found := strings.Cut(timeline, "Failure recorded during attempt 1:")
+	if !found {
+		return n, ""
+	}
+	return n, firstLine(after)
 }
 
 func readJUnitFile(path string) ([]Result, error) {
@@ -132,6 +159,8 @@ type Summary struct {
 	// Rows are the tests of the focus, sorted by name.
 	Rows                            []Result
 	Passed, Failed, Skipped, NotRun int
+	// Flaked counts the passed tests that failed an attempt first.
+	Flaked int
 }
 
 // summarize keeps the results of the plan's tests: those run (passed,
@@ -178,6 +207,9 @@ func summarize(results []Result, all []string, p *Plan, proxy string, wall time.
 		switch r.Outcome {
 		case Passed:
 			s.Passed++
+			if r.Retries > 0 {
+				s.Flaked++
+			}
 		case Failed:
 			s.Failed++
 		case Skipped:
@@ -197,6 +229,9 @@ func (s Summary) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Kubernetes e2e (Services focus) with %s\n\n", s.Proxy)
 	fmt.Fprintf(&b, "Wall time: %s. Passed: %d, failed: %d, skipped: %d", s.Wall.Round(time.Second), s.Passed, s.Failed, s.Skipped)
+	if s.Flaked > 0 {
+		fmt.Fprintf(&b, ", passed after a failed attempt: %d", s.Flaked)
+	}
 	if s.NotRun > 0 {
 		fmt.Fprintf(&b, ", not run: %d", s.NotRun)
 	}
@@ -207,11 +242,40 @@ func (s Summary) WriteMarkdown(w io.Writer) error {
 		if r.Duration > 0 {
 			t = r.Duration.Round(100 * time.Millisecond).String()
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(r.Name), r.Outcome, t, cell(r.Why))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(r.Name), r.Outcome, t, cell(r.note()))
 	}
-	fmt.Fprintf(&b, "\n%d passed, %d failed, %d skipped\n", s.Passed, s.Failed, s.Skipped)
+	fmt.Fprintf(&b, "\n%s\n", s.Line())
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// Line is the plain closing line: "N passed, N failed, N skipped", and
+// the tests that passed only after a failed attempt, named.
+func (s Summary) Line() string {
+	l := fmt.Sprintf("%d passed, %d failed, %d skipped", s.Passed, s.Failed, s.Skipped)
+	if s.Flaked == 0 {
+		return l
+	}
+	var names []string
+	for _, r := range s.Rows {
+		if r.Outcome == Passed && r.Retries > 0 {
+			names = append(names, r.Name)
+		}
+	}
+	return fmt.Sprintf("%s; %d passed after a failed attempt: %s", l, s.Flaked, strings.Join(names, "; "))
+}
+
+// note is a row's Note cell: why it failed or was skipped, and its
+// failed attempts.
+func (r Result) note() string {
+	if r.Retries == 0 {
+		return r.Why
+	}
+	n := fmt.Sprintf("%d failed attempt(s) first; attempt 1: %s", r.Retries, r.RetryWhy)
+	if r.Why != "" {
+		n = r.Why + " (" + n + ")"
+	}
+	return n
 }
 
 // cell escapes text for a Markdown table cell.

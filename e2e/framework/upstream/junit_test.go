@@ -4,6 +4,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 const testSkips = `# a comment
@@ -209,5 +212,43 @@ func TestNarrow(t *testing.T) {
 	}
 	if err := p.Narrow(`(`); err == nil {
 		t.Error("a bad expression was accepted")
+	}
+}
+
+// testdata/junit_flaky.xml is Ginkgo v2.28.1's report of a two-test suite
+// run with --flake-attempts=2 whose first test failed its first attempt.
+func TestFlakedTestIsNamed(t *testing.T) {
+	res, err := readJUnitFile("testdata/junit_flaky.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newPlanFrom(testSkips, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := summarize(res, nil, p, "ipvs-proxy", time.Minute)
+	if s.Passed != 2 || s.Failed != 0 || s.Flaked != 1 {
+		t.Fatalf("passed %d, failed %d, flaked %d; want 2, 0, 1: %+v", s.Passed, s.Failed, s.Flaked, s.Rows)
+	}
+	const flaky = "[sig-network] Services should pass on the second attempt [Conformance]"
+	want := []Result{
+		{Name: "[sig-network] Services should pass at once [Conformance]", Outcome: Passed},
+		{Name: flaky, Outcome: Passed, Retries: 1, RetryWhy: "service is not reachable within 2m0s timeout"},
+	}
+	if diff := cmp.Diff(want, s.Rows, cmpopts.IgnoreFields(Result{}, "Duration")); diff != "" {
+		t.Errorf("rows (-want +got):\n%s", diff)
+	}
+	var b strings.Builder
+	if err := s.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{
+		"Passed: 2, failed: 0, skipped: 0, passed after a failed attempt: 1.\n",
+		"| " + flaky + " | passed | 0s | 1 failed attempt(s) first; attempt 1: service is not reachable within 2m0s timeout |\n",
+		"\n2 passed, 0 failed, 0 skipped; 1 passed after a failed attempt: " + flaky + "\n",
+	} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("summary lacks %q:\n%s", w, b.String())
+		}
 	}
 }

@@ -35,6 +35,10 @@ type RunOptions struct {
 	// the end. 0 or 1 runs e2e.test itself, one test at a time.
 	Procs  int
 	Ginkgo string
+	// FlakeAttempts > 1 lets Ginkgo run a failed test again, up to that
+	// many attempts in all; the summary names every test that passed
+	// only after a failed attempt, with the first failure.
+	FlakeAttempts int
 	// Output receives e2e.test's output as well as e2e.log (optional).
 	Output io.Writer
 	// Logf receives progress messages (optional).
@@ -182,6 +186,9 @@ func (s Suite) List(ctx context.Context, p *Plan, w io.Writer) error {
 func (s Suite) command(o RunOptions, args []string) (string, []string, error) {
 	suite := []string{"--ginkgo.timeout=" + o.Timeout.String(), "--ginkgo.no-color"}
 	if o.Procs <= 1 {
+		if o.FlakeAttempts > 1 {
+			suite = append(suite, fmt.Sprintf("--ginkgo.flake-attempts=%d", o.FlakeAttempts))
+		}
 		return s.E2ETest(), append(suite, args...), nil
 	}
 	if o.Ginkgo == "" {
@@ -191,8 +198,11 @@ func (s Suite) command(o RunOptions, args []string) (string, []string, error) {
 		fmt.Sprintf("--procs=%d", o.Procs),
 		"--timeout=" + o.Timeout.String(),
 		"--no-color",
-		s.E2ETest(), "--",
 	}
+	if o.FlakeAttempts > 1 {
+		runner = append(runner, fmt.Sprintf("--flake-attempts=%d", o.FlakeAttempts))
+	}
+	runner = append(runner, s.E2ETest(), "--")
 	return o.Ginkgo, append(runner, args...), nil
 }
 

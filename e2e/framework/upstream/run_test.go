@@ -30,6 +30,18 @@ func TestCommand(t *testing.T) {
 			wantArgs: []string{"--procs=3", "--timeout=1h0m0s", "--no-color", "/s/e2e.test", "--", "--kubeconfig=/k", "--ginkgo.focus=x"},
 		},
 		{
+			name:     "one process, a second attempt for a failed test",
+			o:        RunOptions{Timeout: time.Hour, FlakeAttempts: 2},
+			wantBin:  "/s/e2e.test",
+			wantArgs: []string{"--ginkgo.timeout=1h0m0s", "--ginkgo.no-color", "--ginkgo.flake-attempts=2", "--kubeconfig=/k", "--ginkgo.focus=x"},
+		},
+		{
+			name:     "parallel, a second attempt: the runner's flag",
+			o:        RunOptions{Timeout: time.Hour, Procs: 2, Ginkgo: "/g/ginkgo", FlakeAttempts: 2},
+			wantBin:  "/g/ginkgo",
+			wantArgs: []string{"--procs=2", "--timeout=1h0m0s", "--no-color", "--flake-attempts=2", "/s/e2e.test", "--", "--kubeconfig=/k", "--ginkgo.focus=x"},
+		},
+		{
 			name:    "parallel without the runner",
 			o:       RunOptions{Timeout: time.Hour, Procs: 2},
 			wantErr: true,
