@@ -438,3 +438,68 @@ func TestLoopRepairsWhatTheKernelReportsRemoved(t *testing.T) {
 		t.Errorf("links calls of the interface's repair: %q", c)
 	}
 }
+
+// gatedIPVS is a resync reader on the fake kernel whose bulk read of real
+// servers, once made, signals read and returns only when gate is closed.
+type gatedIPVS struct {
+	*fake.IPVS
+	read chan struct{}
+	gate chan struct{}
+}
+
+func (g *gatedIPVS) ListAllRealServers() (map[model.VSKey][]model.RealServer, error) {
+	rss, err := g.IPVS.ListAllRealServers()
+	g.read <- struct{}{}
+	<-g.gate
+	return rss, err
+}
+
+// TestLoopResyncReadOffTheLoop: with a resync reader, the periodic
+// resync's kernel read runs off the loop. While it is held, an endpoint
+// change and a new Service reach the kernel; once it is in, the resync
+// makes no write (what the loop wrote meanwhile keeps the loop's view and
+// is read again alone) and the loop never read the kernel whole itself.
+func TestLoopResyncReadOffTheLoop(t *testing.T) {
+	b := newLoopBedWith(t, func(c *Config) { c.MinSyncPeriod = 0 },
+		testService("a", "10.96.0.10", "rr"), testService("c", "10.96.0.12", "rr"))
+	g := &gatedIPVS{IPVS: b.ipvs, read: make(chan struct{}, 1), gate: make(chan struct{})}
+	b.p.SetResyncReader(g, b.links)
+	b.run()
+	b.eventually("the first sync", func() bool { return len(b.calls("AddRealServer")) == 2 })
+	b.idle()
+
+	b.clk.Step(time.Hour) // the periodic resync
+	select {
+	case <-g.read:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the resync's read off the loop did not start")
+	}
+	b.ipvs.ResetCalls()
+	b.setEndpoints("c", "10.0.1.12", "10.0.2.12")
+	d := testService("d", "10.96.0.13", "rr")
+	ctx := context.Background()
+	if _, err := b.client.CoreV1().Services("default").Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.client.DiscoveryV1().EndpointSlices("default").Create(ctx, testSlice("d", "10.0.1.13"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.eventually("the changes in the kernel while the read is held", func() bool {
+		return len(b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.2.12:8080")) == 1 &&
+			len(b.calls("AddRealServer 10.96.0.13:80/TCP 10.0.1.13:8080")) == 1
+	})
+	b.idle()
+	b.ipvs.ResetCalls()
+	b.links.ResetCalls()
+
+	close(g.gate)
+	b.eventually("the resync's slice", func() bool { return len(b.calls("ListRealServers")) == 2 })
+	b.idle()
+	want := []string{"ListRealServers 10.96.0.12:80/TCP", "ListRealServers 10.96.0.13:80/TCP"}
+	if diff := cmp.Diff(want, b.calls("")); diff != "" {
+		t.Errorf("kernel calls of the resync once its read is in (-want +got):\n%s", diff)
+	}
+	if w := b.links.Writes(); len(w) != 0 {
+		t.Errorf("address writes of the resync: %q", w)
+	}
+}

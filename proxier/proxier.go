@@ -163,6 +163,14 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	}
 }
 
+// SetResyncReader gives the periodic full resync handles of its own to
+// read the kernel with, off the sync loop, so that changes are not held up
+// by the read; call it before Run. They must not be the handles given to
+// New. Without them the resync reads in the loop.
+func (p *Proxier) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Links) {
+	p.rec.SetResyncReader(ipvs, links)
+}
+
 // SetConntrack makes syncs clear the conntrack entries of removed UDP real
 // servers; call it before Run.
 func (p *Proxier) SetConntrack(c netlinkutil.Conntrack) { p.rec.SetConntrack(c) }
@@ -480,6 +488,8 @@ func (p *Proxier) takeRemovals() bool {
 func (p *Proxier) loop(ctx context.Context) {
 	full := true
 	var last, nextFull time.Time
+	// A periodic resync's kernel read off the loop, when one runs.
+	var reading chan *KernelRead
 	for {
 		// The slices of a periodic resync follow one another at once
 		// (changes that come meanwhile join the next one); other syncs
@@ -496,6 +506,14 @@ func (p *Proxier) loop(ctx context.Context) {
 		last = p.clock.Now()
 		if full {
 			nextFull = last.Add(p.cfg.SyncPeriod)
+			// The periodic resync reads the kernel off the loop when it
+			// can: this turn syncs only what changed, and the resync
+			// starts when the read is in.
+			if read, ok := p.rec.StartResyncRead(); ok {
+				reading = make(chan *KernelRead, 1)
+				go func(out chan<- *KernelRead) { out <- read() }(reading)
+				full = false
+			}
 		}
 		if err := p.SyncOnce(full); err != nil {
 			p.log.Error("sync failed; what failed is retried with backoff", zap.Error(err),
@@ -514,8 +532,16 @@ func (p *Proxier) loop(ctx context.Context) {
 		case <-ctx.Done():
 		case <-p.trigger:
 		case <-periodic.C():
-			full = true
+			// A read off the loop still running is this period's.
+			full = reading == nil
+			if !full {
+				nextFull = p.clock.Now().Add(p.cfg.SyncPeriod)
+			}
 		case <-retry:
+		case kr := <-reading:
+			reading = nil
+			p.rec.OfferRead(kr)
+			full = true
 		}
 		periodic.Stop()
 		if retryTimer != nil {
@@ -767,7 +793,7 @@ func (p *Proxier) record(start time.Time, st SyncStats, consumers time.Duration,
 	}
 	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),
 		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
-		zap.Duration("read", st.Read), zap.Duration("consumers", consumers),
+		zap.Duration("read", st.Read), zap.Duration("readOffLoop", st.ReadOffLoop), zap.Duration("consumers", consumers),
 		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft))
 	if st.ResyncDone {
 		p.metrics.SyncDuration.WithLabelValues("resync").Observe(st.ResyncTook.Seconds())

@@ -28,6 +28,10 @@ type SyncStats struct {
 	// Read is the part of Duration spent in a full sync's kernel read
 	// (virtual servers, all real servers, addresses).
 	Read time.Duration
+	// ReadOffLoop is the time a periodic resync's kernel read took off
+	// the loop (Reconciler.StartResyncRead), not part of Duration; its
+	// view was adopted by this sync.
+	ReadOffLoop time.Duration
 	// Applied lists the Services in scope whose every write succeeded;
 	// Failed, those with a failed write or read, with the error.
 	Applied []types.NamespacedName
@@ -143,6 +147,43 @@ type Reconciler struct {
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
 	unavailable map[string]bool
+
+	// The periodic resync's kernel read off the loop (StartResyncRead):
+	// its own handles, whether one runs, the in-loop reads made before
+	// it (readEpoch counts them: a read that started earlier than one is
+	// stale), what the loop wrote since it started, and its result once
+	// offered.
+	reader    *resyncReader
+	readEpoch uint64
+	offLoop   *offLoopRead
+	offered   *KernelRead
+}
+
+// resyncReader holds the handles a read off the loop uses, apart from the
+// loop's own.
+type resyncReader struct {
+	ipvs  netlinkutil.IPVS
+	links netlinkutil.Links
+}
+
+// offLoopRead is a read off the loop in progress: the virtual servers and
+// addresses the loop wrote since it began, whose state in its result may
+// be older than the loop's view.
+type offLoopRead struct {
+	epoch uint64
+	keys  map[model.VSKey]bool
+	addrs map[netip.Addr]bool
+}
+
+// KernelRead is the result of a read of the kernel made off the sync loop
+// for a periodic resync (see Reconciler.StartResyncRead).
+type KernelRead struct {
+	raw   rawKernel
+	rss   map[model.VSKey][]model.RealServer
+	reads int
+	took  time.Duration
+	err   error
+	epoch uint64
 }
 
 // NewReconciler returns a reconciler with no desired state; its first sync
@@ -365,6 +406,9 @@ func (r *Reconciler) AddressesRemoved(addrs []netip.Addr) int {
 		}
 		delete(r.kernel.Bound, a)
 		r.dirtyAddrs[a] = true
+		if r.offLoop != nil {
+			r.offLoop.addrs[a] = true
+		}
 		n++
 	}
 	return n
@@ -436,7 +480,21 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 		full, sliced = false, false // one resync at a time: continue it
 	}
 	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
-	if full {
+	var offered *KernelRead
+	switch {
+	case full && sliced:
+		offered = r.takeOffered()
+	case full:
+		r.offered, r.offLoop = nil, nil // this sync reads the kernel itself
+	}
+	switch {
+	case full && sliced && offered != nil:
+		// The periodic resync's read, made off the loop: adopt it.
+		st.Reads += offered.reads
+		st.ReadOffLoop = offered.took
+		r.resync, r.resyncRS = nil, nil
+		r.startResync(now)
+	case full:
 		err := r.readKernel(&st)
 		st.Read = r.clock.Since(start)
 		if err != nil {
@@ -679,6 +737,7 @@ func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want mod
 // readKernel replaces the view of the kernel with one dump of virtual
 // servers and one of the interface's addresses.
 func (r *Reconciler) readKernel(st *SyncStats) error {
+	r.readEpoch++ // a read off the loop that began before this one is stale
 	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
 		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
 	}
@@ -712,6 +771,25 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 // Real servers are not read. The reconciler and `ipvs-proxy status` read
 // the kernel through it, so they own the same things.
 func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int, int, error) {
+	raw, reads, err := readRaw(ipvs, links, own)
+	if err != nil {
+		return nil, 0, reads, err
+	}
+	k, foreign := raw.view(own, wanted)
+	return k, foreign, reads, nil
+}
+
+// rawKernel is what ReadKernel reads, before the ownership rule picks
+// from it.
+type rawKernel struct {
+	vss                  []model.VirtualServer
+	bound, adopted, node []netip.Addr
+}
+
+// readRaw makes ReadKernel's reads. It uses no state of a Reconciler, so
+// that a periodic resync can make them off the loop.
+func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership) (rawKernel, int, error) {
+	var raw rawKernel
 	reads := 0
 	addresses := func(link string) ([]netip.Addr, error) {
 		reads++
@@ -722,44 +800,152 @@ func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Owners
 		// The kernel's own link-local address of the interface is not ours.
 		return slices.DeleteFunc(all, func(a netip.Addr) bool { return own.Excluded(a) || a.IsLinkLocalUnicast() }), nil
 	}
-	bound, err := addresses(own.Interface)
-	if err != nil {
-		return nil, 0, reads, err
-	}
-	owned := map[netip.Addr]bool{}
-	for _, a := range bound {
-		owned[a] = true
+	var err error
+	if raw.bound, err = addresses(own.Interface); err != nil {
+		return raw, reads, err
 	}
 	if own.Adopt != "" {
-		adopted, err := addresses(own.Adopt)
-		if err != nil {
-			return nil, 0, reads, err
-		}
-		for _, a := range adopted {
-			owned[a] = true // owned, though not (yet) on our interface
+		if raw.adopted, err = addresses(own.Adopt); err != nil {
+			return raw, reads, err
 		}
 	}
 	reads++
-	nodeAddrs, err := links.NodeAddresses(own.Interface)
-	if err != nil {
-		return nil, 0, reads, fmt.Errorf("list node addresses: %w", err)
+	if raw.node, err = links.NodeAddresses(own.Interface); err != nil {
+		return raw, reads, fmt.Errorf("list node addresses: %w", err)
+	}
+	reads++
+	if raw.vss, err = ipvs.ListVirtualServers(); err != nil {
+		return raw, reads, fmt.Errorf("list IPVS services: %w", err)
+	}
+	return raw, reads, nil
+}
+
+// view applies the ownership rule to what readRaw read: the owned virtual
+// servers (and those wanted) and the addresses bound to the interface, and
+// the number of virtual servers left to others.
+func (raw rawKernel) view(own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int) {
+	owned := map[netip.Addr]bool{}
+	for _, a := range raw.bound {
+		owned[a] = true
+	}
+	for _, a := range raw.adopted {
+		owned[a] = true // owned, though not (yet) on our interface
 	}
 	node := map[netip.Addr]bool{}
-	for _, a := range nodeAddrs {
+	for _, a := range raw.node {
 		node[a] = true
 	}
-	reads++
-	vss, err := ipvs.ListVirtualServers()
-	if err != nil {
-		return nil, 0, reads, fmt.Errorf("list IPVS services: %w", err)
-	}
-	mine := vss[:0]
-	for _, vs := range vss {
+	mine := make([]model.VirtualServer, 0, len(raw.vss))
+	for _, vs := range raw.vss {
 		if own.Owns(vs.VSKey, owned[vs.Address], node[vs.Address]) || wanted(vs.VSKey) {
 			mine = append(mine, vs)
 		}
 	}
-	return model.NewKernel(mine, bound), len(vss) - len(mine), reads, nil
+	return model.NewKernel(mine, raw.bound), len(raw.vss) - len(mine)
+}
+
+// SetResyncReader gives the reconciler handles of its own for the periodic
+// resync's kernel read, which StartResyncRead then makes off the loop.
+// They must not be the loop's handles: the read runs concurrently with
+// the loop's writes.
+func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Links) {
+	r.reader = &resyncReader{ipvs: ipvs, links: links}
+}
+
+// StartResyncRead begins a periodic resync whose kernel read runs off the
+// loop, so that changes keep flowing while it reads: it returns the read,
+// to run on another goroutine, whose result goes to OfferRead and then a
+// full Sync. It returns false, and the resync reads in the loop as before,
+// without a resync reader, before the first full sync, when a full sync
+// is due (a failed read: the loop's next sync reads), while a resync or a
+// read off the loop runs. From now until the Sync that adopts the read,
+// the loop's writes are noted: their virtual servers and addresses keep
+// the loop's view, not the read's older one.
+func (r *Reconciler) StartResyncRead() (func() *KernelRead, bool) {
+	if r.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync) > 0 || r.offLoop != nil || r.offered != nil {
+		return nil, false
+	}
+	epoch := r.readEpoch
+	r.offLoop = &offLoopRead{epoch: epoch, keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+	reader, own, clk := *r.reader, r.own, r.clock
+	return func() *KernelRead {
+		start := clk.Now()
+		kr := &KernelRead{epoch: epoch}
+		kr.raw, kr.reads, kr.err = readRaw(reader.ipvs, reader.links, own)
+		if kr.err == nil {
+			kr.reads++
+			var err error
+			if kr.rss, err = reader.ipvs.ListAllRealServers(); err != nil {
+				kr.err = fmt.Errorf("read IPVS real servers: %w", err)
+			}
+		}
+		kr.took = clk.Since(start)
+		return kr
+	}, true
+}
+
+// OfferRead hands the loop the result of a read off the loop. The next
+// full Sync adopts it when it is still the newest read of the kernel and
+// succeeded; otherwise that sync reads the kernel itself.
+func (r *Reconciler) OfferRead(kr *KernelRead) {
+	if kr.err != nil {
+		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
+		kr = nil
+	} else if kr.epoch != r.readEpoch {
+		kr = nil // the loop read the kernel since it began
+	}
+	r.offered = kr
+	if kr == nil {
+		r.offLoop = nil
+	}
+}
+
+// takeOffered adopts an offered read as the view of the kernel, with the
+// loop's own view of what it wrote since the read began, and returns it;
+// nil when none is offered.
+func (r *Reconciler) takeOffered() *KernelRead {
+	kr, ol := r.offered, r.offLoop
+	r.offered, r.offLoop = nil, nil
+	if kr == nil || ol == nil || kr.epoch != r.readEpoch || !r.synced || r.full.due(r.clock.Now()) {
+		return nil
+	}
+	k, _ := kr.raw.view(r.own, func(key model.VSKey) bool { return len(r.claims[key]) > 0 })
+	for key := range k.VirtualServers {
+		if rss, ok := kr.rss[key]; ok {
+			k.RealServers[key] = rss
+		}
+	}
+	for key := range ol.keys {
+		if vs, ok := r.kernel.VirtualServers[key]; ok {
+			k.PutVirtualServer(vs)
+		} else {
+			k.DeleteVirtualServer(key)
+		}
+		delete(k.RealServers, key) // read alone when its slice comes
+	}
+	for a := range ol.addrs {
+		if r.kernel.Bound[a] {
+			k.Bound[a] = true
+		} else {
+			delete(k.Bound, a)
+		}
+	}
+	r.kernel = k
+	return kr
+}
+
+// touched notes what ops write while a read off the loop runs.
+func (r *Reconciler) touched(ops []model.Op) {
+	if r.offLoop == nil {
+		return
+	}
+	for _, op := range ops {
+		if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
+			r.offLoop.addrs[op.Address] = true
+		} else {
+			r.offLoop.keys[op.VirtualServer.VSKey] = true
+		}
+	}
 }
 
 // apply makes the writes of ops, keeping the view of the kernel current. A
@@ -769,6 +955,7 @@ func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Owners
 // batches (IPVS.Apply): the virtual servers added or updated, then the
 // real server writes of those that succeeded and the deletes.
 func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
+	r.touched(ops)
 	var orphan []error
 	unbound := map[netip.Addr]error{} // binds that failed
 	skip := map[model.VSKey]bool{}    // virtual servers whose add or update failed

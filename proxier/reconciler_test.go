@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -808,6 +809,95 @@ func TestReconcilerSlicedResync(t *testing.T) {
 	for i, n := range names {
 		if st, _ := r.Status(n); !st.Applied {
 			t.Errorf("service %d not applied: %+v", i+1, st)
+		}
+	}
+}
+
+// TestReconcilerResyncReadOffLoop: the periodic resync's read made off the
+// loop (StartResyncRead) is adopted by the next full sync with the loop's
+// own view of what it wrote since the read began: drift from before the
+// read is repaired, what the loop wrote meanwhile is neither written again
+// nor judged by the older read (read alone instead). A read older than an
+// in-loop read, or one that failed, is not adopted: the sync reads itself.
+func TestReconcilerResyncReadOffLoop(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+	if _, ok := r.StartResyncRead(); ok {
+		t.Fatal("a read off the loop began without a resync reader")
+	}
+	r.SetResyncReader(ipvs, links) // the same kernel, as a second handle sees it
+	svcC := types.NamespacedName{Namespace: "default", Name: "c"}
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.1:80", "rr", "10.0.1.1:8080")))
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.2:80", "rr", "10.0.1.2:8080")))
+	if _, ok := r.StartResyncRead(); ok {
+		t.Fatal("a read off the loop began before the first full sync")
+	}
+	mustSync(t, r, true)
+
+	// Drift by hand, then the read, then changes written by the loop.
+	if err := ipvs.DeleteRealServer(vsKey("10.96.0.1:80", model.TCP), model.RSKey{Address: netip.MustParseAddr("10.0.1.1"), Port: 8080}); err != nil {
+		t.Fatal(err)
+	}
+	read, ok := r.StartResyncRead()
+	if !ok {
+		t.Fatal("no read off the loop")
+	}
+	if _, again := r.StartResyncRead(); again {
+		t.Error("a second read off the loop began while one runs")
+	}
+	kr := read()
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.2:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
+	r.SetPlan(svcC, plan(svcC, vsPlan(model.KindClusterIP, "10.96.0.3:80", "rr", "10.0.1.3:8080")))
+	st := mustSync(t, r, false)
+	if st.Writes != 4 {
+		t.Fatalf("the changes made %d writes, want 4", st.Writes)
+	}
+	resetCalls(ipvs, links)
+	r.OfferRead(kr)
+	st = mustSync(t, r, true)
+	callsDiff(t, "adopted resync: IPVS writes", []string{"AddRealServer 10.96.0.1:80/TCP 10.0.1.1:8080 w=1"}, ipvs.Writes())
+	callsDiff(t, "adopted resync: IPVS reads", []string{"ListRealServers 10.96.0.2:80/TCP", "ListRealServers 10.96.0.3:80/TCP"}, ipvs.Reads())
+	callsDiff(t, "adopted resync: address writes", nil, links.Writes())
+	if !st.Full || st.Read != 0 || len(st.Failed) != 0 {
+		t.Errorf("adopted resync's stats: %+v", st)
+	}
+
+	// A read older than a full read in the loop (the interface was
+	// removed meanwhile) is dropped.
+	read, ok = r.StartResyncRead()
+	if !ok {
+		t.Fatal("no second read off the loop")
+	}
+	kr = read()
+	r.RequestFull()
+	mustSync(t, r, false)
+	r.OfferRead(kr)
+	resetCalls(ipvs, links)
+	mustSync(t, r, true)
+	callsDiff(t, "after a stale read: IPVS reads", []string{"ListVirtualServers", "ListAllRealServers"}, ipvs.Reads())
+
+	// A failed read off the loop: the resync reads in the loop.
+	read, ok = r.StartResyncRead()
+	if !ok {
+		t.Fatal("no third read off the loop")
+	}
+	var once sync.Once
+	ipvs.InjectErrors(func(c fake.Call) error {
+		var err error
+		if c == "ListAllRealServers" {
+			once.Do(func() { err = errors.New("injected") })
+		}
+		return err
+	})
+	kr = read()
+	r.OfferRead(kr)
+	resetCalls(ipvs, links)
+	mustSync(t, r, true)
+	callsDiff(t, "after a failed read: IPVS reads", []string{"ListVirtualServers", "ListAllRealServers"}, ipvs.Reads())
+	callsDiff(t, "after a failed read: IPVS writes", nil, ipvs.Writes())
+	for _, n := range []types.NamespacedName{svcA, svcB, svcC} {
+		if s, _ := r.Status(n); !s.Applied {
+			t.Errorf("%s not applied: %+v", n, s)
 		}
 	}
 }

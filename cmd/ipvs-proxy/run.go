@@ -197,6 +197,18 @@ func run(ctx context.Context, o *options, warn *configWarning, hooks kernelHookF
 	} else {
 		p.SetConntrack(ct)
 	}
+	// The periodic resync reads the kernel off the sync loop, on handles
+	// of its own (reads are never faulted: no wrapping).
+	readIPVS, err := netlinkutil.NewIPVS()
+	if err != nil {
+		return err
+	}
+	defer readIPVS.Close()
+	readLinks, err := netlinkutil.NewLinks()
+	if err != nil {
+		return err
+	}
+	p.SetResyncReader(readIPVS, readLinks)
 	p.AddConsumer(g)
 	if o.TakeoverKubeProxy {
 		p.AddFinisher("take over from kube-proxy", removeKubeProxyLeftovers(links, log))
