@@ -72,13 +72,7 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load Kubernetes client configuration: %w", err)
 	}
-	cfg.UserAgent = "ipvs-proxy/" + version
-	// Protobuf: smaller and cheaper to decode than JSON for 10,000s of
-	// Services and EndpointSlices.
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	// A cold start lists every Service and EndpointSlice; don't throttle it.
-	cfg.QPS, cfg.Burst = 50, 100
+	proxier.TuneClientConfig(cfg, "ipvs-proxy/"+version)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create Kubernetes client: %w", err)

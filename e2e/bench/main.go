@@ -43,6 +43,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
 )
 
 // config is the command line.
@@ -137,7 +138,7 @@ func run(ctx context.Context, c config) error {
 	have := 0
 	for _, n := range c.sizes {
 		t0 := time.Now()
-		if err := createServices(ctx, client, have, n); err != nil {
+		if err := workload.CreateServices(ctx, client, have, n); err != nil {
 			return err
 		}
 		logf("created Services %d..%d and their EndpointSlices in %v", have, n-1, time.Since(t0).Round(time.Millisecond))

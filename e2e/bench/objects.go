@@ -7,22 +7,20 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
 )
 
 const (
-	namespace = "bench"
-	// Endpoints live in 10.176.0.0/12, routed in the VM by a dummy
-	// interface: IPVS refuses a NAT real server it has no route to.
+	namespace = workload.Namespace
+	// Endpoints live in 10.176.0.0/12 (workload.EndpointAddr), routed in
+	// the VM by a dummy interface: IPVS refuses a NAT real server it has
+	// no route to.
 	endpointNet = "10.176.0.1/12"
 )
 
@@ -32,72 +30,6 @@ type service struct {
 	VIP  string   `json:"vip"`
 	Port uint16   `json:"port"`
 	RS   []string `json:"rs"`
-}
-
-func endpointAddr(i, k int) string {
-	// Two endpoints per Service, 16 addresses apart; the changes move an
-	// endpoint to its neighbour (the last bit flipped) and back.
-	j := (i*2+k)*16 + 16
-	return fmt.Sprintf("10.%d.%d.%d", 176+j>>16, (j>>8)&255, j&255)
-}
-
-// createServices creates Services from..to-1, each with an EndpointSlice of
-// two ready endpoints, with 16 workers.
-func createServices(ctx context.Context, c kubernetes.Interface, from, to int) error {
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
-	work := make(chan int)
-	for w := 0; w < 16; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				err := createService(ctx, c, i)
-				mu.Lock()
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	for i := from; i < to; i++ {
-		mu.Lock()
-		failed := firstErr != nil
-		mu.Unlock()
-		if failed {
-			break
-		}
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	return firstErr
-}
-
-func createService(ctx context.Context, c kubernetes.Interface, i int) error {
-	name := fmt.Sprintf("svc-%05d", i)
-	_, err := c.CoreV1().Services(namespace).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{bed.Port("http", corev1.ProtocolTCP, 80)}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create service %s: %w", name, err)
-	}
-	eps := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(bed.BackendPort))}},
-	}
-	for k := 0; k < 2; k++ {
-		a := endpointAddr(i, k)
-		eps.Endpoints = append(eps.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
-	}
-	if _, err := c.DiscoveryV1().EndpointSlices(namespace).Create(ctx, eps, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create endpointslice %s: %w", name, err)
-	}
-	return nil
 }
 
 var (
