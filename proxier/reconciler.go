@@ -971,7 +971,21 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		}
 		st.Failed[op.Service] = errors.Join(st.Failed[op.Service], err)
 	}
-	var vsOps, rest, unbinds []model.Op
+	// Sized once: a cold sync at 10,000 Services has 10,000s of ops, and
+	// growing three copies of them by append doubled what it allocated.
+	var nVS, nRest, nUnbind int
+	for _, op := range ops {
+		switch op.Kind {
+		case model.OpBind:
+		case model.OpAddVirtualServer, model.OpUpdateVirtualServer:
+			nVS++
+		case model.OpUnbind:
+			nUnbind++
+		default:
+			nRest++
+		}
+	}
+	vsOps, rest, unbinds := make([]model.Op, 0, nVS), make([]model.Op, 0, nRest), make([]model.Op, 0, nUnbind)
 	for _, op := range ops {
 		switch op.Kind {
 		case model.OpBind:

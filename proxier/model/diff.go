@@ -243,7 +243,26 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	addrs = slices.Compact(addrs)
 
+	// Sized for what is surely written: binds, and the virtual servers
+	// missing from the kernel with their real servers (a cold sync's
+	// 10,000s of ops, which append would copy as they grow).
+	n := 0
+	for _, a := range addrs {
+		if want.Addresses[a] && !have.Bound[a] {
+			n++
+		}
+	}
+	for _, k := range keys {
+		if w, wanted := want.VirtualServers[k]; wanted {
+			if _, inKernel := have.VirtualServers[k]; !inKernel {
+				n += 1 + len(w.RealServers)
+			}
+		}
+	}
 	var ops []Op
+	if n > 0 {
+		ops = make([]Op, 0, n)
+	}
 	for _, a := range addrs {
 		if want.Addresses[a] && !have.Bound[a] {
 			ops = append(ops, Op{Kind: OpBind, Address: a})
