@@ -12,7 +12,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 
-.PHONY: all build image test checks bed unit e2e lint demo bench bench-go exec-paths clean fuzz conformance conformance-ci conformance-list chaos
+.PHONY: all build image test checks bed unit e2e lint demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos
 
 all: build
 
@@ -57,6 +57,7 @@ chaos:
 # [Conformance] tests of Services against ipvs-proxy's DaemonSet.
 test:
 	$(MAKE) --no-print-directory -j2 bed checks
+	$(MAKE) --no-print-directory bench-heap HEAP_SIZES=1000
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory conformance-ci
 
@@ -97,6 +98,15 @@ demo:
 # the bed (not a test: it prints); e.g. BENCH_ARGS="-proxies ipvs-proxy -sizes 1000".
 bench:
 	$(GO) run ./e2e/bench $(BENCH_ARGS)
+
+# Where the agent's memory goes, on the host (no VM): the bed's
+# kube-apiserver with HEAP_SIZES Services, the proxier and its informers
+# against the fake kernel; the heap's peak during the first sync, what
+# stays after it by owner, and a heap profile per size in bin/heapbench.
+# CI runs 1,000 Services.
+HEAP_SIZES ?= 1000,10000
+bench-heap:
+	$(GO) run ./e2e/heapbench -sizes $(HEAP_SIZES) -out bin/heapbench
 
 # Growth of the agent's own work (build + reconcile against the fake
 # kernel) at 1k, 10k and 100k Services: time and allocations per Service,

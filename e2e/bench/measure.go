@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -16,6 +20,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
 )
 
 // The two proxies run with the same periods: a change is synced 100 ms
@@ -53,7 +58,9 @@ type proxyKind struct {
 var proxyKinds = map[string]proxyKind{
 	"ipvs-proxy": {name: "ipvs-proxy", comm: "ipvs-proxy", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
 		start: func(ctx context.Context, b *bed.Bed) (running, error) {
-			if err := b.StartAgent(ctx, "--log-level", "info"); err != nil {
+			// --profiling: the bench saves its heap profile after the
+			// cold start (heapProfile).
+			if err := b.StartAgent(ctx, "--log-level", "info", "--profiling"); err != nil {
 				return nil, err
 			}
 			return agent{b}, nil
@@ -231,6 +238,11 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 			logf("%s, %d Services, cold: %s", p.name, n, l)
 		}
 		coldLines = len(lines)
+		if path, err := bn.heapProfile(ctx, n); err != nil {
+			logf("%s, %d Services: no heap profile: %v", p.name, n, err)
+		} else {
+			logf("%s, %d Services: heap profile after the cold start: go tool pprof -sample_index=inuse_space %s", p.name, n, path)
+		}
 	}
 	logf("%s, %d Services, cold: every virtual server after %.3fs, everything and idle after %.3fs (%d checks), CPU %.2fs + %.2fs (children)",
 		p.name, n, cold.VirtualServers, cold.Idle, cold.Checks, cold.CPUSelf, cold.CPUChildren)
@@ -243,7 +255,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	for i, s := range exp {
 		vip[names[i]] = fmt.Sprintf("%s:%d", s.VIP, s.Port)
 	}
-	single := fmt.Sprintf("svc-%05d", n/2)
+	single := workload.ServiceName(n / 2)
 	changeArgs := []string{"-kubeconfig", bed.GuestKubecfg, "-namespace", namespace, "-timeout", "30m"}
 
 	// 2. Single changes.
@@ -261,7 +273,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	// 3. A burst of changes, to Services other than the single one.
 	var spec []map[string]string
 	for k := 0; k < bn.cfg.burst; k++ {
-		name := fmt.Sprintf("svc-%05d", k*n/bn.cfg.burst+1)
+		name := workload.ServiceName(k*n/bn.cfg.burst + 1)
 		spec = append(spec, map[string]string{"slice": name, "vs": vip[name]})
 	}
 	data, err := json.Marshal(spec)
@@ -521,4 +533,37 @@ func tailLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// heapProfile saves ipvs-proxy's heap profile (its --profiling endpoint on
+// the VM's 127.0.0.1:10249, reached through the VM agent's dial) to
+// bin/bench/heap-ipvs-proxy-<n>.pb.gz: what it keeps once idle
+// (inuse_space) and what its start allocated (alloc_space).
+func (bn *bench) heapProfile(ctx context.Context, n int) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+		return bn.bed.VM.Dial(ctx, addr)
+	}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:10249/debug/pprof/heap", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("get the heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("read the heap profile: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("get the heap profile: %s: %.200s", resp.Status, body)
+	}
+	if err := os.MkdirAll("bin/bench", 0o755); err != nil {
+		return "", err
+	}
+	path := fmt.Sprintf("bin/bench/heap-ipvs-proxy-%d.pb.gz", n)
+	return path, os.WriteFile(path, body, 0o644)
 }

@@ -1,0 +1,401 @@
+// Command heapbench measures where ipvs-proxy's memory goes (`make
+// bench-heap`), on the host, without the VM: the bed's kube-apiserver and
+// etcd run on 127.0.0.1, the command creates N Services with two endpoints
+// each (e2e/framework/workload, the objects of `make bench`), and runs the
+// agent's proxier in this process, with its informers (protobuf, the
+// model.Trim transform) against that apiserver and the fake kernel in
+// place of netlink. For each size it prints:
+//
+//   - the first full sync's time (start until every virtual server is in
+//     the fake kernel and nothing is pending);
+//   - the peak of the heap during it (live and not yet collected objects,
+//     sampled every 5 ms) and the process's peak RSS (VmHWM, reset before
+//     the start);
+//   - the heap that stays once it is done (after a collection), in all and
+//     per Service, split by who allocated it (informer caches, the
+//     proxier's own state, the fake kernel, which is not the agent's);
+//   - and writes the heap profile (bin/heapbench/heap-N.pb.gz, for `go tool
+//     pprof`).
+//
+// The iptables glue is not in it (its ipset and iptables fakes live in
+// tests). Each size starts a new proxier; the Services of the smaller size
+// stay.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+func main() {
+	sizes := flag.String("sizes", "1000,10000", "comma-separated numbers of Services, ascending")
+	out := flag.String("out", "bin/heapbench", "directory for the heap profiles")
+	rate := flag.Int("memprofilerate", 4096, "runtime.MemProfileRate: bytes between heap samples")
+	flag.Parse()
+	runtime.MemProfileRate = *rate
+	var ns []int
+	for _, f := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 || (len(ns) > 0 && n <= ns[len(ns)-1]) {
+			fmt.Fprintf(os.Stderr, "heapbench: -sizes: %q is not an ascending list of positive numbers\n", *sizes)
+			os.Exit(2)
+		}
+		ns = append(ns, n)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, ns, *out); err != nil {
+		fmt.Fprintf(os.Stderr, "heapbench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// result is one size's figures.
+type result struct {
+	services  int
+	sync      time.Duration
+	peakHeap  uint64 // heap objects, live or not yet collected
+	peakRSS   uint64 // VmHWM
+	retained  uint64 // live heap after the sync, above the baseline
+	byOwner   map[string]uint64
+	profile   string
+	allocated uint64 // bytes allocated during the first sync
+}
+
+func run(ctx context.Context, sizes []int, outDir string) error {
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return err
+	}
+	cp, err := controlplane.Start(ctx, controlplane.Options{Log: logf, ServiceCIDR: "10.96.0.0/16"})
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	// A client for bulk creation, not throttled; the proxier gets its own,
+	// tuned like the agent's.
+	bulk := rest.CopyConfig(cp.RESTConfig)
+	bulk.QPS, bulk.Burst = 5000, 5000
+	bulk.ContentType = "application/vnd.kubernetes.protobuf"
+	creator, err := kubernetes.NewForConfig(bulk)
+	if err != nil {
+		return fmt.Errorf("create client: %w", err)
+	}
+	if _, err := creator.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: workload.Namespace}},
+		metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create namespace %s: %w", workload.Namespace, err)
+	}
+	var results []result
+	have := 0
+	for _, n := range sizes {
+		t0 := time.Now()
+		if err := workload.CreateServices(ctx, creator, have, n); err != nil {
+			return err
+		}
+		logf("created Services %d..%d and their EndpointSlices in %v", have, n-1, time.Since(t0).Round(time.Millisecond))
+		have = n
+		r, err := measure(ctx, cp.RESTConfig, n, outDir)
+		if err != nil {
+			return fmt.Errorf("%d Services: %w", n, err)
+		}
+		results = append(results, r)
+	}
+	printResults(os.Stdout, results)
+	return nil
+}
+
+// measure runs a new proxier until its first full sync is done and takes
+// the figures.
+func measure(ctx context.Context, base *rest.Config, n int, outDir string) (result, error) {
+	r := result{services: n}
+	rc := rest.CopyConfig(base)
+	proxier.TuneClientConfig(rc, "ipvs-proxy-heapbench")
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return r, fmt.Errorf("create client: %w", err)
+	}
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(netip.MustParseAddr("192.0.2.10"))
+	ipvs.KeepCalls(false)
+	links.KeepCalls(false)
+	cfg := proxier.Config{NodeName: "heapbench-node", Interface: "ipvs-proxy0", Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true,
+		MinSyncPeriod: time.Second, SyncPeriod: time.Hour}
+	p := proxier.New(cfg, client, ipvs, links, &record.FakeRecorder{}, proxier.NewMetrics(prometheus.NewRegistry()), zap.NewNop())
+
+	runtime.GC()
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if err := resetPeakRSS(); err != nil {
+		return r, err
+	}
+	sampler := startSampler()
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	runErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runErr <- p.Run(runCtx)
+	}()
+	t0 := time.Now()
+	stopRun := func() {
+		cancel()
+		wg.Wait()
+	}
+	// n bench Services and the default namespace's `kubernetes`.
+	for {
+		st := p.Status()
+		if !st.LastSuccessfulSync.IsZero() && st.Pending == 0 {
+			if vss, _ := ipvs.ListVirtualServers(); len(vss) >= n+1 {
+				break
+			}
+		}
+		select {
+		case err := <-runErr:
+			stopRun()
+			return r, fmt.Errorf("proxier stopped before its first sync: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			stopRun()
+			return r, ctx.Err()
+		}
+		if time.Since(t0) > 10*time.Minute {
+			stopRun()
+			return r, errors.New("no complete first sync within 10 minutes")
+		}
+	}
+	r.sync = time.Since(t0)
+	r.peakHeap = sampler.stop()
+	var err2 error
+	if r.peakRSS, err2 = peakRSS(); err2 != nil {
+		stopRun()
+		return r, err2
+	}
+	runtime.GC()
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	r.allocated = after.TotalAlloc - before.TotalAlloc
+	if after.HeapAlloc > before.HeapAlloc {
+		r.retained = after.HeapAlloc - before.HeapAlloc
+	}
+	r.byOwner = heapByOwner()
+	r.profile = filepath.Join(outDir, fmt.Sprintf("heap-%d.pb.gz", n))
+	if err := writeHeapProfile(r.profile); err != nil {
+		stopRun()
+		return r, err
+	}
+	stopRun()
+	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
+		return r, fmt.Errorf("proxier: %w", err)
+	}
+	runtime.KeepAlive(ipvs)
+	logf("%d Services: first sync in %v, peak heap %s, peak RSS %s, kept %s", n, r.sync.Round(time.Millisecond),
+		mib(r.peakHeap), mib(r.peakRSS), mib(r.retained))
+	return r, nil
+}
+
+// sampler records the peak of the heap's objects (live and not yet
+// collected) every 5 ms.
+type sampler struct {
+	done chan struct{}
+	peak chan uint64
+}
+
+func startSampler() *sampler {
+	s := &sampler{done: make(chan struct{}), peak: make(chan uint64, 1)}
+	go func() {
+		samples := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		var peak uint64
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			metrics.Read(samples)
+			peak = max(peak, samples[0].Value.Uint64())
+			select {
+			case <-s.done:
+				s.peak <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+func (s *sampler) stop() uint64 {
+	close(s.done)
+	return <-s.peak
+}
+
+// resetPeakRSS resets the process's VmHWM to its current RSS.
+func resetPeakRSS() error {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		return fmt.Errorf("reset the peak RSS: %w", err)
+	}
+	return nil
+}
+
+var vmHWM = regexp.MustCompile(`VmHWM:\s+(\d+) kB`)
+
+func peakRSS() (uint64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, fmt.Errorf("read the peak RSS: %w", err)
+	}
+	m := vmHWM.FindSubmatch(b)
+	if m == nil {
+		return 0, errors.New("read the peak RSS: no VmHWM in /proc/self/status")
+	}
+	kb, _ := strconv.ParseUint(string(m[1]), 10, 64)
+	return kb << 10, nil
+}
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// owners attribute a heap sample to the first owner that one of its frames
+// names. Objects decoded from the watch stream (client-go streams the
+// initial list as watch events: WatchListClient) belong to the informers.
+var owners = []struct {
+	name   string
+	frames []string
+}{
+	{"fake kernel (not the agent's)", []string{"netlinkutil/fake."}},
+	{"informer caches (objects, indexes)", []string{"k8s.io/client-go/tools/cache.", "k8s.io/apimachinery/pkg/watch.",
+		"k8s.io/client-go/rest/watch.", "k8s.io/api/"}},
+	{"proxier: plans, reconciler, indexes", []string{"ipvs-proxy/proxier"}},
+}
+
+const otherOwner = "other (runtime, clients, metrics)"
+
+// heapByOwner splits the live heap (as of the last collection, in the
+// profile's samples scaled to bytes) by owner.
+func heapByOwner() map[string]uint64 {
+	var recs []runtime.MemProfileRecord
+	for {
+		n, ok := runtime.MemProfile(recs, false)
+		if ok {
+			recs = recs[:n]
+			break
+		}
+		recs = make([]runtime.MemProfileRecord, n+64)
+	}
+	by := map[string]uint64{}
+	rate := float64(runtime.MemProfileRate)
+	for _, rec := range recs {
+		inuse := rec.InUseBytes()
+		if inuse <= 0 {
+			continue
+		}
+		// Unsample as pprof does: each sample stands for 1/(1-e^(-size/rate)).
+		count := rec.InUseObjects()
+		size := float64(inuse) / float64(count)
+		scaled := float64(inuse) / (1 - math.Exp(-size/rate))
+		by[ownerOf(rec.Stack())] += uint64(scaled)
+	}
+	return by
+}
+
+func ownerOf(stack []uintptr) string {
+	frames := runtime.CallersFrames(stack)
+	var names []string
+	for {
+		f, more := frames.Next()
+		names = append(names, f.Function)
+		if !more {
+			break
+		}
+	}
+	for _, o := range owners {
+		for _, n := range names {
+			for _, f := range o.frames {
+				if strings.Contains(n, f) {
+					return o.name
+				}
+			}
+		}
+	}
+	return otherOwner
+}
+
+func printResults(w *os.File, rs []result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICES\tFIRST SYNC\tALLOCATED\tPEAK HEAP\tPEAK RSS\tKEPT\tKEPT/SERVICE")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%d\t%v\t%s\t%s\t%s\t%s\t%d B\n", r.services, r.sync.Round(time.Millisecond), mib(r.allocated),
+			mib(r.peakHeap), mib(r.peakRSS), mib(r.retained), r.retained/uint64(r.services))
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	names := []string{}
+	for _, o := range owners {
+		names = append(names, o.name)
+	}
+	names = append(names, otherOwner)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "LIVE HEAP BY OWNER")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "\t%d SERVICES\tPER SERVICE", r.services)
+	}
+	fmt.Fprintln(tw)
+	for _, name := range names {
+		fmt.Fprint(tw, name)
+		for _, r := range rs {
+			fmt.Fprintf(tw, "\t%s\t%d B", mib(r.byOwner[name]), r.byOwner[name]/uint64(r.services))
+		}
+		fmt.Fprintln(tw)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	for _, r := range rs {
+		fmt.Fprintf(w, "heap profile at %d Services: go tool pprof -sample_index=inuse_space %s\n", r.services, r.profile)
+	}
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
