@@ -971,25 +971,14 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		}
 		st.Failed[op.Service] = errors.Join(st.Failed[op.Service], err)
 	}
-	// Sized once: a cold sync at 10,000 Services has 10,000s of ops, and
-	// growing three copies of them by append doubled what it allocated.
-	var nVS, nRest, nUnbind int
-	for _, op := range ops {
+	// The three groups are indexes into ops, not copies: a cold sync at
+	// 10,000 Services has 10,000s of ops of 240 bytes.
+	var vsOps, rest, unbinds []int
+	for i := range ops {
+		op := &ops[i]
 		switch op.Kind {
 		case model.OpBind:
-		case model.OpAddVirtualServer, model.OpUpdateVirtualServer:
-			nVS++
-		case model.OpUnbind:
-			nUnbind++
-		default:
-			nRest++
-		}
-	}
-	vsOps, rest, unbinds := make([]model.Op, 0, nVS), make([]model.Op, 0, nRest), make([]model.Op, 0, nUnbind)
-	for _, op := range ops {
-		switch op.Kind {
-		case model.OpBind:
-			if err := r.write(st, op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) }); err != nil {
+			if err := r.write(st, *op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) }); err != nil {
 				unbound[op.Address] = err
 				continue
 			}
@@ -999,49 +988,50 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 			if berr, ok := unbound[k.Address]; ok {
 				// Not on an owned address: a crash would leak it.
 				skip[k] = true
-				fail(op, fmt.Errorf("%s: address not bound: %w", op, berr))
+				fail(*op, fmt.Errorf("%s: address not bound: %w", op, berr))
 				continue
 			}
-			vsOps = append(vsOps, op)
+			vsOps = append(vsOps, i)
 		case model.OpUnbind:
-			unbinds = append(unbinds, op)
+			unbinds = append(unbinds, i)
 		default:
-			rest = append(rest, op)
+			rest = append(rest, i)
 		}
 	}
-	for i, err := range r.applyIPVS(st, vsOps) {
-		op := vsOps[i]
+	for i, err := range r.applyIPVS(st, ops, vsOps) {
+		op := &ops[vsOps[i]]
 		if err != nil {
 			r.noteScheduler(op.VirtualServer.Scheduler, err)
 			skip[op.VirtualServer.VSKey] = true
-			fail(op, fmt.Errorf("%s: %w", op, err))
+			fail(*op, fmt.Errorf("%s: %w", op, err))
 			continue
 		}
 		r.kernel.PutVirtualServer(op.VirtualServer)
 	}
-	rest = slices.DeleteFunc(rest, func(op model.Op) bool {
-		return op.Kind != model.OpDeleteVirtualServer && skip[op.VirtualServer.VSKey]
+	rest = slices.DeleteFunc(rest, func(i int) bool {
+		return ops[i].Kind != model.OpDeleteVirtualServer && skip[ops[i].VirtualServer.VSKey]
 	})
-	for i, err := range r.applyIPVS(st, rest) {
-		op := rest[i]
+	for i, err := range r.applyIPVS(st, ops, rest) {
+		op := &ops[rest[i]]
 		k := op.VirtualServer.VSKey
 		switch {
 		case err != nil:
-			fail(op, fmt.Errorf("%s: %w", op, err))
+			fail(*op, fmt.Errorf("%s: %w", op, err))
 		case op.Kind == model.OpDeleteRealServer && k.Protocol == model.UDP:
 			r.clearUDP(k, op.RealServer.RSKey)
 		case op.Kind == model.OpDeleteVirtualServer:
 			r.kernel.DeleteVirtualServer(k)
 		}
 	}
-	for _, op := range unbinds {
+	for _, i := range unbinds {
+		op := &ops[i]
 		if r.kernel.OnAddress(op.Address) > 0 {
 			// A failed delete left a virtual server on it: it stays
 			// bound, so that the virtual server stays owned.
 			continue
 		}
-		if err := r.write(st, op, func() error { return r.links.DeleteAddress(r.own.Interface, op.Address) }); err != nil {
-			fail(op, fmt.Errorf("%s: %w", op, err))
+		if err := r.write(st, *op, func() error { return r.links.DeleteAddress(r.own.Interface, op.Address) }); err != nil {
+			fail(*op, fmt.Errorf("%s: %w", op, err))
 			continue
 		}
 		delete(r.kernel.Bound, op.Address)
@@ -1056,25 +1046,28 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 	return orphan
 }
 
-// applyIPVS makes the IPVS writes of ops in one batch, counting and
-// logging them like single writes, and returns each one's error.
-func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op) []error {
-	if len(ops) == 0 {
+// applyIPVS makes the IPVS writes of ops[idx...] in one batch, counting
+// and logging them like single writes, and returns each one's error (in
+// idx's order).
+func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op, idx []int) []error {
+	if len(idx) == 0 {
 		return nil
 	}
-	writes := make([]netlinkutil.Write, len(ops))
-	for i, op := range ops {
+	writes := make([]netlinkutil.Write, len(idx))
+	for i, j := range idx {
+		op := &ops[j]
 		writes[i] = netlinkutil.Write{Kind: op.Kind, VirtualServer: op.VirtualServer, RealServer: op.RealServer}
 	}
 	errs := r.ipvs.Apply(writes)
-	st.Writes += len(ops)
+	st.Writes += len(idx)
 	for _, err := range errs {
 		if errors.Is(err, netlinkutil.ErrOutcomeUnknown) {
 			r.lost = true // like a failed read: the next sync is full
 		}
 	}
 	if r.log.Core().Enabled(zap.DebugLevel) {
-		for i, op := range ops {
+		for i, j := range idx {
+			op := ops[j]
 			r.log.Debug("kernel write", zap.Stringer("op", op), zap.String("service", op.Service.String()), zap.Error(errs[i]))
 		}
 	}
