@@ -174,7 +174,11 @@ func TestLoopRetriesAloneUnderEvents(t *testing.T) {
 	b.eventually("the informer's delivery of the last change", func() bool {
 		b.p.mu.Lock()
 		defer b.p.mu.Unlock()
-		eps := b.p.slices[types.NamespacedName{Namespace: "default", Name: "b"}]["b-1"].Endpoints
+		have := b.p.slices[types.NamespacedName{Namespace: "default", Name: "b"}]
+		if len(have) != 1 || have[0].Name != "b-1" {
+			return false
+		}
+		eps := have[0].Endpoints
 		return len(eps) == 2 && eps[1].Addresses[0] == "10.0.3.11"
 	})
 	b.clk.Step(time.Second)
@@ -501,5 +505,81 @@ func TestLoopResyncReadOffTheLoop(t *testing.T) {
 	}
 	if w := b.links.Writes(); len(w) != 0 {
 		t.Errorf("address writes of the resync: %q", w)
+	}
+}
+
+// TestLoopServiceWithSeveralSlices: a Service's endpoints come in two
+// EndpointSlices. Both are served; a change to one keeps the other's
+// endpoints; deleting one drops only its endpoints; deleting the last
+// leaves the virtual server with no real servers.
+func TestLoopServiceWithSeveralSlices(t *testing.T) {
+	b := newLoopBed(t, testService("b", "10.96.0.11", "rr")) // slice b-1: 10.0.1.11
+	ctx := context.Background()
+	second := testSlice("b", "10.0.2.11")
+	second.Name = "b-2"
+	slicesAPI := b.client.DiscoveryV1().EndpointSlices("default")
+	if _, err := slicesAPI.Create(ctx, second, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.run()
+	vs := model.VSKey{Address: netip.MustParseAddr("10.96.0.11"), Protocol: model.TCP, Port: 80}
+	realServers := func() []string {
+		rss, err := b.ipvs.ListRealServers(vs)
+		if err != nil {
+			return []string{err.Error()}
+		}
+		out := []string{}
+		for _, rs := range rss {
+			out = append(out, rs.RSKey.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	// held waits until the Proxier holds these slices of b (by name, with
+	// their first address), then lets MinSyncPeriod pass.
+	held := func(want ...string) {
+		t.Helper()
+		b.eventually(fmt.Sprintf("the informer's delivery of %v", want), func() bool {
+			b.p.mu.Lock()
+			defer b.p.mu.Unlock()
+			var got []string
+			for _, s := range b.p.slices[types.NamespacedName{Namespace: "default", Name: "b"}] {
+				got = append(got, s.Name+"="+s.Endpoints[0].Addresses[0])
+			}
+			slices.Sort(got)
+			return slices.Equal(got, want)
+		})
+		b.clk.Step(time.Second)
+	}
+	expect := func(what string, want ...string) {
+		t.Helper()
+		b.eventually(what, func() bool { return slices.Equal(realServers(), want) })
+		b.idle()
+		if got := realServers(); !slices.Equal(got, want) {
+			t.Fatalf("%s: real servers %v, want %v", what, got, want)
+		}
+	}
+	expect("both slices' endpoints", "10.0.1.11:8080", "10.0.2.11:8080")
+
+	second.Endpoints[0].Addresses = []string{"10.0.3.11"}
+	if _, err := slicesAPI.Update(ctx, second, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held("b-1=10.0.1.11", "b-2=10.0.3.11")
+	expect("b-2 changed", "10.0.1.11:8080", "10.0.3.11:8080")
+
+	if err := slicesAPI.Delete(ctx, "b-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held("b-2=10.0.3.11")
+	expect("b-1 deleted", "10.0.3.11:8080")
+
+	if err := slicesAPI.Delete(ctx, "b-2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held()
+	expect("both deleted")
+	if vss, _ := b.ipvs.ListVirtualServers(); !slices.ContainsFunc(vss, func(v model.VirtualServer) bool { return v.VSKey == vs }) {
+		t.Errorf("virtual server %s gone with its last slice; want it kept with no real servers (connections refused)", vs)
 	}
 }

@@ -110,7 +110,7 @@ type Proxier struct {
 
 	mu        sync.Mutex // guards the fields below
 	services  map[types.NamespacedName]*corev1.Service
-	slices    map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	slices    map[types.NamespacedName][]*discoveryv1.EndpointSlice
 	zone      string
 	nodeAddrs []netip.Addr
 	dirty     map[types.NamespacedName]time.Time // first unsynced change
@@ -156,7 +156,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		changes:       map[types.NamespacedName]time.Time{},
 		trigger:       make(chan struct{}, 1),
 		services:      map[types.NamespacedName]*corev1.Service{},
-		slices:        map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
+		slices:        map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
 		dirty:         map[types.NamespacedName]time.Time{},
 		warnings:      map[types.NamespacedName]string{},
 		rebuild:       true,
@@ -335,18 +335,15 @@ func (p *Proxier) onSlice(obj any, deleted bool) {
 		return
 	}
 	p.mu.Lock()
-	m := p.slices[name]
-	if deleted {
-		delete(m, s.Name)
-		if len(m) == 0 {
-			delete(p.slices, name)
-		}
+	// A Service's slices, most often one: a list, not a map each.
+	have := slices.DeleteFunc(p.slices[name], func(o *discoveryv1.EndpointSlice) bool { return o.Name == s.Name })
+	if !deleted {
+		have = append(have, s)
+	}
+	if len(have) == 0 {
+		delete(p.slices, name)
 	} else {
-		if m == nil {
-			m = map[string]*discoveryv1.EndpointSlice{}
-			p.slices[name] = m
-		}
-		m[s.Name] = s
+		p.slices[name] = have
 	}
 	p.mu.Unlock()
 	p.markDirty(name, changeTime(s, p.clock.Now()))
@@ -640,11 +637,7 @@ func (p *Proxier) snapshot(full bool) (syncInputs, error) {
 	}
 	in.services = make(map[types.NamespacedName]syncInput, len(names))
 	for _, n := range names {
-		si := syncInput{svc: p.services[n]}
-		for _, s := range p.slices[n] {
-			si.slices = append(si.slices, s)
-		}
-		in.services[n] = si
+		in.services[n] = syncInput{svc: p.services[n], slices: slices.Clone(p.slices[n])}
 	}
 	return in, err
 }
