@@ -17,9 +17,10 @@
 //   - and writes the heap profile (bin/heapbench/heap-N.pb.gz, for `go tool
 //     pprof`).
 //
-// The iptables glue is not in it (its ipset and iptables fakes live in
-// tests). Each size starts a new proxier; the Services of the smaller size
-// stay.
+// The iptables glue is in it, on the fake ipsets (ipset/fake) and on
+// iptables tools that save empty tables and take every restore, so that it
+// builds its set entries and rules as on a node. Each size starts a new
+// proxier; the Services of the smaller size stay.
 package main
 
 import (
@@ -53,8 +54,11 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -156,6 +160,12 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string) (resu
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true,
 		MinSyncPeriod: time.Second, SyncPeriod: time.Hour}
 	p := proxier.New(cfg, client, ipvs, links, &record.FakeRecorder{}, proxier.NewMetrics(prometheus.NewRegistry()), zap.NewNop())
+	ipt, err := glue.NewIPTables(emptyTables{}, glue.NFT, ipset.IPv4)
+	if err != nil {
+		return r, err
+	}
+	p.AddConsumer(glue.New(glue.Config{Interface: cfg.Interface, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, IPv4: true},
+		ipsetfake.New(), map[ipset.Family]*glue.IPTables{ipset.IPv4: ipt}, links, zap.NewNop()))
 
 	runtime.GC()
 	runtime.GC()
@@ -306,9 +316,10 @@ var owners = []struct {
 	name   string
 	frames []string
 }{
-	{"fake kernel (not the agent's)", []string{"netlinkutil/fake."}},
+	{"fake kernel (not the agent's)", []string{"netlinkutil/fake.", "ipset/fake."}},
 	{"informer caches (objects, indexes)", []string{"k8s.io/client-go/tools/cache.", "k8s.io/apimachinery/pkg/watch.",
 		"k8s.io/client-go/rest/watch.", "k8s.io/api/"}},
+	{"iptables glue: set entries, rules", []string{"ipvs-proxy/proxier/glue.", "ipvs-proxy/ipset."}},
 	{"proxier: plans, reconciler, indexes", []string{"ipvs-proxy/proxier"}},
 }
 
@@ -399,3 +410,33 @@ func printResults(w *os.File, rs []result) {
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// emptyTables stands in for iptables-nft-save and -restore: every save
+// shows the built-in chains of an empty nat and filter table, every restore
+// is taken. The glue writes its whole rule set on each full sync.
+type emptyTables struct{}
+
+const emptySave = `*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+COMMIT
+`
+
+func (emptyTables) LookPath(string) error { return nil }
+
+func (emptyTables) Run(_ context.Context, name string, _ []string, _ []byte) ([]byte, error) {
+	switch {
+	case strings.HasSuffix(name, "-save"):
+		return []byte(emptySave), nil
+	case strings.HasSuffix(name, "-restore"):
+		return nil, nil
+	}
+	return nil, fmt.Errorf("heapbench: no tool %s", name)
+}

@@ -63,7 +63,7 @@ type Glue struct {
 	log    *zap.Logger
 
 	plans   map[types.NamespacedName]*model.ServicePlan
-	contrib map[types.NamespacedName]entries
+	contrib map[types.NamespacedName]held
 	refs    map[setID]map[ipset.Entry]int // how many Services want each entry
 	want    map[setID]ipset.Contents      // the entries with refs > 0
 	// dirty holds, per set, the entries whose membership changed since
@@ -93,7 +93,7 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 	g := &Glue{
 		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log,
 		plans:   map[types.NamespacedName]*model.ServicePlan{},
-		contrib: map[types.NamespacedName]entries{},
+		contrib: map[types.NamespacedName]held{},
 		refs:    map[setID]map[ipset.Entry]int{},
 		want:    map[setID]ipset.Contents{},
 		dirty:   map[setID]map[ipset.Entry]struct{}{},
@@ -193,18 +193,16 @@ func (g *Glue) recompute(name types.NamespacedName) {
 			g.ref(id, e, 1)
 		}
 	}
-	for id, es := range prev {
-		for e := range es {
-			g.ref(id, e, -1)
-		}
+	for _, se := range prev {
+		g.ref(se.id, se.e, -1)
 	}
 	if len(next) == 0 {
 		delete(g.contrib, name)
 	} else {
-		g.contrib[name] = next
+		g.contrib[name] = next.flat()
 	}
 	if ce := g.log.Check(zap.DebugLevel, "set entries of a Service"); ce != nil && (len(prev) > 0 || len(next) > 0) {
-		ce.Write(zap.String("service", name.String()), zap.Int("entries", next.count()), zap.Int("before", prev.count()))
+		ce.Write(zap.String("service", name.String()), zap.Int("entries", next.count()), zap.Int("before", len(prev)))
 	}
 }
 
@@ -368,7 +366,7 @@ func (st *Stats) add(s ipset.Stats) {
 func (g *Glue) setError(id setID, err error) error {
 	var services []string
 	for name, c := range g.contrib {
-		if len(c[id]) > 0 {
+		if slices.ContainsFunc(c, func(se setEntry) bool { return se.id == id }) {
 			services = append(services, name.String())
 			if len(services) == 5 {
 				services = append(services, "...")

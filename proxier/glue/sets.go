@@ -104,6 +104,27 @@ func setIDs(ipv4, ipv6 bool) []setID {
 // entries is one Service's contribution to the sets.
 type entries map[setID]map[ipset.Entry]struct{}
 
+// held is a Service's entries as the glue keeps them between syncs: one
+// list, not a map per set (a small map of 96-byte entries costs most of a
+// kilobyte, and a Service has entries in about five sets).
+type held []setEntry
+
+type setEntry struct {
+	id setID
+	e  ipset.Entry
+}
+
+// flat lists e's entries in a slice of its exact size.
+func (e entries) flat() held {
+	out := make(held, 0, e.count())
+	for id, es := range e {
+		for en := range es {
+			out = append(out, setEntry{id, en})
+		}
+	}
+	return out
+}
+
 func (e entries) add(base string, fam ipset.Family, en ipset.Entry) {
 	id := setID{base, fam}
 	if e[id] == nil {
