@@ -3,12 +3,31 @@ package ipset
 import (
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"slices"
 	"time"
 )
 
-// Contents is what a set should hold.
+// Contents is a set of entries: what a set should hold, or holds.
 type Contents map[Entry]struct{}
+
+// Wanted is what a set should hold: Contents, or any other set of entries
+// (the glue passes its reference counts rather than keep a copy).
+type Wanted interface {
+	Has(Entry) bool
+	Len() int
+	All() iter.Seq[Entry]
+}
+
+// Has reports whether e is in c.
+func (c Contents) Has(e Entry) bool { _, ok := c[e]; return ok }
+
+// Len is the number of entries.
+func (c Contents) Len() int { return len(c) }
+
+// All yields the entries in no order.
+func (c Contents) All() iter.Seq[Entry] { return maps.Keys(c) }
 
 // Stats count what a Syncer did.
 type Stats struct {
@@ -91,7 +110,7 @@ func (s *Syncer) wroteAll(name string) {
 // that drift is repaired without undoing a later write. Without a record
 // since Track or a current view (a failed write forgot it), or when the
 // read found no set, it rereads the set itself. It stops tracking the set.
-func (s *Syncer) SyncRead(spec Spec, want Contents, cur Set, readErr error) (Stats, error) {
+func (s *Syncer) SyncRead(spec Spec, want Wanted, cur Set, readErr error) (Stats, error) {
 	spec = spec.Normalized()
 	w := s.track[spec.Name]
 	delete(s.track, spec.Name)
@@ -143,7 +162,7 @@ func TempName(name string) string {
 // view does not know the set, it dumps the set first (creating it if
 // missing); otherwise it trusts the view. After a failed write the set is
 // forgotten, so the next Sync rereads it.
-func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
+func (s *Syncer) Sync(spec Spec, want Wanted, reread bool) (Stats, error) {
 	var st Stats
 	spec = spec.Normalized()
 	if err := spec.Validate(); err != nil {
@@ -152,7 +171,7 @@ func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
 	if !s.sets.Owns(spec.Name) {
 		return st, fmt.Errorf("ipset: sync %s: %w", spec.Name, ErrNotOwned)
 	}
-	for e := range want {
+	for e := range want.All() {
 		if err := spec.Type.Check(spec.Family, e); err != nil {
 			return st, fmt.Errorf("ipset: set %s: %w", spec.Name, err)
 		}
@@ -171,7 +190,7 @@ func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
 	if len(add) == 0 && len(del) == 0 && v.spec == spec {
 		return st, s.dropTemp(spec.Name)
 	}
-	if v.spec != spec || (len(add)+len(del) > len(want)+rebuildGain && !st.Created) {
+	if v.spec != spec || (len(add)+len(del) > want.Len()+rebuildGain && !st.Created) {
 		err := s.rebuild(spec, want, &st)
 		if err != nil && s.view[spec.Name] == v {
 			v.entries = nil
@@ -186,14 +205,14 @@ func (s *Syncer) Sync(spec Spec, want Contents, reread bool) (Stats, error) {
 
 // difference is what to add to have, and what to delete from it, to get
 // want.
-func difference(want, have Contents) (add, del []Entry) {
-	for e := range want {
+func difference(want Wanted, have Contents) (add, del []Entry) {
+	for e := range want.All() {
 		if _, ok := have[e]; !ok {
 			add = append(add, e)
 		}
 	}
 	for e := range have {
-		if _, ok := want[e]; !ok {
+		if !want.Has(e) {
 			del = append(del, e)
 		}
 	}
@@ -204,7 +223,7 @@ func difference(want, have Contents) (add, del []Entry) {
 // differ between want and the set, so only they are looked at, and the cost
 // is that of the change, not of the set. Without a current view of the set
 // it falls back to Sync.
-func (s *Syncer) SyncChanged(spec Spec, want Contents, changed []Entry) (Stats, error) {
+func (s *Syncer) SyncChanged(spec Spec, want Wanted, changed []Entry) (Stats, error) {
 	spec = spec.Normalized()
 	v := s.view[spec.Name]
 	if v == nil || v.entries == nil || v.spec != spec || !s.sets.Owns(spec.Name) {
@@ -213,7 +232,7 @@ func (s *Syncer) SyncChanged(spec Spec, want Contents, changed []Entry) (Stats, 
 	var st Stats
 	var add, del []Entry
 	for _, e := range changed {
-		_, wanted := want[e]
+		wanted := want.Has(e)
 		_, have := v.entries[e]
 		switch {
 		case wanted && !have:
@@ -303,7 +322,7 @@ func mismatch(spec Spec, cur Set) error {
 // a fresh start needs every write of a large set to succeed at once, which
 // repeated write failures never grant (a 200-entry set never converged
 // with half the writes failing).
-func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
+func (s *Syncer) rebuild(spec Spec, want Wanted, st *Stats) error {
 	s.wroteAll(spec.Name)
 	tmp := spec
 	tmp.Name = TempName(spec.Name)
@@ -315,8 +334,8 @@ func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
 		return err
 	}
 	st.Rebuilt = true
-	contents := make(Contents, len(want))
-	for e := range want {
+	contents := make(Contents, want.Len())
+	for e := range want.All() {
 		contents[e] = struct{}{}
 	}
 	s.view[spec.Name] = &viewed{spec: spec, entries: contents}
@@ -330,7 +349,7 @@ func (s *Syncer) rebuild(spec Spec, want Contents, st *Stats) error {
 // when an earlier attempt left it (reread if that attempt's write failed),
 // created afresh otherwise, or when it has other parameters (a crash's
 // leftover perhaps).
-func (s *Syncer) fillTemp(tmp Spec, want Contents, st *Stats) error {
+func (s *Syncer) fillTemp(tmp Spec, want Wanted, st *Stats) error {
 	v := s.view[tmp.Name]
 	if v != nil && v.entries == nil {
 		nv, err := s.read(tmp, st) // (creates it if it is gone)

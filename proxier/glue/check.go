@@ -108,7 +108,7 @@ func (g *Glue) applyCheck(st *Stats) []error {
 	added, deleted := st.Added, st.Deleted
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
 		r := res.sets[id]
-		s, err := g.syncer.SyncRead(id.spec(), g.want[id], r.set, r.err)
+		s, err := g.syncer.SyncRead(id.spec(), g.refs[id], r.set, r.err)
 		st.add(s)
 		if err != nil {
 			errs = append(errs, g.setError(id, err))

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"net/netip"
 	"slices"
@@ -64,8 +65,9 @@ type Glue struct {
 
 	plans   map[types.NamespacedName]*model.ServicePlan
 	contrib map[types.NamespacedName]held
-	refs    map[setID]map[ipset.Entry]int // how many Services want each entry
-	want    map[setID]ipset.Contents      // the entries with refs > 0
+	// refs counts the Services that want each entry (> 0): what each set
+	// should hold (refCounts is an ipset.Wanted).
+	refs map[setID]refCounts
 	// dirty holds, per set, the entries whose membership changed since
 	// the set was last synced.
 	dirty     map[setID]map[ipset.Entry]struct{}
@@ -94,14 +96,12 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log,
 		plans:   map[types.NamespacedName]*model.ServicePlan{},
 		contrib: map[types.NamespacedName]held{},
-		refs:    map[setID]map[ipset.Entry]int{},
-		want:    map[setID]ipset.Contents{},
+		refs:    map[setID]refCounts{},
 		dirty:   map[setID]map[ipset.Entry]struct{}{},
 		checks:  make(chan checkResult, 1),
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
-		g.refs[id] = map[ipset.Entry]int{}
-		g.want[id] = ipset.Contents{}
+		g.refs[id] = refCounts{}
 		g.dirty[id] = map[ipset.Entry]struct{}{}
 	}
 	for _, fam := range g.families() {
@@ -148,22 +148,25 @@ func (g *Glue) ref(id setID, e ipset.Entry, delta int) {
 	if !ok {
 		return // a family that is not served
 	}
+	had := refs[e] > 0
 	n := refs[e] + delta
-	switch {
-	case n <= 0:
+	if n <= 0 {
 		delete(refs, e)
-		if _, had := g.want[id][e]; had {
-			delete(g.want[id], e)
-			g.changed(id, e)
-		}
-	default:
+	} else {
 		refs[e] = n
-		if _, had := g.want[id][e]; !had {
-			g.want[id][e] = struct{}{}
-			g.changed(id, e)
-		}
+	}
+	if had != (n > 0) {
+		g.changed(id, e)
 	}
 }
+
+// refCounts counts how many Services want each entry; it is what the set
+// should hold.
+type refCounts map[ipset.Entry]int
+
+func (r refCounts) Has(e ipset.Entry) bool     { return r[e] > 0 }
+func (r refCounts) Len() int                   { return len(r) }
+func (r refCounts) All() iter.Seq[ipset.Entry] { return maps.Keys(r) }
 
 // changed records that an entry's membership changed since the last sync,
 // so that a partial sync looks at just those entries.
@@ -306,9 +309,9 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		var s ipset.Stats
 		var err error
 		if inLoop {
-			s, err = g.syncer.Sync(id.spec(), g.want[id], true)
+			s, err = g.syncer.Sync(id.spec(), g.refs[id], true)
 		} else {
-			s, err = g.syncer.SyncChanged(id.spec(), g.want[id], slices.Collect(maps.Keys(changed)))
+			s, err = g.syncer.SyncChanged(id.spec(), g.refs[id], slices.Collect(maps.Keys(changed)))
 		}
 		st.add(s)
 		if err != nil {
