@@ -191,10 +191,8 @@ func (g *Glue) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 func (g *Glue) recompute(name types.NamespacedName) {
 	next := ServiceEntries(g.plans[name], g.nodeAddrs)
 	prev := g.contrib[name]
-	for id, es := range next {
-		for e := range es {
-			g.ref(id, e, 1)
-		}
+	for _, se := range next {
+		g.ref(se.id, se.e, 1)
 	}
 	for _, se := range prev {
 		g.ref(se.id, se.e, -1)
@@ -202,19 +200,11 @@ func (g *Glue) recompute(name types.NamespacedName) {
 	if len(next) == 0 {
 		delete(g.contrib, name)
 	} else {
-		g.contrib[name] = next.flat()
+		g.contrib[name] = next
 	}
 	if ce := g.log.Check(zap.DebugLevel, "set entries of a Service"); ce != nil && (len(prev) > 0 || len(next) > 0) {
-		ce.Write(zap.String("service", name.String()), zap.Int("entries", next.count()), zap.Int("before", len(prev)))
+		ce.Write(zap.String("service", name.String()), zap.Int("entries", len(next)), zap.Int("before", len(prev)))
 	}
-}
-
-func (e entries) count() int {
-	n := 0
-	for _, es := range e {
-		n += len(es)
-	}
-	return n
 }
 
 // Stats describe one glue sync.

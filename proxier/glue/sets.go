@@ -1,7 +1,10 @@
 package glue
 
 import (
+	"cmp"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -102,9 +105,7 @@ func setIDs(ipv4, ipv6 bool) []setID {
 }
 
 // entries is one Service's contribution to the sets.
-type entries map[setID]map[ipset.Entry]struct{}
-
-// held is a Service's entries as the glue keeps them between syncs: one
+// held is a Service's set entries, sorted by set and entry, each once: a
 // list, not a map per set (a small map of 96-byte entries costs most of a
 // kilobyte, and a Service has entries in about five sets).
 type held []setEntry
@@ -114,33 +115,28 @@ type setEntry struct {
 	e  ipset.Entry
 }
 
-// flat lists e's entries in a slice of its exact size.
-func (e entries) flat() held {
-	out := make(held, 0, e.count())
-	for id, es := range e {
-		for en := range es {
-			out = append(out, setEntry{id, en})
-		}
+func (a setEntry) compare(b setEntry) int {
+	if c := strings.Compare(a.id.base, b.id.base); c != 0 {
+		return c
 	}
-	return out
+	if c := cmp.Compare(a.id.fam, b.id.fam); c != 0 {
+		return c
+	}
+	return a.e.Compare(b.e)
 }
 
-func (e entries) add(base string, fam ipset.Family, en ipset.Entry) {
-	id := setID{base, fam}
-	if e[id] == nil {
-		e[id] = map[ipset.Entry]struct{}{}
-	}
-	e[id][en] = struct{}{}
+func (h *held) add(base string, fam ipset.Family, en ipset.Entry) {
+	*h = append(*h, setEntry{setID{base, fam}, en})
 }
 
 // ServiceEntries computes the set entries of one Service's plan: a pure
 // function of the plan and the node's addresses (which decide whether the
 // node itself may reach a LoadBalancer IP that has source ranges).
-func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) entries {
-	out := entries{}
+func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 	if plan == nil {
-		return out
+		return nil
 	}
+	var out held
 	if plan.HealthCheckNodePort != 0 {
 		out.add(setHealthCheck, ipset.None, ipset.Entry{Port: plan.HealthCheckNodePort})
 	}
@@ -158,20 +154,23 @@ func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) entries {
 			out.add(setVIP, fam, ipset.Entry{Addr: vs.Address})
 		}
 		if vs.Kind == model.KindLoadBalancer {
-			firewall(out, vs, key, nodeAddrs)
+			firewall(&out, vs, key, nodeAddrs)
 		}
 		for _, rs := range vs.RealServers {
 			out.add(setHairpin, fam, ipset.Entry{Addr: rs.Address, Proto: vs.Protocol, Port: rs.Port, Addr2: rs.Address})
 		}
 	}
-	return out
+	// Each entry once (two ports of one VIP both add the VIP), in a list of
+	// its exact size: the glue keeps it until the plan changes.
+	slices.SortFunc(out, setEntry.compare)
+	return slices.Clone(slices.Compact(out))
 }
 
 // firewall adds a LoadBalancer virtual server's source ranges. Ranges of the
 // other family can never match, so a VIP whose ranges are all of the other
 // family drops everyone; a range of length 0 allows everyone (and ipset
 // cannot hold it), so the virtual server is not firewalled at all.
-func firewall(out entries, vs model.VSPlan, key ipset.Entry, nodeAddrs []netip.Addr) {
+func firewall(out *held, vs model.VSPlan, key ipset.Entry, nodeAddrs []netip.Addr) {
 	if len(vs.SourceRanges) == 0 {
 		return
 	}

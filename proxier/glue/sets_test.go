@@ -1,7 +1,6 @@
 package glue
 
 import (
-	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -32,10 +31,14 @@ func vs(kind model.AddressKind, a string, proto model.Protocol, port uint16, rss
 }
 
 // render turns entries into "SET: e1 e2" lines, sorted, for comparison.
-func (e entries) render() []string {
+func (h held) render() []string {
+	by := map[setID][]ipset.Entry{}
+	for _, se := range h {
+		by[se.id] = append(by[se.id], se.e)
+	}
 	var out []string
-	for id, es := range e {
-		s := slices.SortedFunc(maps.Keys(es), ipset.Entry.Compare)
+	for id, es := range by {
+		s := slices.SortedFunc(slices.Values(es), ipset.Entry.Compare)
 		line := id.name() + ":"
 		for _, en := range s {
 			line += " " + en.String()
