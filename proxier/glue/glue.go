@@ -372,9 +372,9 @@ func (g *Glue) setError(id setID, err error) error {
 	return fmt.Errorf("set %s: %w", id.name(), err)
 }
 
-// refreshNodeAddresses reads the node's addresses; when they change, every
-// Service's entries are recomputed (they decide the node's own access to
-// LoadBalancer IPs with source ranges).
+// refreshNodeAddresses reads the node's addresses; when they change, the
+// entries of the Services with firewalled LoadBalancer IPs are recomputed
+// (the addresses decide the node's own access to them).
 func (g *Glue) refreshNodeAddresses(st *Stats) error {
 	all, err := g.links.NodeAddresses(g.cfg.Interface)
 	if err != nil {
@@ -386,8 +386,10 @@ func (g *Glue) refreshNodeAddresses(st *Stats) error {
 	}
 	g.nodeAddrs = addrs
 	st.NodeChange = true
-	for name := range g.plans {
-		g.recompute(name)
+	for name, plan := range g.plans {
+		if usesNodeAddresses(plan) {
+			g.recompute(name)
+		}
 	}
 	return nil
 }

@@ -166,6 +166,16 @@ func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 	return slices.Clone(slices.Compact(out))
 }
 
+// usesNodeAddresses reports whether the plan's entries depend on the node's
+// addresses: only a LoadBalancer's source ranges do (firewall), so only
+// such Services are recomputed when the addresses change, not every
+// Service (the first sync learns the addresses after every plan is set).
+func usesNodeAddresses(plan *model.ServicePlan) bool {
+	return slices.ContainsFunc(plan.VirtualServers, func(vs model.VSPlan) bool {
+		return vs.Kind == model.KindLoadBalancer && len(vs.SourceRanges) > 0
+	})
+}
+
 // firewall adds a LoadBalancer virtual server's source ranges. Ranges of the
 // other family can never match, so a VIP whose ranges are all of the other
 // family drops everyone; a range of length 0 allows everyone (and ipset
