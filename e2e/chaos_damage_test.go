@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"reflect"
 	"strings"
@@ -54,18 +53,12 @@ func TestChaosManualDamage(t *testing.T) {
 	n := chaosSize(t)
 	ns, live, _ := c.scaled(t, n)
 	exp := c.expected(t, ns)
-	const foreign = "192.0.2.60:80"
-	addForeign := func() {
-		c.vmRun(t, "ipvsadm", "-A", "-t", foreign, "-s", "wlc")
-		c.vmRun(t, "ipvsadm", "-a", "-t", foreign, "-r", "192.0.2.61:80", "-m", "-w", "3")
-	}
-	addForeign()
-	t.Cleanup(func() { _, _ = c.VM.RunOK(context.Background(), "ipvsadm", "-D", "-t", foreign) })
-	// Let a resync pass with the foreign virtual server in place.
+	// chaosSetup put another tool's virtual server in; let a resync pass
+	// with it in place.
 	time.Sleep(6 * time.Second)
 	want := c.damageState(t)
-	if _, ok := want.kernel.Virtual["TCP "+foreign]; !ok {
-		t.Fatalf("the foreign virtual server %s is gone after a resync", foreign)
+	if _, ok := want.kernel.Virtual["TCP "+foreignVS]; !ok {
+		t.Fatalf("the foreign virtual server %s is gone after a resync", foreignVS)
 	}
 
 	lt := c.startLiveTraffic(t, live, 0)
@@ -76,7 +69,7 @@ func TestChaosManualDamage(t *testing.T) {
 	}{
 		{"ipvsadm -C", func() {
 			c.vmRun(t, "ipvsadm", "-C")
-			addForeign() // the other tool puts its own back
+			c.vmRun(t, "sh", "-c", addForeignVS) // the other tool puts its own back
 		}},
 		{"ip addr del " + live.svc.Spec.ClusterIP, func() {
 			c.vmRun(t, "ip", "addr", "del", live.svc.Spec.ClusterIP+"/32", "dev", proxyIface)
@@ -123,5 +116,5 @@ func TestChaosManualDamage(t *testing.T) {
 	chaos.Record(t, "", chaos.Row{Case: "manual-damage", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: syncWrites(c.logSince(mark)), ConvergeSeconds: seconds(worst), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("%d Services, resync every 5 s; repaired: %s; foreign %s kept; connections fail until each repair",
-			n+1, strings.Join(notes, ", "), foreign)})
+			n+1, strings.Join(notes, ", "), foreignVS)})
 }

@@ -19,7 +19,6 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -33,8 +32,8 @@ type faultCase struct {
 // TestChaosKernelFaults: a test build of the agent (build tag faultinject,
 // absent from the released binary) fails 10%, then 50%, of its IPVS,
 // address and ipset writes. A Service that exists before the faults
-// serves TCP and UDP traffic all along (new connections every 50 ms, and a
-// held connection) while CHAOS_SIZE Services are created, a third of them
+// serves TCP and UDP traffic all along (new connections every 50 ms, a
+// held TCP connection and a held UDP flow) while CHAOS_SIZE Services are created, a third of them
 // then get new endpoints and a third are deleted. Every Service converges
 // to its exact kernel state (virtual and real servers, VIPs, set
 // entries), nothing deleted is left, no connection to the steady Service
@@ -44,6 +43,7 @@ func TestChaosKernelFaults(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	size := chaosSize(t)
+	e.foreignVirtualServer(t)
 
 	// The option exists only in the test build.
 	bin, err := e.InstallAgentVariant(ctx, "faultinject")
@@ -86,7 +86,7 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 	ctx := context.Background()
 	tcpAddr, udpAddr := hostPort(steady.Spec.ClusterIP, 80), hostPort(steady.Spec.ClusterIP, 53)
 	traffics := []*traffic{e.startTraffic(t, "tcp", tcpAddr), e.startTraffic(t, "udp", udpAddr)}
-	hold := e.startHold(t, tcpAddr)
+	holds := []*heldConn{e.holdFlow(t, "tcp", tcpAddr), e.holdFlow(t, "udp", udpAddr)}
 	// The timeline since the traffic began, to place its failures.
 	var timeline []string
 	mark := func(what string) {
@@ -203,14 +203,16 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 		t.Errorf("%s: Services failed without injected failures: %+v", fc.name, rs[0])
 	}
 
-	// Traffic to the steady Service: the held connection kept its
-	// backend, and no new connection or exchange was refused, reset or
+	// Traffic to the steady Service: the held flows kept their
+	// backends, and no new connection or exchange was refused, reset or
 	// unreachable (what a missing virtual server, real server or VIP, or
 	// a wrong rule, gives). Timeouts are counted apart: on a loaded host
 	// the emulated VM stalls for seconds (a UDP dial, which sends
 	// nothing, timed out), and the control case at rate 0 has them too.
-	if err := hold.check(); err != nil {
-		t.Errorf("%s: %v", fc.name, err)
+	for _, h := range holds {
+		if err := h.verify(15 * time.Second); err != nil {
+			t.Errorf("%s: %v", fc.name, err)
+		}
 	}
 	attempted, failedConns, timeouts := 0, 0, 0
 	var timeoutErrs []string
@@ -238,8 +240,8 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 		steadyNote += ", all timeouts (VM stalls: compare the 0pct control)"
 	}
 	notes := fmt.Sprintf("rate %v seed %d, %d Services created, %d changed, %d deleted; injected failures %s; agent: %v failed Service syncs, %s; "+
-		"steady Service: %s, a held TCP connection kept its backend (%d answers)",
-		fc.rate, fc.seed, size, (size+2)/3, (size+1)/3, strings.Join(kinds, ", "), svcFailures, back, steadyNote, hold.answers())
+		"steady Service: %s, a held TCP connection and a held UDP flow kept their backends (%d and %d answers)",
+		fc.rate, fc.seed, size, (size+2)/3, (size+1)/3, strings.Join(kinds, ", "), svcFailures, back, steadyNote, holds[0].answers(), holds[1].answers())
 	chaos.Record(t, "", chaos.Row{Case: fc.name, TrafficAttempted: attempted, TrafficFailed: failedConns, KernelWrites: writes,
 		ConvergeSeconds: math.Round(converge.Seconds()*10) / 10, Leaks: len(leaks), Notes: notes})
 }
@@ -518,54 +520,6 @@ func (e env) leaks(t *testing.T, st kernelState) []string {
 		}
 	}
 	return out
-}
-
-// heldTCP is a long TCP connection to a Service (`vmagent hold`) that
-// must keep answering from one backend.
-type heldTCP struct {
-	proc *vm.Proc
-}
-
-func (e env) startHold(t *testing.T, addr string) *heldTCP {
-	t.Helper()
-	p, err := e.VM.Start(context.Background(), "vmagent", "hold", "--netns", bed.ClientNetns, "--addr", addr,
-		"--interval", "200ms", "--timeout", "10s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Stop() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.WaitFor(ctx, "answer 1 "); err != nil {
-		t.Fatalf("held connection to %s: %v\n%s", addr, err, p.Output())
-	}
-	return &heldTCP{proc: p}
-}
-
-func (h *heldTCP) answers() int { return strings.Count(h.proc.Output(), "answer ") }
-
-// check: still answering (a new answer within 15 s), every answer from the
-// first answer's backend, no error.
-func (h *heldTCP) check() error {
-	n := h.answers()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := h.proc.WaitFor(ctx, fmt.Sprintf("answer %d ", n+1)); err != nil {
-		return fmt.Errorf("the held connection stopped answering after %d answers: %v\n%s", n, err, tailLines(h.proc.Output(), 5))
-	}
-	var backend string
-	for _, l := range strings.Split(strings.TrimSpace(h.proc.Output()), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 3 || f[0] != "answer" {
-			return fmt.Errorf("the held connection failed: %q", l)
-		}
-		if backend == "" {
-			backend = f[2]
-		} else if f[2] != backend {
-			return fmt.Errorf("the held connection moved from %s: %q", backend, l)
-		}
-	}
-	return nil
 }
 
 // retryLine is one "service not fully programmed; retrying it alone" log

@@ -83,7 +83,7 @@ func TestChaosAgentRestart(t *testing.T) {
 	}
 	chaos.Record(t, "", chaos.Row{Case: "agent-sigterm-restart", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: writes, ConvergeSeconds: seconds(firstSync + took), Leaks: len(d.Leaks),
-		Notes: fmt.Sprintf("%d Services; first sync after the restart %.1f s, %d writes; %d held connections kept",
+		Notes: fmt.Sprintf("%d Services; first sync after the restart %.1f s, %d writes; %d held flows kept (TCP and UDP)",
 			n+1, seconds(firstSync), writes, len(lt.holds))})
 
 	// (2) SIGKILL in the middle of a large first sync.

@@ -68,6 +68,7 @@ func chaosSetup(t *testing.T) chaosEnv {
 		t.Fatal(err)
 	}
 	c := chaosEnv{env: e, fast: fast}
+	e.foreignVirtualServer(t)
 	t.Cleanup(func() {
 		// Whatever a case did to the agent, the next test finds it running.
 		if !e.AgentRunning() {
@@ -77,6 +78,34 @@ func chaosSetup(t *testing.T) chaosEnv {
 		}
 	})
 	return c
+}
+
+// foreignVS is another tool's virtual server (an address outside the
+// Service ranges, not bound on ipvs-proxy's interface, no node port): every
+// chaos case runs with it in the kernel, and it must come out of the case
+// as it went in.
+const foreignVS = "192.0.2.60:80"
+
+// addForeignVS is the other tool's script: its virtual server and real
+// server, when missing.
+const addForeignVS = "ipvsadm -Ln -t " + foreignVS + " >/dev/null 2>&1 || { ipvsadm -A -t " + foreignVS +
+	" -s wlc && ipvsadm -a -t " + foreignVS + " -r 192.0.2.61:80 -m -w 3; }"
+
+// foreignVirtualServer puts foreignVS in the kernel for the test; when the
+// test ends it must be there with its scheduler and its real server's
+// weight, and is removed.
+func (e env) foreignVirtualServer(t *testing.T) {
+	t.Helper()
+	e.vmRun(t, "sh", "-c", addForeignVS)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		out, err := e.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", foreignVS)
+		if err != nil || !regexp.MustCompile(`(?m)^TCP\s+`+regexp.QuoteMeta(foreignVS)+`\s+wlc\s*$`).MatchString(out) ||
+			!regexp.MustCompile(`(?m)->\s+192\.0\.2\.61:80\s+Masq\s+3\s`).MatchString(out) {
+			t.Errorf("another tool's virtual server %s was changed by the agent: %v\n%s", foreignVS, err, out)
+		}
+		_, _ = e.VM.RunOK(ctx, "ipvsadm", "-D", "-t", foreignVS)
+	})
 }
 
 // parallel runs f(i) for i in [0, n) on 16 workers and returns the first
@@ -390,13 +419,16 @@ func (c chaosEnv) liveService(t *testing.T, ns string) liveService {
 }
 
 // liveTraffic runs against a liveService: new TCP connections and UDP
-// exchanges every 50 ms, and held TCP connections.
+// exchanges every 50 ms, and held flows.
 type liveTraffic struct {
 	flows []*traffic
 	holds []*heldConn
-	hb    []string // the backend of each held connection
 }
 
+// startLiveTraffic starts the new connections and exchanges, and, when
+// held > 0, that many held TCP connections and one held UDP flow (one
+// source port all along: it must stay on its real server like a
+// connection).
 func (c chaosEnv) startLiveTraffic(t *testing.T, l liveService, held int) *liveTraffic {
 	t.Helper()
 	// A 5 s timeout per attempt: a failure is a refusal, a reset or a
@@ -405,38 +437,24 @@ func (c chaosEnv) startLiveTraffic(t *testing.T, l liveService, held int) *liveT
 	lt := &liveTraffic{flows: []*traffic{c.startTrafficTimeout(t, "tcp", l.tcp, 5*time.Second),
 		c.startTrafficTimeout(t, "udp", l.udp, 5*time.Second)}}
 	for i := 0; i < held; i++ {
-		h, b := c.holdConn(t, l.tcp)
-		lt.holds = append(lt.holds, h)
-		lt.hb = append(lt.hb, b)
+		lt.holds = append(lt.holds, c.holdFlow(t, "tcp", l.tcp))
+	}
+	if held > 0 {
+		lt.holds = append(lt.holds, c.holdFlow(t, "udp", l.udp))
 	}
 	return lt
 }
 
-// stop ends the traffic: attempts (each held connection counts one) and
-// failures (a held connection that broke or moved counts one), with the
+// stop ends the traffic: attempts (each held flow counts one) and
+// failures (a held flow that broke or moved counts one), with the
 // failures' descriptions.
 func (lt *liveTraffic) stop(t *testing.T) (attempted, failed int, errs []string) {
 	t.Helper()
 	for i, h := range lt.holds {
 		attempted++
-		// Still answering, from the same backend, with no error.
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		n := strings.Count(h.proc.Output(), "answer ")
-		err := h.proc.WaitFor(ctx, fmt.Sprintf("answer %d %s ", n+2, lt.hb[i]))
-		cancel()
-		bad := err != nil
-		for _, l := range strings.Split(strings.TrimSpace(h.proc.Output()), "\n") {
-			if f := strings.Fields(l); len(f) < 3 || f[0] != "answer" || f[2] != lt.hb[i] {
-				bad = true
-				errs = append(errs, fmt.Sprintf("held connection %d: %q", i, l))
-				break
-			}
-		}
-		if bad {
+		if err := h.verify(30 * time.Second); err != nil {
 			failed++
-			if err != nil {
-				errs = append(errs, fmt.Sprintf("held connection %d: %v", i, err))
-			}
+			errs = append(errs, fmt.Sprintf("held flow %d: %v", i, err))
 		}
 		_ = h.proc.Stop()
 	}

@@ -162,24 +162,34 @@ func (e env) expectEvent(t *testing.T, svc *corev1.Service, msg string) {
 	})
 }
 
-// heldConn is one TCP connection held open to a Service address from the
-// client namespace (`vmagent hold`): it sends a line every 200 ms and logs
-// "answer N <backend> ..." per answer, "error ..." when the connection ends.
+// heldConn is one flow held open to a Service address from the client
+// namespace (`vmagent hold`): a TCP connection, or UDP datagrams from one
+// socket; it sends a line every 200 ms and logs "answer N <backend> ..."
+// per answer, "error ..." when the flow ends.
 type heldConn struct {
 	t       *testing.T
+	proto   string
 	proc    *vm.Proc
 	ctx     context.Context
 	started time.Time
+	backend string // the first answer's
 }
 
-// holdConn opens a held connection to addr and waits for its first answer;
-// it returns the connection and the backend that answered. The connection
-// is closed when the test ends.
+// holdConn opens a held TCP connection to addr and waits for its first
+// answer; it returns the connection and the backend that answered. The
+// connection is closed when the test ends.
 func (e env) holdConn(t *testing.T, addr string) (*heldConn, string) {
 	t.Helper()
+	h := e.holdFlow(t, "tcp", addr)
+	return h, h.backend
+}
+
+// holdFlow is holdConn for proto "tcp" or "udp".
+func (e env) holdFlow(t *testing.T, proto, addr string) *heldConn {
+	t.Helper()
 	// A 10 s answer timeout: under emulation a busy VM can stall a few
-	// seconds; a broken connection stays broken however long one waits.
-	proc, err := e.VM.Start(context.Background(), "vmagent", "hold", "--netns", bed.ClientNetns, "--addr", addr,
+	// seconds; a broken flow stays broken however long one waits.
+	proc, err := e.VM.Start(context.Background(), "vmagent", "hold", "--netns", bed.ClientNetns, "--proto", proto, "--addr", addr,
 		"--interval", "200ms", "--timeout", "10s")
 	if err != nil {
 		t.Fatal(err)
@@ -189,11 +199,33 @@ func (e env) holdConn(t *testing.T, addr string) (*heldConn, string) {
 		cancel()
 		_ = proc.Stop()
 	})
-	h := &heldConn{t: t, proc: proc, ctx: ctx, started: time.Now()}
+	h := &heldConn{t: t, proto: proto, proc: proc, ctx: ctx, started: time.Now()}
 	if err := proc.WaitFor(ctx, "answer 1 "); err != nil {
-		t.Fatal(err)
+		t.Fatalf("held %s flow to %s: %v\n%s", proto, addr, err, proc.Output())
 	}
-	return h, heldAnswer.FindStringSubmatch(proc.Output())[1]
+	h.backend = heldAnswer.FindStringSubmatch(proc.Output())[1]
+	return h
+}
+
+// answers counts the answers so far.
+func (h *heldConn) answers() int { return strings.Count(h.proc.Output(), "answer ") }
+
+// verify says how the flow failed, if it did: no new answer within
+// `within`, an answer from another backend than the first, or an error.
+func (h *heldConn) verify(within time.Duration) error {
+	n := h.answers()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := h.proc.WaitFor(ctx, fmt.Sprintf("answer %d %s ", n+1, h.backend)); err != nil {
+		return fmt.Errorf("the held %s flow stopped answering from %s after %d answers: %v\n%s", h.proto, h.backend, n, err,
+			tailLines(h.proc.Output(), 5))
+	}
+	for _, l := range strings.Split(strings.TrimSpace(h.proc.Output()), "\n") {
+		if f := strings.Fields(l); len(f) < 3 || f[0] != "answer" || f[2] != h.backend {
+			return fmt.Errorf("the held %s flow failed or moved from %s: %q", h.proto, h.backend, l)
+		}
+	}
+	return nil
 }
 
 var heldAnswer = regexp.MustCompile(`answer 1 (\S+)`)

@@ -12,16 +12,17 @@
 //	vmagent netns exec NAME -- COMMAND [ARG...]
 //	vmagent serve [--netns NAME] --name be1 --port 8080 [--tcp] [--udp]
 //	vmagent hit [--netns NAME] --proto tcp|udp --addr 10.96.0.10:80 [--n 6] [--timeout 2s]
-//	vmagent hold [--netns NAME] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s]
+//	vmagent hold [--netns NAME] [--proto tcp|udp] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s]
 //	vmagent conntrack [--port 30080]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
 // nor --udp is given. hit prints a nettest.HitResult as JSON:
 // {"answers":{"be1":3,"be2":3},"clients":{"10.0.3.2":6},"errors":[]}.
-// hold keeps one TCP connection and asks on it until it is stopped,
-// printing "answer N <backend> <client>" per answer, or "error ..." and
-// exit status 1 when the connection fails.
+// hold keeps one TCP connection (or one UDP flow: one socket, one source
+// port) and asks on it until it is stopped, printing
+// "answer N <backend> <client>" per answer, or "error ..." and exit status
+// 1 when the flow fails.
 package main
 
 import (
@@ -53,7 +54,7 @@ const usage = `usage:
   vmagent netns exec NAME -- COMMAND [ARG...]
   vmagent serve [--netns NAME] --name NAME --port PORT [--tcp] [--udp]
   vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
-  vmagent hold [--netns NAME] --addr HOST:PORT [--interval DURATION] [--timeout DURATION]
+  vmagent hold [--netns NAME] [--proto tcp|udp] --addr HOST:PORT [--interval DURATION] [--timeout DURATION]
   vmagent http [--timeout DURATION] [--cacert FILE] URL
   vmagent conntrack [--port PORT]
 `
@@ -268,6 +269,7 @@ func holdCmd(args []string, stdout io.Writer) error {
 	var c nettest.HoldConfig
 	fs := newFlags("hold")
 	fs.StringVar(&c.Netns, "netns", "", "namespace to connect from (default: the root namespace)")
+	fs.StringVar(&c.Proto, "proto", "tcp", "tcp (one connection) or udp (one socket, one source port)")
 	fs.StringVar(&c.Addr, "addr", "", "HOST:PORT to connect to")
 	fs.DurationVar(&c.Interval, "interval", 200*time.Millisecond, "pause between questions")
 	fs.DurationVar(&c.Timeout, "timeout", nettest.DefaultHitTimeout, "timeout of the connect and of each answer")

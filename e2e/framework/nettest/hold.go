@@ -10,26 +10,35 @@ import (
 	"time"
 )
 
-// HoldConfig says where to hold one long-lived TCP connection.
+// HoldConfig says where to hold one long-lived flow.
 type HoldConfig struct {
 	// Netns is the named namespace to connect from; "" is the current one.
 	Netns string
+	// Proto is "tcp" (the default) or "udp". A UDP flow is one connected
+	// socket: every datagram has the same source address and port, so the
+	// kernel keeps it on one real server as it does a TCP connection.
+	Proto string
 	// Addr is host:port.
 	Addr string
-	// Interval is the pause between two questions on the connection; 0
-	// means 200 ms.
+	// Interval is the pause between two questions on the flow; 0 means
+	// 200 ms.
 	Interval time.Duration
 	// Timeout bounds the connect and each answer; 0 means
 	// DefaultHitTimeout.
 	Timeout time.Duration
 }
 
-// Hold opens one TCP connection to c.Addr and keeps asking on it, every
-// c.Interval, until ctx ends. It writes "answer N <backend> <client>" for
-// every answer to out (N counts from 1) and returns nil when ctx ends with
-// the connection still answering, or an error saying how the connection
-// failed ("<kind>: <detail>", kinds as in HitResult.Errors), which it also
-// writes to out as "error <kind>: <detail>".
+// udpResend is how long a UDP flow waits for an answer before it sends
+// its question again (within Timeout), as a UDP client does: a datagram
+// may be dropped where a TCP segment would be retransmitted.
+const udpResend = time.Second
+
+// Hold opens one flow to c.Addr and keeps asking on it, every c.Interval,
+// until ctx ends. It writes "answer N <backend> <client>" for every answer
+// to out (N counts from 1) and returns nil when ctx ends with the flow
+// still answering, or an error saying how the flow failed ("<kind>:
+// <detail>", kinds as in HitResult.Errors), which it also writes to out as
+// "error <kind>: <detail>".
 func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 	interval, timeout := c.Interval, c.Timeout
 	if interval <= 0 {
@@ -37,6 +46,13 @@ func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 	}
 	if timeout <= 0 {
 		timeout = DefaultHitTimeout
+	}
+	proto := c.Proto
+	if proto == "" {
+		proto = "tcp"
+	}
+	if proto != "tcp" && proto != "udp" {
+		return fmt.Errorf("hold: proto %q: want tcp or udp", c.Proto)
 	}
 	fail := func(err error) error {
 		err = fmt.Errorf("%s: %w", classify(err), err)
@@ -47,7 +63,7 @@ func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 	var dialErr error
 	if err := Do(c.Netns, func() error {
 		d := net.Dialer{Timeout: timeout}
-		conn, dialErr = d.DialContext(ctx, "tcp", c.Addr)
+		conn, dialErr = d.DialContext(ctx, proto, c.Addr)
 		return nil
 	}); err != nil {
 		return err
@@ -56,7 +72,10 @@ func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 		return fail(dialErr)
 	}
 	defer conn.Close()
-	r := bufio.NewReader(conn)
+	ask := askTCP(conn, timeout)
+	if proto == "udp" {
+		ask = askUDP(conn, timeout)
+	}
 	for n := 1; ; n++ {
 		if n > 1 {
 			select {
@@ -64,8 +83,23 @@ func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 				return nil
 			case <-time.After(interval):
 			}
+		}
+		line, err := ask(n == 1)
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(out, "answer %d %s\n", n, strings.TrimSpace(line))
+	}
+}
+
+// askTCP asks on a TCP connection: the backend answers at once when the
+// connection opens, and again for every line it gets.
+func askTCP(conn net.Conn, timeout time.Duration) func(first bool) (string, error) {
+	r := bufio.NewReader(conn)
+	return func(first bool) (string, error) {
+		if !first {
 			if _, err := conn.Write([]byte("again\n")); err != nil {
-				return fail(err)
+				return "", err
 			}
 		}
 		_ = conn.SetReadDeadline(time.Now().Add(timeout))
@@ -74,8 +108,35 @@ func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 			if line == "" && err == io.EOF {
 				err = fmt.Errorf("connection closed: %w", err)
 			}
-			return fail(err)
+			return "", err
 		}
-		fmt.Fprintf(out, "answer %d %s\n", n, strings.TrimSpace(line))
+		return line, nil
+	}
+}
+
+// askUDP sends a datagram and waits for the answer, sending again every
+// udpResend until timeout. A refusal (ICMP port unreachable) ends it at
+// once.
+func askUDP(conn net.Conn, timeout time.Duration) func(first bool) (string, error) {
+	buf := make([]byte, 64*1024)
+	return func(bool) (string, error) {
+		deadline := time.Now().Add(timeout)
+		for {
+			if _, err := conn.Write([]byte("again\n")); err != nil {
+				return "", err
+			}
+			wait := time.Now().Add(udpResend)
+			if wait.After(deadline) {
+				wait = deadline
+			}
+			_ = conn.SetReadDeadline(wait)
+			n, err := conn.Read(buf)
+			if err == nil {
+				return string(buf[:n]), nil
+			}
+			if classify(err) != ErrTimeout || !time.Now().Before(deadline) {
+				return "", err
+			}
+		}
 	}
 }

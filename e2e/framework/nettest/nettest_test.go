@@ -110,8 +110,9 @@ func TestServeAndHitAcrossNamespaces(t *testing.T) {
 	}
 }
 
-// TestHold: one connection answers again and again, and Hold reports how
-// it ended when the backend goes away.
+// TestHold: one connection (TCP) or one flow of datagrams from one source
+// port (UDP) answers again and again, and Hold reports how it ended when
+// the backend goes away.
 func TestHold(t *testing.T) {
 	inVM(t)
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
@@ -119,38 +120,47 @@ func TestHold(t *testing.T) {
 	}
 	addNetns(t, "nhsrv", NetnsConfig{HostAddr: netip.MustParsePrefix("10.21.1.1/24"), Addr: netip.MustParsePrefix("10.21.1.2/24")})
 	addNetns(t, "nhcli", NetnsConfig{HostAddr: netip.MustParsePrefix("10.21.2.1/24"), Addr: netip.MustParsePrefix("10.21.2.2/24")})
-	s, err := Serve(ServeConfig{Netns: "nhsrv", Name: "srv", Port: 9000, TCP: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out strings.Builder
-	var mu sync.Mutex
-	done := make(chan error, 1)
-	go func() {
-		done <- Hold(ctx, HoldConfig{Netns: "nhcli", Addr: "10.21.1.2:9000", Interval: 20 * time.Millisecond}, lockedWriter{&mu, &out})
-	}()
-	read := func() string { mu.Lock(); defer mu.Unlock(); return out.String() }
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(read(), "answer 5 srv 10.21.2.2") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no fifth answer on one connection:\n%s", read())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	// Close ends the open connection too: Hold says so.
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(read(), "error ") {
-			t.Errorf("Hold after the backend closed: %v, output:\n%s", err, read())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatalf("Hold did not notice the closed connection:\n%s", read())
+	for _, proto := range []string{"tcp", "udp"} {
+		t.Run(proto, func(t *testing.T) {
+			s, err := Serve(ServeConfig{Netns: "nhsrv", Name: "srv", Port: 9000, TCP: proto == "tcp", UDP: proto == "udp"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var out strings.Builder
+			var mu sync.Mutex
+			done := make(chan error, 1)
+			go func() {
+				done <- Hold(ctx, HoldConfig{Netns: "nhcli", Proto: proto, Addr: "10.21.1.2:9000", Interval: 20 * time.Millisecond},
+					lockedWriter{&mu, &out})
+			}()
+			read := func() string { mu.Lock(); defer mu.Unlock(); return out.String() }
+			deadline := time.Now().Add(5 * time.Second)
+			for !strings.Contains(read(), "answer 5 srv 10.21.2.2") {
+				if time.Now().After(deadline) {
+					t.Fatalf("no fifth answer on one flow:\n%s", read())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			// Close ends the open connection (TCP) or makes the port
+			// refuse (UDP): Hold says so.
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(read(), "error ") {
+					t.Errorf("Hold after the backend closed: %v, output:\n%s", err, read())
+				}
+				if proto == "udp" && !strings.Contains(read(), "error "+ErrRefused+":") {
+					t.Errorf("a UDP flow to a closed port: want %q, output:\n%s", ErrRefused, read())
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("Hold did not notice the closed backend:\n%s", read())
+			}
+		})
 	}
 }
 
