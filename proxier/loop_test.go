@@ -568,6 +568,20 @@ func TestLoopServiceWithSeveralSlices(t *testing.T) {
 	held("b-1=10.0.1.11", "b-2=10.0.3.11")
 	expect("b-2 changed", "10.0.1.11:8080", "10.0.3.11:8080")
 
+	// A slice relabelled to another Service leaves b, and comes back.
+	moved := second.DeepCopy()
+	moved.Labels[discoveryv1.LabelServiceName] = "other"
+	if _, err := slicesAPI.Update(ctx, moved, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held("b-1=10.0.1.11")
+	expect("b-2 relabelled to another Service", "10.0.1.11:8080")
+	if _, err := slicesAPI.Update(ctx, second, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held("b-1=10.0.1.11", "b-2=10.0.3.11")
+	expect("b-2 relabelled back", "10.0.1.11:8080", "10.0.3.11:8080")
+
 	if err := slicesAPI.Delete(ctx, "b-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -349,6 +349,22 @@ func (p *Proxier) onSlice(obj any, deleted bool) {
 	p.markDirty(name, changeTime(s, p.clock.Now()))
 }
 
+// sliceHandler is handler(p.onSlice), except that a slice whose
+// kubernetes.io/service-name label changed (or went) leaves the Service it
+// named before: it is listed by that label.
+func (p *Proxier) sliceHandler() cache.ResourceEventHandlerFuncs {
+	h := handler(p.onSlice)
+	h.UpdateFunc = func(old, o any) {
+		if _, before, ok := sliceOf(old); ok {
+			if _, after, ok := sliceOf(o); !ok || after != before {
+				p.onSlice(old, true)
+			}
+		}
+		p.onSlice(o, false)
+	}
+	return h
+}
+
 func (p *Proxier) onNode(obj any, deleted bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
@@ -396,7 +412,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	sliceReg, err := f.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler(p.onSlice))
+	sliceReg, err := f.Discovery().V1().EndpointSlices().Informer().AddEventHandler(p.sliceHandler())
 	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
