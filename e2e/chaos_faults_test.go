@@ -43,7 +43,7 @@ func TestChaosKernelFaults(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	size := chaosSize(t)
-	e.foreignVirtualServer(t)
+	t.Cleanup(foreignVirtualServer(t, e.VM))
 
 	// The option exists only in the test build.
 	bin, err := e.InstallAgentVariant(ctx, "faultinject")

@@ -31,7 +31,7 @@ import (
 func TestChaosMalformedObjects(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	e.foreignVirtualServer(t)
+	t.Cleanup(foreignVirtualServer(t, e.VM))
 	ns, steady, bes := e.httpService(t, "steady", 2)
 	steadyAddr := hostPort(steady.Spec.ClusterIP, 80)
 	e.expectBackends(t, "tcp", steadyAddr, names(bes))

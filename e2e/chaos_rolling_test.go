@@ -43,6 +43,7 @@ func TestChaosRollingUpdate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	defer foreignVirtualServer(t, c.VM)() // checked before c.Close, while the VM runs
 	if err := c.DeployIPVSProxy(ctx, deployDir); err != nil {
 		t.Fatal(err)
 	}

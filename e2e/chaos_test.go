@@ -28,6 +28,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
 // chaosSize is the number of Services of the large cases: $CHAOS_SIZE,
@@ -68,7 +69,7 @@ func chaosSetup(t *testing.T) chaosEnv {
 		t.Fatal(err)
 	}
 	c := chaosEnv{env: e, fast: fast}
-	e.foreignVirtualServer(t)
+	t.Cleanup(foreignVirtualServer(t, e.VM))
 	t.Cleanup(func() {
 		// Whatever a case did to the agent, the next test finds it running.
 		if !e.AgentRunning() {
@@ -91,21 +92,24 @@ const foreignVS = "192.0.2.60:80"
 const addForeignVS = "ipvsadm -Ln -t " + foreignVS + " >/dev/null 2>&1 || { ipvsadm -A -t " + foreignVS +
 	" -s wlc && ipvsadm -a -t " + foreignVS + " -r 192.0.2.61:80 -m -w 3; }"
 
-// foreignVirtualServer puts foreignVS in the kernel for the test; when the
-// test ends it must be there with its scheduler and its real server's
-// weight, and is removed.
-func (e env) foreignVirtualServer(t *testing.T) {
+// foreignVirtualServer puts foreignVS in the VM's kernel and returns the
+// check to run when the case ends (t.Cleanup, or a defer while the VM still
+// runs): foreignVS must be there with its scheduler and its real server's
+// weight; then it is removed.
+func foreignVirtualServer(t *testing.T, v *vm.VM) (check func()) {
 	t.Helper()
-	e.vmRun(t, "sh", "-c", addForeignVS)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		out, err := e.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", foreignVS)
+	ctx := context.Background()
+	if _, err := v.RunOK(ctx, "sh", "-c", addForeignVS); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		out, err := v.RunOK(ctx, "ipvsadm", "-Ln", "-t", foreignVS)
 		if err != nil || !regexp.MustCompile(`(?m)^TCP\s+`+regexp.QuoteMeta(foreignVS)+`\s+wlc\s*$`).MatchString(out) ||
 			!regexp.MustCompile(`(?m)->\s+192\.0\.2\.61:80\s+Masq\s+3\s`).MatchString(out) {
 			t.Errorf("another tool's virtual server %s was changed by the agent: %v\n%s", foreignVS, err, out)
 		}
-		_, _ = e.VM.RunOK(ctx, "ipvsadm", "-D", "-t", foreignVS)
-	})
+		_, _ = v.RunOK(ctx, "ipvsadm", "-D", "-t", foreignVS)
+	}
 }
 
 // parallel runs f(i) for i in [0, n) on 16 workers and returns the first
