@@ -33,8 +33,8 @@ type faultCase struct {
 // absent from the released binary) fails 10%, then 50%, of its IPVS,
 // address and ipset writes. A Service that exists before the faults
 // serves TCP and UDP traffic all along (new connections every 50 ms, a
-// held TCP connection and a held UDP flow) while CHAOS_SIZE Services are created, a third of them
-// then get new endpoints and a third are deleted. Every Service converges
+// held TCP connection and a held UDP flow) while CHAOS_SIZE Services are
+// created, a third of them then get new endpoints and a third are deleted. Every Service converges
 // to its exact kernel state (virtual and real servers, VIPs, set
 // entries), nothing deleted is left, no connection to the steady Service
 // fails, the agent's failed Services wait for retries whose delay doubles
