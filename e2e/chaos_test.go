@@ -82,20 +82,31 @@ func chaosSetup(t *testing.T) chaosEnv {
 }
 
 // foreignVS is another tool's virtual server (an address outside the
-// Service ranges, not bound on ipvs-proxy's interface, no node port): every
-// chaos case runs with it in the kernel, and it must come out of the case
-// as it went in.
-const foreignVS = "192.0.2.60:80"
+// Service ranges, not bound on ipvs-proxy's interface, no node port) with
+// one real server, foreignRS: every chaos case runs with it in the kernel,
+// and it must come out of the case as it went in.
+const (
+	foreignVS = "192.0.2.60:80"
+	foreignRS = "192.0.2.61:80"
+)
 
-// addForeignVS is the other tool's script: its virtual server and real
-// server, when missing.
+// addForeignVS is the other tool's script: its virtual server (wlc) and
+// real server (masqueraded, weight 3), when missing.
 const addForeignVS = "ipvsadm -Ln -t " + foreignVS + " >/dev/null 2>&1 || { ipvsadm -A -t " + foreignVS +
-	" -s wlc && ipvsadm -a -t " + foreignVS + " -r 192.0.2.61:80 -m -w 3; }"
+	" -s wlc && ipvsadm -a -t " + foreignVS + " -r " + foreignRS + " -m -w 3; }"
+
+// foreignIntact matches `ipvsadm -Ln -t foreignVS` when the virtual server
+// still has addForeignVS's scheduler, and its real server the same
+// forwarding method and weight.
+var foreignIntact = []*regexp.Regexp{
+	regexp.MustCompile(`(?m)^TCP\s+` + regexp.QuoteMeta(foreignVS) + `\s+wlc\s*$`),
+	regexp.MustCompile(`(?m)->\s+` + regexp.QuoteMeta(foreignRS) + `\s+Masq\s+3\s`),
+}
 
 // foreignVirtualServer puts foreignVS in the VM's kernel and returns the
 // check to run when the case ends (t.Cleanup, or a defer while the VM still
-// runs): foreignVS must be there with its scheduler and its real server's
-// weight; then it is removed.
+// runs): foreignVS must be there as addForeignVS made it; then it is
+// removed.
 func foreignVirtualServer(t *testing.T, v *vm.VM) (check func()) {
 	t.Helper()
 	ctx := context.Background()
@@ -104,9 +115,11 @@ func foreignVirtualServer(t *testing.T, v *vm.VM) (check func()) {
 	}
 	return func() {
 		out, err := v.RunOK(ctx, "ipvsadm", "-Ln", "-t", foreignVS)
-		if err != nil || !regexp.MustCompile(`(?m)^TCP\s+`+regexp.QuoteMeta(foreignVS)+`\s+wlc\s*$`).MatchString(out) ||
-			!regexp.MustCompile(`(?m)->\s+192\.0\.2\.61:80\s+Masq\s+3\s`).MatchString(out) {
-			t.Errorf("another tool's virtual server %s was changed by the agent: %v\n%s", foreignVS, err, out)
+		for _, re := range foreignIntact {
+			if err != nil || !re.MatchString(out) {
+				t.Errorf("another tool's virtual server %s was changed by the agent: %v\n%s", foreignVS, err, out)
+				break
+			}
 		}
 		_, _ = v.RunOK(ctx, "ipvsadm", "-D", "-t", foreignVS)
 	}

@@ -116,7 +116,9 @@ func askTCP(conn net.Conn, timeout time.Duration) func(first bool) (string, erro
 
 // askUDP sends a datagram and waits for the answer, sending again every
 // udpResend until timeout. A refusal (ICMP port unreachable) ends it at
-// once.
+// once. A late answer to a resent question may be read as the next
+// question's: every answer of a backend is the same line, so the flow's
+// record (which backend answered) stays right.
 func askUDP(conn net.Conn, timeout time.Duration) func(first bool) (string, error) {
 	buf := make([]byte, 64*1024)
 	return func(bool) (string, error) {
