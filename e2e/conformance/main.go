@@ -207,9 +207,9 @@ func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluste
 	return c, nil
 }
 
-// saveClusterLogs writes the node's kubelet and containerd logs, the
-// proxy's and CoreDNS's pod logs and the IPVS table into dir, for reading
-// failures after the cluster is gone.
+// saveClusterLogs writes the node's kubelet and containerd logs, its
+// serial console, the proxy's and CoreDNS's pod logs and the IPVS table
+// into dir, for reading failures after the cluster is gone.
 func saveClusterLogs(c *cluster.Cluster, dir string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		logf("save cluster logs: %v", err)
@@ -218,6 +218,9 @@ func saveClusterLogs(c *cluster.Cluster, dir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	files := map[string]string{"kubelet.log": c.KubeletLog(), "containerd.log": c.ContainerdLog()}
+	if c.VM != nil {
+		files["console.log"] = c.VM.ConsoleLog()
+	}
 	if out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln"); err == nil {
 		files["ipvsadm.txt"] = out
 	}

@@ -172,27 +172,29 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	c.Client, c.Kubeconfig = c.CP.Client, c.CP.Kubeconfig
 
-	// The VM.
+	// The VM, made a node. A VM lost on the way (QEMU exited, or its agent
+	// stopped answering: the bed's failure, before anything of the
+	// cluster's runs on the node) is booted once more, and said so.
 	files := map[string]string{guestKubelet: filepath.Join(kubeletDir, controlplane.BinKubelet)}
 	for g, h := range images {
 		files[g] = h
 	}
-	c.VM, err = vm.Start(ctx, vm.Options{
+	vmOpts := vm.Options{
 		Assets: opts.Assets, Files: files, Layers: []string{layer},
 		MemoryMB: opts.MemoryMB, CPUs: opts.CPUs,
 		APIServerPort: c.CP.APIServerPort, APIServerGuestPorts: []int{c.CP.APIServerPort},
 		Log: logf,
-	})
+	}
+	for attempt := 1; ; attempt++ {
+		err = c.bootNode(ctx, vmOpts)
+		var lost *nodeLostError
+		if err == nil || !errors.As(err, &lost) || attempt == 2 {
+			break
+		}
+		logf("cluster: the node's VM was lost while it came up; booting it once more. First attempt: %v", err)
+		c.dropVM()
+	}
 	if err != nil {
-		return nil, err
-	}
-	c.egress.setDialer(c.VM.Dial)
-	logf("cluster: VM ready after %v", c.VM.BootTime.Round(time.Millisecond))
-
-	if err := c.startNode(ctx); err != nil {
-		return nil, err
-	}
-	if err := c.waitNodeReady(ctx); err != nil {
 		return nil, err
 	}
 	c.NodeReady = time.Since(began)
@@ -279,11 +281,57 @@ func (c *Cluster) waitContainerd(ctx context.Context) error {
 	}
 }
 
+// bootNode starts the VM and makes it a node (containerd, images,
+// kubelet), returning once the Node is Ready.
+func (c *Cluster) bootNode(ctx context.Context, opts vm.Options) error {
+	var err error
+	if c.VM, err = vm.Start(ctx, opts); err != nil {
+		return err
+	}
+	c.egress.setDialer(c.VM.Dial)
+	c.logf("cluster: VM ready after %v", c.VM.BootTime.Round(time.Millisecond))
+	err = c.startNode(ctx)
+	if err == nil {
+		err = c.waitNodeReady(ctx)
+	}
+	if dead, qerr := c.VM.Exited(); err != nil && dead {
+		var lost *nodeLostError
+		if !errors.As(err, &lost) {
+			err = &nodeLostError{fmt.Errorf("%w (the VM's QEMU had exited: %v; console:\n%s)", err, qerr, tailString(c.VM.ConsoleLog(), 4000))}
+		}
+	}
+	return err
+}
+
+// dropVM shuts a lost VM down (its console is in the error already).
+func (c *Cluster) dropVM() {
+	if c.VM != nil {
+		_ = c.VM.Shutdown()
+	}
+	c.VM, c.containerd, c.kubelet = nil, nil, nil
+}
+
+// nodeLostError is a node whose VM died or whose agent stopped answering
+// while it came up.
+type nodeLostError struct{ err error }
+
+func (e *nodeLostError) Error() string { return e.err.Error() }
+func (e *nodeLostError) Unwrap() error { return e.err }
+
+// agentLostAfter is how long the guest agent may go unanswered while the
+// node comes up before the VM counts as lost.
+const agentLostAfter = time.Minute
+
 func (c *Cluster) waitNodeReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	last := "not registered"
+	var unanswered time.Time // since when the agent has not answered
 	for {
+		if dead, qerr := c.VM.Exited(); dead {
+			return &nodeLostError{fmt.Errorf("cluster: the VM's QEMU exited (%v) before node %s was Ready (%s)\nkubelet:\n%s\nconsole:\n%s",
+				qerr, NodeName, last, tailString(c.kubelet.Output(), 3000), tailString(c.VM.ConsoleLog(), 4000))}
+		}
 		n, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
 		if err == nil {
 			last = "no Ready condition"
@@ -296,13 +344,26 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 				}
 			}
 		}
-		if exited, code, _ := c.kubelet.Exited(ctx); exited {
+		actx, acancel := context.WithTimeout(ctx, 15*time.Second)
+		exited, code, aerr := c.kubelet.Exited(actx)
+		acancel()
+		if exited {
 			return fmt.Errorf("cluster: kubelet exited with status %d:\n%s", code, tailString(c.kubelet.Output(), 5000))
+		}
+		switch {
+		case aerr == nil:
+			unanswered = time.Time{}
+		case ctx.Err() != nil:
+		case unanswered.IsZero():
+			unanswered = time.Now()
+		case time.Since(unanswered) > agentLostAfter:
+			return &nodeLostError{fmt.Errorf("cluster: the VM's agent has not answered for %s before node %s was Ready (%s): %w\nkubelet (last seen):\n%s\nconsole:\n%s",
+				agentLostAfter, NodeName, last, aerr, tailString(c.kubelet.Output(), 3000), tailString(c.VM.ConsoleLog(), 4000))}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("cluster: node %s not Ready (%s): %w\nkubelet:\n%s\ncontainerd:\n%s", NodeName, last, ctx.Err(),
-				tailString(c.kubelet.Output(), 5000), tailString(c.containerd.Output(), 3000))
+			return fmt.Errorf("cluster: node %s not Ready (%s): %w\nkubelet:\n%s\ncontainerd:\n%s\nconsole:\n%s", NodeName, last, ctx.Err(),
+				tailString(c.kubelet.Output(), 5000), tailString(c.containerd.Output(), 3000), tailString(c.VM.ConsoleLog(), 3000))
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

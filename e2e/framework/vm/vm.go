@@ -379,6 +379,17 @@ func freePort() (int, error) {
 // PID is QEMU's process id (also its process group id).
 func (v *VM) PID() int { return v.cmd.Process.Pid }
 
+// Exited reports whether QEMU has exited (the guest crashed, powered off
+// or was killed), and QEMU's exit status then.
+func (v *VM) Exited() (bool, error) {
+	select {
+	case <-v.exited:
+		return true, v.waitErr
+	default:
+		return false, nil
+	}
+}
+
 // ConsoleLog is the guest's serial console so far (kernel messages, /init,
 // the agent's log), also after Shutdown.
 func (v *VM) ConsoleLog() string {
