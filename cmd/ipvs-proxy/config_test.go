@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -277,5 +278,27 @@ func TestCommandsTakeConfig(t *testing.T) {
 				t.Errorf("%s has no --%s", c.name, f)
 			}
 		}
+	}
+}
+
+func TestSetGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	if got := setGCPercent(getenv); got != defaultGCPercent {
+		t.Errorf("without GOGC: %d, want %d", got, defaultGCPercent)
+	}
+	if now := debug.SetGCPercent(defaultGCPercent); now != defaultGCPercent {
+		t.Errorf("without GOGC the runtime's percentage is %d, want %d", now, defaultGCPercent)
+	}
+	// With GOGC set, the runtime applied it at start; the agent keeps
+	// whatever is in force and says so.
+	env["GOGC"] = "200"
+	debug.SetGCPercent(200)
+	if got := setGCPercent(getenv); got != 200 {
+		t.Errorf("with GOGC=200: %d, want 200", got)
+	}
+	if now := debug.SetGCPercent(200); now != 200 {
+		t.Errorf("with GOGC=200 the runtime's percentage is %d, want it kept", now)
 	}
 }

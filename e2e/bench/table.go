@@ -78,6 +78,9 @@ var rows = []row{
 	{"burst of changes, until the last",
 		func(r proxyResult) string { return secs(r.burst) },
 		func(r proxyResult) []float64 { return []float64{r.burst} }},
+	{"burst: of which the apiserver taking the updates",
+		func(r proxyResult) string { return secs(r.burstIssued) },
+		nil},
 	{"one change during a full sync, p50 / max",
 		func(r proxyResult) string {
 			if len(r.resync) == 0 {
@@ -190,9 +193,9 @@ in the VM), or from the change's update through the apiserver, until the kernel 
   servers, VIPs on the proxy's interface, clusterIPs in its ipset and its nat rule on that set, checked when the CPU of
   the proxy and of the processes it runs (iptables-restore, ipset: live ones and waited-for ones) grew by less than
   50 ms in %v; the time is the start of that quiet period, the CPU is up to then.
-- one change: an endpoint of one EndpointSlice moved, %d rounds; burst: %d EndpointSlices changed at once (8 updates
-  in flight), until the kernel has the last; during a full sync: the change made once the proxy's CPU starts again
-  after 1 s of quiet (its periodic sync), %d rounds (for ipvs-proxy, only those its log shows inside a full sync;
+- one change: an endpoint of one EndpointSlice moved, %d rounds; burst: %d EndpointSlices changed at once (every
+  update in flight together), until the kernel has the last; during a full sync: the change made once the proxy's CPU
+  starts again after 1 s of quiet (its periodic sync), %d rounds (for ipvs-proxy, only those its log shows inside a full sync;
   tries: all that were made).
 - restart: the proxy stopped and started again with nothing changed; the kernel's lines compared before and after
   (ipvsadm -Sn, the interface's addresses, ipset save, iptables-save and ip6tables-save without counters) count

@@ -35,6 +35,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
@@ -67,8 +68,10 @@ func main() {
 	sizes := flag.String("sizes", "1000,10000", "comma-separated numbers of Services, ascending")
 	out := flag.String("out", "bin/heapbench", "directory for the heap profiles")
 	rate := flag.Int("memprofilerate", 4096, "runtime.MemProfileRate: bytes between heap samples")
+	gogc := flag.Int("gogc", 50, "the collector's percentage (debug.SetGCPercent): 50 is the agent's default")
 	flag.Parse()
 	runtime.MemProfileRate = *rate
+	debug.SetGCPercent(*gogc)
 	var ns []int
 	for _, f := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))

@@ -202,8 +202,9 @@ func awaitSync(comm string, quiet, cpu, timeout time.Duration) (time.Duration, e
 	return 0, fmt.Errorf("%s: %w in %v", comm, errNoSync, timeout)
 }
 
-// burst changes many EndpointSlices at once (eight updates in flight) and
-// times from the first update until the kernel has the last change.
+// burst changes many EndpointSlices at once (every update in flight
+// together, as a rollout's controllers would) and times from the first
+// update until the kernel has the last change.
 func burst(args []string) error {
 	fs := flag.NewFlagSet("burst", flag.ContinueOnError)
 	var cf changeFlags
@@ -243,7 +244,7 @@ func burst(args []string) error {
 	work := make(chan change)
 	errs := make(chan error, len(changes))
 	var wg sync.WaitGroup
-	for w := 0; w < 8; w++ {
+	for w := 0; w < len(changes); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

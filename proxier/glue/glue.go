@@ -169,8 +169,13 @@ func (r refCounts) Len() int                   { return len(r) }
 func (r refCounts) All() iter.Seq[ipset.Entry] { return maps.Keys(r) }
 
 // changed records that an entry's membership changed since the last sync,
-// so that a partial sync looks at just those entries.
+// so that a partial sync looks at just those entries. Until a full sync
+// has succeeded every sync is full and reads every set whole: nothing is
+// recorded (at start-up that would be a second copy of every entry).
 func (g *Glue) changed(id setID, e ipset.Entry) {
+	if !g.synced {
+		return
+	}
 	if g.dirty[id] == nil {
 		g.dirty[id] = map[ipset.Entry]struct{}{}
 	}
