@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 )
 
@@ -81,10 +82,31 @@ func TestKernelRoundTrip(t *testing.T) {
 			}
 		})
 	}
-	names, err := k.ListNames()
-	if err != nil || len(names) != 7 {
-		t.Errorf("ListNames = %v, %v; want the 7 sets", names, err)
+	// Names alone, also of a set too large for one message of a dump
+	// with entries, and of a set that is not ipvs-proxy's.
+	big := Spec{Name: "IPVSP-T-BIG", Type: HashIP, Family: IPv4, MaxElem: 65536}
+	if err := k.Create(big); err != nil {
+		t.Fatal(err)
 	}
+	var many []Entry
+	for i := range 20000 {
+		many = append(many, Entry{Addr: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)})})
+	}
+	if err := k.Add(big.Name, many...); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.IpsetCreate("KUBE-T-OTHER", "hash:ip", netlink.IpsetCreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	names, err := k.ListNames()
+	want := []string{"IPVSP-T-BIG", "IPVSP-T-IP", "IPVSP-T-IPPORT", "IPVSP-T-IPPORT6", "IPVSP-T-IPPORTIP", "IPVSP-T-IPPORTNET6", "IPVSP-T-NET", "IPVSP-T-PORTS", "KUBE-T-OTHER"}
+	if diff := cmp.Diff(want, names); err != nil || diff != "" {
+		t.Errorf("ListNames: %v; names (-want +got):\n%s", err, diff)
+	}
+	if err := netlink.IpsetDestroy("KUBE-T-OTHER"); err != nil {
+		t.Fatal(err)
+	}
+	names = slices.DeleteFunc(names, func(n string) bool { return !k.Owns(n) })
 
 	other := Spec{Name: "IPVSP-T-IP", Type: HashIP, Family: IPv4, MaxElem: 1024}
 	if err := k.Create(other); !errors.Is(err, ErrMismatch) {
