@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"syscall"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -25,7 +23,7 @@ type Kernel struct {
 	mu    sync.Mutex // serializes the library's requests
 	h     *netlink.Handle
 	batch *nlbatch.Socket   // entry writes
-	names *nl.NetlinkSocket // dumps of set names alone (ListNames)
+	names *nl.NetlinkSocket // dumps (List, ListNames)
 	owner Owner
 }
 
@@ -166,21 +164,47 @@ func (k *Kernel) Flush(name string) error {
 	return nil
 }
 
-// List implements Interface.
+// List implements Interface: one dump of the set, read in place
+// (setReader).
 func (k *Kernel) List(name string) (Set, error) {
-	var res *netlink.IPSetResult
+	req := k.listRequest(0)
+	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
+	var r setReader
+	var perr error
 	err := k.call(func() error {
-		var err error
-		res, err = k.h.IpsetList(name)
-		return err
+		return req.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
+			perr = r.message(msg)
+			return perr == nil
+		})
 	})
+	if errno, ok := err.(syscall.Errno); ok && int(errno) >= nl.IPSET_ERR_PRIVATE {
+		err = nl.IPSetError(uintptr(errno))
+	}
 	if errors.Is(err, unix.ENOENT) {
 		return Set{}, fmt.Errorf("ipset: list %s: %w", name, ErrNotFound)
+	}
+	if err == nil {
+		err = perr
 	}
 	if err != nil {
 		return Set{}, fmt.Errorf("ipset: list %s: %w", name, err)
 	}
-	return fromResult(res)
+	return r.set, nil
+}
+
+// listRequest is a dump request of the ipset protocol on the names socket
+// (in the namespace of NewKernel) with the command-level flags.
+func (k *Kernel) listRequest(flags uint32) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|(unix.NFNL_SUBSYS_IPSET<<8), unix.NLM_F_DUMP)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
+	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
+	if flags != 0 {
+		b := make([]byte, 4)
+		binary.BigEndian.PutUint32(b, flags)
+		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_FLAGS|int(nl.NLA_F_NET_BYTEORDER), b))
+	}
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: k.names}}
+	return req
 }
 
 // ListNames implements Interface. It asks the kernel for the names alone
@@ -188,13 +212,7 @@ func (k *Kernel) List(name string) (Set, error) {
 // dump of all sets carries every entry, 2 s of reading and parsing at
 // 50,000 entries under emulation.
 func (k *Kernel) ListNames() ([]string, error) {
-	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|(unix.NFNL_SUBSYS_IPSET<<8), unix.NLM_F_DUMP)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
-	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
-	flags := make([]byte, 4)
-	binary.BigEndian.PutUint32(flags, ipsetFlagListSetName)
-	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_FLAGS|int(nl.NLA_F_NET_BYTEORDER), flags))
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: k.names}}
+	req := k.listRequest(ipsetFlagListSetName)
 	var names []string
 	err := k.call(func() error {
 		return req.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
@@ -369,80 +387,4 @@ func entryAttrs(a nlbatch.Attrs, e Entry) nlbatch.Attrs {
 		a = a.BE16(nl.IPSET_ATTR_PORT|nl.NLA_F_NET_BYTEORDER, e.Port)
 	}
 	return a
-}
-
-func addrOf(ip net.IP) (netip.Addr, bool) {
-	if ip4 := ip.To4(); ip4 != nil && len(ip) == net.IPv4len {
-		ip = ip4
-	}
-	return netip.AddrFromSlice(ip)
-}
-
-func fromResult(r *netlink.IPSetResult) (Set, error) {
-	s := Set{
-		Spec: Spec{Name: r.SetName, Type: Type(r.TypeName), Family: Family(r.Family), MaxElem: r.MaxElements,
-			PortFrom: r.PortFrom, PortTo: r.PortTo},
-		References: r.References,
-	}
-	if s.Type == BitmapPort {
-		s.Family = None
-	}
-	for _, ne := range r.Entries {
-		e, err := fromNetlink(s.Type, ne)
-		if err != nil {
-			return s, fmt.Errorf("ipset: set %s: %w", s.Name, err)
-		}
-		s.Entries = append(s.Entries, e)
-	}
-	return s, nil
-}
-
-func fromNetlink(t Type, ne netlink.IPSetEntry) (Entry, error) {
-	var e Entry
-	bad := func() (Entry, error) { return Entry{}, fmt.Errorf("cannot read a %s entry %+v", t, ne) }
-	addr := func(ip net.IP) (netip.Addr, bool) {
-		if ip == nil {
-			return netip.Addr{}, false
-		}
-		return addrOf(ip)
-	}
-	var ok bool
-	switch t {
-	case HashNet:
-		a, ok := addr(ne.IP)
-		if !ok {
-			return bad()
-		}
-		e.Net = netip.PrefixFrom(a, int(ne.CIDR))
-		return e, nil
-	case BitmapPort:
-		if ne.Port == nil {
-			return bad()
-		}
-		e.Port = *ne.Port
-		return e, nil
-	}
-	if e.Addr, ok = addr(ne.IP); !ok {
-		return bad()
-	}
-	if t == HashIP {
-		return e, nil
-	}
-	if ne.Port == nil || ne.Protocol == nil {
-		return bad()
-	}
-	e.Port, e.Proto = *ne.Port, model.Protocol(*ne.Protocol)
-	switch t {
-	case HashIPPortIP:
-		if e.Addr2, ok = addr(ne.IP2); !ok {
-			return bad()
-		}
-	case HashIPPortNet:
-		a, ok := addr(ne.IP2)
-		if !ok {
-			return bad()
-		}
-		e.Net = netip.PrefixFrom(a, int(ne.CIDR2))
-	}
-	return e, nil
 }
