@@ -802,7 +802,7 @@ func (p *Proxier) record(start time.Time, st SyncStats, consumers time.Duration,
 	}
 	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),
 		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
-		zap.Duration("read", st.Read), zap.Duration("readOffLoop", st.ReadOffLoop), zap.Duration("consumers", consumers),
+		zap.Duration("read", st.Read), zap.Duration("bind", st.Bind), zap.Duration("readOffLoop", st.ReadOffLoop), zap.Duration("consumers", consumers),
 		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft))
 	if st.ResyncDone {
 		p.metrics.SyncDuration.WithLabelValues("resync").Observe(st.ResyncTook.Seconds())

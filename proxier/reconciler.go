@@ -28,6 +28,10 @@ type SyncStats struct {
 	// Read is the part of Duration spent in a full sync's kernel read
 	// (virtual servers, all real servers, addresses).
 	Read time.Duration
+	// Bind is the part of Duration spent binding addresses to the
+	// interface (one netlink write each; the kernel's cost grows with the
+	// addresses already there).
+	Bind time.Duration
 	// ReadOffLoop is the time a periodic resync's kernel read took off
 	// the loop (Reconciler.StartResyncRead), not part of Duration; its
 	// view was adopted by this sync.
@@ -978,7 +982,10 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		op := &ops[i]
 		switch op.Kind {
 		case model.OpBind:
-			if err := r.write(st, *op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) }); err != nil {
+			bindStart := r.clock.Now()
+			err := r.write(st, *op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) })
+			st.Bind += r.clock.Since(bindStart)
+			if err != nil {
 				unbound[op.Address] = err
 				continue
 			}

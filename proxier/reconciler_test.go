@@ -901,3 +901,29 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestReconcilerTimesBinding: a sync's Bind is the time its address
+// writes took, apart from its IPVS writes (the sync log's "bind").
+func TestReconcilerTimesBinding(t *testing.T) {
+	r, ipvs, links, clk := newClockedReconciler(t)
+	mustSync(t, r, true)
+	links.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddAddress") {
+			clk.Step(3 * time.Millisecond)
+		}
+		return nil
+	})
+	ipvs.InjectErrors(func(fake.Call) error {
+		clk.Step(time.Millisecond)
+		return nil
+	})
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
+	st, err := r.Sync(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Bind != 6*time.Millisecond || st.Duration <= st.Bind {
+		t.Errorf("bind %v of %v, want 6ms for two addresses and more in all", st.Bind, st.Duration)
+	}
+}
