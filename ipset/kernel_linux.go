@@ -22,8 +22,8 @@ import (
 type Kernel struct {
 	mu    sync.Mutex // serializes the library's requests
 	h     *netlink.Handle
-	batch *nlbatch.Socket   // entry writes
-	names *nl.NetlinkSocket // dumps (List, ListNames)
+	batch *nlbatch.Socket  // entry writes
+	names *nl.SocketHandle // dumps (List, ListNames); its sequence numbers go on across requests
 	owner Owner
 }
 
@@ -53,7 +53,7 @@ func NewKernel(opts ...Option) (*Kernel, error) {
 		b.Close()
 		return nil, fmt.Errorf("ipset: open netfilter netlink socket: %w", err)
 	}
-	k := &Kernel{h: h, batch: b, names: names, owner: Owned}
+	k := &Kernel{h: h, batch: b, names: &nl.SocketHandle{Socket: names}, owner: Owned}
 	for _, o := range opts {
 		o(k)
 	}
@@ -68,7 +68,7 @@ func NewKernel(opts ...Option) (*Kernel, error) {
 func (k *Kernel) Close() {
 	k.h.Close()
 	k.batch.Close()
-	k.names.Close()
+	k.names.Socket.Close()
 }
 
 // Owns implements Interface.
@@ -169,7 +169,7 @@ func (k *Kernel) Flush(name string) error {
 func (k *Kernel) List(name string) (Set, error) {
 	req := k.listRequest(0)
 	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
-	var r setReader
+	r := setReader{want: name}
 	var perr error
 	err := k.call(func() error {
 		return req.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
@@ -203,7 +203,10 @@ func (k *Kernel) listRequest(flags uint32) *nl.NetlinkRequest {
 		binary.BigEndian.PutUint32(b, flags)
 		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_FLAGS|int(nl.NLA_F_NET_BYTEORDER), b))
 	}
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: k.names}}
+	// One handle for every request: each gets a new sequence number, so
+	// that what is left of a dump cut short (a receive error) is skipped
+	// by the next request instead of taken for its answer.
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: k.names}
 	return req
 }
 

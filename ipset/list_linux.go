@@ -41,7 +41,8 @@ func eachAttr(b []byte, fn func(typ uint16, v []byte) error) error {
 // setReader assembles one set from the messages of its dump (a large set
 // spans several, each naming the set).
 type setReader struct {
-	set Set
+	want string // the set asked for; a message of another is an error
+	set  Set
 }
 
 func (r *setReader) message(msg []byte) error {
@@ -52,6 +53,9 @@ func (r *setReader) message(msg []byte) error {
 		switch typ {
 		case nl.IPSET_ATTR_SETNAME:
 			r.set.Name = cString(v)
+			if r.want != "" && r.set.Name != r.want {
+				return fmt.Errorf("the dump of set %s holds a message of set %s", r.want, r.set.Name)
+			}
 		case nl.IPSET_ATTR_TYPENAME:
 			r.set.Type = Type(cString(v))
 			if r.set.Type == BitmapPort {

@@ -111,6 +111,10 @@ func TestSetReader(t *testing.T) {
 		var r setReader
 		_ = r.message(good[:cut])
 	}
+	other := setReader{want: "IPVSP-CLUSTER-IP"}
+	if err := other.message(good); err == nil {
+		t.Error("a message of another set than the one asked for was taken")
+	}
 	var m setReader
 	err = m.message(dumpMessage("IPVSP-HAIRPIN", "hash:ip,port,ip", unix.AF_INET, header,
 		func(a nlbatch.Attrs) nlbatch.Attrs { return ip4(nl.IPSET_ATTR_IP, "10.244.0.5")(a) })) // no port

@@ -40,6 +40,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -192,7 +193,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			break
 		}
 		logf("cluster: the node's VM was lost while it came up; booting it once more. First attempt: %v", err)
-		c.dropVM()
+		c.dropVM(ctx)
 	}
 	if err != nil {
 		return nil, err
@@ -303,12 +304,19 @@ func (c *Cluster) bootNode(ctx context.Context, opts vm.Options) error {
 	return err
 }
 
-// dropVM shuts a lost VM down (its console is in the error already).
-func (c *Cluster) dropVM() {
+// dropVM shuts a lost VM down (its console is in the error already) and
+// deletes the Node its kubelet may have registered, so that the next
+// boot's wait sees the new kubelet's Ready condition, not a stale one.
+func (c *Cluster) dropVM(ctx context.Context) {
 	if c.VM != nil {
 		_ = c.VM.Shutdown()
 	}
 	c.VM, c.containerd, c.kubelet = nil, nil, nil
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := c.Client.CoreV1().Nodes().Delete(ctx, NodeName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		c.logf("cluster: delete the lost node's Node %s: %v", NodeName, err)
+	}
 }
 
 // nodeLostError is a node whose VM died or whose agent stopped answering
