@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -63,7 +62,7 @@ func TestClusterExecPaths(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		return p.Status.Phase == corev1.PodRunning, podSummary(p)
+		return p.Status.Phase == corev1.PodRunning, cluster.PodSummary(p)
 	}, c.KubeletLog)
 
 	p, err := cs.CoreV1().Pods(ns).Get(ctx, "client", metav1.GetOptions{})
@@ -108,12 +107,7 @@ func TestClusterExecPaths(t *testing.T) {
 		i := 0
 		results = append(results, namedResult{"ctr", execcount.Count(ctx, n, func(ctx context.Context, argv []string) (string, error) {
 			i++
-			r, err := c.VM.Exec(ctx, vm.Command{Argv: append([]string{"ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io",
-				"task", "exec", "--exec-id", "probe" + strconv.Itoa(i), containerID}, argv...)})
-			if err == nil && r.ExitCode != 0 {
-				err = fmt.Errorf("ctr: command terminated with exit code %d", r.ExitCode)
-			}
-			return r.Stdout + r.Stderr, err
+			return c.ExecCtr(ctx, containerID, "probe"+strconv.Itoa(i), argv...)
 		})})
 	}
 	inVM("cri", "-cri", "unix:///run/containerd/containerd.sock", "-container", containerID)

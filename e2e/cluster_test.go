@@ -252,11 +252,25 @@ func agentPod(name string, argv []string) *corev1.Pod {
 // not enough in a CI rehearsal at load average 6.
 func podExec(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, ok func(string) bool, argv ...string) (string, error) {
 	t.Helper()
+	return podExecTries(ctx, t, c, ns, pod, 4, ok, argv...)
+}
+
+// podExecAPIServer is podExec through the apiserver alone, up to 8
+// attempts: for a check of that exec path itself.
+func podExecAPIServer(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, ok func(string) bool, argv ...string) (string, error) {
+	t.Helper()
+	return podExecTries(ctx, t, c, ns, pod, 8, ok, argv...)
+}
+
+// podExecTries makes 8 attempts, the first viaAPIServer through the
+// apiserver and the rest with ctr, each failed one logged.
+func podExecTries(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, viaAPIServer int, ok func(string) bool, argv ...string) (string, error) {
+	t.Helper()
 	var out string
 	var err error
 	for try := 1; try <= 8; try++ {
 		how := "apiserver"
-		if try <= 4 {
+		if try <= viaAPIServer {
 			out, err = podExecOnce(ctx, c, ns, pod, argv...)
 		} else {
 			how = "ctr"
@@ -273,23 +287,7 @@ func podExec(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod stri
 	return out, err
 }
 
-// podExecAPIServer is podExec through the apiserver alone, up to 8
-// attempts (each logged): for a check of that exec path itself.
-func podExecAPIServer(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, ok func(string) bool, argv ...string) (string, error) {
-	t.Helper()
-	var out string
-	var err error
-	for try := 1; try <= 8; try++ {
-		if out, err = podExecOnce(ctx, c, ns, pod, argv...); ok(out) {
-			return out, err
-		}
-		t.Logf("exec %q in pod %s, attempt %d through apiserver: unexpected output %.120q (%v)", argv, pod, try, out, err)
-	}
-	return out, err
-}
-
-// ctrExec runs argv in the pod's first container with containerd's own
-// client in the VM (no CRI, no kubelet, no apiserver).
+// ctrExec runs argv in the pod's first container with ctr (ExecCtr).
 func ctrExec(ctx context.Context, c *cluster.Cluster, ns, pod string, try int, argv ...string) (string, error) {
 	p, err := c.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 	if err != nil {
@@ -301,12 +299,7 @@ func ctrExec(ctx context.Context, c *cluster.Cluster, ns, pod string, try int, a
 	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	r, err := c.VM.Exec(ctx, vm.Command{Argv: append([]string{"ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io",
-		"task", "exec", "--exec-id", fmt.Sprintf("e2e-%d-%d", time.Now().UnixNano(), try), id}, argv...)})
-	if err == nil && r.ExitCode != 0 {
-		err = fmt.Errorf("ctr: command terminated with exit code %d", r.ExitCode)
-	}
-	return r.Stdout + r.Stderr, err
+	return c.ExecCtr(ctx, id, fmt.Sprintf("e2e-%d-%d", time.Now().UnixNano(), try), argv...)
 }
 
 // contains is an output check for podExec.

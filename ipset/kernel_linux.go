@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -167,24 +166,10 @@ func (k *Kernel) Flush(name string) error {
 // List implements Interface: one dump of the set, read in place
 // (setReader).
 func (k *Kernel) List(name string) (Set, error) {
-	req := k.listRequest(0)
-	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
 	r := setReader{want: name}
-	var perr error
-	err := k.call(func() error {
-		return req.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
-			perr = r.message(msg)
-			return perr == nil
-		})
-	})
-	if errno, ok := err.(syscall.Errno); ok && int(errno) >= nl.IPSET_ERR_PRIVATE {
-		err = nl.IPSetError(uintptr(errno))
-	}
+	err := k.dump(name, 0, r.message)
 	if errors.Is(err, unix.ENOENT) {
 		return Set{}, fmt.Errorf("ipset: list %s: %w", name, ErrNotFound)
-	}
-	if err == nil {
-		err = perr
 	}
 	if err != nil {
 		return Set{}, fmt.Errorf("ipset: list %s: %w", name, err)
@@ -192,51 +177,62 @@ func (k *Kernel) List(name string) (Set, error) {
 	return r.set, nil
 }
 
-// listRequest is a dump request of the ipset protocol on the names socket
-// (in the namespace of NewKernel) with the command-level flags.
-func (k *Kernel) listRequest(flags uint32) *nl.NetlinkRequest {
-	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|(unix.NFNL_SUBSYS_IPSET<<8), unix.NLM_F_DUMP)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
-	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
-	if flags != 0 {
-		b := make([]byte, 4)
-		binary.BigEndian.PutUint32(b, flags)
-		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_FLAGS|int(nl.NLA_F_NET_BYTEORDER), b))
-	}
-	// One handle for every request: each gets a new sequence number, so
-	// that what is left of a dump cut short (a receive error) is skipped
-	// by the next request instead of taken for its answer.
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: k.names}
-	return req
-}
-
 // ListNames implements Interface. It asks the kernel for the names alone
-// (IPSET_FLAG_LIST_SETNAME, what `ipset list -n` sends): the library's
-// dump of all sets carries every entry, 2 s of reading and parsing at
-// 50,000 entries under emulation.
+// (IPSET_FLAG_LIST_SETNAME, what `ipset list -n` sends), one message per
+// set: the library's dump of all sets carries every entry, 2 s of reading
+// and parsing at 50,000 entries under emulation.
 func (k *Kernel) ListNames() ([]string, error) {
-	req := k.listRequest(ipsetFlagListSetName)
 	var names []string
-	err := k.call(func() error {
-		return req.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
-			if len(msg) < 4 {
-				return true
+	err := k.dump("", ipsetFlagListSetName, func(msg []byte) error {
+		if len(msg) < 4 {
+			return errors.New("short ipset message")
+		}
+		return eachAttr(msg[4:], func(typ uint16, v []byte) error {
+			if n := cString(v); typ == nl.IPSET_ATTR_SETNAME && n != "" {
+				names = append(names, n)
 			}
-			for attr := range nl.ParseAttributes(msg[4:]) {
-				if attr.Type&nl.NLA_TYPE_MASK == nl.IPSET_ATTR_SETNAME {
-					if n := strings.TrimRight(string(attr.Value), "\x00"); n != "" && !slices.Contains(names, n) {
-						names = append(names, n)
-					}
-				}
-			}
-			return true
+			return nil
 		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ipset: list sets: %w", err)
 	}
 	slices.Sort(names)
-	return names, nil
+	return slices.Compact(names), nil
+}
+
+// dump runs an IPSET_CMD_LIST dump (of one set, or of all when name is
+// empty) with the command-level flags on the dump socket (in the
+// namespace of NewKernel), handing each message to fn; fn's first error
+// ends it. The kernel's ipset-specific error numbers become nl.IPSetError.
+func (k *Kernel) dump(name string, flags uint32, fn func(msg []byte) error) error {
+	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|(unix.NFNL_SUBSYS_IPSET<<8), unix.NLM_F_DUMP)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
+	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
+	if name != "" {
+		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
+	}
+	if flags != 0 {
+		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_FLAGS|int(nl.NLA_F_NET_BYTEORDER), binary.BigEndian.AppendUint32(nil, flags)))
+	}
+	// One handle for every request: each gets a new sequence number, so
+	// that what is left of a dump cut short (a receive error) is skipped
+	// by the next request instead of taken for its answer.
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: k.names}
+	var ferr error
+	err := k.call(func() error {
+		return req.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
+			ferr = fn(msg)
+			return ferr == nil
+		})
+	})
+	if errno, ok := err.(syscall.Errno); ok && int(errno) >= nl.IPSET_ERR_PRIVATE {
+		err = nl.IPSetError(uintptr(errno))
+	}
+	if err == nil {
+		err = ferr
+	}
+	return err
 }
 
 // ipsetFlagListSetName is the kernel's IPSET_FLAG_LIST_SETNAME (bit 1 of

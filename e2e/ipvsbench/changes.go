@@ -241,29 +241,13 @@ func burst(args []string) error {
 		}
 	}
 	start := time.Now()
-	work := make(chan change)
-	errs := make(chan error, len(changes))
+	errs := make([]error, len(changes))
 	var wg sync.WaitGroup
-	for w := 0; w < len(changes); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for c := range work {
-				errs <- c.apply(ctx, cs)
-			}
-		}()
+	for i, c := range changes {
+		wg.Go(func() { errs[i] = c.apply(ctx, cs) })
 	}
-	for _, c := range changes {
-		work <- c
-	}
-	close(work)
 	wg.Wait()
-	close(errs)
-	var all []error
-	for err := range errs {
-		all = append(all, err)
-	}
-	if err := errors.Join(all...); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	issued := time.Since(start)

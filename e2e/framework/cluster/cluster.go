@@ -377,6 +377,20 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 	}
 }
 
+// ExecCtr runs argv in a container with containerd's own client in the
+// VM (no CRI, no kubelet, no apiserver): containerID is the pod status's
+// ID without its "containerd://", execID any name unique among the
+// container's execs. It returns stdout and stderr together, and an error
+// for an exit status other than 0.
+func (c *Cluster) ExecCtr(ctx context.Context, containerID, execID string, argv ...string) (string, error) {
+	r, err := c.VM.Exec(ctx, vm.Command{Argv: append([]string{"ctr", "--address", containerdSock, "-n", "k8s.io",
+		"task", "exec", "--exec-id", execID, containerID}, argv...)})
+	if err == nil && r.ExitCode != 0 {
+		err = fmt.Errorf("ctr: command terminated with exit code %d", r.ExitCode)
+	}
+	return r.Stdout + r.Stderr, err
+}
+
 // KubeletLog and ContainerdLog are the output of the node's daemons so
 // far (for failure messages).
 func (c *Cluster) KubeletLog() string    { return procOutput(c.kubelet) }
