@@ -32,8 +32,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/debian"
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
 // userlandRoots are the Debian packages of the image; their dependencies
@@ -87,12 +87,12 @@ func run() error {
 		}
 		defer os.RemoveAll(dir)
 	}
-	pkgs, err := vm.DebianClosure(ctx, userlandRoots)
+	pkgs, err := debian.Closure(ctx, userlandRoots, debian.ClosureOptions{})
 	if err != nil {
 		return err
 	}
 	logf("Debian packages: %s", strings.Join(pkgs, " "))
-	root, versions, err := vm.UnpackDebianPackages(ctx, dir, pkgs, logf)
+	root, versions, err := debian.Unpack(ctx, dir, pkgs, logf)
 	if err != nil {
 		return err
 	}

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/debian"
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
 // AgnhostImage is the name e2e.test v1.36.3 gives agnhost
@@ -95,12 +95,12 @@ func EnsureAgnhostImage(ctx context.Context, cacheDir, agnhost string, logf func
 		return "", fmt.Errorf("agnhost image: %w", err)
 	}
 	defer os.RemoveAll(work)
-	pkgs, err := vm.DebianClosure(ctx, agnhostPackages)
+	pkgs, err := debian.Closure(ctx, agnhostPackages, debian.ClosureOptions{})
 	if err != nil {
 		return "", fmt.Errorf("agnhost image: %w", err)
 	}
 	pkgs = append(pkgs, agnhostShell)
-	root, versions, err := vm.UnpackDebianPackages(ctx, work, pkgs, logf)
+	root, versions, err := debian.Unpack(ctx, work, pkgs, logf)
 	if err != nil {
 		return "", fmt.Errorf("agnhost image: %w", err)
 	}

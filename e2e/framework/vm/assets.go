@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/debian"
 )
 
 // recipeRevision is bumped by hand when the way assets are assembled
@@ -220,7 +222,7 @@ func ensureAssets(ctx context.Context, cacheDir string, logf func(string, ...any
 			logf("vm: cannot resolve the kernel ABI (%v); using cached %s", err, a.Dir)
 			return a, nil
 		}
-		if uerr := aptUpdate(ctx, logf); uerr != nil {
+		if uerr := debian.Update(ctx, logf); uerr != nil {
 			return nil, fmt.Errorf("vm assets: resolve kernel ABI: %w (apt-get update: %v)", err, uerr)
 		}
 		updated = true
@@ -230,12 +232,12 @@ func ensureAssets(ctx context.Context, cacheDir string, logf func(string, ...any
 	}
 	for {
 		a, err := ensureABI(ctx, cacheDir, abi, logf)
-		if err == nil || !errors.Is(err, errDownload) || updated {
+		if err == nil || !errors.Is(err, debian.ErrDownload) || updated {
 			return a, err
 		}
 		// Stale package lists name files the mirror no longer has.
 		logf("vm: %v", err)
-		if uerr := aptUpdate(ctx, logf); uerr != nil {
+		if uerr := debian.Update(ctx, logf); uerr != nil {
 			return nil, fmt.Errorf("vm assets: %w (apt-get update: %v)", err, uerr)
 		}
 		updated = true
@@ -382,7 +384,7 @@ func assemble(ctx context.Context, dir, abi string, logf func(string, ...any)) (
 	}
 	defer os.RemoveAll(work)
 
-	host, err := hostPackages(ctx, hostRoots, hostNoFollow, hostSkip)
+	host, err := debian.Closure(ctx, hostRoots, debian.ClosureOptions{NoFollow: hostNoFollow, Skip: hostSkip, ForHost: true})
 	if err != nil {
 		return nil, fmt.Errorf("host packages: %w", err)
 	}
@@ -395,7 +397,7 @@ func assemble(ctx context.Context, dir, abi string, logf func(string, ...any)) (
 	all = dedup(all)
 	t := time.Now()
 	logf("vm: apt-get download %s", strings.Join(all, " "))
-	if err := aptDownload(ctx, debs, all); err != nil {
+	if err := debian.Download(ctx, debs, all); err != nil {
 		return nil, err
 	}
 	logf("vm: downloaded %d packages in %v", len(all), time.Since(t).Round(100*time.Millisecond))
@@ -403,18 +405,18 @@ func assemble(ctx context.Context, dir, abi string, logf func(string, ...any)) (
 	a := &Assets{KernelABI: abi, Packages: map[string]string{}}
 	a.fillPaths(dir)
 	kernelRoot, guestRoot := filepath.Join(work, "kernel"), filepath.Join(work, "guest")
-	if err := extractDebs(ctx, debs, filepath.Join(dir, "host"), host, a.Packages); err != nil {
+	if err := debian.Extract(ctx, debs, filepath.Join(dir, "host"), host, a.Packages); err != nil {
 		return nil, err
 	}
-	if err := extractDebs(ctx, debs, kernelRoot, []string{kernelPkg}, a.Packages); err != nil {
+	if err := debian.Extract(ctx, debs, kernelRoot, []string{kernelPkg}, a.Packages); err != nil {
 		return nil, err
 	}
-	if err := extractDebs(ctx, debs, guestRoot, guestPackages, a.Packages); err != nil {
+	if err := debian.Extract(ctx, debs, guestRoot, guestPackages, a.Packages); err != nil {
 		return nil, err
 	}
 	if xz == "" {
 		xzRoot := filepath.Join(work, "xz")
-		if err := extractDebs(ctx, debs, xzRoot, []string{"xz-utils"}, nil); err != nil {
+		if err := debian.Extract(ctx, debs, xzRoot, []string{"xz-utils"}, nil); err != nil {
 			return nil, err
 		}
 		xz = filepath.Join(xzRoot, "usr/bin/xz")

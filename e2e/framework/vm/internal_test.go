@@ -20,26 +20,6 @@ func TestParseKernelABI(t *testing.T) {
 	}
 }
 
-func TestParseDepends(t *testing.T) {
-	out := `qemu-system-x86
-  Depends: libaio1
- |Depends: libelogind0
-  Depends: libsystemd0
-  Depends: <python3:any>
-    python3
-  PreDepends: libc6
-libaio1
-  Depends: libc6
-`
-	want := map[string][]depGroup{
-		"qemu-system-x86": {{"libaio1"}, {"libelogind0", "libsystemd0"}, {"<python3:any>", "python3"}, {"libc6"}},
-		"libaio1":         {{"libc6"}},
-	}
-	if diff := cmp.Diff(want, parseDepends(out)); diff != "" {
-		t.Errorf("parseDepends (-want +got):\n%s", diff)
-	}
-}
-
 func TestModuleName(t *testing.T) {
 	for in, want := range map[string]string{
 		"kernel/net/netfilter/ipvs/ip_vs.ko":       "ip_vs",

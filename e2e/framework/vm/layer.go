@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/debian"
 )
 
 // LayerSpec describes an extra initramfs of Debian packages, for the
@@ -65,7 +67,7 @@ func EnsureLayer(ctx context.Context, cacheDir string, spec LayerSpec, logf func
 		return "", fmt.Errorf("vm layer %s: %w", spec.Name, err)
 	}
 	defer os.RemoveAll(work)
-	root, versions, err := UnpackDebianPackages(ctx, work, spec.Packages, logf)
+	root, versions, err := debian.Unpack(ctx, work, spec.Packages, logf)
 	if err != nil {
 		return "", fmt.Errorf("vm layer %s: %w", spec.Name, err)
 	}
