@@ -129,31 +129,15 @@ func dashboardMetricsExported(t *testing.T, scraped map[string]float64) {
 			labels[name][m[1]] = true
 		}
 	}
-	qs, err := grafana.Queries(grafana.Dashboard)
-	if err != nil {
-		t.Fatal(err)
+	series := map[string][]string{}
+	for name, ls := range labels {
+		series[name] = slices.Sorted(maps.Keys(ls))
 	}
-	checked := map[string]bool{}
-	for _, q := range qs {
-		sels, err := grafana.Selectors(q.Expr)
-		if err != nil {
-			t.Fatalf("%s: %v", q.Where, err)
-		}
-		for _, s := range sels {
-			have, ok := labels[s.Metric]
-			if !ok {
-				t.Errorf("dashboard %s: metric %s is not exported by the agent", q.Where, s.Metric)
-				continue
-			}
-			checked[s.Metric] = true
-			for _, l := range s.Labels {
-				if !have[l] && l != "job" && l != "instance" {
-					t.Errorf("dashboard %s: the agent's %s has no label %s", q.Where, s.Metric, l)
-				}
-			}
-		}
+	problems, used := grafana.Check(grafana.Dashboard, series)
+	for _, p := range problems {
+		t.Errorf("dashboard: %s", p)
 	}
-	t.Logf("the dashboard's %d queries name %d metrics, all exported: %v", len(qs), len(checked), slices.Sorted(maps.Keys(checked)))
+	t.Logf("the dashboard's queries name %d metrics of the agent: %v", len(used), used)
 }
 
 // healthOf GETs a health endpoint and decodes its JSON.

@@ -132,3 +132,47 @@ func Selectors(expr string) ([]Selector, error) {
 	}
 	return out, nil
 }
+
+// targetLabels are the labels Prometheus adds to every scraped series.
+var targetLabels = []string{"instance", "job"}
+
+// Check holds the dashboard's queries to series, the series names an agent
+// exports with their label names: it returns the problems (a query that
+// does not parse or selects nothing, a metric not in series, a label the
+// metric lacks, Prometheus' job and instance excepted) and the metrics the
+// queries name.
+func Check(dashboard []byte, series map[string][]string) (problems, used []string) {
+	qs, err := Queries(dashboard)
+	if err != nil {
+		return []string{err.Error()}, nil
+	}
+	seen := map[string]bool{}
+	for _, q := range qs {
+		sels, err := Selectors(q.Expr)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", q.Where, err))
+			continue
+		}
+		if len(sels) == 0 {
+			problems = append(problems, fmt.Sprintf("%s: %q selects no metric", q.Where, q.Expr))
+		}
+		for _, s := range sels {
+			labels, ok := series[s.Metric]
+			if !ok {
+				problems = append(problems, fmt.Sprintf("%s: metric %q is not exported", q.Where, s.Metric))
+				continue
+			}
+			seen[s.Metric] = true
+			for _, l := range s.Labels {
+				if !slices.Contains(labels, l) && !slices.Contains(targetLabels, l) {
+					problems = append(problems, fmt.Sprintf("%s: %s has no label %q (it has %v)", q.Where, s.Metric, l, labels))
+				}
+			}
+		}
+	}
+	for m := range seen {
+		used = append(used, m)
+	}
+	slices.Sort(used)
+	return problems, used
+}

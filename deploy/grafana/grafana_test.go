@@ -89,49 +89,44 @@ func series(t *testing.T) (names map[string][]string, proxierNames []string) {
 	return names, proxierNames
 }
 
-// targetLabels are the labels Prometheus adds to every scraped series.
-var targetLabels = []string{"instance", "job"}
-
 // TestDashboardNamesOnlyAgentMetrics: every query of the dashboard parses,
 // selects only series the agent exports and names only their labels (or
 // Prometheus' target labels); and every metric of the proxier has a panel.
 func TestDashboardNamesOnlyAgentMetrics(t *testing.T) {
 	names, proxierNames := series(t)
-	qs, err := Queries(Dashboard)
-	if err != nil {
-		t.Fatal(err)
+	problems, used := Check(Dashboard, names)
+	for _, p := range problems {
+		t.Error(p)
 	}
-	if len(qs) < 10 {
-		t.Fatalf("%d queries; the dashboard looks empty", len(qs))
-	}
-	used := map[string]bool{}
-	for _, q := range qs {
-		sels, err := Selectors(q.Expr)
-		if err != nil {
-			t.Errorf("%s: %v", q.Where, err)
-			continue
-		}
-		if len(sels) == 0 {
-			t.Errorf("%s: %q selects no metric", q.Where, q.Expr)
-		}
-		for _, s := range sels {
-			labels, ok := names[s.Metric]
-			if !ok {
-				t.Errorf("%s: metric %q is not one the agent exports", q.Where, s.Metric)
-				continue
-			}
-			used[s.Metric] = true
-			for _, l := range s.Labels {
-				if !slices.Contains(labels, l) && !slices.Contains(targetLabels, l) {
-					t.Errorf("%s: %s has no label %q (it has %v)", q.Where, s.Metric, l, labels)
-				}
-			}
-		}
+	if len(used) < 10 {
+		t.Fatalf("the dashboard names %d metrics: %v; it looks empty", len(used), used)
 	}
 	for _, n := range proxierNames {
-		if !used[n] && !used[n+"_bucket"] && !used[n+"_sum"] && !used[n+"_count"] {
+		if !slices.ContainsFunc([]string{n, n + "_bucket", n + "_sum", n + "_count"}, func(s string) bool { return slices.Contains(used, s) }) {
 			t.Errorf("no panel shows the proxier's metric %s", n)
 		}
+	}
+}
+
+// TestCheck: what Check reports of a dashboard against series.
+func TestCheck(t *testing.T) {
+	d := []byte(`{"panels": [{"title": "P", "targets": [
+		{"refId": "A", "expr": "sum by (kind) (rate(a_count{job=~\"$job\"}[$__rate_interval]))"},
+		{"refId": "B", "expr": "b{node=\"n\"}"},
+		{"refId": "C", "expr": "c"},
+		{"refId": "D", "expr": "sum(d"}]}]}`)
+	problems, used := Check(d, map[string][]string{"a_count": {"kind"}, "b": nil})
+	want := []string{
+		`panel "P" B: b has no label "node" (it has [])`,
+		`panel "P" C: metric "c" is not exported`,
+	}
+	if len(problems) != 3 || !strings.HasPrefix(problems[2], `panel "P" D: parse "sum(d"`) {
+		t.Errorf("problems %q, want %q and D's parse error", problems, want)
+	} else if diff := cmp.Diff(want, problems[:2]); diff != "" {
+		t.Errorf("problems (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"a_count", "b"}, used); diff != "" {
+		t.Errorf("used (-want +got):\n%s", diff)
 	}
 }
 
