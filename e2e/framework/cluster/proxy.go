@@ -86,6 +86,7 @@ func (c *Cluster) DeployIPVSProxyChart(ctx context.Context, chartDir string, val
 	cmd.Dir = filepath.Dir(chart)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	start := time.Now()
 	out, err := cmd.Output()
 	if err != nil {
 		return fmt.Errorf("cluster: render chart %s: %w\n%s", chart, err, stderr.Bytes())
@@ -94,7 +95,7 @@ func (c *Cluster) DeployIPVSProxyChart(ctx context.Context, chartDir string, val
 	if err != nil {
 		return fmt.Errorf("cluster: chart %s: %w", chart, err)
 	}
-	c.logf("cluster: chart %s rendered %d objects with values %s", chartDir, len(objs), b)
+	c.logf("cluster: chart %s rendered %d objects in %s (go run, Helm's SDK) with values %s", chartDir, len(objs), time.Since(start).Round(time.Millisecond), b)
 	return c.applyIPVSProxy(ctx, objs)
 }
 
