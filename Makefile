@@ -28,9 +28,11 @@ image: build
 		$(GO) run ./deploy/image --binary bin/ipvs-proxy --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
 
 # Unit tests run on this machine (netlinkutil's kernel tests skip here and
-# run inside the VM as part of e2e).
+# run inside the VM as part of e2e); then the Helm chart's, in deploy/helm,
+# a module of its own so that Helm's SDK stays out of the agent's go.mod.
 unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /e2e)
+	cd deploy/helm && $(GO) test -count=1 ./...
 
 # The test bed: a real kube-apiserver and a QEMU VM with Debian's kernel.
 # The chaos cases (TestChaos*) are among its tests, at CHAOS_SIZE; their
@@ -90,6 +92,7 @@ bed:
 lint:
 	@bad=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
+	cd deploy/helm && $(GO) vet ./...
 
 demo:
 	$(GO) run ./e2e/demo

@@ -28,7 +28,7 @@ import (
 
 // TestClusterNode: a real one-node cluster in the bed (kubelet, containerd
 // and runc in the VM, the control plane on the host) runs ipvs-proxy as
-// its DaemonSet from deploy/, with no kube-proxy: the Node gets Ready, the
+// its DaemonSet from the Helm chart (deploy/helm), with no kube-proxy: the Node gets Ready, the
 // DaemonSet's pod runs and programs the `kubernetes` Service into IPVS,
 // pods run, exec through the apiserver works, and pods reach a ClusterIP
 // Service's pod and the `kubernetes` Service, and resolve Services' names
@@ -46,9 +46,13 @@ func TestClusterNode(t *testing.T) {
 	t.Logf("TIMING node Ready: %s", c.NodeReady.Round(time.Millisecond))
 	cs := c.Client
 
-	// ipvs-proxy as users install it: deploy/*.yaml with the apiserver's
-	// address set in the ConfigMap, as its comment asks.
-	if err := c.DeployIPVSProxy(ctx, deployDir); err != nil {
+	// ipvs-proxy as Helm users install it: the chart rendered with Helm's
+	// SDK, with the apiserver's address and the pod CIDR set, and a
+	// default scheduler other than the default (wrr: with equal weights it
+	// balances as rr does) that must reach the kernel. (The conformance
+	// run and TestChaosRollingUpdate install deploy/'s manifests, which
+	// the chart's default rendering equals: deploy/helm's unit test.)
+	if err := c.DeployIPVSProxyChart(ctx, chartDir, map[string]any{"config": map[string]any{"scheduler": "wrr"}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("TIMING ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
@@ -93,10 +97,11 @@ func TestClusterNode(t *testing.T) {
 		return err == nil && strings.Contains(string(b), "READY"), fmt.Sprintf("%q %v", b, err)
 	})
 
-	// ipvs-proxy has programmed the `kubernetes` Service.
-	waitFor(ctx, t, "the kubernetes Service in IPVS", func() (bool, string) {
+	// ipvs-proxy has programmed the `kubernetes` Service, with the
+	// chart's scheduler.
+	waitFor(ctx, t, "the kubernetes Service in IPVS with the chart's scheduler wrr", func() (bool, string) {
 		out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", cluster.KubernetesIP+":443")
-		return err == nil && strings.Contains(out, c.APIServerAddr()), out + fmt.Sprint(err)
+		return err == nil && strings.Contains(out, c.APIServerAddr()) && strings.Contains(out, ":443 wrr"), out + fmt.Sprint(err)
 	})
 
 	// A ClusterIP Service in front of the server pod, used from the client

@@ -27,8 +27,12 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
-// deployDir holds the manifests (the tests run in e2e/).
-const deployDir = "../deploy"
+// deployDir holds the manifests, chartDir the Helm chart (the tests run
+// in e2e/).
+const (
+	deployDir = "../deploy"
+	chartDir  = "../deploy/helm/ipvs-proxy"
+)
 
 // manifests reads every object of deploy/*.yaml, in file order.
 func manifests(t *testing.T) []*unstructured.Unstructured {

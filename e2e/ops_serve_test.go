@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/grafana"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 )
 
@@ -60,7 +64,8 @@ func endpointsOn(nodes ...string) []backend {
 
 // TestMetricsScraped: metrics scraped inside the VM change when a Service
 // is added: virtual and real servers, the programming latency histogram,
-// the syncs.
+// the syncs; and the Grafana dashboard queries only metrics the agent
+// exports.
 func TestMetricsScraped(t *testing.T) {
 	e := setup(t)
 	ns := e.namespace(t)
@@ -105,6 +110,34 @@ func TestMetricsScraped(t *testing.T) {
 	if after["ipvs_proxy_sync_errors_total"] != before["ipvs_proxy_sync_errors_total"] {
 		t.Errorf("sync errors %v -> %v", before["ipvs_proxy_sync_errors_total"], after["ipvs_proxy_sync_errors_total"])
 	}
+	dashboardMetricsExported(t, after)
+}
+
+// dashboardMetricsExported: every metric the Grafana dashboard
+// (deploy/grafana) queries is among the agent's scraped series, with every
+// label the query names (but Prometheus' own job and instance).
+func dashboardMetricsExported(t *testing.T, scraped map[string]float64) {
+	t.Helper()
+	labels := map[string]map[string]bool{} // series name -> its label names
+	labelName := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="`)
+	for series := range scraped {
+		name, rest, _ := strings.Cut(series, "{")
+		if labels[name] == nil {
+			labels[name] = map[string]bool{}
+		}
+		for _, m := range labelName.FindAllStringSubmatch(rest, -1) {
+			labels[name][m[1]] = true
+		}
+	}
+	series := map[string][]string{}
+	for name, ls := range labels {
+		series[name] = slices.Sorted(maps.Keys(ls))
+	}
+	problems, used := grafana.Check(grafana.Dashboard, series)
+	for _, p := range problems {
+		t.Errorf("dashboard: %s", p)
+	}
+	t.Logf("the dashboard's queries name %d metrics of the agent: %v", len(used), used)
 }
 
 // healthOf GETs a health endpoint and decodes its JSON.

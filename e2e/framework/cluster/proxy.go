@@ -1,13 +1,20 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/manifest"
@@ -39,6 +46,62 @@ func (c *Cluster) DeployIPVSProxy(ctx context.Context, deployDir string) error {
 		data["kubeconfig.conf"] = strings.Replace(kc, "APISERVER-HOST:6443", c.APIServerAddr(), 1)
 		data["config.yaml"] = strings.Replace(cfg, "clusterCIDRs: []", "clusterCIDRs: ["+ClusterCIDR+"]", 1)
 	}
+	return c.applyIPVSProxy(ctx, objs)
+}
+
+// DeployIPVSProxyChart installs ipvs-proxy as Helm users do: the chart in
+// chartDir (the repository's deploy/helm/ipvs-proxy) rendered for a
+// release in kube-system by Helm's Go SDK (the render tool of the module
+// deploy/helm, with `go run`), over values (the apiserver's address and
+// the cluster's pod CIDR are set here, as the chart asks; values may add
+// more), then server-side applied as DeployIPVSProxy does.
+func (c *Cluster) DeployIPVSProxyChart(ctx context.Context, chartDir string, values map[string]any) error {
+	vals := map[string]any{"apiServer": "https://" + c.APIServerAddr()}
+	maps.Copy(vals, values)
+	config, _ := vals["config"].(map[string]any)
+	config = maps.Clone(config)
+	if config == nil {
+		config = map[string]any{}
+	}
+	config["clusterCIDRs"] = []string{ClusterCIDR}
+	vals["config"] = config
+	chart, err := filepath.Abs(chartDir)
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	tmp, err := os.MkdirTemp("", "ipvs-proxy-chart-")
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	b, err := json.Marshal(vals)
+	if err != nil {
+		return fmt.Errorf("cluster: chart values: %w", err)
+	}
+	valuesFile := filepath.Join(tmp, "values.json")
+	if err := os.WriteFile(valuesFile, b, 0o644); err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, "go", "run", "./render", "-chart", chart, "-namespace", metav1.NamespaceSystem, "-f", valuesFile)
+	cmd.Dir = filepath.Dir(chart)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("cluster: render chart %s: %w\n%s", chart, err, stderr.Bytes())
+	}
+	objs, err := manifest.Decode(out)
+	if err != nil {
+		return fmt.Errorf("cluster: chart %s: %w", chart, err)
+	}
+	c.logf("cluster: chart %s rendered %d objects in %s (go run, Helm's SDK) with values %s", chartDir, len(objs), time.Since(start).Round(time.Millisecond), b)
+	return c.applyIPVSProxy(ctx, objs)
+}
+
+// applyIPVSProxy server-side applies ipvs-proxy's objects and waits for
+// its DaemonSet's pod to be ready.
+func (c *Cluster) applyIPVSProxy(ctx context.Context, objs []*unstructured.Unstructured) error {
 	a, err := manifest.NewApplier(c.CP.RESTConfig)
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)

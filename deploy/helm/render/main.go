@@ -1,0 +1,47 @@
+// Command render prints ipvs-proxy's chart rendered with Helm's Go SDK, as
+// `helm template` would: the bed's cluster installs it this way
+// (e2e/framework/cluster, DeployIPVSProxyChart).
+//
+//	go run ./render -chart ipvs-proxy -namespace kube-system -f values.yaml
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/ipvs-proxy/ipvs-proxy/deploy/helm"
+)
+
+func main() {
+	chart := flag.String("chart", "ipvs-proxy", "the chart's folder")
+	release := flag.String("release", "ipvs-proxy", "the release's name")
+	namespace := flag.String("namespace", "kube-system", "the release's namespace")
+	valuesFile := flag.String("f", "", "a values file (YAML) over the chart's values.yaml")
+	flag.Parse()
+	if err := run(*chart, *release, *namespace, *valuesFile); err != nil {
+		fmt.Fprintln(os.Stderr, "render:", err)
+		os.Exit(1)
+	}
+}
+
+func run(chart, release, namespace, valuesFile string) error {
+	vals := map[string]any{}
+	if valuesFile != "" {
+		b, err := os.ReadFile(valuesFile)
+		if err != nil {
+			return err
+		}
+		if err := yaml.Unmarshal(b, &vals); err != nil {
+			return fmt.Errorf("values file %s: %w", valuesFile, err)
+		}
+	}
+	ms, err := helm.Render(chart, release, namespace, vals)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Print(helm.Stream(ms))
+	return err
+}
