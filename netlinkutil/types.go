@@ -116,6 +116,20 @@ type Links interface {
 	NodeAddresses(exclude ...string) ([]netip.Addr, error)
 }
 
+// KubeProxyInterface is kube-proxy's IPVS dummy interface.
+const KubeProxyInterface = "kube-ipvs0"
+
+// ProxyInterfaces are the dummy interfaces whose addresses are Service
+// VIPs, never the node's own: the proxy's and kube-proxy's (which holds
+// kube-proxy's VIPs until a takeover from it has finished). Node addresses
+// are read excluding them: NodeAddresses(ProxyInterfaces(own)...).
+func ProxyInterfaces(own string) []string {
+	if own == "" || own == KubeProxyInterface {
+		return []string{KubeProxyInterface}
+	}
+	return []string{own, KubeProxyInterface}
+}
+
 // Removal is an address or a link that the kernel announced removed.
 type Removal struct {
 	Link string     // the watched link

@@ -861,7 +861,7 @@ func (p *Proxier) record(start time.Time, st SyncStats, consumers time.Duration,
 // refreshNodeAddresses reads the node's addresses for node ports; a change
 // rebuilds every Service.
 func (p *Proxier) refreshNodeAddresses() error {
-	all, err := p.links.NodeAddresses(p.cfg.Interface)
+	all, err := p.links.NodeAddresses(netlinkutil.ProxyInterfaces(p.cfg.Interface)...)
 	if err != nil {
 		return fmt.Errorf("read node addresses: %w", err)
 	}

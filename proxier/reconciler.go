@@ -814,7 +814,7 @@ func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership
 		}
 	}
 	reads++
-	if raw.node, err = links.NodeAddresses(own.Interface); err != nil {
+	if raw.node, err = links.NodeAddresses(netlinkutil.ProxyInterfaces(own.Interface)...); err != nil {
 		return raw, reads, fmt.Errorf("list node addresses: %w", err)
 	}
 	reads++

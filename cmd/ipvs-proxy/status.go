@@ -381,7 +381,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (statusReport, error) {
 	rep := statusReport{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
 	// Node addresses first: node ports are built on them.
-	nodeAddrs, err := links.NodeAddresses(cfg.Interface)
+	nodeAddrs, err := links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)
 	if err != nil {
 		return rep, fmt.Errorf("read the kernel: %w", err)
 	}

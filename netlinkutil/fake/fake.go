@@ -658,15 +658,27 @@ func (l *Links) DeleteAddress(name string, a netip.Addr) error {
 	return nil
 }
 
-// NodeAddresses implements netlinkutil.Links: the node's addresses (the
-// dummy links' addresses are never included, as the proxy excludes them).
+// NodeAddresses implements netlinkutil.Links: the node's addresses and,
+// like the kernel's, those of every dummy link not named in exclude (in
+// link name order).
 func (l *Links) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.record("ListNodeAddresses"); err != nil {
 		return nil, err
 	}
-	return slices.Clone(l.node), nil
+	out := slices.Clone(l.node)
+	names := make([]string, 0, len(l.links))
+	for name := range l.links {
+		if !slices.Contains(exclude, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		out = append(out, l.sorted(name)...)
+	}
+	return out, nil
 }
 
 // Conntrack is a fake of netlinkutil.Conntrack that records its calls.

@@ -1,0 +1,49 @@
+package proxier
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// TestTakeoverNodePortsSkipKubeProxyVIPs: while a node is taken over from
+// kube-proxy, kube-ipvs0 still holds kube-proxy's VIPs; they are Service
+// addresses, not the node's, so no node port gets a virtual server on them
+// (<clusterIP>:<nodePort> could collide with a real Service port).
+func TestTakeoverNodePortsSkipKubeProxyVIPs(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	for _, err := range []error{
+		links.EnsureDummy(netlinkutil.KubeProxyInterface),
+		links.AddAddress(netlinkutil.KubeProxyInterface, netip.MustParseAddr("10.96.0.10")),
+		links.AddAddress(netlinkutil.KubeProxyInterface, netip.MustParseAddr("10.96.0.99")),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute,
+		AdoptInterface: netlinkutil.KubeProxyInterface},
+		nil, ipvs, links, nil, nil, zap.NewNop())
+	svc := testService("web", "10.96.0.10", "rr")
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	svc.Spec.Ports[0].NodePort = 30080
+	p.onService(svc, false)
+	p.onSlice(testSlice("web", "10.0.1.2"), false)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "192.168.0.10:30080/TCP rr", "  -> 10.0.1.2:8080 w=1"}
+	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
+		t.Errorf("kernel during the takeover (-want +got):\n%s", diff)
+	}
+}
