@@ -147,7 +147,7 @@ type planBuilder struct {
 
 	sourceRanges        []netip.Prefix
 	healthCheckNodePort uint16
-	localAddrs          map[netip.Addr]bool // usable endpoints on this node
+	localAddrs          map[netip.Addr]bool // ready endpoints on this node
 }
 
 func (b *planBuilder) warn(format string, args ...any) {
@@ -575,8 +575,13 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 		b.vss[len(b.vss)-1].SourceRanges = b.sourceRanges
 	}
 	if local && a.kind.External() {
+		// The health check counts ready endpoints only (kube-proxy's
+		// rule): the serving-terminating fallback still routes here, but
+		// load balancers are told to drain the node.
 		for _, c := range selected {
-			b.localAddrs[c.key.Address] = true
+			if c.ready {
+				b.localAddrs[c.key.Address] = true
+			}
 		}
 	}
 }

@@ -555,7 +555,10 @@ func TestBuild(t *testing.T) {
 			),
 		},
 		{
-			name: "externalTrafficPolicy Local: local serving-terminating when no local ready",
+			// The fallback still routes to the serving-terminating
+			// endpoint, but the health check counts ready endpoints only
+			// (as kube-proxy), so that load balancers drain the node.
+			name: "externalTrafficPolicy Local: local serving-terminating when no local ready; not counted for the health check",
 			svc:  svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", on("node-a"), terminating), ep("10.1.0.2", on("node-b")))),
@@ -563,7 +566,7 @@ func TestBuild(t *testing.T) {
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080@0", "10.1.0.2:8080"),
 				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080")),
 			),
-			localEndpoints: 1,
+			localEndpoints: 0,
 		},
 		{
 			name: "externalTrafficPolicy Local: a local terminating endpoint drains beside a local ready one",

@@ -65,8 +65,10 @@ type ServicePlan struct {
 	// HealthCheckNodePort is the Service's healthCheckNodePort (a
 	// LoadBalancer Service with externalTrafficPolicy Local), 0 if none.
 	HealthCheckNodePort uint16
-	// LocalEndpoints counts the distinct usable endpoint addresses on this
-	// node (for the health check of externalTrafficPolicy Local).
+	// LocalEndpoints counts the distinct ready endpoint addresses on this
+	// node (for the health check of externalTrafficPolicy Local): the
+	// serving-terminating fallback is not counted, so that load balancers
+	// drain the node while its last endpoints shut down.
 	LocalEndpoints int
 }
 
