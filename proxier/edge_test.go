@@ -47,3 +47,38 @@ func TestTakeoverNodePortsSkipKubeProxyVIPs(t *testing.T) {
 		t.Errorf("kernel during the takeover (-want +got):\n%s", diff)
 	}
 }
+
+// TestExternalIPOnNodeAddress: a Service whose externalIP is the node's
+// own address gets its virtual server, but the address is not bound to
+// the proxy's interface (the node keeps it; its other ports keep working).
+func TestExternalIPOnNodeAddress(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute},
+		nil, ipvs, links, nil, nil, zap.NewNop())
+	svc := testService("web", "10.96.0.10", "rr")
+	svc.Spec.ExternalIPs = []string{node.String(), "203.0.113.5"}
+	p.onService(svc, false)
+	p.onSlice(testSlice("web", "10.0.1.2"), false)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "192.168.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1",
+		"203.0.113.5:80/TCP rr", "  -> 10.0.1.2:8080 w=1"}
+	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
+		t.Errorf("kernel (-want +got):\n%s", diff)
+	}
+	bound := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("203.0.113.5")}
+	if diff := cmp.Diff(bound, links.Addresses(testIface), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("addresses on %s (-want +got):\n%s", testIface, diff)
+	}
+
+	// Deleting the Service deletes its virtual server on the node address.
+	p.onService(svc, true)
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	if d := ipvs.Dump(); len(d) != 0 {
+		t.Errorf("kernel after the Service is deleted: %v", d)
+	}
+}

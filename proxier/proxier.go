@@ -112,7 +112,8 @@ type Proxier struct {
 	services  map[types.NamespacedName]*corev1.Service
 	slices    map[types.NamespacedName][]*discoveryv1.EndpointSlice
 	zone      string
-	nodeAddrs []netip.Addr
+	nodeAddrs []netip.Addr                       // node-port addresses
+	nodeAll   []netip.Addr                       // every node address (model.NodeInfo.Addresses)
 	dirty     map[types.NamespacedName]time.Time // first unsynced change
 	rebuild   bool                               // every Service must be rebuilt
 	warnings  map[types.NamespacedName]string
@@ -638,7 +639,7 @@ func (p *Proxier) snapshot(full bool) (syncInputs, error) {
 	rebuild := p.rebuild
 	p.rebuild = false
 	in := syncInputs{full: full, changed: p.dirty,
-		node: model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs}}
+		node: model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs, Addresses: p.nodeAll}}
 	p.dirty = map[types.NamespacedName]time.Time{}
 	names := make([]types.NamespacedName, 0, len(in.changed))
 	for n := range in.changed {
@@ -866,11 +867,16 @@ func (p *Proxier) refreshNodeAddresses() error {
 		return fmt.Errorf("read node addresses: %w", err)
 	}
 	addrs := FilterNodePortAddresses(all, p.cfg.NodePortAddresses)
+	all = FilterNodePortAddresses(all, nil) // sorted, each once
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !slices.Equal(addrs, p.nodeAddrs) {
 		p.log.Info("node-port addresses", zap.Stringers("addresses", addrs))
 		p.nodeAddrs = addrs
+		p.rebuild = true
+	}
+	if !slices.Equal(all, p.nodeAll) {
+		p.nodeAll = all
 		p.rebuild = true
 	}
 	return nil

@@ -290,7 +290,8 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 		}
 	}
 
-	node := model.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: proxier.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses)}
+	node := model.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: proxier.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses),
+		Addresses: nodeAddrs}
 	// run falls back to the default scheduler for a Service whose
 	// scheduler the kernel cannot load: so does status.
 	unavailable := map[string]bool{}
