@@ -1028,6 +1028,9 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 			r.clearUDP(k, op.RealServer.RSKey)
 		case op.Kind == model.OpDeleteVirtualServer:
 			r.kernel.DeleteVirtualServer(k)
+			if k.Protocol == model.UDP {
+				r.clearUDP(k, model.RSKey{}) // its real servers went with it
+			}
 		}
 	}
 	for _, i := range unbinds {
@@ -1121,8 +1124,9 @@ func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]boo
 }
 
 // clearUDP deletes the conntrack entries of UDP flows to a real server just
-// removed, so that a client that keeps its source port reaches the
-// remaining ones instead of the old one's stale entry. A failure is logged,
+// removed (to every real server when rs is zero: the virtual server went),
+// so that a client that keeps its source port reaches the remaining ones
+// (or the virtual server programmed again) instead of the stale entry. A failure is logged,
 // not retried: the entries time out (--ipvs-udp-timeout) on their own.
 func (r *Reconciler) clearUDP(vs model.VSKey, rs model.RSKey) {
 	if r.conntrack == nil {

@@ -693,7 +693,11 @@ var _ netlinkutil.Conntrack = (*Conntrack)(nil)
 func (c *Conntrack) ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.calls = append(c.calls, Call(fmt.Sprintf("ClearUDP %s %s", vs, rs)))
+	to := rs.String()
+	if !rs.Address.IsValid() {
+		to = "*" // every real server
+	}
+	c.calls = append(c.calls, Call(fmt.Sprintf("ClearUDP %s %s", vs, to)))
 	return 0, nil
 }
 
