@@ -132,6 +132,9 @@ type Proxier struct {
 	// sync (see watchRemovals).
 	removedAddrs []netip.Addr
 	linkRemoved  bool
+	// addrsChanged: the kernel reported a change of the node's addresses
+	// since they were last read.
+	addrsChanged bool
 }
 
 // New returns a Proxier. recorder may be nil (no Events).
@@ -440,6 +443,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.log.Info("initial list received", zap.Int("services", n))
 	p.watchRemovals(ctx)
+	p.watchNodeAddresses(ctx)
 	p.loop(ctx)
 	return nil
 }
@@ -460,6 +464,31 @@ func (p *Proxier) watchRemovals(ctx context.Context) {
 	if err != nil {
 		p.log.Warn("no kernel notifications of removed addresses; the periodic resync repairs them", zap.Error(err))
 	}
+}
+
+// watchNodeAddresses has the kernel tell the loop when the node's own
+// addresses change (a DHCP renewal, an address added by hand), so that
+// node ports and the node addresses the plans use follow at the next sync
+// instead of the periodic full one.
+func (p *Proxier) watchNodeAddresses(ctx context.Context) {
+	w, ok := p.links.(netlinkutil.NodeAddressWatcher)
+	if !ok {
+		return
+	}
+	err := w.WatchNodeAddresses(ctx, p.nodeAddressesChanged, func(err error) {
+		p.log.Warn("kernel notifications of node address changes lost; the periodic resync reads them", zap.Error(err))
+	}, netlinkutil.ProxyInterfaces(p.cfg.Interface)...)
+	if err != nil {
+		p.log.Warn("no kernel notifications of node address changes; the periodic resync reads them", zap.Error(err))
+	}
+}
+
+// nodeAddressesChanged makes the next sync re-read the node's addresses.
+func (p *Proxier) nodeAddressesChanged() {
+	p.mu.Lock()
+	p.addrsChanged = true
+	p.mu.Unlock()
+	p.kick()
 }
 
 // kernelRemoved records a removal the kernel reported and wakes the loop.
@@ -625,11 +654,20 @@ func (p *Proxier) SyncOnce(full bool) error {
 }
 
 // snapshot takes the changed Services (all on a rebuild) with their slices
-// and the node's facts; on a full sync it re-reads the node's addresses.
+// and the node's facts; on a full sync, or when the kernel reported a
+// change, it re-reads the node's addresses.
 func (p *Proxier) snapshot(full bool) (syncInputs, error) {
 	var err error
-	if full {
-		err = p.refreshNodeAddresses()
+	p.mu.Lock()
+	reread := full || p.addrsChanged
+	p.addrsChanged = false
+	p.mu.Unlock()
+	if reread {
+		if err = p.refreshNodeAddresses(); err != nil {
+			p.mu.Lock()
+			p.addrsChanged = true // read again at the next sync
+			p.mu.Unlock()
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -469,6 +469,8 @@ type Links struct {
 	// watcher's own included), held until Deliver.
 	watchers []linkWatcher
 	pending  []netlinkutil.Removal
+	// nodeWatchers are told of SetNodeAddresses at once.
+	nodeWatchers []func()
 }
 
 type linkWatcher struct {
@@ -478,9 +480,31 @@ type linkWatcher struct {
 }
 
 var (
-	_ netlinkutil.Links          = (*Links)(nil)
-	_ netlinkutil.RemovalWatcher = (*Links)(nil)
+	_ netlinkutil.Links              = (*Links)(nil)
+	_ netlinkutil.RemovalWatcher     = (*Links)(nil)
+	_ netlinkutil.NodeAddressWatcher = (*Links)(nil)
 )
+
+// WatchNodeAddresses implements netlinkutil.NodeAddressWatcher: changed
+// is called by SetNodeAddresses.
+func (l *Links) WatchNodeAddresses(_ context.Context, changed func(), _ func(error), _ ...string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.nodeWatchers = append(l.nodeWatchers, changed)
+	return nil
+}
+
+// SetNodeAddresses replaces the node's addresses (other than the dummy
+// links') and tells the watchers, as the kernel announces a change.
+func (l *Links) SetNodeAddresses(addrs ...netip.Addr) {
+	l.mu.Lock()
+	l.node = slices.Clone(addrs)
+	watchers := slices.Clone(l.nodeWatchers)
+	l.mu.Unlock()
+	for _, w := range watchers {
+		w()
+	}
+}
 
 // WatchRemovals implements netlinkutil.RemovalWatcher: the removals of
 // link are queued as they happen and handed to fn by Deliver.
