@@ -106,6 +106,9 @@ func (l *kernelLinks) WatchNodeAddresses(ctx context.Context, changed func(), on
 					report(errors.New("address subscription closed"))
 					return
 				}
+				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && (a.IsLinkLocalUnicast() || a.IsLoopback()) {
+					continue // never a node address (a pod's veth brings one)
+				}
 				excluded, known := skip[u.LinkIndex]
 				if !known {
 					// A link gone already had its removal reported by
