@@ -89,14 +89,22 @@ func (l *kernelLinks) WatchNodeAddresses(ctx context.Context, changed func(), on
 			onErr(fmt.Errorf("kernel notifications of node addresses: %w", err))
 		}
 	}
+	// Links are looked up in the namespace of the subscription (the
+	// caller's), whatever thread the goroutine runs on.
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("open route netlink socket: %w", err)
+	}
 	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{ErrorCallback: report,
 		ReceiveBufferSize: 1 << 20}); err != nil {
 		close(done)
+		h.Close()
 		return fmt.Errorf("subscribe to address notifications: %w", err)
 	}
 	go func() {
 		defer close(done)
-		skip := map[int]bool{} // link index -> excluded (or gone)
+		defer h.Close()
+		skip := map[int]bool{} // link index -> excluded
 		for {
 			select {
 			case <-ctx.Done():
@@ -113,7 +121,7 @@ func (l *kernelLinks) WatchNodeAddresses(ctx context.Context, changed func(), on
 				if !known {
 					// A link gone already had its removal reported by
 					// its addresses' own notifications, or has none.
-					link, err := netlink.LinkByIndex(u.LinkIndex)
+					link, err := h.LinkByIndex(u.LinkIndex)
 					excluded = err == nil && slices.Contains(exclude, link.Attrs().Name)
 					if err == nil {
 						skip[u.LinkIndex] = excluded
