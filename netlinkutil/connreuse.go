@@ -23,11 +23,13 @@ var (
 // ConnReuseMode decides conn_reuse_mode for a kernel release, as
 // /proc/sys/kernel/osrelease shows it ("6.1.0-18-amd64"). set is false
 // when the kernel's own value is left alone: before 4.1 the setting does
-// not exist; from 5.9 the default 1 is right (a reused port is scheduled
-// afresh, so it never reaches a draining weight-0 real server, and the
-// one-second stall that made kube-proxy choose 0 is gone). Between the two,
-// value is "0": the stall of 1 costs more than the rare reuse that reaches
-// a draining real server.
+// not exist; from 5.9 the default 1 is right (the one-second stall that
+// made kube-proxy choose 0 is gone, and a new connection from a reused
+// port is scheduled afresh; with 0, kernels before the late-2021 fix
+// "ipvs: Fix reuse connection if RS weight is 0" sent it to the old real
+// server even at weight 0, draining). Between the two, value is "0": the
+// stall of 1 costs more than the rare reuse that reaches a draining real
+// server.
 func ConnReuseMode(release string) (value string, set bool, err error) {
 	v, err := version.ParseGeneric(strings.TrimSpace(release))
 	if err != nil {
