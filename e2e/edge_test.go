@@ -84,10 +84,13 @@ func TestHealthCheckCountsReadyOnly(t *testing.T) {
 }
 
 // TestConnReuseDrainingRealServer: on this kernel (Debian's 6.1, past 5.9)
-// the agent leaves conn_reuse_mode at the kernel's 1, so a client that
+// the agent leaves conn_reuse_mode at the kernel's 1, and a client that
 // reuses its source port is scheduled afresh: after its backend turns
 // draining (weight 0), the reconnections from the same port reach the
-// other backend, not the draining one.
+// other backend, not the draining one. (On 6.1 the reconnections would do
+// so under 0 too, with expire_nodest_conn=1, since the kernel fix "ipvs:
+// Fix reuse connection if RS weight is 0"; on 5.9 to the kernels before
+// it, 0 sent them to the draining backend.)
 func TestConnReuseDrainingRealServer(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
