@@ -16,7 +16,8 @@ import (
 // matching it and be black-holed after the backend moved.
 type Conntrack interface {
 	// ClearUDP deletes the entries of UDP flows to the virtual server
-	// that were sent to the real server, and returns how many it deleted.
+	// that were sent to the real server (to any real server when rs is
+	// zero), and returns how many it deleted.
 	ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error)
 }
 
@@ -36,12 +37,15 @@ func NewConntrack() (Conntrack, error) {
 
 func (c *kernelConntrack) ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error) {
 	f := &netlink.ConntrackFilter{}
-	for _, err := range []error{
+	errs := []error{
 		f.AddProtocol(unix.IPPROTO_UDP),
 		f.AddIP(netlink.ConntrackOrigDstIP, net.IP(vs.Address.AsSlice())),
 		f.AddPort(netlink.ConntrackOrigDstPort, vs.Port),
-		f.AddIP(netlink.ConntrackReplySrcIP, net.IP(rs.Address.AsSlice())),
-	} {
+	}
+	if rs.Address.IsValid() {
+		errs = append(errs, f.AddIP(netlink.ConntrackReplySrcIP, net.IP(rs.Address.AsSlice())))
+	}
+	for _, err := range errs {
 		if err != nil {
 			return 0, fmt.Errorf("conntrack filter for %s -> %s: %w", vs, rs, err)
 		}

@@ -116,6 +116,20 @@ type Links interface {
 	NodeAddresses(exclude ...string) ([]netip.Addr, error)
 }
 
+// KubeProxyInterface is kube-proxy's IPVS dummy interface.
+const KubeProxyInterface = "kube-ipvs0"
+
+// ProxyInterfaces are the dummy interfaces whose addresses are Service
+// VIPs, never the node's own: the proxy's and kube-proxy's (which holds
+// kube-proxy's VIPs until a takeover from it has finished). Node addresses
+// are read excluding them: NodeAddresses(ProxyInterfaces(own)...).
+func ProxyInterfaces(own string) []string {
+	if own == "" || own == KubeProxyInterface {
+		return []string{KubeProxyInterface}
+	}
+	return []string{own, KubeProxyInterface}
+}
+
 // Removal is an address or a link that the kernel announced removed.
 type Removal struct {
 	Link string     // the watched link
@@ -125,6 +139,15 @@ type Removal struct {
 // RemovalWatcher reports removals as the kernel announces them (route
 // netlink's multicast groups), its own writes' included: an agent tells
 // them from someone else's by its view of what it bound.
+// NodeAddressWatcher reports changes of the node's own addresses.
+type NodeAddressWatcher interface {
+	// WatchNodeAddresses calls changed, on a goroutine of its own, when an
+	// address is added to or removed from a link not named in exclude,
+	// until ctx ends; onErr gets a lost subscription or overrun (changes
+	// may be missing).
+	WatchNodeAddresses(ctx context.Context, changed func(), onErr func(error), exclude ...string) error
+}
+
 type RemovalWatcher interface {
 	// WatchRemovals calls fn, on a goroutine of its own, for every address
 	// removed from link and when link itself is removed, until ctx ends;

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
-var _ RemovalWatcher = (*kernelLinks)(nil)
+var (
+	_ RemovalWatcher     = (*kernelLinks)(nil)
+	_ NodeAddressWatcher = (*kernelLinks)(nil)
+)
 
 // WatchRemovals implements RemovalWatcher with two route netlink
 // subscriptions (links, with the existing ones listed first, and
@@ -66,6 +70,65 @@ func (l *kernelLinks) WatchRemovals(ctx context.Context, link string, fn func(Re
 				}
 				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok {
 					fn(Removal{Link: link, Addr: a.Unmap()})
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// WatchNodeAddresses implements NodeAddressWatcher with a route netlink
+// address subscription in the current network namespace. Whether a link is
+// excluded is looked up once per link index (so that binding 10,000 VIPs to
+// the proxy's interface costs no lookups beyond the first).
+func (l *kernelLinks) WatchNodeAddresses(ctx context.Context, changed func(), onErr func(error), exclude ...string) error {
+	done := make(chan struct{})
+	addrs := make(chan netlink.AddrUpdate, 1024)
+	report := func(err error) {
+		if ctx.Err() == nil {
+			onErr(fmt.Errorf("kernel notifications of node addresses: %w", err))
+		}
+	}
+	// Links are looked up in the namespace of the subscription (the
+	// caller's), whatever thread the goroutine runs on.
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("open route netlink socket: %w", err)
+	}
+	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{ErrorCallback: report,
+		ReceiveBufferSize: 1 << 20}); err != nil {
+		close(done)
+		h.Close()
+		return fmt.Errorf("subscribe to address notifications: %w", err)
+	}
+	go func() {
+		defer close(done)
+		defer h.Close()
+		skip := map[int]bool{} // link index -> excluded
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case u, ok := <-addrs:
+				if !ok {
+					report(errors.New("address subscription closed"))
+					return
+				}
+				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && (a.IsLinkLocalUnicast() || a.IsLoopback()) {
+					continue // never a node address (a pod's veth brings one)
+				}
+				excluded, known := skip[u.LinkIndex]
+				if !known {
+					// A link gone already had its removal reported by
+					// its addresses' own notifications, or has none.
+					link, err := h.LinkByIndex(u.LinkIndex)
+					excluded = err == nil && slices.Contains(exclude, link.Attrs().Name)
+					if err == nil {
+						skip[u.LinkIndex] = excluded
+					}
+				}
+				if !excluded {
+					changed()
 				}
 			}
 		}

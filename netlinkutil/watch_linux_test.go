@@ -95,3 +95,57 @@ func TestWatchRemovals(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// TestWatchNodeAddresses: an address added to or removed from a node link
+// is reported; one on an excluded link (the proxy's VIPs) or a link-local
+// one is not.
+func TestWatchNodeAddresses(t *testing.T) {
+	nltest.InFreshNetns(t)
+	for _, name := range []string{"vips0", "eth9"} {
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = name
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: name + "-peer"}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+	}
+	l := newLinks(t)
+	got := make(chan struct{}, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := l.(NodeAddressWatcher).WatchNodeAddresses(ctx, func() { got <- struct{}{} }, func(err error) { t.Errorf("watch: %v", err) }, "vips0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := func(within time.Duration) bool {
+		select {
+		case <-got:
+			return true
+		case <-time.After(within):
+			return false
+		}
+	}
+	for _, step := range []struct {
+		what string
+		do   func() error
+		want bool
+	}{
+		{"a VIP bound", func() error { return l.AddAddress("vips0", netip.MustParseAddr("10.96.0.10")) }, false},
+		{"a link-local address", func() error { return l.AddAddress("eth9", netip.MustParseAddr("fe80::99")) }, false},
+		{"a node address added", func() error { return l.AddAddress("eth9", netip.MustParseAddr("192.168.9.10")) }, true},
+		{"a node address removed", func() error { return l.DeleteAddress("eth9", netip.MustParseAddr("192.168.9.10")) }, true},
+		{"a VIP unbound", func() error { return l.DeleteAddress("vips0", netip.MustParseAddr("10.96.0.10")) }, false},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatalf("%s: %v", step.what, err)
+		}
+		within := 3 * time.Second
+		if !step.want {
+			within = 300 * time.Millisecond
+		}
+		if c := changed(within); c != step.want {
+			t.Errorf("%s: reported %v, want %v", step.what, c, step.want)
+		}
+		for changed(50 * time.Millisecond) { // one change may bring several notifications
+		}
+	}
+}

@@ -112,7 +112,8 @@ type Proxier struct {
 	services  map[types.NamespacedName]*corev1.Service
 	slices    map[types.NamespacedName][]*discoveryv1.EndpointSlice
 	zone      string
-	nodeAddrs []netip.Addr
+	nodeAddrs []netip.Addr                       // node-port addresses
+	nodeAll   []netip.Addr                       // every node address (model.NodeInfo.Addresses)
 	dirty     map[types.NamespacedName]time.Time // first unsynced change
 	rebuild   bool                               // every Service must be rebuilt
 	warnings  map[types.NamespacedName]string
@@ -131,6 +132,9 @@ type Proxier struct {
 	// sync (see watchRemovals).
 	removedAddrs []netip.Addr
 	linkRemoved  bool
+	// addrsChanged: the kernel reported a change of the node's addresses
+	// since they were last read.
+	addrsChanged bool
 }
 
 // New returns a Proxier. recorder may be nil (no Events).
@@ -439,6 +443,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.log.Info("initial list received", zap.Int("services", n))
 	p.watchRemovals(ctx)
+	p.watchNodeAddresses(ctx)
 	p.loop(ctx)
 	return nil
 }
@@ -459,6 +464,31 @@ func (p *Proxier) watchRemovals(ctx context.Context) {
 	if err != nil {
 		p.log.Warn("no kernel notifications of removed addresses; the periodic resync repairs them", zap.Error(err))
 	}
+}
+
+// watchNodeAddresses has the kernel tell the loop when the node's own
+// addresses change (a DHCP renewal, an address added by hand), so that
+// node ports and the node addresses the plans use follow at the next sync
+// instead of the periodic full one.
+func (p *Proxier) watchNodeAddresses(ctx context.Context) {
+	w, ok := p.links.(netlinkutil.NodeAddressWatcher)
+	if !ok {
+		return
+	}
+	err := w.WatchNodeAddresses(ctx, p.nodeAddressesChanged, func(err error) {
+		p.log.Warn("kernel notifications of node address changes lost; the periodic resync reads them", zap.Error(err))
+	}, netlinkutil.ProxyInterfaces(p.cfg.Interface)...)
+	if err != nil {
+		p.log.Warn("no kernel notifications of node address changes; the periodic resync reads them", zap.Error(err))
+	}
+}
+
+// nodeAddressesChanged makes the next sync re-read the node's addresses.
+func (p *Proxier) nodeAddressesChanged() {
+	p.mu.Lock()
+	p.addrsChanged = true
+	p.mu.Unlock()
+	p.kick()
 }
 
 // kernelRemoved records a removal the kernel reported and wakes the loop.
@@ -624,11 +654,20 @@ func (p *Proxier) SyncOnce(full bool) error {
 }
 
 // snapshot takes the changed Services (all on a rebuild) with their slices
-// and the node's facts; on a full sync it re-reads the node's addresses.
+// and the node's facts; on a full sync, or when the kernel reported a
+// change, it re-reads the node's addresses.
 func (p *Proxier) snapshot(full bool) (syncInputs, error) {
 	var err error
-	if full {
-		err = p.refreshNodeAddresses()
+	p.mu.Lock()
+	reread := full || p.addrsChanged
+	p.addrsChanged = false
+	p.mu.Unlock()
+	if reread {
+		if err = p.refreshNodeAddresses(); err != nil {
+			p.mu.Lock()
+			p.addrsChanged = true // read again at the next sync
+			p.mu.Unlock()
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -638,7 +677,7 @@ func (p *Proxier) snapshot(full bool) (syncInputs, error) {
 	rebuild := p.rebuild
 	p.rebuild = false
 	in := syncInputs{full: full, changed: p.dirty,
-		node: model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs}}
+		node: model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs, Addresses: p.nodeAll}}
 	p.dirty = map[types.NamespacedName]time.Time{}
 	names := make([]types.NamespacedName, 0, len(in.changed))
 	for n := range in.changed {
@@ -861,16 +900,21 @@ func (p *Proxier) record(start time.Time, st SyncStats, consumers time.Duration,
 // refreshNodeAddresses reads the node's addresses for node ports; a change
 // rebuilds every Service.
 func (p *Proxier) refreshNodeAddresses() error {
-	all, err := p.links.NodeAddresses(p.cfg.Interface)
+	all, err := p.links.NodeAddresses(netlinkutil.ProxyInterfaces(p.cfg.Interface)...)
 	if err != nil {
 		return fmt.Errorf("read node addresses: %w", err)
 	}
 	addrs := FilterNodePortAddresses(all, p.cfg.NodePortAddresses)
+	all = FilterNodePortAddresses(all, nil) // sorted, each once
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !slices.Equal(addrs, p.nodeAddrs) {
 		p.log.Info("node-port addresses", zap.Stringers("addresses", addrs))
 		p.nodeAddrs = addrs
+		p.rebuild = true
+	}
+	if !slices.Equal(all, p.nodeAll) {
+		p.nodeAll = all
 		p.rebuild = true
 	}
 	return nil

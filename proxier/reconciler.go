@@ -283,7 +283,7 @@ func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign
 		for _, n := range cl {
 			r.conflictChanged[n] = true
 		}
-		if v.Kind.Bound() {
+		if v.Bound() {
 			if r.wantAddr[v.Address] += sign; r.wantAddr[v.Address] <= 0 {
 				delete(r.wantAddr, v.Address)
 			}
@@ -814,7 +814,7 @@ func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership
 		}
 	}
 	reads++
-	if raw.node, err = links.NodeAddresses(own.Interface); err != nil {
+	if raw.node, err = links.NodeAddresses(netlinkutil.ProxyInterfaces(own.Interface)...); err != nil {
 		return raw, reads, fmt.Errorf("list node addresses: %w", err)
 	}
 	reads++
@@ -1028,6 +1028,9 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 			r.clearUDP(k, op.RealServer.RSKey)
 		case op.Kind == model.OpDeleteVirtualServer:
 			r.kernel.DeleteVirtualServer(k)
+			if k.Protocol == model.UDP {
+				r.clearUDP(k, model.RSKey{}) // its real servers went with it
+			}
 		}
 	}
 	for _, i := range unbinds {
@@ -1121,8 +1124,9 @@ func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]boo
 }
 
 // clearUDP deletes the conntrack entries of UDP flows to a real server just
-// removed, so that a client that keeps its source port reaches the
-// remaining ones instead of the old one's stale entry. A failure is logged,
+// removed (to every real server when rs is zero: the virtual server went),
+// so that a client that keeps its source port reaches the remaining ones
+// (or the virtual server programmed again) instead of the stale entry. A failure is logged,
 // not retried: the entries time out (--ipvs-udp-timeout) on their own.
 func (r *Reconciler) clearUDP(vs model.VSKey, rs model.RSKey) {
 	if r.conntrack == nil {
@@ -1151,7 +1155,7 @@ func planEqual(a, b model.ServicePlan) bool {
 	for i := range a.VirtualServers {
 		x, y := a.VirtualServers[i], b.VirtualServers[i]
 		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
-			x.Local != y.Local || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
+			x.Local != y.Local || x.NodeAddress != y.NodeAddress || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
 			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q model.RealServer) bool {
 				return p.RSKey == q.RSKey && p.Weight == q.Weight
 			}) {

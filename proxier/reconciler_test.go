@@ -641,6 +641,15 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 	r.SetPlan(svcA, plan(svcA, udp("10.0.2.2:53"), vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
 	mustSync(t, r, false)
 	callsDiff(t, "conntrack calls", []string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53"}, ct.Calls())
+
+	// The whole UDP virtual server goes (the Service deleted, its port
+	// renumbered): the entries of flows to it, whatever their real
+	// server, go too, or a client keeping its port stays stuck on them
+	// when the address and port serve again.
+	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
+	mustSync(t, r, false)
+	callsDiff(t, "conntrack calls after the UDP virtual server is deleted",
+		[]string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53", "ClearUDP 10.96.0.10:53/UDP *"}, ct.Calls())
 }
 
 // TestReconcilerFailingHolderStaysFailing: a failing Service drawn into a

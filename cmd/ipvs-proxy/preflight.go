@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/probe"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
@@ -597,6 +598,11 @@ func (p *preflight) wantedSysctls() []preflightSysctl {
 	var out []preflightSysctl
 	for _, s := range ipvsSysctls {
 		out = append(out, preflightSysctl{s.name, s.value, "run"})
+	}
+	if release, err := p.sys.sysctl("kernel/osrelease"); err == nil {
+		if v, set, err := netlinkutil.ConnReuseMode(release); err == nil && set {
+			out = append(out, preflightSysctl{netlinkutil.ConnReuseModeSysctl, v, "run"})
+		}
 	}
 	if p.cfg.ipv6 {
 		out = append(out, preflightSysctl{"net/ipv6/conf/all/forwarding", "1", "run"})

@@ -86,6 +86,8 @@ func newFakeNode() *fakeNode {
 	for _, s := range ipvsSysctls {
 		n.sysctls[s.name] = s.value
 	}
+	n.sysctls["kernel/osrelease"] = "5.4.0-150-generic" // before 5.9: run sets conn_reuse_mode=0
+	n.sysctls["net/ipv4/vs/conn_reuse_mode"] = "0"
 	n.sysctls["net/ipv6/conf/all/forwarding"] = "1"
 	n.sysctls["net/ipv4/conf/all/arp_ignore"] = "0"
 	n.sysctls["net/ipv4/conf/all/arp_announce"] = "0"
@@ -201,6 +203,16 @@ func TestPreflight(t *testing.T) {
 					"conntrack.maxPerCore: 32768; mode: iptables (ipvs-proxy programs IPVS whatever the mode)", "ipvs-proxy has no equivalent of these settings"},
 				"IPVS core": {status: statusOK},
 			},
+		},
+		{
+			name: "from kernel 5.9 conn_reuse_mode is left as the kernel sets it",
+			ok:   true,
+			node: func(n *fakeNode) {
+				n.sysctls["kernel/osrelease"] = "6.1.0-18-amd64"
+				n.sysctls["net/ipv4/vs/conn_reuse_mode"] = "1"
+			},
+			expect: map[string]expect{"sysctl net.ipv4.vs.conntrack": {status: statusOK}},
+			absent: []string{"sysctl net.ipv4.vs.conn_reuse_mode"},
 		},
 		{
 			name: "no IPVS",

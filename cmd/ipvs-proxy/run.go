@@ -83,15 +83,13 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 }
 
 // ipvsSysctls are the kernel settings IPVS needs, as kube-proxy sets them:
-// conntrack for IPVS connections so that iptables can masquerade them; no
-// reuse of a connection slot for a new connection from the same port (it
-// would skip the scheduler and stall 1 s); drop connections to a deleted
-// real server at once instead of black-holing them; expire persistence
-// templates of a quiescent real server; forward packets to backends.
+// conntrack for IPVS connections so that iptables can masquerade them; drop
+// connections to a deleted real server at once instead of black-holing them;
+// expire persistence templates of a quiescent real server; forward packets
+// to backends. conn_reuse_mode depends on the kernel (netlinkutil.ConnReuseMode).
 var ipvsSysctls = []struct{ name, value string }{
 	{"net/ipv4/ip_forward", "1"},
 	{"net/ipv4/vs/conntrack", "1"},
-	{"net/ipv4/vs/conn_reuse_mode", "0"},
 	{"net/ipv4/vs/expire_nodest_conn", "1"},
 	{"net/ipv4/vs/expire_quiescent_template", "1"},
 }
@@ -99,6 +97,13 @@ var ipvsSysctls = []struct{ name, value string }{
 func ensureSysctls(log *zap.Logger, ipv6 bool) error {
 	s := netlinkutil.Sysctls{Root: sysctlRoot()} // /host/proc/sys in the DaemonSet (container.go)
 	all := ipvsSysctls
+	if release, err := s.Get("kernel/osrelease"); err != nil {
+		return err
+	} else if v, set, err := netlinkutil.ConnReuseMode(release); err != nil {
+		return err
+	} else if set { // from kernel 5.9 the kernel's default stays (netlinkutil.ConnReuseMode)
+		all = append(all, struct{ name, value string }{netlinkutil.ConnReuseModeSysctl, v})
+	}
 	if ipv6 {
 		all = append(all, struct{ name, value string }{"net/ipv6/conf/all/forwarding", "1"})
 	}

@@ -412,7 +412,7 @@ func healthCheckAddresses(links netlinkutil.Links, cfg proxier.Config, log *zap.
 	if len(cfg.NodePortAddresses) == 0 {
 		return nil
 	}
-	all, err := links.NodeAddresses(cfg.Interface)
+	all, err := links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)
 	addrs := proxier.FilterNodePortAddresses(all, cfg.NodePortAddresses)
 	if err != nil || len(addrs) == 0 {
 		log.Warn("no node address matches --nodeport-addresses; health-check node ports listen on every address",

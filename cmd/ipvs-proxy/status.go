@@ -290,7 +290,8 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 		}
 	}
 
-	node := model.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: proxier.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses)}
+	node := model.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: proxier.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses),
+		Addresses: nodeAddrs}
 	// run falls back to the default scheduler for a Service whose
 	// scheduler the kernel cannot load: so does status.
 	unavailable := map[string]bool{}
@@ -381,7 +382,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (statusReport, error) {
 	rep := statusReport{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
 	// Node addresses first: node ports are built on them.
-	nodeAddrs, err := links.NodeAddresses(cfg.Interface)
+	nodeAddrs, err := links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)
 	if err != nil {
 		return rep, fmt.Errorf("read the kernel: %w", err)
 	}

@@ -247,6 +247,7 @@ func hitCmd(args []string, stdout io.Writer) error {
 	fs.IntVar(&c.N, "n", 1, "number of connections")
 	fs.DurationVar(&c.Timeout, "timeout", nettest.DefaultHitTimeout, "timeout of one connection")
 	fs.DurationVar(&c.Interval, "interval", 0, "pause between two connections")
+	fs.IntVar(&c.SourcePort, "source-port", 0, "local port of every connection (0: any); TCP ones end with a reset")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -273,6 +274,7 @@ func holdCmd(args []string, stdout io.Writer) error {
 	fs.StringVar(&c.Addr, "addr", "", "HOST:PORT to connect to")
 	fs.DurationVar(&c.Interval, "interval", 200*time.Millisecond, "pause between questions")
 	fs.DurationVar(&c.Timeout, "timeout", nettest.DefaultHitTimeout, "timeout of the connect and of each answer")
+	fs.IntVar(&c.SourcePort, "source-port", 0, "local port of the flow (0: any); a TCP flow ends with a reset")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -469,6 +469,8 @@ type Links struct {
 	// watcher's own included), held until Deliver.
 	watchers []linkWatcher
 	pending  []netlinkutil.Removal
+	// nodeWatchers are told of SetNodeAddresses at once.
+	nodeWatchers []func()
 }
 
 type linkWatcher struct {
@@ -478,9 +480,31 @@ type linkWatcher struct {
 }
 
 var (
-	_ netlinkutil.Links          = (*Links)(nil)
-	_ netlinkutil.RemovalWatcher = (*Links)(nil)
+	_ netlinkutil.Links              = (*Links)(nil)
+	_ netlinkutil.RemovalWatcher     = (*Links)(nil)
+	_ netlinkutil.NodeAddressWatcher = (*Links)(nil)
 )
+
+// WatchNodeAddresses implements netlinkutil.NodeAddressWatcher: changed
+// is called by SetNodeAddresses.
+func (l *Links) WatchNodeAddresses(_ context.Context, changed func(), _ func(error), _ ...string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.nodeWatchers = append(l.nodeWatchers, changed)
+	return nil
+}
+
+// SetNodeAddresses replaces the node's addresses (other than the dummy
+// links') and tells the watchers, as the kernel announces a change.
+func (l *Links) SetNodeAddresses(addrs ...netip.Addr) {
+	l.mu.Lock()
+	l.node = slices.Clone(addrs)
+	watchers := slices.Clone(l.nodeWatchers)
+	l.mu.Unlock()
+	for _, w := range watchers {
+		w()
+	}
+}
 
 // WatchRemovals implements netlinkutil.RemovalWatcher: the removals of
 // link are queued as they happen and handed to fn by Deliver.
@@ -658,15 +682,27 @@ func (l *Links) DeleteAddress(name string, a netip.Addr) error {
 	return nil
 }
 
-// NodeAddresses implements netlinkutil.Links: the node's addresses (the
-// dummy links' addresses are never included, as the proxy excludes them).
+// NodeAddresses implements netlinkutil.Links: the node's addresses and,
+// like the kernel's, those of every dummy link not named in exclude (in
+// link name order).
 func (l *Links) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.record("ListNodeAddresses"); err != nil {
 		return nil, err
 	}
-	return slices.Clone(l.node), nil
+	out := slices.Clone(l.node)
+	names := make([]string, 0, len(l.links))
+	for name := range l.links {
+		if !slices.Contains(exclude, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		out = append(out, l.sorted(name)...)
+	}
+	return out, nil
 }
 
 // Conntrack is a fake of netlinkutil.Conntrack that records its calls.
@@ -681,7 +717,11 @@ var _ netlinkutil.Conntrack = (*Conntrack)(nil)
 func (c *Conntrack) ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.calls = append(c.calls, Call(fmt.Sprintf("ClearUDP %s %s", vs, rs)))
+	to := rs.String()
+	if !rs.Address.IsValid() {
+		to = "*" // every real server
+	}
+	c.calls = append(c.calls, Call(fmt.Sprintf("ClearUDP %s %s", vs, to)))
 	return 0, nil
 }
 

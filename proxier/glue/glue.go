@@ -381,7 +381,7 @@ func (g *Glue) setError(id setID, err error) error {
 // entries of the Services with firewalled LoadBalancer IPs are recomputed
 // (the addresses decide the node's own access to them).
 func (g *Glue) refreshNodeAddresses(st *Stats) error {
-	all, err := g.links.NodeAddresses(g.cfg.Interface)
+	all, err := g.links.NodeAddresses(netlinkutil.ProxyInterfaces(g.cfg.Interface)...)
 	if err != nil {
 		return fmt.Errorf("read node addresses: %w", err)
 	}

@@ -150,7 +150,7 @@ func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 		if vs.Kind.External() && !vs.Local {
 			out.add(setExternal, fam, key)
 		}
-		if vs.Kind.Bound() {
+		if vs.Bound() {
 			out.add(setVIP, fam, ipset.Entry{Addr: vs.Address})
 		}
 		if vs.Kind == model.KindLoadBalancer {

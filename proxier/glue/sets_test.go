@@ -129,3 +129,23 @@ func TestServiceEntriesSourceRanges(t *testing.T) {
 		})
 	}
 }
+
+// TestServiceEntriesNodeAddress: an externalIP or LoadBalancer IP that is
+// one of the node's addresses is a Service virtual server (accepted,
+// masqueraded) but not in the VIP set: the VIP protection must not refuse
+// the node's other ports on it.
+func TestServiceEntriesNodeAddress(t *testing.T) {
+	ext := vs(model.KindExternalIP, "10.0.2.15", tcp, 80, "10.100.1.2:8080")
+	ext.NodeAddress = true
+	lb := vs(model.KindLoadBalancer, "10.0.3.15", tcp, 80, "10.100.1.2:8080")
+	lb.NodeAddress = true
+	plan := &model.ServicePlan{Service: types.NamespacedName{Namespace: "ns", Name: "a"}, VirtualServers: []model.VSPlan{ext, lb}}
+	want := []string{
+		"IPVSP-EXTERNAL: 10.0.2.15,tcp:80 10.0.3.15,tcp:80",
+		"IPVSP-HAIRPIN: 10.100.1.2,tcp:8080,10.100.1.2",
+		"IPVSP-SERVICE: 10.0.2.15,tcp:80 10.0.3.15,tcp:80",
+	}
+	if diff := cmp.Diff(want, ServiceEntries(plan, nil).render()); diff != "" {
+		t.Errorf("entries (-want +got):\n%s", diff)
+	}
+}

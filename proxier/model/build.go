@@ -147,7 +147,7 @@ type planBuilder struct {
 
 	sourceRanges        []netip.Prefix
 	healthCheckNodePort uint16
-	localAddrs          map[netip.Addr]bool // usable endpoints on this node
+	localAddrs          map[netip.Addr]bool // ready endpoints on this node
 }
 
 func (b *planBuilder) warn(format string, args ...any) {
@@ -574,11 +574,25 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 	if a.kind == KindLoadBalancer {
 		b.vss[len(b.vss)-1].SourceRanges = b.sourceRanges
 	}
+	if a.kind == KindExternalIP || a.kind == KindLoadBalancer {
+		b.vss[len(b.vss)-1].NodeAddress = b.isNodeAddress(a.addr)
+	}
 	if local && a.kind.External() {
+		// The health check counts ready endpoints only (kube-proxy's
+		// rule): the serving-terminating fallback still routes here, but
+		// load balancers are told to drain the node.
 		for _, c := range selected {
-			b.localAddrs[c.key.Address] = true
+			if c.ready {
+				b.localAddrs[c.key.Address] = true
+			}
 		}
 	}
+}
+
+// isNodeAddress reports whether a is one of the node's own addresses.
+func (b *planBuilder) isNodeAddress(a netip.Addr) bool {
+	is := func(n netip.Addr) bool { return n.Unmap() == a }
+	return slices.ContainsFunc(b.node.Addresses, is) || slices.ContainsFunc(b.node.NodePortAddresses, is)
 }
 
 // localOnly reports whether the traffic policy for this kind of address is

@@ -237,6 +237,13 @@ func local(v model.VSPlan) model.VSPlan {
 	return v
 }
 
+// onNode marks an expected virtual server as one on the node's own
+// address (not bound, not protected).
+func onNode(v model.VSPlan) model.VSPlan {
+	v.NodeAddress = true
+	return v
+}
+
 // ranges sets the expected loadBalancerSourceRanges of a virtual server.
 func ranges(v model.VSPlan, cidrs ...string) model.VSPlan {
 	for _, c := range cidrs {
@@ -259,6 +266,9 @@ const (
 var testNode = model.NodeInfo{
 	Name: "node-a", Zone: "zone-a",
 	NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("2001:db8::10")},
+	// Every address of the node: 192.168.2.20 serves no node port
+	// (outside --nodeport-addresses) but is the node's all the same.
+	Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("192.168.2.20"), netip.MustParseAddr("2001:db8::10")},
 }
 
 var testCfg = model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}}
@@ -530,6 +540,24 @@ func TestBuild(t *testing.T) {
 			want: sched("mh", model.FlagSched2, 0, vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 
+		{
+			// An operator's externalIP or a controller's ingress IP that is
+			// one of the node's addresses: programmed, but never bound to
+			// the proxy's interface nor protected (the node's other ports
+			// on that address must keep working).
+			name: "externalIP and load balancer IP equal to node addresses",
+			svc: svc(typ(corev1.ServiceTypeLoadBalancer), ports(port("http", "TCP", 80, 30080)),
+				externalIPs("192.168.1.10", "203.0.113.5"), ingress(lbIP("192.168.2.20"))),
+			slices: slices(slice4("web-1", http8080, ep("10.1.0.1"))),
+			want: vss(
+				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080"),
+				onNode(vs(eip, "192.168.1.10:80", tcp, "http", "10.1.0.1:8080")),
+				vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080"),
+				onNode(vs(lb, "192.168.2.20:80", tcp, "http", "10.1.0.1:8080")),
+				vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.1:8080"),
+			),
+		},
+
 		// ---- traffic policies ----
 		{
 			name: "externalTrafficPolicy Local: external kinds use local endpoints, cluster IP all",
@@ -555,7 +583,10 @@ func TestBuild(t *testing.T) {
 			),
 		},
 		{
-			name: "externalTrafficPolicy Local: local serving-terminating when no local ready",
+			// The fallback still routes to the serving-terminating
+			// endpoint, but the health check counts ready endpoints only
+			// (as kube-proxy), so that load balancers drain the node.
+			name: "externalTrafficPolicy Local: local serving-terminating when no local ready; not counted for the health check",
 			svc:  svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", on("node-a"), terminating), ep("10.1.0.2", on("node-b")))),
@@ -563,7 +594,7 @@ func TestBuild(t *testing.T) {
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080@0", "10.1.0.2:8080"),
 				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080")),
 			),
-			localEndpoints: 1,
+			localEndpoints: 0,
 		},
 		{
 			name: "externalTrafficPolicy Local: a local terminating endpoint drains beside a local ready one",

@@ -60,7 +60,7 @@ func Assign(plans []*ServicePlan, own Ownership) (Desired, []Conflict) {
 			if own.Excluded(vs.Address) {
 				continue
 			}
-			if vs.Kind.Bound() {
+			if vs.Bound() {
 				d.Addresses[vs.Address] = true
 			}
 			h, taken := holder[vs.VSKey]

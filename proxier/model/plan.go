@@ -46,7 +46,22 @@ type VSPlan struct {
 	// SourceRanges are the Service's loadBalancerSourceRanges, on
 	// KindLoadBalancer virtual servers only; empty allows every source.
 	SourceRanges []netip.Prefix
+	// NodeAddress is set on an externalIP or LoadBalancer virtual server
+	// whose address is one of the node's own (NodeInfo.Addresses): an
+	// operator's externalIP or a controller's ingress IP naming a node.
+	// It is programmed, but its address is neither bound to the proxy's
+	// interface nor protected (see Bound).
+	NodeAddress bool
 }
+
+// Bound reports whether the virtual server's address is bound to the
+// proxy's dummy interface and protected (new connections to its other
+// ports refused): Service addresses are, node addresses are not (node
+// ports, and externalIP or LoadBalancer IPs that are node addresses:
+// binding one would move the node's address to the dummy interface, and
+// the protection would refuse sshd, the kubelet and every other port of
+// it).
+func (v VSPlan) Bound() bool { return v.Kind.Bound() && !v.NodeAddress }
 
 // ServicePlan is everything one Kubernetes Service asks of the kernel. It is
 // plain data, built by Build, compared with go-cmp in tests and diffed
@@ -65,8 +80,10 @@ type ServicePlan struct {
 	// HealthCheckNodePort is the Service's healthCheckNodePort (a
 	// LoadBalancer Service with externalTrafficPolicy Local), 0 if none.
 	HealthCheckNodePort uint16
-	// LocalEndpoints counts the distinct usable endpoint addresses on this
-	// node (for the health check of externalTrafficPolicy Local).
+	// LocalEndpoints counts the distinct ready endpoint addresses on this
+	// node (for the health check of externalTrafficPolicy Local): the
+	// serving-terminating fallback is not counted, so that load balancers
+	// drain the node while its last endpoints shut down.
 	LocalEndpoints int
 }
 
@@ -78,6 +95,10 @@ type NodeInfo struct {
 	// NodePortAddresses are the addresses node ports listen on, already
 	// filtered by --nodeport-addresses.
 	NodePortAddresses []netip.Addr
+	// Addresses are all the node's own addresses (every link but loopback
+	// and the proxies' dummy interfaces, whatever --nodeport-addresses
+	// says): an externalIP or LoadBalancer IP among them is not bound.
+	Addresses []netip.Addr
 }
 
 // BuildConfig is the part of the configuration that shapes plans.

@@ -50,6 +50,9 @@ type HitConfig struct {
 	// Interval is the pause between two attempts (0: none), for steady
 	// traffic over a while rather than a burst.
 	Interval time.Duration
+	// SourcePort, when not 0, is the local port of every attempt: a client
+	// that reuses its source port (see dialFrom).
+	SourcePort int
 }
 
 // HitResult counts the answers of a Hit.
@@ -115,7 +118,7 @@ func Hit(ctx context.Context, c HitConfig) (HitResult, error) {
 			break
 		}
 		began := time.Since(res.Started)
-		line, err := attempt(ctx, c.Netns, c.Proto, c.Addr, timeout)
+		line, err := attempt(ctx, c.Netns, c.Proto, c.Addr, c.SourcePort, timeout)
 		if err != nil && ctx.Err() != nil {
 			// Cut short by the stop: not a failed connection.
 			res.Errors = append(res.Errors, fmt.Sprintf("%s: stopped after %d of %d attempts: %v", ErrOther, i, c.N, ctx.Err()))
@@ -144,14 +147,13 @@ type netnsError struct{ err error }
 
 func (e *netnsError) Error() string { return e.err.Error() }
 
-func attempt(ctx context.Context, ns, proto, addr string, timeout time.Duration) (string, error) {
+func attempt(ctx context.Context, ns, proto, addr string, sourcePort int, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var conn net.Conn
 	var dialErr error
 	if err := Do(ns, func() error {
-		var d net.Dialer
-		conn, dialErr = d.DialContext(ctx, proto, addr)
+		conn, dialErr = dialFrom(ctx, net.Dialer{}, proto, addr, sourcePort)
 		return nil
 	}); err != nil {
 		return "", &netnsError{err}
@@ -203,4 +205,40 @@ func classify(err error) string {
 		return ErrClosed
 	}
 	return ErrOther
+}
+
+// dialFrom dials from a fixed local port when sourcePort is not 0: the
+// socket has SO_REUSEADDR, and a TCP connection is closed with a reset
+// (SO_LINGER 0), so that no TIME_WAIT holds the port and the next dial from
+// it reaches the same 4-tuple again at once, as a client that reuses its
+// source ports does. Port 0 dials as usual.
+func dialFrom(ctx context.Context, d net.Dialer, proto, addr string, sourcePort int) (net.Conn, error) {
+	if sourcePort == 0 {
+		return d.DialContext(ctx, proto, addr)
+	}
+	if proto == "udp" {
+		d.LocalAddr = &net.UDPAddr{Port: sourcePort}
+	} else {
+		d.LocalAddr = &net.TCPAddr{Port: sourcePort}
+	}
+	d.Control = func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}
+	conn, err := d.DialContext(ctx, proto, addr)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		if err := tc.SetLinger(0); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("set SO_LINGER 0: %w", err)
+		}
+	}
+	return conn, nil
 }

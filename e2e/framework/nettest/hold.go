@@ -26,6 +26,9 @@ type HoldConfig struct {
 	// Timeout bounds the connect and each answer; 0 means
 	// DefaultHitTimeout.
 	Timeout time.Duration
+	// SourcePort, when not 0, is the flow's local port; a TCP flow then
+	// ends with a reset, leaving the port free at once (see dialFrom).
+	SourcePort int
 }
 
 // udpResend is how long a UDP flow waits for an answer before it sends
@@ -62,8 +65,7 @@ func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 	var conn net.Conn
 	var dialErr error
 	if err := Do(c.Netns, func() error {
-		d := net.Dialer{Timeout: timeout}
-		conn, dialErr = d.DialContext(ctx, proto, c.Addr)
+		conn, dialErr = dialFrom(ctx, net.Dialer{Timeout: timeout}, proto, c.Addr, c.SourcePort)
 		return nil
 	}); err != nil {
 		return err

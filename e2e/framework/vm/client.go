@@ -180,6 +180,9 @@ func (v *VM) Hit(ctx context.Context, c nettest.HitConfig) (nettest.HitResult, e
 	if c.Timeout > 0 {
 		argv = append(argv, "--timeout", c.Timeout.String())
 	}
+	if c.SourcePort != 0 {
+		argv = append(argv, "--source-port", strconv.Itoa(c.SourcePort))
+	}
 	var res nettest.HitResult
 	out, err := v.RunOK(ctx, argv...)
 	if err != nil {

@@ -1,0 +1,150 @@
+package proxier
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// TestTakeoverNodePortsSkipKubeProxyVIPs: while a node is taken over from
+// kube-proxy, kube-ipvs0 still holds kube-proxy's VIPs; they are Service
+// addresses, not the node's, so no node port gets a virtual server on them
+// (<clusterIP>:<nodePort> could collide with a real Service port).
+func TestTakeoverNodePortsSkipKubeProxyVIPs(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	for _, err := range []error{
+		links.EnsureDummy(netlinkutil.KubeProxyInterface),
+		links.AddAddress(netlinkutil.KubeProxyInterface, netip.MustParseAddr("10.96.0.10")),
+		links.AddAddress(netlinkutil.KubeProxyInterface, netip.MustParseAddr("10.96.0.99")),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute,
+		AdoptInterface: netlinkutil.KubeProxyInterface},
+		nil, ipvs, links, nil, nil, zap.NewNop())
+	svc := testService("web", "10.96.0.10", "rr")
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	svc.Spec.Ports[0].NodePort = 30080
+	p.onService(svc, false)
+	p.onSlice(testSlice("web", "10.0.1.2"), false)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "192.168.0.10:30080/TCP rr", "  -> 10.0.1.2:8080 w=1"}
+	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
+		t.Errorf("kernel during the takeover (-want +got):\n%s", diff)
+	}
+}
+
+// TestExternalIPOnNodeAddress: a Service whose externalIP is the node's
+// own address gets its virtual server, but the address is not bound to
+// the proxy's interface (the node keeps it; its other ports keep working).
+func TestExternalIPOnNodeAddress(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute},
+		nil, ipvs, links, nil, nil, zap.NewNop())
+	svc := testService("web", "10.96.0.10", "rr")
+	svc.Spec.ExternalIPs = []string{node.String(), "203.0.113.5"}
+	p.onService(svc, false)
+	p.onSlice(testSlice("web", "10.0.1.2"), false)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "192.168.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1",
+		"203.0.113.5:80/TCP rr", "  -> 10.0.1.2:8080 w=1"}
+	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
+		t.Errorf("kernel (-want +got):\n%s", diff)
+	}
+	bound := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("203.0.113.5")}
+	if diff := cmp.Diff(bound, links.Addresses(testIface), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("addresses on %s (-want +got):\n%s", testIface, diff)
+	}
+
+	// Deleting the Service deletes its virtual server on the node address.
+	p.onService(svc, true)
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	if d := ipvs.Dump(); len(d) != 0 {
+		t.Errorf("kernel after the Service is deleted: %v", d)
+	}
+}
+
+// TestZoneChangeRebuildsAtOnce: the node's zone label comes from Node
+// events, not from the periodic full sync: a relabelled Node re-routes
+// zone-hinted Services at the next partial sync.
+func TestZoneChangeRebuildsAtOnce(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Hour},
+		nil, ipvs, links, nil, nil, zap.NewNop())
+	nodeIn := func(zone string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{corev1.LabelTopologyZone: zone}}}
+	}
+	sl := testSlice("web", "10.0.1.2")
+	sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.2.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	sl.Endpoints[0].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
+	sl.Endpoints[1].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-b"}}}
+	p.onNode(nodeIn("zone-a"), false)
+	p.onService(testService("web", "10.96.0.10", "rr"), false)
+	p.onSlice(sl, false)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1"}, ipvs.Dump()); diff != "" {
+		t.Errorf("in zone-a (-want +got):\n%s", diff)
+	}
+	p.onNode(nodeIn("zone-b"), false)
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"10.96.0.10:80/TCP rr", "  -> 10.0.2.2:8080 w=1"}, ipvs.Dump()); diff != "" {
+		t.Errorf("after the Node moved to zone-b, a partial sync (-want +got):\n%s", diff)
+	}
+}
+
+// TestNodeAddressChangeFollowedAtOnce: when the kernel reports a change of
+// the node's addresses, the next partial sync moves the node ports, not
+// the periodic full sync.
+func TestNodeAddressChangeFollowedAtOnce(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Hour},
+		nil, ipvs, links, nil, nil, zap.NewNop())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p.watchNodeAddresses(ctx)
+	svc := testService("web", "10.96.0.10", "rr")
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	svc.Spec.Ports[0].NodePort = 30080
+	p.onService(svc, false)
+	p.onSlice(testSlice("web", "10.0.1.2"), false)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	links.SetNodeAddresses(netip.MustParseAddr("192.168.0.20"))
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "192.168.0.20:30080/TCP rr", "  -> 10.0.1.2:8080 w=1"}
+	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
+		t.Errorf("after the node's address changed, a partial sync (-want +got):\n%s", diff)
+	}
+}
