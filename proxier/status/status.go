@@ -1,4 +1,7 @@
-package main
+// Package status is `ipvs-proxy status`: the virtual servers ipvs-proxy
+// owns on this node, by Service, and the drift between what the Services
+// want (built as run builds it) and the kernel.
+package status
 
 import (
 	"cmp"
@@ -6,17 +9,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +27,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -109,47 +109,6 @@ type statusDrift struct {
 	Detail        string `json:"detail"`
 }
 
-// statusAgent is what the agent on this node says of its Services.
-type statusAgent struct {
-	Available bool   `json:"available"`
-	Error     string `json:"error,omitempty"`
-	// Services are those whose writes fail or that lost a conflict.
-	Services []agentServiceStatus `json:"services,omitempty"`
-}
-
-// agentStatus reads the agent's /statusz on its metrics address.
-func agentStatus(ctx context.Context, metricsAddr string) statusAgent {
-	if strings.TrimSpace(metricsAddr) == "" {
-		return statusAgent{Error: "no --metrics-bind-address: the agent's status is not served"}
-	}
-	host, port, err := net.SplitHostPort(strings.TrimSpace(metricsAddr))
-	if err != nil {
-		return statusAgent{Error: fmt.Sprintf("--metrics-bind-address %q: %v", metricsAddr, err)}
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "127.0.0.1"
-	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/statusz", nil)
-	if err != nil {
-		return statusAgent{Error: err.Error()}
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return statusAgent{Error: fmt.Sprintf("the agent does not answer: %v", err)}
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return statusAgent{Error: fmt.Sprintf("the agent's /statusz answered %s", resp.Status)}
-	}
-	var body statuszBody
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&body); err != nil {
-		return statusAgent{Error: fmt.Sprintf("the agent's /statusz: %v", err)}
-	}
-	return statusAgent{Available: true, Services: body.Services}
-}
-
 // statusConflict is a virtual server that two Services want: the older
 // one holds it (as run decides).
 type statusConflict struct {
@@ -165,8 +124,8 @@ type statusAPI struct {
 	Services  int    `json:"services"`
 }
 
-// statusReport is what `ipvs-proxy status` prints.
-type statusReport struct {
+// Report is what `ipvs-proxy status` prints.
+type Report struct {
 	Node      string    `json:"node"`
 	Interface string    `json:"interface"`
 	API       statusAPI `json:"api"`
@@ -178,65 +137,15 @@ type statusReport struct {
 	// ipvs-proxy does not own (and leaves alone).
 	OtherVirtualServers int `json:"otherVirtualServers"`
 	// Agent is the running agent's per-Service status, from its /statusz.
-	Agent     statusAgent      `json:"agent"`
-	Conflicts []statusConflict `json:"conflicts,omitempty"`
-	Warnings  []string         `json:"warnings,omitempty"`
+	Agent     opsserver.AgentStatus `json:"agent"`
+	Conflicts []statusConflict      `json:"conflicts,omitempty"`
+	Warnings  []string              `json:"warnings,omitempty"`
 }
 
-func newStatusCommand() *cobra.Command {
-	var of *optionFlags
-	var output string
-	var timeout time.Duration
-	cmd := &cobra.Command{
-		Use:   "status",
-		Short: "Show the virtual servers ipvs-proxy owns, by Service, and any drift from what the Services want",
-		Long: `Show what the kernel holds for ipvs-proxy: every virtual server it owns (by
-the same rule as run), with its Service (namespace/name:port), kind, scheduler
-and real servers (weights, active and inactive connections), and the drift
-between what the Services want (computed as run computes it, from the API) and
-the kernel. Without API access it shows the kernel's view with no names.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, cfg, _, err := of.resolveReport(output)
-			if err != nil {
-				return err
-			}
-			ipvs, err := netlinkutil.NewIPVS()
-			if err != nil {
-				return fmt.Errorf("read the kernel: %w", err)
-			}
-			defer ipvs.Close()
-			links, err := netlinkutil.NewLinks()
-			if err != nil {
-				return fmt.Errorf("read the kernel: %w", err)
-			}
-			var client kubernetes.Interface
-			var apiErr error
-			if o.Kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
-				apiErr = errNoAPI
-			} else {
-				client, apiErr = kubeClient(o.Kubeconfig)
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			rep, err := collectStatus(ctx, cfg, ipvs, links, client, apiErr, schedulerMissing())
-			if err != nil {
-				return err
-			}
-			rep.Agent = agentStatus(cmd.Context(), o.MetricsBindAddress)
-			return writeStatus(cmd.OutOrStdout(), rep, output)
-		},
-	}
-	of = newOptionFlags(cmd.Flags())
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format: table or json.")
-	cmd.Flags().DurationVar(&timeout, "api-timeout", 30*time.Second, "Time allowed for reading Services and EndpointSlices from the API.")
-	return cmd
-}
-
-// schedulerMissing tells, from the node's modules, whether the kernel
+// SchedulerMissing tells, from the node's modules, whether the kernel
 // cannot load a scheduler (nil when modules cannot be read: then none is
 // taken as missing).
-func schedulerMissing() func(string) bool {
+func SchedulerMissing() func(string) bool {
 	mods, err := kmod.NewChecker()
 	if err != nil || !mods.ModuleSupport() {
 		return nil
@@ -254,12 +163,12 @@ func schedulerMissing() func(string) bool {
 // Services read and warnings.
 func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr,
 	schedulerMissing func(string) bool) (model.Desired, []model.Conflict, map[model.VSKey]string, int, []string, error) {
-	services, err := listServices(ctx, client)
+	services, err := proxier.ListServices(ctx, client)
 	if err != nil {
 		return model.Desired{}, nil, nil, 0, nil, err
 	}
 	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
-	opts := metav1.ListOptions{LabelSelector: serviceSelector, Limit: 500}
+	opts := metav1.ListOptions{LabelSelector: proxier.ServiceSelector, Limit: 500}
 	for {
 		list, err := client.DiscoveryV1().EndpointSlices("").List(ctx, opts)
 		if err != nil {
@@ -374,12 +283,12 @@ func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkuti
 	return k, others, nil
 }
 
-// collectStatus reads the kernel and, with a client, the Services, and
+// Collect reads the kernel and, with a client, the Services, and
 // joins them; drift is the operations run's next full sync would make
 // (model.Diff). apiErr, when set, is why there is no client.
-func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
-	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (statusReport, error) {
-	rep := statusReport{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
+func Collect(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
+	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (Report, error) {
+	rep := Report{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
 	// Node addresses first: node ports are built on them.
 	nodeAddrs, err := links.NodeAddresses(cfg.Interface)
 	if err != nil {
@@ -393,7 +302,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 		want, conflicts, labels, n, rep.Warnings, apiErr = desiredState(ctx, client, cfg, nodeAddrs, schedulerMissing)
 		rep.API.Services = n
 	} else if apiErr == nil {
-		apiErr = errNoAPI
+		apiErr = proxier.ErrNoAPI
 	}
 	if apiErr != nil {
 		want = model.Desired{VirtualServers: map[model.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
@@ -473,7 +382,7 @@ func newStatusVS(k model.VSKey, vs model.VirtualServer) *statusVirtualServer {
 
 // addDrift records one operation of the diff as drift, on the report and
 // on its virtual server and real server rows.
-func (r *statusReport) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.Op) {
+func (r *Report) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.Op) {
 	kind := driftKinds[op.Kind]
 	if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
 		detail := "wanted, not bound to the interface"
@@ -545,8 +454,8 @@ func flagNames(vs model.VirtualServer) []string {
 	return out
 }
 
-// writeStatus prints the report as a table or JSON.
-func writeStatus(w io.Writer, rep statusReport, output string) error {
+// Write prints the report as a table or JSON.
+func Write(w io.Writer, rep Report, output string) error {
 	if output == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
