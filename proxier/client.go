@@ -7,7 +7,9 @@ import (
 	"os"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -76,6 +78,29 @@ func ListServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Se
 		out = append(out, list.Items...)
 		if opts.Continue = list.Continue; opts.Continue == "" {
 			return out, nil
+		}
+	}
+}
+
+// ListEndpointSlices lists the EndpointSlices of the Services the proxier
+// serves (ServiceSelector), in pages, by Service.
+func ListEndpointSlices(ctx context.Context, client kubernetes.Interface) (map[types.NamespacedName][]*discoveryv1.EndpointSlice, error) {
+	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
+	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: 500}
+	for {
+		list, err := client.DiscoveryV1().EndpointSlices("").List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list EndpointSlices: %w", err)
+		}
+		for i := range list.Items {
+			s := &list.Items[i]
+			if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
+				n := types.NamespacedName{Namespace: s.Namespace, Name: svc}
+				slicesOf[n] = append(slicesOf[n], s)
+			}
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return slicesOf, nil
 		}
 	}
 }

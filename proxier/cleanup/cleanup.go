@@ -69,7 +69,7 @@ func Run(ctx context.Context, o *Options, out io.Writer) error {
 		say("ipvs: skipped (%v)", err)
 	} else {
 		for _, iface := range ifaces {
-			own := model.Ownership{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}
+			own := proxier.Config{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}.Ownership()
 			n, err := cleanupVirtualServers(ipvs, links, own)
 			if err != nil {
 				errs = append(errs, err)

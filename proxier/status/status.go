@@ -17,7 +17,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -156,34 +155,19 @@ func SchedulerMissing() func(string) bool {
 	}
 }
 
-// desiredState lists the Services and EndpointSlices, builds their plans
-// as run does, and decides who holds each virtual server by run's rule
-// (model.Assign). It returns the desired state, the conflicts, a label
-// (namespace/name:port) for each wanted virtual server, the number of
-// Services read and warnings.
+// desiredState lists the Services and EndpointSlices and builds the
+// desired state from them as run does (proxier.DesiredState). It returns
+// the desired state, the conflicts, a label (namespace/name:port) for each
+// wanted virtual server, the number of Services read and warnings.
 func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr,
 	schedulerMissing func(string) bool) (model.Desired, []model.Conflict, map[model.VSKey]string, int, []string, error) {
 	services, err := proxier.ListServices(ctx, client)
 	if err != nil {
 		return model.Desired{}, nil, nil, 0, nil, err
 	}
-	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
-	opts := metav1.ListOptions{LabelSelector: proxier.ServiceSelector, Limit: 500}
-	for {
-		list, err := client.DiscoveryV1().EndpointSlices("").List(ctx, opts)
-		if err != nil {
-			return model.Desired{}, nil, nil, 0, nil, fmt.Errorf("list EndpointSlices: %w", err)
-		}
-		for i := range list.Items {
-			s := &list.Items[i]
-			if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
-				n := types.NamespacedName{Namespace: s.Namespace, Name: svc}
-				slicesOf[n] = append(slicesOf[n], s)
-			}
-		}
-		if opts.Continue = list.Continue; opts.Continue == "" {
-			break
-		}
+	slicesOf, err := proxier.ListEndpointSlices(ctx, client)
+	if err != nil {
+		return model.Desired{}, nil, nil, 0, nil, err
 	}
 	var warnings []string
 	zone := ""
@@ -210,22 +194,12 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 			}
 		}
 	}
-	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: cfg.IPv4, IPv6: cfg.IPv6, ExcludeCIDRs: cfg.ExcludeCIDRs,
-		Unavailable: unavailable}
-	var plans []*model.ServicePlan
-	for i := range services {
-		svc := &services[i]
-		if model.Skip(svc) {
-			continue
-		}
-		plan := model.Build(svc, slicesOf[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}], node, bcfg)
+	want, conflicts, plans := proxier.DesiredState(cfg, cfg.Planner(unavailable), services, slicesOf, node)
+	for _, plan := range plans {
 		for _, w := range plan.Warnings {
 			warnings = append(warnings, plan.Service.String()+": "+w)
 		}
-		plans = append(plans, &plan)
 	}
-	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
-	want, conflicts := model.Assign(plans, own)
 	byName := map[types.NamespacedName]*corev1.Service{}
 	for i := range services {
 		byName[types.NamespacedName{Namespace: services[i].Namespace, Name: services[i].Name}] = &services[i]
@@ -256,7 +230,10 @@ func servicePortLabel(svc *corev1.Service, portName string) string {
 // server's real servers (one bulk read), and counts the others' virtual
 // servers.
 func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links, want model.Desired) (*model.Kernel, int, error) {
-	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	own := cfg.Ownership()
+	// What ipvs-proxy itself holds: not what a takeover adopts from
+	// kube-proxy's interface (as before the rule was written once).
+	own.Adopt = ""
 	k, others, _, err := proxier.ReadKernel(ipvs, links, own, func(key model.VSKey) bool {
 		_, ok := want.VirtualServers[key]
 		return ok

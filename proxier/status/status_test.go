@@ -97,7 +97,7 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 	t.Helper()
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(stNodeAddr)
 	cfg := statusConfig()
-	rec := proxier.NewReconciler(ipvs, links, proxier.ReconcilerConfig{Ownership: model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}}, zap.NewNop())
+	rec := proxier.NewReconciler(ipvs, links, proxier.ReconcilerConfig{Ownership: cfg.Ownership()}, zap.NewNop())
 	node := model.NodeInfo{Name: cfg.NodeName, NodePortAddresses: []netip.Addr{stNodeAddr}}
 	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true, ExcludeCIDRs: cfg.ExcludeCIDRs}
 	slicesOf := map[string][]*discoveryv1.EndpointSlice{}
