@@ -77,59 +77,26 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	ipvs, links := hook.IPVS(realIPVS), hook.Links(realLinks)
-	if err := sysctls.Ensure(log, cfg.IPv6); err != nil {
-		return err
-	}
-	if err := sysctls.EnsureStrictARP(log, o.StrictARP); err != nil {
-		return err
-	}
-	gcfg, err := o.GlueConfig(cfg)
-	if err != nil {
-		return err
-	}
-	g, closeSets, err := glue.Open(gcfg, o.IPTablesBackend, links, hook.Sets, log)
+	g, closeSets, err := prepareKernel(o, cfg, timeouts, ipvs, links, hook, log)
 	if err != nil {
 		return err
 	}
 	defer closeSets()
-	if timeouts != (netlinkutil.Timeouts{}) {
-		if err := ipvs.SetTimeouts(timeouts); err != nil {
-			return err
-		}
-		log.Info("set IPVS timeouts", zap.Duration("tcp", timeouts.TCP), zap.Duration("tcpfin", timeouts.TCPFin), zap.Duration("udp", timeouts.UDP))
-	}
-	if err := links.EnsureDummy(cfg.Interface); err != nil {
-		return err
-	}
 
 	client, err := proxier.NewClient(o.Kubeconfig, userAgent())
 	if err != nil {
 		return err
 	}
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ipvs-proxy", Host: cfg.NodeName})
+	recorder, stopEvents := eventRecorder(ctx, client, cfg.NodeName)
+	defer stopEvents()
 
 	metrics := proxier.NewMetrics(reg)
 	p := proxier.New(cfg, client, ipvs, links, recorder, metrics, log)
-	if ct, err := netlinkutil.NewConntrack(); err != nil {
-		log.Warn("no conntrack cleanup for removed UDP real servers", zap.Error(err))
-	} else {
-		p.SetConntrack(ct)
-	}
-	// The periodic resync reads the kernel off the sync loop, on handles
-	// of its own (reads are never faulted: no wrapping).
-	readIPVS, err := netlinkutil.NewIPVS()
+	closeReaders, err := addKernelReaders(p, log)
 	if err != nil {
 		return err
 	}
-	defer readIPVS.Close()
-	readLinks, err := netlinkutil.NewLinks()
-	if err != nil {
-		return err
-	}
-	p.SetResyncReader(readIPVS, readLinks)
+	defer closeReaders()
 	p.AddConsumer(g)
 	if o.TakeoverKubeProxy {
 		p.AddFinisher("take over from kube-proxy", cleanup.KubeProxyLeftovers(links, log))
@@ -140,6 +107,70 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	}
 	defer stopOps()
 	return p.Run(ctx)
+}
+
+// prepareKernel sets the sysctls and IPVS timeouts run needs, creates the
+// interface and opens the iptables glue (hook wraps its sets); closeSets
+// releases the glue's netlink socket.
+func prepareKernel(o *config.Options, cfg proxier.Config, timeouts netlinkutil.Timeouts, ipvs netlinkutil.IPVS, links netlinkutil.Links,
+	hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
+	if err := sysctls.Ensure(log, cfg.IPv6); err != nil {
+		return nil, nil, err
+	}
+	if err := sysctls.EnsureStrictARP(log, o.StrictARP); err != nil {
+		return nil, nil, err
+	}
+	gcfg, err := o.GlueConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	g, closeSets, err = glue.Open(gcfg, o.IPTablesBackend, links, hook.Sets, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	if timeouts != (netlinkutil.Timeouts{}) {
+		if err := ipvs.SetTimeouts(timeouts); err != nil {
+			closeSets()
+			return nil, nil, err
+		}
+		log.Info("set IPVS timeouts", zap.Duration("tcp", timeouts.TCP), zap.Duration("tcpfin", timeouts.TCPFin), zap.Duration("udp", timeouts.UDP))
+	}
+	if err := links.EnsureDummy(cfg.Interface); err != nil {
+		closeSets()
+		return nil, nil, err
+	}
+	return g, closeSets, nil
+}
+
+// eventRecorder records Events on the API as this node's ipvs-proxy; stop
+// flushes and ends it.
+func eventRecorder(ctx context.Context, client kubernetes.Interface, node string) (_ record.EventRecorder, stop func()) {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ipvs-proxy", Host: node}), broadcaster.Shutdown
+}
+
+// addKernelReaders gives the proxier its conntrack handle (without one,
+// removed UDP real servers keep their entries) and the handles of its
+// periodic resync, which reads the kernel off the sync loop on handles of
+// its own (reads are never faulted: no wrapping); closeReaders closes them.
+func addKernelReaders(p *proxier.Proxier, log *zap.Logger) (closeReaders func(), err error) {
+	if ct, err := netlinkutil.NewConntrack(); err != nil {
+		log.Warn("no conntrack cleanup for removed UDP real servers", zap.Error(err))
+	} else {
+		p.SetConntrack(ct)
+	}
+	readIPVS, err := netlinkutil.NewIPVS()
+	if err != nil {
+		return nil, err
+	}
+	readLinks, err := netlinkutil.NewLinks()
+	if err != nil {
+		readIPVS.Close()
+		return nil, err
+	}
+	p.SetResyncReader(readIPVS, readLinks)
+	return readIPVS.Close, nil
 }
 
 // serveOperations starts the operational endpoints of `ipvs-proxy run` and
