@@ -163,11 +163,6 @@ func NewSystem(newClient func() (kubernetes.Interface, error), log *zap.Logger) 
 	}, nil
 }
 
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
-}
-
 // readCapEff reads the effective capabilities of this process.
 func readCapEff() (uint64, error) {
 	f, err := os.Open("/proc/self/status")
