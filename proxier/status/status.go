@@ -448,6 +448,29 @@ func Write(w io.Writer, rep Report, output string) error {
 	} else {
 		fmt.Fprintf(&b, "no API access (%s): names and drift unknown\n", rep.API.Error)
 	}
+	if err := writeTable(&b, rep.VirtualServers); err != nil {
+		return fmt.Errorf("write the status: %w", err)
+	}
+	if len(rep.VirtualServers) == 0 {
+		b.WriteString("(no virtual servers owned by ipvs-proxy)\n")
+	}
+	if rep.OtherVirtualServers > 0 {
+		fmt.Fprintf(&b, "virtual servers of others (left alone): %d\n", rep.OtherVirtualServers)
+	}
+	writeDrift(&b, rep)
+	writeAgent(&b, rep.Agent)
+	for _, w := range rep.Warnings {
+		fmt.Fprintf(&b, "warning: %s\n", w)
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("write the status: %w", err)
+	}
+	return nil
+}
+
+// writeTable writes the virtual servers' table: a row per real server,
+// the virtual server's columns on its first.
+func writeTable(b *strings.Builder, vss []statusVirtualServer) error {
 	var table strings.Builder
 	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tKIND\tVIRTUAL SERVER\tSCHEDULER\tREAL SERVER\tWEIGHT\tACTIVE\tINACTIVE\tDRIFT")
@@ -457,7 +480,7 @@ func Write(w io.Writer, rep Report, output string) error {
 		}
 		return s
 	}
-	for _, vs := range rep.VirtualServers {
+	for _, vs := range vss {
 		sched := vs.Scheduler
 		if len(vs.Flags) > 0 {
 			sched += " " + strings.Join(vs.Flags, ",")
@@ -494,7 +517,7 @@ func Write(w io.Writer, rep Report, output string) error {
 		}
 	}
 	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("write the status: %w", err)
+		return err
 	}
 	for _, line := range strings.SplitAfter(table.String(), "\n") {
 		b.WriteString(strings.TrimRight(line, " \n"))
@@ -502,19 +525,18 @@ func Write(w io.Writer, rep Report, output string) error {
 			b.WriteString("\n")
 		}
 	}
-	if len(rep.VirtualServers) == 0 {
-		b.WriteString("(no virtual servers owned by ipvs-proxy)\n")
-	}
-	if rep.OtherVirtualServers > 0 {
-		fmt.Fprintf(&b, "virtual servers of others (left alone): %d\n", rep.OtherVirtualServers)
-	}
+	return nil
+}
+
+// writeDrift writes the drift, one line per operation.
+func writeDrift(b *strings.Builder, rep Report) {
 	switch {
 	case !rep.DriftKnown:
 		b.WriteString("drift: unknown without API access\n")
 	case len(rep.Drift) == 0:
 		b.WriteString("drift: none\n")
 	default:
-		fmt.Fprintf(&b, "drift: %d\n", len(rep.Drift))
+		fmt.Fprintf(b, "drift: %d\n", len(rep.Drift))
 		for _, d := range rep.Drift {
 			svc := ""
 			if d.Service != "" {
@@ -524,34 +546,30 @@ func Write(w io.Writer, rep Report, output string) error {
 			if what == "" {
 				what = d.Address
 			}
-			fmt.Fprintf(&b, "  %s %s%s: %s\n", d.Kind, what, svc, d.Detail)
+			fmt.Fprintf(b, "  %s %s%s: %s\n", d.Kind, what, svc, d.Detail)
 		}
 	}
-	switch {
-	case !rep.Agent.Available:
-		fmt.Fprintf(&b, "agent: status unknown (%s)\n", rep.Agent.Error)
-	default:
-		failing := 0
-		for _, a := range rep.Agent.Services {
-			if a.Failures == 0 {
-				continue
-			}
-			failing++
-			retry := ""
-			if a.NextRetry != nil {
-				retry = ", next retry " + a.NextRetry.Format(time.RFC3339)
-			}
-			fmt.Fprintf(&b, "failing: %s (%d attempts%s): %s\n", a.Service, a.Failures, retry, a.LastError)
+}
+
+// writeAgent writes what the agent says: its failing Services.
+func writeAgent(b *strings.Builder, agent opsserver.AgentStatus) {
+	if !agent.Available {
+		fmt.Fprintf(b, "agent: status unknown (%s)\n", agent.Error)
+		return
+	}
+	failing := 0
+	for _, a := range agent.Services {
+		if a.Failures == 0 {
+			continue
 		}
-		if failing == 0 {
-			b.WriteString("agent: every Service programmed\n")
+		failing++
+		retry := ""
+		if a.NextRetry != nil {
+			retry = ", next retry " + a.NextRetry.Format(time.RFC3339)
 		}
+		fmt.Fprintf(b, "failing: %s (%d attempts%s): %s\n", a.Service, a.Failures, retry, a.LastError)
 	}
-	for _, w := range rep.Warnings {
-		fmt.Fprintf(&b, "warning: %s\n", w)
+	if failing == 0 {
+		b.WriteString("agent: every Service programmed\n")
 	}
-	if _, err := io.WriteString(w, b.String()); err != nil {
-		return fmt.Errorf("write the status: %w", err)
-	}
-	return nil
 }
