@@ -299,7 +299,29 @@ func Start(ctx context.Context, c Config, log *zap.Logger) (*Server, error) {
 	ops.healthCheck = healthcheck.New(healthcheck.Config{Addresses: c.HealthCheckAddrs, ProxyHealthy: h.proxyHealthy,
 		Recorder: c.Recorder}, log)
 
-	// kube-proxy's endpoint names; one address may serve both.
+	muxes, err := routes(c, h, healthzTotal, livezTotal, log)
+	if err != nil {
+		return nil, err
+	}
+	for addr, m := range muxes {
+		if err := ops.serve(addr, m, c); err != nil {
+			ops.Stop()
+			return nil, err
+		}
+	}
+	if h.api != nil {
+		ops.done.Add(1)
+		go func() {
+			defer ops.done.Done()
+			h.api.run(ctx)
+		}()
+	}
+	return ops, nil
+}
+
+// routes are the handlers to serve, by address: kube-proxy's endpoint
+// names; one address may serve both.
+func routes(c Config, h *healthz, healthzTotal, livezTotal *prometheus.CounterVec, log *zap.Logger) (map[string]*http.ServeMux, error) {
 	muxes := map[string]*http.ServeMux{}
 	mux := func(addr string) *http.ServeMux {
 		if muxes[addr] == nil {
@@ -335,32 +357,27 @@ func Start(ctx context.Context, c Config, log *zap.Logger) (*Server, error) {
 			m.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
 	}
-	for addr, m := range muxes {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			ops.Stop()
-			return nil, fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address): %w", addr, err)
+	return muxes, nil
+}
+
+// serve binds addr and serves m there until Stop.
+func (ops *Server) serve(addr string, m *http.ServeMux, c Config) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address): %w", addr, err)
+	}
+	ops.addrs[addr] = ln.Addr()
+	srv := &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: zap.NewStdLog(ops.log)}
+	ops.servers = append(ops.servers, srv)
+	ops.done.Add(1)
+	go func() {
+		defer ops.done.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			ops.log.Error("HTTP server stopped", zap.String("address", addr), zap.Error(err))
 		}
-		ops.addrs[addr] = ln.Addr()
-		srv := &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: zap.NewStdLog(log)}
-		ops.servers = append(ops.servers, srv)
-		ops.done.Add(1)
-		go func() {
-			defer ops.done.Done()
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("HTTP server stopped", zap.String("address", addr), zap.Error(err))
-			}
-		}()
-		log.Info("serving", zap.String("address", ln.Addr().String()), zap.Strings("paths", muxPaths(addr, c)))
-	}
-	if h.api != nil {
-		ops.done.Add(1)
-		go func() {
-			defer ops.done.Done()
-			h.api.run(ctx)
-		}()
-	}
-	return ops, nil
+	}()
+	ops.log.Info("serving", zap.String("address", ln.Addr().String()), zap.Strings("paths", muxPaths(addr, c)))
+	return nil
 }
 
 func muxPaths(addr string, c Config) []string {
