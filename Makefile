@@ -78,7 +78,7 @@ checks: lint
 # 1.27), and a count has no deadline to race.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := FuzzBuild:./proxier/model FuzzSchedulerAnnotations:./scheduler \
-	FuzzConfigFile:./cmd/ipvs-proxy FuzzFlags:./cmd/ipvs-proxy
+	FuzzConfigFile:./proxier/config FuzzFlags:./proxier/config
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} for $(FUZZTIME)"; \

@@ -1,6 +1,19 @@
 package proxier
 
-import "k8s.io/client-go/rest"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
 
 // TuneClientConfig sets up cfg the way the agent talks to the apiserver:
 // protobuf, which is smaller and cheaper to decode than JSON for 10,000s of
@@ -11,4 +24,83 @@ func TuneClientConfig(cfg *rest.Config, userAgent string) {
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
 	cfg.QPS, cfg.Burst = 50, 100
+}
+
+// NewClient returns a client of the apiserver configured by the kubeconfig
+// file, or, when it is empty, by the pod's in-cluster configuration, tuned
+// as TuneClientConfig says.
+func NewClient(kubeconfig, userAgent string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load Kubernetes client configuration: %w", err)
+	}
+	TuneClientConfig(cfg, userAgent)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create Kubernetes client: %w", err)
+	}
+	return cs, nil
+}
+
+// ErrNoAPI means there is no Kubernetes configuration to read Services with.
+var ErrNoAPI = errors.New("no Kubernetes configuration (no --kubeconfig, and not in a cluster)")
+
+// NewClientIfConfigured is NewClient for the commands that work without the
+// API too (preflight, status): ErrNoAPI when there is neither a kubeconfig
+// nor an in-cluster configuration.
+func NewClientIfConfigured(kubeconfig, userAgent string) (kubernetes.Interface, error) {
+	if kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, ErrNoAPI
+	}
+	return NewClient(kubeconfig, userAgent)
+}
+
+// ServiceSelector leaves out the Services (and their EndpointSlices) that
+// the proxier leaves out: another proxy's, and headless ones.
+const ServiceSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+
+// ListServices lists the Services the proxier serves (ServiceSelector), in
+// pages.
+func ListServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Service, error) {
+	var out []corev1.Service
+	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: 500}
+	for {
+		list, err := client.CoreV1().Services("").List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list Services: %w", err)
+		}
+		out = append(out, list.Items...)
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
+		}
+	}
+}
+
+// ListEndpointSlices lists the EndpointSlices of the Services the proxier
+// serves (ServiceSelector), in pages, by Service.
+func ListEndpointSlices(ctx context.Context, client kubernetes.Interface) (map[types.NamespacedName][]*discoveryv1.EndpointSlice, error) {
+	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
+	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: 500}
+	for {
+		list, err := client.DiscoveryV1().EndpointSlices("").List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list EndpointSlices: %w", err)
+		}
+		for i := range list.Items {
+			s := &list.Items[i]
+			if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
+				n := types.NamespacedName{Namespace: s.Namespace, Name: svc}
+				slicesOf[n] = append(slicesOf[n], s)
+			}
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return slicesOf, nil
+		}
+	}
 }

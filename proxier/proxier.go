@@ -149,9 +149,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	if cfg.RetryBase <= 0 {
 		cfg.RetryBase = time.Second
 	}
-	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs,
-		Adopt: cfg.AdoptInterface}
-	rcfg := ReconcilerConfig{Ownership: own, RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock,
+	rcfg := ReconcilerConfig{Ownership: cfg.Ownership(), RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock,
 		ResyncSlice: cfg.ResyncSlice}
 	return &Proxier{
 		cfg: cfg, clock: cfg.Clock, client: client, links: links, log: log, recorder: recorder, metrics: metrics,
@@ -407,7 +405,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	// Services and slices of other proxies (service-proxy-name) and headless
 	// ones are not ours.
 	notOurs := func(o *metav1.ListOptions) {
-		o.LabelSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+		o.LabelSelector = ServiceSelector
 	}
 	// model.Trim keeps in the caches only what the agent reads.
 	f := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(notOurs),
@@ -712,14 +710,11 @@ func (p *Proxier) unavailable() map[string]bool {
 func (p *Proxier) build(in syncInputs) {
 	// Schedulers the kernel refused: the next sync rebuilds every Service,
 	// with the default in their place.
-	bcfg := model.BuildConfig{Scheduler: p.cfg.Scheduler, IPv4: p.cfg.IPv4, IPv6: p.cfg.IPv6, ExcludeCIDRs: p.cfg.ExcludeCIDRs,
-		Unavailable: p.unavailable()}
+	planner := p.cfg.Planner(p.unavailable())
 	for n, si := range in.services {
-		var plan *model.ServicePlan
-		if si.svc != nil && !model.Skip(si.svc) {
-			built := model.Build(si.svc, si.slices, in.node, bcfg)
-			plan = &built
-			p.report(n, si.svc, built.Warnings)
+		plan := planner.Plan(si.svc, si.slices, in.node)
+		if plan != nil {
+			p.report(n, si.svc, plan.Warnings)
 		} else {
 			p.report(n, nil, nil)
 		}

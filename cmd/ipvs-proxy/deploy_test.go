@@ -19,6 +19,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 )
 
 func readManifest(t *testing.T, name string, into any) {
@@ -45,7 +48,7 @@ func TestDeployConfigMap(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(cfgYAML), &keys); err != nil {
 		t.Fatal(err)
 	}
-	typ := reflect.TypeOf(options{})
+	typ := reflect.TypeOf(config.Options{})
 	for i := range typ.NumField() {
 		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
 		if _, ok := keys[name]; !ok && name != "hostnameOverride" {
@@ -60,15 +63,15 @@ func TestDeployConfigMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := &cobra.Command{Use: "run"}
-	of := newOptionFlags(cmd.Flags())
+	of := config.NewFlags(cmd.Flags())
 	if err := cmd.Flags().Parse([]string{"--config", path, "--hostname-override", "node-1"}); err != nil {
 		t.Fatal(err)
 	}
-	o, _, err := of.resolve()
+	o, _, err := of.Resolve()
 	if err != nil {
 		t.Fatalf("the ConfigMap's config.yaml: %v", err)
 	}
-	want := defaultOptions()
+	want := config.DefaultOptions()
 	want.Kubeconfig = "/etc/ipvs-proxy/kubeconfig.conf"
 	want.HostnameOverride = "node-1"
 	got := *o
@@ -147,8 +150,8 @@ func TestDeployDaemonSet(t *testing.T) {
 		t.Error("run mounts /lib/modules: only preflight loads modules")
 	}
 	for _, c := range []corev1.Container{pre, agent} {
-		if _, ok := mounts(c)[hostProcSys+"/net"]; !ok {
-			t.Errorf("%s: the node's /proc/sys/net is not at %s/net", c.Name, hostProcSys)
+		if _, ok := mounts(c)[sysctls.HostProcSys+"/net"]; !ok {
+			t.Errorf("%s: the node's /proc/sys/net is not at %s/net", c.Name, sysctls.HostProcSys)
 		}
 	}
 
@@ -179,12 +182,12 @@ func TestDeployDaemonSet(t *testing.T) {
 	}
 }
 
-// TestDeployKubeProxyConfigMap applies the README's patch that points the
+// TestDeployKubeProxyConfigMap applies deploy/README.md's patch that points the
 // DaemonSet at kube-proxy's ConfigMap: both containers mount it where
 // kube-proxy's pod does (where its kubeconfig points) and read its
 // config.conf with --config.
 func TestDeployKubeProxyConfigMap(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "..", "deploy", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,18 +220,27 @@ func TestDeployKubeProxyConfigMap(t *testing.T) {
 
 	// Where kube-proxy's config.conf says its kubeconfig is.
 	var cm corev1.ConfigMap
-	b, err = os.ReadFile("testdata/kube-proxy-configmap.yaml")
+	b, err = os.ReadFile(filepath.Join("..", "..", "proxier", "config", "testdata", "kube-proxy-configmap.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := yaml.UnmarshalStrict(b, &cm); err != nil {
 		t.Fatal(err)
 	}
-	cf, err := decodeConfigFile([]byte(cm.Data["config.conf"]))
+	confPath := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(confPath, []byte(cm.Data["config.conf"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	probe := &cobra.Command{Use: "run"}
+	of := config.NewFlags(probe.Flags())
+	if err := probe.Flags().Parse([]string{"--config", confPath, "--hostname-override", "node-1"}); err != nil {
+		t.Fatal(err)
+	}
+	kp, _, err := of.Resolve()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Dir(cf.opts.Kubeconfig)
+	dir := filepath.Dir(kp.Kubeconfig)
 
 	spec := ds.Spec.Template.Spec
 	volume := ""

@@ -31,6 +31,9 @@ func main() {
 	}
 }
 
+// userAgent names this build to the apiserver.
+func userAgent() string { return "ipvs-proxy/" + version }
+
 func newVersionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",

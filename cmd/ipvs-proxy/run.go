@@ -2,143 +2,58 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"runtime/debug"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/cleanup"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 )
 
 func newRunCommand() *cobra.Command {
-	var of *optionFlags
+	var of *config.Flags
 	var hooks kernelHookFactory
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Watch Services and EndpointSlices and program IPVS",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, warn, err := of.resolve() // --config, then the flags set
+			o, warn, err := of.Resolve() // --config, then the flags set
 			if err != nil {
 				return err
 			}
 			return run(cmd.Context(), o, warn, hooks)
 		},
 	}
-	of = newOptionFlags(cmd.Flags())
+	of = config.NewFlags(cmd.Flags())
 	hooks = addKernelHookFlags(cmd.Flags()) // none in the released binary
 	return cmd
 }
 
-func newLogger(level, format string) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(level)
-	if err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	var zc zap.Config
-	switch format {
-	case "json":
-		zc = zap.NewProductionConfig()
-	case "console":
-		zc = zap.NewDevelopmentConfig()
-	default:
-		return nil, fmt.Errorf("--log-format: %q is neither json nor console", format)
-	}
-	zc.Level = zap.NewAtomicLevelAt(lvl)
-	zc.Sampling = nil
-	return zc.Build()
-}
-
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig == "" {
-		cfg, err = rest.InClusterConfig()
-	} else {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load Kubernetes client configuration: %w", err)
-	}
-	proxier.TuneClientConfig(cfg, "ipvs-proxy/"+version)
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("create Kubernetes client: %w", err)
-	}
-	return cs, nil
-}
-
-// ipvsSysctls are the kernel settings IPVS needs, as kube-proxy sets them:
-// conntrack for IPVS connections so that iptables can masquerade them; drop
-// connections to a deleted real server at once instead of black-holing them;
-// expire persistence templates of a quiescent real server; forward packets
-// to backends. conn_reuse_mode depends on the kernel (netlinkutil.ConnReuseMode).
-var ipvsSysctls = []struct{ name, value string }{
-	{"net/ipv4/ip_forward", "1"},
-	{"net/ipv4/vs/conntrack", "1"},
-	{"net/ipv4/vs/expire_nodest_conn", "1"},
-	{"net/ipv4/vs/expire_quiescent_template", "1"},
-}
-
-func ensureSysctls(log *zap.Logger, ipv6 bool) error {
-	s := netlinkutil.Sysctls{Root: sysctlRoot()} // /host/proc/sys in the DaemonSet (container.go)
-	all := ipvsSysctls
-	if release, err := s.Get("kernel/osrelease"); err != nil {
-		return err
-	} else if v, set, err := netlinkutil.ConnReuseMode(release); err != nil {
-		return err
-	} else if set { // from kernel 5.9 the kernel's default stays (netlinkutil.ConnReuseMode)
-		all = append(all, struct{ name, value string }{netlinkutil.ConnReuseModeSysctl, v})
-	}
-	if ipv6 {
-		all = append(all, struct{ name, value string }{"net/ipv6/conf/all/forwarding", "1"})
-	}
-	for _, sc := range all {
-		old, err := s.Ensure(sc.name, sc.value)
-		if err != nil {
-			return err
-		}
-		if old != sc.value {
-			log.Info("set sysctl", zap.String("name", sc.name), zap.String("value", sc.value), zap.String("was", old))
-		} else {
-			log.Info("sysctl already set", zap.String("name", sc.name), zap.String("value", sc.value))
-		}
-	}
-	return nil
-}
-
-// logConfigWarning logs the warning about the config file, if any.
-func logConfigWarning(log *zap.Logger, warn *configWarning) {
-	if warn != nil {
-		log.Warn("ignoring the settings of the config file that ipvs-proxy does not support", zap.String("file", warn.File),
-			zap.String("kind", warn.Kind), zap.Strings("ignored", warn.Ignored))
-	}
-}
-
 // run runs the proxy; warn, if not nil, is logged once at start; hooks
 // may wrap the kernel handles (only in a test build).
-func run(ctx context.Context, o *options, warn *configWarning, hooks kernelHookFactory) error {
-	log, err := newLogger(o.LogLevel, o.LogFormat)
+func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks kernelHookFactory) error {
+	log, err := config.NewLogger(o.LogLevel, o.LogFormat)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	logConfigWarning(log, warn)
-	cfg, timeouts, err := o.proxierConfig()
+	config.LogWarning(log, warn)
+	cfg, timeouts, err := o.ProxierConfig()
 	if err != nil {
 		return err
 	}
@@ -162,58 +77,29 @@ func run(ctx context.Context, o *options, warn *configWarning, hooks kernelHookF
 		return err
 	}
 	ipvs, links := hook.IPVS(realIPVS), hook.Links(realLinks)
-	if err := ensureSysctls(log, cfg.IPv6); err != nil {
-		return err
-	}
-	if err := ensureGlueSysctls(log, o.StrictARP); err != nil {
-		return err
-	}
-	g, closeSets, err := newGlue(o, cfg, links, hook, log)
+	g, closeSets, err := prepareKernel(o, cfg, timeouts, ipvs, links, hook, log)
 	if err != nil {
 		return err
 	}
 	defer closeSets()
-	if timeouts != (netlinkutil.Timeouts{}) {
-		if err := ipvs.SetTimeouts(timeouts); err != nil {
-			return err
-		}
-		log.Info("set IPVS timeouts", zap.Duration("tcp", timeouts.TCP), zap.Duration("tcpfin", timeouts.TCPFin), zap.Duration("udp", timeouts.UDP))
-	}
-	if err := links.EnsureDummy(cfg.Interface); err != nil {
-		return err
-	}
 
-	client, err := kubeClient(o.Kubeconfig)
+	client, err := proxier.NewClient(o.Kubeconfig, userAgent())
 	if err != nil {
 		return err
 	}
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ipvs-proxy", Host: cfg.NodeName})
+	recorder, stopEvents := eventRecorder(ctx, client, cfg.NodeName)
+	defer stopEvents()
 
 	metrics := proxier.NewMetrics(reg)
 	p := proxier.New(cfg, client, ipvs, links, recorder, metrics, log)
-	if ct, err := netlinkutil.NewConntrack(); err != nil {
-		log.Warn("no conntrack cleanup for removed UDP real servers", zap.Error(err))
-	} else {
-		p.SetConntrack(ct)
-	}
-	// The periodic resync reads the kernel off the sync loop, on handles
-	// of its own (reads are never faulted: no wrapping).
-	readIPVS, err := netlinkutil.NewIPVS()
+	closeReaders, err := addKernelReaders(p, log)
 	if err != nil {
 		return err
 	}
-	defer readIPVS.Close()
-	readLinks, err := netlinkutil.NewLinks()
-	if err != nil {
-		return err
-	}
-	p.SetResyncReader(readIPVS, readLinks)
+	defer closeReaders()
 	p.AddConsumer(g)
 	if o.TakeoverKubeProxy {
-		p.AddFinisher("take over from kube-proxy", removeKubeProxyLeftovers(links, log))
+		p.AddFinisher("take over from kube-proxy", cleanup.KubeProxyLeftovers(links, log))
 	}
 	stopOps, err := serveOperations(ctx, o, cfg, p, reg, client, links, recorder, log)
 	if err != nil {
@@ -223,32 +109,86 @@ func run(ctx context.Context, o *options, warn *configWarning, hooks kernelHookF
 	return p.Run(ctx)
 }
 
-// removeKubeProxyLeftovers is the last step of a takeover from kube-proxy's
-// IPVS mode, run once the node is fully programmed: the virtual servers on
-// kube-ipvs0's addresses were adopted (kept when wanted, deleted when not),
-// ipvs-proxy0 holds every wanted address and the glue's rules come first
-// in every hook. It removes kube-proxy's chains with the jumps to them,
-// then its sets, then kube-ipvs0: the same addresses stay bound on
-// ipvs-proxy0, so no VIP is ever unbound.
-func removeKubeProxyLeftovers(links netlinkutil.Links, log *zap.Logger) func(ctx context.Context) error {
-	return func(ctx context.Context) error {
-		var removed []string
-		say := func(format string, args ...any) { removed = append(removed, fmt.Sprintf(format, args...)) }
-		errs := cleanupNetfilter(ctx, glue.KubeProxyChain, glue.KubeProxySet, say)
-		addrs, err := links.ListAddresses(kubeProxyInterface)
-		switch {
-		case err != nil:
-			errs = append(errs, err)
-		case addrs != nil:
-			if err := links.DeleteLink(kubeProxyInterface); err != nil {
-				errs = append(errs, err)
-			} else {
-				say("interface %s: deleted (its %d addresses are on ipvs-proxy's interface or unwanted)", kubeProxyInterface, len(addrs))
-			}
-		}
-		log.Info("took over from kube-proxy", zap.Strings("removed", removed), zap.Errors("errors", errs))
-		return errors.Join(errs...)
+// prepareKernel sets the sysctls and IPVS timeouts run needs, creates the
+// interface and opens the iptables glue (hook wraps its sets); closeSets
+// releases the glue's netlink socket.
+func prepareKernel(o *config.Options, cfg proxier.Config, timeouts netlinkutil.Timeouts, ipvs netlinkutil.IPVS, links netlinkutil.Links,
+	hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
+	if err := sysctls.Ensure(log, cfg.IPv6); err != nil {
+		return nil, nil, err
 	}
+	if err := sysctls.EnsureStrictARP(log, o.StrictARP); err != nil {
+		return nil, nil, err
+	}
+	gcfg, err := o.GlueConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	g, closeSets, err = glue.Open(gcfg, o.IPTablesBackend, links, hook.Sets, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	if timeouts != (netlinkutil.Timeouts{}) {
+		if err := ipvs.SetTimeouts(timeouts); err != nil {
+			closeSets()
+			return nil, nil, err
+		}
+		log.Info("set IPVS timeouts", zap.Duration("tcp", timeouts.TCP), zap.Duration("tcpfin", timeouts.TCPFin), zap.Duration("udp", timeouts.UDP))
+	}
+	if err := links.EnsureDummy(cfg.Interface); err != nil {
+		closeSets()
+		return nil, nil, err
+	}
+	return g, closeSets, nil
+}
+
+// eventRecorder records Events on the API as this node's ipvs-proxy; stop
+// flushes and ends it.
+func eventRecorder(ctx context.Context, client kubernetes.Interface, node string) (_ record.EventRecorder, stop func()) {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ipvs-proxy", Host: node}), broadcaster.Shutdown
+}
+
+// addKernelReaders gives the proxier its conntrack handle (without one,
+// removed UDP real servers keep their entries) and the handles of its
+// periodic resync, which reads the kernel off the sync loop on handles of
+// its own (reads are never faulted: no wrapping); closeReaders closes them.
+func addKernelReaders(p *proxier.Proxier, log *zap.Logger) (closeReaders func(), err error) {
+	if ct, err := netlinkutil.NewConntrack(); err != nil {
+		log.Warn("no conntrack cleanup for removed UDP real servers", zap.Error(err))
+	} else {
+		p.SetConntrack(ct)
+	}
+	readIPVS, err := netlinkutil.NewIPVS()
+	if err != nil {
+		return nil, err
+	}
+	readLinks, err := netlinkutil.NewLinks()
+	if err != nil {
+		readIPVS.Close()
+		return nil, err
+	}
+	p.SetResyncReader(readIPVS, readLinks)
+	return readIPVS.Close, nil
+}
+
+// serveOperations starts the operational endpoints of `ipvs-proxy run` and
+// adds the health-check node ports to the proxier; the returned function
+// stops them.
+func serveOperations(ctx context.Context, o *config.Options, cfg proxier.Config, p *proxier.Proxier, reg *prometheus.Registry,
+	client kubernetes.Interface, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
+	ops, err := opsserver.Start(ctx, opsserver.Config{
+		MetricsAddr: strings.TrimSpace(o.MetricsBindAddress), HealthzAddr: strings.TrimSpace(o.HealthzBindAddress),
+		Profiling:  o.Profiling,
+		SyncPeriod: cfg.SyncPeriod, Registry: reg, Status: p.Status, Problems: p.ServiceProblems, APICheck: opsserver.VersionCheck(client),
+		HealthCheckAddrs: opsserver.HealthCheckAddresses(links, cfg, log), Recorder: recorder,
+	}, log)
+	if err != nil {
+		return nil, err
+	}
+	p.AddConsumer(ops.HealthCheck())
+	return ops.Stop, nil
 }
 
 // defaultGCPercent is the agent's GOGC unless the environment sets one.

@@ -24,6 +24,10 @@ type Ownership struct {
 	Adopt         string
 }
 
+// KubeProxyInterface is the dummy interface of kube-proxy's IPVS mode: the
+// one a takeover adopts, and `ipvs-proxy cleanup --kube-proxy` deletes.
+const KubeProxyInterface = "kube-ipvs0"
+
 // PortRange is an inclusive range of ports.
 type PortRange struct{ Min, Max uint16 }
 

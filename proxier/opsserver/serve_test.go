@@ -1,4 +1,4 @@
-package main
+package opsserver
 
 import (
 	"context"
@@ -196,7 +196,7 @@ func TestStartOperations(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := proxier.NewMetrics(reg)
 	m.VirtualServers.Set(3)
-	ops, err := startOperations(context.Background(), opsConfig{MetricsAddr: "127.0.0.1:0", HealthzAddr: "127.0.0.1:0",
+	ops, err := Start(context.Background(), Config{MetricsAddr: "127.0.0.1:0", HealthzAddr: "127.0.0.1:0",
 		SyncPeriod: time.Second, Registry: reg, Status: status.Status,
 		APICheck: func(context.Context) error { return nil }, Problems: func() []proxier.ServiceStatus {
 			return []proxier.ServiceStatus{{Service: types.NamespacedName{Namespace: "ns", Name: "web"}, Failures: 2,
@@ -206,7 +206,7 @@ func TestStartOperations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ops.stop()
+	defer ops.Stop()
 	// "127.0.0.1:0" twice is one configured address: one server.
 	base := "http://" + ops.addrs["127.0.0.1:0"].String()
 	if code, _ := get(t, base+"/healthz"); code != 503 {
@@ -228,21 +228,21 @@ func TestStartOperations(t *testing.T) {
 	}
 	// /statusz, as `ipvs-proxy status` reads it.
 	next := time.Date(2026, 11, 23, 10, 0, 2, 0, time.UTC)
-	wantAgent := statusAgent{Available: true, Services: []agentServiceStatus{{Service: "ns/web", Failures: 2,
+	wantAgent := AgentStatus{Available: true, Services: []ServiceStatus{{Service: "ns/web", Failures: 2,
 		LastError: "add-virtual-server 10.96.0.10:80/TCP mh: no such file or directory", NextRetry: &next}}}
-	if diff := cmp.Diff(wantAgent, agentStatus(context.Background(), ops.addrs["127.0.0.1:0"].String())); diff != "" {
+	if diff := cmp.Diff(wantAgent, ReadAgentStatus(context.Background(), ops.addrs["127.0.0.1:0"].String())); diff != "" {
 		t.Errorf("the agent's status via /statusz (-want +got):\n%s", diff)
 	}
 	// Profiling is off unless asked for.
 	if code, _ := get(t, base+"/debug/pprof/heap"); code != 404 {
 		t.Errorf("/debug/pprof/heap without --profiling: %d, want 404", code)
 	}
-	prof, err := startOperations(context.Background(), opsConfig{MetricsAddr: "127.0.0.1:0", Profiling: true,
+	prof, err := Start(context.Background(), Config{MetricsAddr: "127.0.0.1:0", Profiling: true,
 		SyncPeriod: time.Second, Registry: prometheus.NewRegistry(), Status: status.Status}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer prof.stop()
+	defer prof.Stop()
 	pbase := "http://" + prof.addrs["127.0.0.1:0"].String()
 	if code, body := get(t, pbase+"/debug/pprof/heap?debug=1"); code != 200 || !strings.Contains(body, "heap profile") {
 		t.Errorf("/debug/pprof/heap with --profiling: %d %.80q", code, body)
@@ -250,25 +250,25 @@ func TestStartOperations(t *testing.T) {
 	if code, body := get(t, pbase+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
 		t.Errorf("/debug/pprof/ index with --profiling: %d %.80q", code, body)
 	}
-	if got := agentStatus(context.Background(), "127.0.0.1:1"); got.Available || !strings.Contains(got.Error, "does not answer") {
+	if got := ReadAgentStatus(context.Background(), "127.0.0.1:1"); got.Available || !strings.Contains(got.Error, "does not answer") {
 		t.Errorf("status of an agent that does not run: %+v", got)
 	}
 
 	// Separate addresses; one of them taken.
 	taken := ops.addrs["127.0.0.1:0"].String()
-	_, err = startOperations(context.Background(), opsConfig{MetricsAddr: "127.0.0.1:0", HealthzAddr: taken,
+	_, err = Start(context.Background(), Config{MetricsAddr: "127.0.0.1:0", HealthzAddr: taken,
 		SyncPeriod: time.Second, Registry: prometheus.NewRegistry(), Status: status.Status}, zap.NewNop())
 	if err == nil || !strings.Contains(err.Error(), taken) {
 		t.Errorf("start on a taken address: %v", err)
 	}
 
 	// Disabled: nothing served.
-	off, err := startOperations(context.Background(), opsConfig{SyncPeriod: time.Second, Status: status.Status}, zap.NewNop())
+	off, err := Start(context.Background(), Config{SyncPeriod: time.Second, Status: status.Status}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(off.addrs) != 0 {
 		t.Errorf("served %v with both addresses empty", off.addrs)
 	}
-	off.stop()
+	off.Stop()
 }

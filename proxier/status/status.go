@@ -1,4 +1,7 @@
-package main
+// Package status is `ipvs-proxy status`: the virtual servers ipvs-proxy
+// owns on this node, by Service, and the drift between what the Services
+// want (built as run builds it) and the kernel.
+package status
 
 import (
 	"cmp"
@@ -6,19 +9,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -28,6 +26,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -109,47 +108,6 @@ type statusDrift struct {
 	Detail        string `json:"detail"`
 }
 
-// statusAgent is what the agent on this node says of its Services.
-type statusAgent struct {
-	Available bool   `json:"available"`
-	Error     string `json:"error,omitempty"`
-	// Services are those whose writes fail or that lost a conflict.
-	Services []agentServiceStatus `json:"services,omitempty"`
-}
-
-// agentStatus reads the agent's /statusz on its metrics address.
-func agentStatus(ctx context.Context, metricsAddr string) statusAgent {
-	if strings.TrimSpace(metricsAddr) == "" {
-		return statusAgent{Error: "no --metrics-bind-address: the agent's status is not served"}
-	}
-	host, port, err := net.SplitHostPort(strings.TrimSpace(metricsAddr))
-	if err != nil {
-		return statusAgent{Error: fmt.Sprintf("--metrics-bind-address %q: %v", metricsAddr, err)}
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "127.0.0.1"
-	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/statusz", nil)
-	if err != nil {
-		return statusAgent{Error: err.Error()}
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return statusAgent{Error: fmt.Sprintf("the agent does not answer: %v", err)}
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return statusAgent{Error: fmt.Sprintf("the agent's /statusz answered %s", resp.Status)}
-	}
-	var body statuszBody
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&body); err != nil {
-		return statusAgent{Error: fmt.Sprintf("the agent's /statusz: %v", err)}
-	}
-	return statusAgent{Available: true, Services: body.Services}
-}
-
 // statusConflict is a virtual server that two Services want: the older
 // one holds it (as run decides).
 type statusConflict struct {
@@ -165,8 +123,8 @@ type statusAPI struct {
 	Services  int    `json:"services"`
 }
 
-// statusReport is what `ipvs-proxy status` prints.
-type statusReport struct {
+// Report is what `ipvs-proxy status` prints.
+type Report struct {
 	Node      string    `json:"node"`
 	Interface string    `json:"interface"`
 	API       statusAPI `json:"api"`
@@ -178,65 +136,15 @@ type statusReport struct {
 	// ipvs-proxy does not own (and leaves alone).
 	OtherVirtualServers int `json:"otherVirtualServers"`
 	// Agent is the running agent's per-Service status, from its /statusz.
-	Agent     statusAgent      `json:"agent"`
-	Conflicts []statusConflict `json:"conflicts,omitempty"`
-	Warnings  []string         `json:"warnings,omitempty"`
+	Agent     opsserver.AgentStatus `json:"agent"`
+	Conflicts []statusConflict      `json:"conflicts,omitempty"`
+	Warnings  []string              `json:"warnings,omitempty"`
 }
 
-func newStatusCommand() *cobra.Command {
-	var of *optionFlags
-	var output string
-	var timeout time.Duration
-	cmd := &cobra.Command{
-		Use:   "status",
-		Short: "Show the virtual servers ipvs-proxy owns, by Service, and any drift from what the Services want",
-		Long: `Show what the kernel holds for ipvs-proxy: every virtual server it owns (by
-the same rule as run), with its Service (namespace/name:port), kind, scheduler
-and real servers (weights, active and inactive connections), and the drift
-between what the Services want (computed as run computes it, from the API) and
-the kernel. Without API access it shows the kernel's view with no names.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, cfg, _, err := of.resolveReport(output)
-			if err != nil {
-				return err
-			}
-			ipvs, err := netlinkutil.NewIPVS()
-			if err != nil {
-				return fmt.Errorf("read the kernel: %w", err)
-			}
-			defer ipvs.Close()
-			links, err := netlinkutil.NewLinks()
-			if err != nil {
-				return fmt.Errorf("read the kernel: %w", err)
-			}
-			var client kubernetes.Interface
-			var apiErr error
-			if o.Kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
-				apiErr = errNoAPI
-			} else {
-				client, apiErr = kubeClient(o.Kubeconfig)
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			rep, err := collectStatus(ctx, cfg, ipvs, links, client, apiErr, schedulerMissing())
-			if err != nil {
-				return err
-			}
-			rep.Agent = agentStatus(cmd.Context(), o.MetricsBindAddress)
-			return writeStatus(cmd.OutOrStdout(), rep, output)
-		},
-	}
-	of = newOptionFlags(cmd.Flags())
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format: table or json.")
-	cmd.Flags().DurationVar(&timeout, "api-timeout", 30*time.Second, "Time allowed for reading Services and EndpointSlices from the API.")
-	return cmd
-}
-
-// schedulerMissing tells, from the node's modules, whether the kernel
+// SchedulerMissing tells, from the node's modules, whether the kernel
 // cannot load a scheduler (nil when modules cannot be read: then none is
 // taken as missing).
-func schedulerMissing() func(string) bool {
+func SchedulerMissing() func(string) bool {
 	mods, err := kmod.NewChecker()
 	if err != nil || !mods.ModuleSupport() {
 		return nil
@@ -247,34 +155,19 @@ func schedulerMissing() func(string) bool {
 	}
 }
 
-// desiredState lists the Services and EndpointSlices, builds their plans
-// as run does, and decides who holds each virtual server by run's rule
-// (model.Assign). It returns the desired state, the conflicts, a label
-// (namespace/name:port) for each wanted virtual server, the number of
-// Services read and warnings.
+// desiredState lists the Services and EndpointSlices and builds the
+// desired state from them as run does (proxier.DesiredState). It returns
+// the desired state, the conflicts, a label (namespace/name:port) for each
+// wanted virtual server, the number of Services read and warnings.
 func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr,
 	schedulerMissing func(string) bool) (model.Desired, []model.Conflict, map[model.VSKey]string, int, []string, error) {
-	services, err := listServices(ctx, client)
+	services, err := proxier.ListServices(ctx, client)
 	if err != nil {
 		return model.Desired{}, nil, nil, 0, nil, err
 	}
-	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
-	opts := metav1.ListOptions{LabelSelector: serviceSelector, Limit: 500}
-	for {
-		list, err := client.DiscoveryV1().EndpointSlices("").List(ctx, opts)
-		if err != nil {
-			return model.Desired{}, nil, nil, 0, nil, fmt.Errorf("list EndpointSlices: %w", err)
-		}
-		for i := range list.Items {
-			s := &list.Items[i]
-			if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
-				n := types.NamespacedName{Namespace: s.Namespace, Name: svc}
-				slicesOf[n] = append(slicesOf[n], s)
-			}
-		}
-		if opts.Continue = list.Continue; opts.Continue == "" {
-			break
-		}
+	slicesOf, err := proxier.ListEndpointSlices(ctx, client)
+	if err != nil {
+		return model.Desired{}, nil, nil, 0, nil, err
 	}
 	var warnings []string
 	zone := ""
@@ -302,22 +195,12 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 			}
 		}
 	}
-	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: cfg.IPv4, IPv6: cfg.IPv6, ExcludeCIDRs: cfg.ExcludeCIDRs,
-		Unavailable: unavailable}
-	var plans []*model.ServicePlan
-	for i := range services {
-		svc := &services[i]
-		if model.Skip(svc) {
-			continue
-		}
-		plan := model.Build(svc, slicesOf[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}], node, bcfg)
+	want, conflicts, plans := proxier.DesiredState(cfg, cfg.Planner(unavailable), services, slicesOf, node)
+	for _, plan := range plans {
 		for _, w := range plan.Warnings {
 			warnings = append(warnings, plan.Service.String()+": "+w)
 		}
-		plans = append(plans, &plan)
 	}
-	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
-	want, conflicts := model.Assign(plans, own)
 	byName := map[types.NamespacedName]*corev1.Service{}
 	for i := range services {
 		byName[types.NamespacedName{Namespace: services[i].Namespace, Name: services[i].Name}] = &services[i]
@@ -348,7 +231,10 @@ func servicePortLabel(svc *corev1.Service, portName string) string {
 // server's real servers (one bulk read), and counts the others' virtual
 // servers.
 func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links, want model.Desired) (*model.Kernel, int, error) {
-	own := model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	own := cfg.Ownership()
+	// What ipvs-proxy itself holds: not what a takeover adopts from
+	// kube-proxy's interface (as before the rule was written once).
+	own.Adopt = ""
 	k, others, _, err := proxier.ReadKernel(ipvs, links, own, func(key model.VSKey) bool {
 		_, ok := want.VirtualServers[key]
 		return ok
@@ -375,12 +261,12 @@ func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkuti
 	return k, others, nil
 }
 
-// collectStatus reads the kernel and, with a client, the Services, and
+// Collect reads the kernel and, with a client, the Services, and
 // joins them; drift is the operations run's next full sync would make
 // (model.Diff). apiErr, when set, is why there is no client.
-func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
-	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (statusReport, error) {
-	rep := statusReport{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
+func Collect(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
+	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (Report, error) {
+	rep := Report{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
 	// Node addresses first: node ports are built on them.
 	nodeAddrs, err := links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)
 	if err != nil {
@@ -394,7 +280,7 @@ func collectStatus(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPV
 		want, conflicts, labels, n, rep.Warnings, apiErr = desiredState(ctx, client, cfg, nodeAddrs, schedulerMissing)
 		rep.API.Services = n
 	} else if apiErr == nil {
-		apiErr = errNoAPI
+		apiErr = proxier.ErrNoAPI
 	}
 	if apiErr != nil {
 		want = model.Desired{VirtualServers: map[model.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
@@ -474,7 +360,7 @@ func newStatusVS(k model.VSKey, vs model.VirtualServer) *statusVirtualServer {
 
 // addDrift records one operation of the diff as drift, on the report and
 // on its virtual server and real server rows.
-func (r *statusReport) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.Op) {
+func (r *Report) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.Op) {
 	kind := driftKinds[op.Kind]
 	if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
 		detail := "wanted, not bound to the interface"
@@ -546,8 +432,8 @@ func flagNames(vs model.VirtualServer) []string {
 	return out
 }
 
-// writeStatus prints the report as a table or JSON.
-func writeStatus(w io.Writer, rep statusReport, output string) error {
+// Write prints the report as a table or JSON.
+func Write(w io.Writer, rep Report, output string) error {
 	if output == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -563,6 +449,29 @@ func writeStatus(w io.Writer, rep statusReport, output string) error {
 	} else {
 		fmt.Fprintf(&b, "no API access (%s): names and drift unknown\n", rep.API.Error)
 	}
+	if err := writeTable(&b, rep.VirtualServers); err != nil {
+		return fmt.Errorf("write the status: %w", err)
+	}
+	if len(rep.VirtualServers) == 0 {
+		b.WriteString("(no virtual servers owned by ipvs-proxy)\n")
+	}
+	if rep.OtherVirtualServers > 0 {
+		fmt.Fprintf(&b, "virtual servers of others (left alone): %d\n", rep.OtherVirtualServers)
+	}
+	writeDrift(&b, rep)
+	writeAgent(&b, rep.Agent)
+	for _, w := range rep.Warnings {
+		fmt.Fprintf(&b, "warning: %s\n", w)
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("write the status: %w", err)
+	}
+	return nil
+}
+
+// writeTable writes the virtual servers' table: a row per real server,
+// the virtual server's columns on its first.
+func writeTable(b *strings.Builder, vss []statusVirtualServer) error {
 	var table strings.Builder
 	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tKIND\tVIRTUAL SERVER\tSCHEDULER\tREAL SERVER\tWEIGHT\tACTIVE\tINACTIVE\tDRIFT")
@@ -572,7 +481,7 @@ func writeStatus(w io.Writer, rep statusReport, output string) error {
 		}
 		return s
 	}
-	for _, vs := range rep.VirtualServers {
+	for _, vs := range vss {
 		sched := vs.Scheduler
 		if len(vs.Flags) > 0 {
 			sched += " " + strings.Join(vs.Flags, ",")
@@ -609,7 +518,7 @@ func writeStatus(w io.Writer, rep statusReport, output string) error {
 		}
 	}
 	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("write the status: %w", err)
+		return err
 	}
 	for _, line := range strings.SplitAfter(table.String(), "\n") {
 		b.WriteString(strings.TrimRight(line, " \n"))
@@ -617,19 +526,18 @@ func writeStatus(w io.Writer, rep statusReport, output string) error {
 			b.WriteString("\n")
 		}
 	}
-	if len(rep.VirtualServers) == 0 {
-		b.WriteString("(no virtual servers owned by ipvs-proxy)\n")
-	}
-	if rep.OtherVirtualServers > 0 {
-		fmt.Fprintf(&b, "virtual servers of others (left alone): %d\n", rep.OtherVirtualServers)
-	}
+	return nil
+}
+
+// writeDrift writes the drift, one line per operation.
+func writeDrift(b *strings.Builder, rep Report) {
 	switch {
 	case !rep.DriftKnown:
 		b.WriteString("drift: unknown without API access\n")
 	case len(rep.Drift) == 0:
 		b.WriteString("drift: none\n")
 	default:
-		fmt.Fprintf(&b, "drift: %d\n", len(rep.Drift))
+		fmt.Fprintf(b, "drift: %d\n", len(rep.Drift))
 		for _, d := range rep.Drift {
 			svc := ""
 			if d.Service != "" {
@@ -639,34 +547,30 @@ func writeStatus(w io.Writer, rep statusReport, output string) error {
 			if what == "" {
 				what = d.Address
 			}
-			fmt.Fprintf(&b, "  %s %s%s: %s\n", d.Kind, what, svc, d.Detail)
+			fmt.Fprintf(b, "  %s %s%s: %s\n", d.Kind, what, svc, d.Detail)
 		}
 	}
-	switch {
-	case !rep.Agent.Available:
-		fmt.Fprintf(&b, "agent: status unknown (%s)\n", rep.Agent.Error)
-	default:
-		failing := 0
-		for _, a := range rep.Agent.Services {
-			if a.Failures == 0 {
-				continue
-			}
-			failing++
-			retry := ""
-			if a.NextRetry != nil {
-				retry = ", next retry " + a.NextRetry.Format(time.RFC3339)
-			}
-			fmt.Fprintf(&b, "failing: %s (%d attempts%s): %s\n", a.Service, a.Failures, retry, a.LastError)
+}
+
+// writeAgent writes what the agent says: its failing Services.
+func writeAgent(b *strings.Builder, agent opsserver.AgentStatus) {
+	if !agent.Available {
+		fmt.Fprintf(b, "agent: status unknown (%s)\n", agent.Error)
+		return
+	}
+	failing := 0
+	for _, a := range agent.Services {
+		if a.Failures == 0 {
+			continue
 		}
-		if failing == 0 {
-			b.WriteString("agent: every Service programmed\n")
+		failing++
+		retry := ""
+		if a.NextRetry != nil {
+			retry = ", next retry " + a.NextRetry.Format(time.RFC3339)
 		}
+		fmt.Fprintf(b, "failing: %s (%d attempts%s): %s\n", a.Service, a.Failures, retry, a.LastError)
 	}
-	for _, w := range rep.Warnings {
-		fmt.Fprintf(&b, "warning: %s\n", w)
+	if failing == 0 {
+		b.WriteString("agent: every Service programmed\n")
 	}
-	if _, err := io.WriteString(w, b.String()); err != nil {
-		return fmt.Errorf("write the status: %w", err)
-	}
-	return nil
 }

@@ -1,4 +1,8 @@
-package main
+// Package preflight is `ipvs-proxy preflight`: it checks that the node has
+// what ipvs-proxy needs (IPVS and its schedulers, conntrack, the ipset and
+// dummy interface types, an iptables backend, the sysctls, capabilities),
+// and says how to fix what is missing.
+package preflight
 
 import (
 	"bufio"
@@ -15,19 +19,18 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/probe"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -38,8 +41,8 @@ const (
 	statusFail = "FAIL"
 )
 
-// preflightCheck is one line of the preflight report.
-type preflightCheck struct {
+// Check is one line of the preflight report.
+type Check struct {
 	Name   string `json:"name"`
 	Status string `json:"status"`
 	Detail string `json:"detail"`
@@ -47,13 +50,28 @@ type preflightCheck struct {
 	Remedy string `json:"remedy,omitempty"`
 }
 
-// preflightReport is what `ipvs-proxy preflight` prints.
-type preflightReport struct {
-	Kernel string           `json:"kernel"`
-	OK     bool             `json:"ok"`
-	Failed int              `json:"failed"`
-	Warned int              `json:"warned"`
-	Checks []preflightCheck `json:"checks"`
+// Report is what `ipvs-proxy preflight` prints.
+type Report struct {
+	Kernel string  `json:"kernel"`
+	OK     bool    `json:"ok"`
+	Failed int     `json:"failed"`
+	Warned int     `json:"warned"`
+	Checks []Check `json:"checks"`
+}
+
+// Err is the error of a report with a failed check: the requirements
+// missing (nil when none is).
+func (r Report) Err() error {
+	if r.OK {
+		return nil
+	}
+	var names []string
+	for _, c := range r.Checks {
+		if c.Status == statusFail {
+			names = append(names, c.Name)
+		}
+	}
+	return fmt.Errorf("preflight failed: %d requirement(s) missing: %s", len(names), strings.Join(names, ", "))
 }
 
 // moduleChecker tells the state of kernel modules and loads them
@@ -65,12 +83,9 @@ type moduleChecker interface {
 	Refresh()
 }
 
-// errNoAPI means there is no Kubernetes configuration to read Services with.
-var errNoAPI = errors.New("no Kubernetes configuration (no --kubeconfig, and not in a cluster)")
-
-// preflightSystem is the node as preflight sees it. Each part is a probe
+// System is the node as preflight sees it. Each part is a probe
 // that tests replace with a fake.
-type preflightSystem struct {
+type System struct {
 	kernel  string
 	modules moduleChecker
 	// ipvs looks up the IPVS generic netlink family.
@@ -88,21 +103,21 @@ type preflightSystem struct {
 	// capEff returns the effective capability set.
 	capEff func() (uint64, error)
 	// schedulersInUse maps the schedulers that Services' annotations name
-	// to those Services; errNoAPI when there is no configuration.
+	// to those Services; proxier.ErrNoAPI when there is no configuration.
 	schedulersInUse func(ctx context.Context) (map[string][]string, int, error)
 }
 
-// preflightConfig is what the checks depend on.
-type preflightConfig struct {
-	scheduler       string
-	ipv6            bool
-	strictARP       bool
-	iptablesBackend string
-	allSchedulers   bool
-	loadModules     bool
-	// configWarning lists the settings of the config file that run
+// Config is what the checks depend on.
+type Config struct {
+	Scheduler       string
+	IPv6            bool
+	StrictARP       bool
+	IPTablesBackend string
+	AllSchedulers   bool
+	LoadModules     bool
+	// ConfigWarning lists the settings of the config file that run
 	// ignores; nil if none.
-	configWarning *configWarning
+	ConfigWarning *config.Warning
 }
 
 // Linux capability numbers (linux/capability.h).
@@ -111,69 +126,16 @@ const (
 	capSysModule = 16
 )
 
-func newPreflightCommand() *cobra.Command {
-	var of *optionFlags
-	var output string
-	var all, load bool
-	cmd := &cobra.Command{
-		Use:   "preflight",
-		Short: "Check that this node has what ipvs-proxy needs (exit status 1 if not)",
-		Long: `Check that this node has what ipvs-proxy needs: the IPVS core, the modules of
-the schedulers in use (the default and those named by Services' annotations,
-when the API is reachable; every one with --all-schedulers), nf_conntrack, the
-ipset types and the dummy interface type (by trying them in a temporary network
-namespace), an iptables backend, the sysctls run sets, and the capabilities.
-It prints a table (or JSON) with a remedy per failure, and exits with status 1
-when a requirement is missing. With --load-modules it loads missing modules.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, cfg, warn, err := of.resolveReport(output)
-			if err != nil {
-				return err
-			}
-			log, err := newLogger(o.LogLevel, o.LogFormat)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = log.Sync() }()
-			sys, err := newPreflightSystem(o, log)
-			if err != nil {
-				return err
-			}
-			pc := preflightConfig{scheduler: cfg.Scheduler.Name, ipv6: cfg.IPv6, strictARP: o.StrictARP,
-				iptablesBackend: o.IPTablesBackend, allSchedulers: all, loadModules: load, configWarning: warn}
-			rep := runPreflight(cmd.Context(), sys, pc, log)
-			if err := writePreflight(cmd.OutOrStdout(), rep, output); err != nil {
-				return err
-			}
-			if !rep.OK {
-				var names []string
-				for _, c := range rep.Checks {
-					if c.Status == statusFail {
-						names = append(names, c.Name)
-					}
-				}
-				return fmt.Errorf("preflight failed: %d requirement(s) missing: %s", len(names), strings.Join(names, ", "))
-			}
-			return nil
-		},
-	}
-	of = newOptionFlags(cmd.Flags())
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format: table or json.")
-	cmd.Flags().BoolVar(&all, "all-schedulers", false, "Check the module of every IPVS scheduler, not only those in use.")
-	cmd.Flags().BoolVar(&load, "load-modules", false, "Load missing modules with modprobe (needs CAP_SYS_MODULE).")
-	return cmd
-}
-
-// newPreflightSystem returns the probes of the real node.
-func newPreflightSystem(o *options, log *zap.Logger) (*preflightSystem, error) {
+// NewSystem returns the probes of the real node; newClient gives the
+// client that reads the Services (proxier.ErrNoAPI without a configuration).
+func NewSystem(newClient func() (kubernetes.Interface, error), log *zap.Logger) (*System, error) {
 	mods, err := kmod.NewChecker()
 	if err != nil {
 		return nil, err
 	}
 	rel, _ := kmod.Release()
-	sysctls := sysctlRoot() // where run reads and writes them (container.go)
-	return &preflightSystem{
+	root := sysctls.Root() // where run reads and writes them
+	return &System{
 		kernel:  rel,
 		modules: mods,
 		ipvs:    probe.IPVS,
@@ -188,22 +150,17 @@ func newPreflightSystem(o *options, log *zap.Logger) (*preflightSystem, error) {
 			return err
 		},
 		iptables:   glue.Exec{},
-		sysctlRoot: sysctls,
+		sysctlRoot: root,
 		sysctl: func(name string) (string, error) {
-			b, err := os.ReadFile(filepath.Join(sysctls, name))
+			b, err := os.ReadFile(filepath.Join(root, name))
 			return strings.TrimSpace(string(b)), err
 		},
-		sysctlWritable: func(name string) error { return unix.Access(filepath.Join(sysctls, name), unix.W_OK) },
+		sysctlWritable: func(name string) error { return unix.Access(filepath.Join(root, name), unix.W_OK) },
 		capEff:         readCapEff,
 		schedulersInUse: func(ctx context.Context) (map[string][]string, int, error) {
-			return schedulersInUse(ctx, o)
+			return schedulersInUse(ctx, newClient)
 		},
 	}, nil
-}
-
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
 }
 
 // readCapEff reads the effective capabilities of this process.
@@ -226,24 +183,17 @@ func readCapEff() (uint64, error) {
 	return 0, fmt.Errorf("read capabilities: no CapEff in /proc/self/status")
 }
 
-// serviceSelector leaves out the Services that the proxier leaves out
-// (another proxy's, and headless ones), as proxier.Run does.
-const serviceSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
-
 // schedulersInUse lists the Services and returns the schedulers their
 // annotations name, with the Services naming each, and the number of
 // Services read.
-func schedulersInUse(ctx context.Context, o *options) (map[string][]string, int, error) {
-	if o.Kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
-		return nil, 0, errNoAPI
-	}
-	client, err := kubeClient(o.Kubeconfig)
+func schedulersInUse(ctx context.Context, newClient func() (kubernetes.Interface, error)) (map[string][]string, int, error) {
+	client, err := newClient()
 	if err != nil {
 		return nil, 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	services, err := listServices(ctx, client)
+	services, err := proxier.ListServices(ctx, client)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -265,26 +215,9 @@ func schedulersInUse(ctx context.Context, o *options) (map[string][]string, int,
 	return out, n, nil
 }
 
-// listServices lists the Services the proxier serves (serviceSelector), in
-// pages.
-func listServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Service, error) {
-	var out []corev1.Service
-	opts := metav1.ListOptions{LabelSelector: serviceSelector, Limit: 500}
-	for {
-		list, err := client.CoreV1().Services("").List(ctx, opts)
-		if err != nil {
-			return nil, fmt.Errorf("list Services: %w", err)
-		}
-		out = append(out, list.Items...)
-		if opts.Continue = list.Continue; opts.Continue == "" {
-			return out, nil
-		}
-	}
-}
-
-// runPreflight runs every check. It never fails: a probe that cannot run
+// Run runs every check. It never fails: a probe that cannot run
 // is a failed check.
-func runPreflight(ctx context.Context, sys *preflightSystem, pc preflightConfig, log *zap.Logger) preflightReport {
+func Run(ctx context.Context, sys *System, pc Config, log *zap.Logger) Report {
 	p := &preflight{ctx: ctx, sys: sys, cfg: pc, log: log}
 	p.configFile()
 	p.capabilities()
@@ -295,7 +228,7 @@ func runPreflight(ctx context.Context, sys *preflightSystem, pc preflightConfig,
 	p.dummyType()
 	p.iptables()
 	p.sysctls()
-	rep := preflightReport{Kernel: sys.kernel, Checks: p.checks}
+	rep := Report{Kernel: sys.kernel, Checks: p.checks}
 	for _, c := range p.checks {
 		switch c.Status {
 		case statusFail:
@@ -310,22 +243,22 @@ func runPreflight(ctx context.Context, sys *preflightSystem, pc preflightConfig,
 
 type preflight struct {
 	ctx    context.Context
-	sys    *preflightSystem
-	cfg    preflightConfig
+	sys    *System
+	cfg    Config
 	log    *zap.Logger
-	checks []preflightCheck
+	checks []Check
 }
 
 func (p *preflight) add(name, status, detail, remedy string) {
 	if status == statusOK {
 		remedy = ""
 	}
-	p.checks = append(p.checks, preflightCheck{Name: name, Status: status, Detail: detail, Remedy: remedy})
+	p.checks = append(p.checks, Check{Name: name, Status: status, Detail: detail, Remedy: remedy})
 }
 
 // configFile warns of the settings of the config file that run ignores.
 func (p *preflight) configFile() {
-	if w := p.cfg.configWarning; w != nil {
+	if w := p.cfg.ConfigWarning; w != nil {
 		p.add("config file", statusWarn, w.String(), "ipvs-proxy has no equivalent of these settings: drop them, or accept that they have no effect")
 	}
 }
@@ -353,7 +286,7 @@ func (p *preflight) capabilities() {
 		p.add("capability CAP_NET_ADMIN", statusFail, "missing: ipvs-proxy cannot program IPVS, addresses or iptables",
 			"run as root, or add NET_ADMIN to the container's securityContext.capabilities")
 	}
-	if !p.cfg.loadModules {
+	if !p.cfg.LoadModules {
 		return
 	}
 	if has(capSysModule) {
@@ -368,7 +301,7 @@ func (p *preflight) capabilities() {
 // is not present. note says what happened.
 func (p *preflight) moduleState(module string) (info kmod.Info, note string) {
 	info = p.sys.modules.Check(module)
-	if info.State.Present() || !p.cfg.loadModules || info.State == kmod.Missing {
+	if info.State.Present() || !p.cfg.LoadModules || info.State == kmod.Missing {
 		return info, ""
 	}
 	err := safely(func() error { return p.sys.modules.Load(p.ctx, module) })
@@ -425,8 +358,8 @@ func (p *preflight) ipvsCore() {
 
 func (p *preflight) schedulers() {
 	users := map[string][]string{}
-	users[p.cfg.scheduler] = []string{"--scheduler"}
-	if p.cfg.allSchedulers {
+	users[p.cfg.Scheduler] = []string{"--scheduler"}
+	if p.cfg.AllSchedulers {
 		for _, s := range scheduler.Names() {
 			if _, ok := users[s]; !ok {
 				users[s] = []string{"--all-schedulers"}
@@ -435,7 +368,7 @@ func (p *preflight) schedulers() {
 	} else {
 		inUse, n, err := p.sys.schedulersInUse(p.ctx)
 		switch {
-		case errors.Is(err, errNoAPI):
+		case errors.Is(err, proxier.ErrNoAPI):
 			p.add("schedulers in use", statusOK, "no Kubernetes configuration: only --scheduler is checked", "")
 		case err != nil:
 			p.add("schedulers in use", statusWarn, "cannot read Services' scheduler annotations: "+err.Error()+"; only --scheduler is checked",
@@ -480,7 +413,7 @@ func (p *preflight) module(name, module, what, usedBy string) {
 	case kmod.Loaded, kmod.Builtin:
 		p.add(name, statusOK, detail, "")
 	case kmod.Loadable:
-		if p.cfg.loadModules { // modprobe failed
+		if p.cfg.LoadModules { // modprobe failed
 			p.add(name, statusWarn, detail, "modprobe "+info.Name+" on the node")
 			return
 		}
@@ -556,7 +489,7 @@ func (p *preflight) iptables() {
 		backends[b] = p.readBackend(b)
 	}
 	facts := backends[glue.NFT].String() + "; " + backends[glue.Legacy].String()
-	chosen, reason, err := glue.DetectBackend(p.sys.iptables, p.cfg.iptablesBackend)
+	chosen, reason, err := glue.DetectBackend(p.sys.iptables, p.cfg.IPTablesBackend)
 	if err != nil {
 		p.add(name, statusFail, "no usable iptables: "+facts, install)
 		return
@@ -567,7 +500,7 @@ func (p *preflight) iptables() {
 			install+", or choose another --iptables-backend")
 		return
 	}
-	if p.cfg.ipv6 {
+	if p.cfg.IPv6 {
 		t, err := glue.NewIPTables(p.sys.iptables, chosen, ipset.IPv6)
 		if err == nil {
 			_, err = t.Save(p.ctx)
@@ -589,27 +522,29 @@ func (p *preflight) iptables() {
 }
 
 // sysctlRemedy says how to make the sysctls writable in a container.
-const sysctlRemedy = "mount the node's /proc/sys/net writable at " + hostProcSys + "/net (as deploy/daemonset.yaml does)"
+const sysctlRemedy = "mount the node's /proc/sys/net writable at " + sysctls.HostProcSys + "/net (as deploy/daemonset.yaml does)"
 
 // preflightSysctl is one kernel setting run needs.
 type preflightSysctl struct{ name, value, why string }
 
 func (p *preflight) wantedSysctls() []preflightSysctl {
 	var out []preflightSysctl
-	for _, s := range ipvsSysctls {
-		out = append(out, preflightSysctl{s.name, s.value, "run"})
+	want := sysctls.IPVS
+	if p.cfg.IPv6 {
+		want = append(slices.Clone(want), sysctls.IPv6Forwarding)
 	}
+	// conn_reuse_mode as run decides it; an unreadable release: no check.
 	if release, err := p.sys.sysctl("kernel/osrelease"); err == nil {
-		if v, set, err := netlinkutil.ConnReuseMode(release); err == nil && set {
-			out = append(out, preflightSysctl{netlinkutil.ConnReuseModeSysctl, v, "run"})
+		if w, err := sysctls.ForKernel(release, p.cfg.IPv6); err == nil {
+			want = w
 		}
 	}
-	if p.cfg.ipv6 {
-		out = append(out, preflightSysctl{"net/ipv6/conf/all/forwarding", "1", "run"})
+	for _, s := range want {
+		out = append(out, preflightSysctl{s.Name, s.Value, "run"})
 	}
-	if p.cfg.strictARP {
-		for _, s := range glueSysctls {
-			out = append(out, preflightSysctl{s.name, s.value, "--strict-arp"})
+	if p.cfg.StrictARP {
+		for _, s := range sysctls.StrictARP {
+			out = append(out, preflightSysctl{s.Name, s.Value, "--strict-arp"})
 		}
 	}
 	return out
@@ -653,8 +588,8 @@ func (p *preflight) sysctls() {
 	}
 }
 
-// writePreflight prints the report as a table or JSON.
-func writePreflight(w io.Writer, rep preflightReport, output string) error {
+// Write prints the report as a table or JSON.
+func Write(w io.Writer, rep Report, output string) error {
 	if output == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -1,24 +1,24 @@
-package main
+package sysctls
 
 import (
 	"os"
 	"path/filepath"
 )
 
-// hostProcSys is where deploy/daemonset.yaml mounts the node's
+// HostProcSys is where deploy/daemonset.yaml mounts the node's
 // /proc/sys/net: container runtimes mount /proc/sys read-only in an
 // unprivileged container, and Kubernetes refuses net.* sysctls for pods on
 // the host network, so that mount is how an unprivileged ipvs-proxy sets
 // ip_forward and net.ipv4.vs.* (only net.* settings are written). The
 // files act on the network namespace of the process that opens them: the
 // node's, since the pod shares it.
-const hostProcSys = "/host/proc/sys"
+const HostProcSys = "/host/proc/sys"
 
-// sysctlRoot is the /proc/sys to read and write kernel settings under:
-// hostProcSys when the node's /proc/sys/net is mounted there, else
+// Root is the /proc/sys to read and write kernel settings under:
+// HostProcSys when the node's /proc/sys/net is mounted there, else
 // /proc/sys.
-func sysctlRoot() string {
-	return sysctlRootIn(hostProcSys)
+func Root() string {
+	return sysctlRootIn(HostProcSys)
 }
 
 func sysctlRootIn(host string) string {

@@ -1,4 +1,4 @@
-package main
+package preflight
 
 import (
 	"bytes"
@@ -12,11 +12,11 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -50,7 +50,7 @@ func (f *fakeModules) Load(_ context.Context, m string) error {
 
 func (f *fakeModules) Refresh() {}
 
-// fakeNode builds a preflightSystem whose every probe succeeds.
+// fakeNode builds a System whose every probe succeeds.
 type fakeNode struct {
 	mods     *fakeModules
 	commands map[string]bool   // installed commands
@@ -74,7 +74,7 @@ func newFakeNode() *fakeNode {
 		saveErr:  map[string]error{},
 		sysctls:  map[string]string{},
 		caps:     1<<capNetAdmin | 1<<capSysModule,
-		inUse:    func(context.Context) (map[string][]string, int, error) { return nil, 0, errNoAPI },
+		inUse:    func(context.Context) (map[string][]string, int, error) { return nil, 0, proxier.ErrNoAPI },
 		ipsetErr: map[string]error{},
 	}
 	for _, base := range []string{"iptables", "ip6tables"} {
@@ -83,8 +83,8 @@ func newFakeNode() *fakeNode {
 			n.commands[base+"-"+b+"-restore"] = true
 		}
 	}
-	for _, s := range ipvsSysctls {
-		n.sysctls[s.name] = s.value
+	for _, s := range sysctls.IPVS {
+		n.sysctls[s.Name] = s.Value
 	}
 	n.sysctls["kernel/osrelease"] = "5.4.0-150-generic" // before 5.9: run sets conn_reuse_mode=0
 	n.sysctls["net/ipv4/vs/conn_reuse_mode"] = "0"
@@ -94,8 +94,8 @@ func newFakeNode() *fakeNode {
 	return n
 }
 
-func (n *fakeNode) system() *preflightSystem {
-	return &preflightSystem{
+func (n *fakeNode) system() *System {
+	return &System{
 		kernel:  "6.1.0-test",
 		modules: n.mods,
 		ipvs:    func() error { return n.ipvsErr },
@@ -160,10 +160,10 @@ type expect struct {
 }
 
 func TestPreflight(t *testing.T) {
-	base := preflightConfig{scheduler: "rr", iptablesBackend: "auto"}
+	base := Config{Scheduler: "rr", IPTablesBackend: "auto"}
 	tests := []struct {
 		name   string
-		cfg    func(*preflightConfig)
+		cfg    func(*Config)
 		node   func(*fakeNode)
 		ok     bool
 		expect map[string]expect
@@ -194,8 +194,8 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "settings of the config file that run ignores warn",
 			ok:   true,
-			cfg: func(c *preflightConfig) {
-				c.configWarning = &configWarning{File: "/var/lib/kube-proxy/config.conf", Kind: "KubeProxyConfiguration",
+			cfg: func(c *Config) {
+				c.ConfigWarning = &config.Warning{File: "/var/lib/kube-proxy/config.conf", Kind: "KubeProxyConfiguration",
 					Ignored: []string{"conntrack.maxPerCore: 32768", "mode: iptables (ipvs-proxy programs IPVS whatever the mode)"}}
 			},
 			expect: map[string]expect{
@@ -220,9 +220,9 @@ func TestPreflight(t *testing.T) {
 				n.ipvsErr = errors.New("generic netlink family IPVS not found: no such file or directory")
 				n.mods.state["ip_vs"] = kmod.Missing
 				n.mods.state["ip_vs_rr"] = kmod.Missing
-				for _, s := range ipvsSysctls {
-					if strings.HasPrefix(s.name, "net/ipv4/vs/") {
-						delete(n.sysctls, s.name)
+				for _, s := range sysctls.IPVS {
+					if strings.HasPrefix(s.Name, "net/ipv4/vs/") {
+						delete(n.sysctls, s.Name)
 					}
 				}
 			},
@@ -258,7 +258,7 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "--load-modules loads what is missing",
 			ok:   true,
-			cfg:  func(c *preflightConfig) { c.loadModules = true },
+			cfg:  func(c *Config) { c.LoadModules = true },
 			node: func(n *fakeNode) {
 				n.mods.state["ip_vs_rr"] = kmod.Loadable
 				n.mods.state["dummy"] = kmod.Loadable
@@ -272,7 +272,7 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "--load-modules when modprobe fails",
 			ok:   true,
-			cfg:  func(c *preflightConfig) { c.loadModules = true },
+			cfg:  func(c *Config) { c.LoadModules = true },
 			node: func(n *fakeNode) {
 				n.mods.state["ip_vs_rr"] = kmod.Loadable
 				n.mods.loadErr = errors.New("modprobe ip_vs_rr: exit status 1: FATAL")
@@ -283,7 +283,7 @@ func TestPreflight(t *testing.T) {
 		},
 		{
 			name: "--load-modules without CAP_SYS_MODULE",
-			cfg:  func(c *preflightConfig) { c.loadModules = true },
+			cfg:  func(c *Config) { c.LoadModules = true },
 			node: func(n *fakeNode) { n.caps = 1 << capNetAdmin },
 			expect: map[string]expect{
 				"capability CAP_NET_ADMIN":  {status: statusOK},
@@ -371,7 +371,7 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "--iptables-backend legacy where kubelet uses legacy",
 			ok:   true,
-			cfg:  func(c *preflightConfig) { c.iptablesBackend = "legacy" },
+			cfg:  func(c *Config) { c.IPTablesBackend = "legacy" },
 			node: func(n *fakeNode) { n.saves["iptables-legacy-save"] = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n" },
 			expect: map[string]expect{
 				"iptables backend": {statusOK, "run uses legacy (--iptables-backend legacy)", ""},
@@ -379,7 +379,7 @@ func TestPreflight(t *testing.T) {
 		},
 		{
 			name: "--iptables-backend legacy, not installed",
-			cfg:  func(c *preflightConfig) { c.iptablesBackend = "legacy" },
+			cfg:  func(c *Config) { c.IPTablesBackend = "legacy" },
 			node: func(n *fakeNode) { n.uninstall("legacy") },
 			expect: map[string]expect{
 				"iptables backend": {statusFail, "run would use legacy (--iptables-backend legacy), which does not work", "choose another --iptables-backend"},
@@ -397,7 +397,7 @@ func TestPreflight(t *testing.T) {
 		},
 		{
 			name: "IPv6 without ip6tables",
-			cfg:  func(c *preflightConfig) { c.ipv6 = true },
+			cfg:  func(c *Config) { c.IPv6 = true },
 			node: func(n *fakeNode) {
 				delete(n.commands, "ip6tables-nft-save")
 			},
@@ -419,7 +419,7 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "IPv6 and strict ARP add their sysctls",
 			ok:   true,
-			cfg:  func(c *preflightConfig) { c.ipv6, c.strictARP = true, true },
+			cfg:  func(c *Config) { c.IPv6, c.StrictARP = true, true },
 			expect: map[string]expect{
 				"sysctl net.ipv6.conf.all.forwarding":   {status: statusOK},
 				"sysctl net.ipv4.conf.all.arp_ignore":   {statusOK, "= 0, --strict-arp sets 1; writable", ""},
@@ -428,7 +428,7 @@ func TestPreflight(t *testing.T) {
 		},
 		{
 			name: "IPv6 missing",
-			cfg:  func(c *preflightConfig) { c.ipv6 = true },
+			cfg:  func(c *Config) { c.IPv6 = true },
 			node: func(n *fakeNode) { delete(n.sysctls, "net/ipv6/conf/all/forwarding") },
 			expect: map[string]expect{
 				"sysctl net.ipv6.conf.all.forwarding": {statusFail, "does not exist", "drop IPv6 from --ip-families"},
@@ -453,7 +453,7 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "the API fails: only --scheduler, with a warning",
 			ok:   true,
-			cfg:  func(c *preflightConfig) { c.scheduler = "wlc" },
+			cfg:  func(c *Config) { c.Scheduler = "wlc" },
 			node: func(n *fakeNode) {
 				n.inUse = func(context.Context) (map[string][]string, int, error) {
 					return nil, 0, errors.New("list Services: connection refused")
@@ -476,8 +476,8 @@ func TestPreflight(t *testing.T) {
 			if tt.cfg != nil {
 				tt.cfg(&pc)
 			}
-			rep := runPreflight(context.Background(), n.system(), pc, zap.NewNop())
-			got := map[string]preflightCheck{}
+			rep := Run(context.Background(), n.system(), pc, zap.NewNop())
+			got := map[string]Check{}
 			for _, c := range rep.Checks {
 				if _, dup := got[c.Name]; dup {
 					t.Errorf("check %q twice", c.Name)
@@ -517,9 +517,9 @@ func TestPreflight(t *testing.T) {
 	}
 }
 
-func tableOf(t *testing.T, rep preflightReport) string {
+func tableOf(t *testing.T, rep Report) string {
 	var b bytes.Buffer
-	if err := writePreflight(&b, rep, "table"); err != nil {
+	if err := Write(&b, rep, "table"); err != nil {
 		t.Fatal(err)
 	}
 	return b.String()
@@ -532,7 +532,7 @@ func TestPreflightAllSchedulers(t *testing.T) {
 		return nil, 0, nil
 	}
 	n.mods.state["ip_vs_mh"] = kmod.Missing
-	rep := runPreflight(context.Background(), n.system(), preflightConfig{scheduler: "rr", iptablesBackend: "auto", allSchedulers: true}, zap.NewNop())
+	rep := Run(context.Background(), n.system(), Config{Scheduler: "rr", IPTablesBackend: "auto", AllSchedulers: true}, zap.NewNop())
 	var checked []string
 	for _, c := range rep.Checks {
 		if s, ok := strings.CutPrefix(c.Name, "scheduler "); ok {
@@ -551,7 +551,7 @@ func TestPreflightAllSchedulers(t *testing.T) {
 }
 
 func TestWritePreflight(t *testing.T) {
-	rep := preflightReport{Kernel: "6.1.0-test", Failed: 1, Checks: []preflightCheck{
+	rep := Report{Kernel: "6.1.0-test", Failed: 1, Checks: []Check{
 		{Name: "capability CAP_NET_ADMIN", Status: statusOK, Detail: "present"},
 		{Name: "IPVS core", Status: statusFail, Detail: "the kernel has no IPVS", Remedy: "use a kernel built with IPVS (module ip_vs)"},
 	}}
@@ -566,10 +566,10 @@ kernel 6.1.0-test: 2 checks, 1 failed, 0 warnings: NOT ready for ipvs-proxy
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
 	}
 	var b bytes.Buffer
-	if err := writePreflight(&b, rep, "json"); err != nil {
+	if err := Write(&b, rep, "json"); err != nil {
 		t.Fatal(err)
 	}
-	var back preflightReport
+	var back Report
 	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
 		t.Fatal(err)
 	}
@@ -578,23 +578,5 @@ kernel 6.1.0-test: 2 checks, 1 failed, 0 warnings: NOT ready for ipvs-proxy
 	}
 	if !strings.Contains(b.String(), `"remedy": "use a kernel built with IPVS (module ip_vs)"`) || strings.Count(b.String(), `"remedy"`) != 1 {
 		t.Errorf("JSON: remedies only on failures:\n%s", b.String())
-	}
-}
-
-// TestListServices: the Services of other proxies and headless ones are
-// not read, as in the proxier.
-func TestListServices(t *testing.T) {
-	svc := func(name string, labels map[string]string) *corev1.Service {
-		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: labels},
-			Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10"}}
-	}
-	client := fake.NewClientset(svc("mine", nil), svc("theirs", map[string]string{"service.kubernetes.io/service-proxy-name": "other"}),
-		svc("headless", map[string]string{"service.kubernetes.io/headless": ""}))
-	got, err := listServices(context.Background(), client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0].Name != "mine" {
-		t.Errorf("listed %v, want only ns/mine", got)
 	}
 }

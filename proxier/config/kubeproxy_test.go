@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"encoding/json"
@@ -37,7 +37,7 @@ func TestKubeProxyConfigKubeadm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkOptions(t, got, func(o *options) {
+	checkOptions(t, got, func(o *Options) {
 		o.Kubeconfig, o.HostnameOverride = "/var/lib/kube-proxy/kubeconfig.conf", "node-1"
 		o.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:10:244::/56"}
 		o.Scheduler, o.StrictARP = "lc", true
@@ -67,10 +67,10 @@ func TestKubeProxyConfig(t *testing.T) {
 		name    string
 		file    string // after the apiVersion and kind
 		args    []string
-		want    func(o *options) // changes the defaults into what is expected
+		want    func(o *Options) // changes the defaults into what is expected
 		ignored []string         // the warning's list; nil: no warning
 	}{
-		{name: "nothing set", file: "", want: func(*options) {}},
+		{name: "nothing set", file: "", want: func(*Options) {}},
 		{name: "every field that maps", file: `
 clientConnection: {kubeconfig: /etc/kubernetes/proxy.conf}
 hostnameOverride: node-7
@@ -92,7 +92,7 @@ logging: {format: text}
 mode: ipvs
 detectLocalMode: ClusterCIDR
 bindAddress: "::"
-`, want: func(o *options) {
+`, want: func(o *Options) {
 			o.Kubeconfig, o.HostnameOverride = "/etc/kubernetes/proxy.conf", "node-7"
 			o.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:10:244::/56"}
 			o.NodePortAddresses = []string{"10.0.0.0/8", "2001:db8::/64"}
@@ -111,12 +111,12 @@ nodePortAddresses: []
 conntrack: {maxPerCore: null, min: 0, udpTimeout: 0s}
 oomScoreAdj: null
 featureGates: {}
-`, want: func(*options) {}},
+`, want: func(*Options) {}},
 		{name: "addresses without a port get kube-proxy's", file: "metricsBindAddress: 0.0.0.0\nhealthzBindAddress: \"::\"\n",
-			want: func(o *options) { o.MetricsBindAddress, o.HealthzBindAddress = "0.0.0.0:10249", "[::]:10256" }},
-		{name: "mode iptables is a warning", file: "mode: iptables\n", want: func(*options) {},
+			want: func(o *Options) { o.MetricsBindAddress, o.HealthzBindAddress = "0.0.0.0:10249", "[::]:10256" }},
+		{name: "mode iptables is a warning", file: "mode: iptables\n", want: func(*Options) {},
 			ignored: []string{"mode: iptables (ipvs-proxy programs IPVS whatever the mode)"}},
-		{name: "nodePortAddresses primary is a warning", file: "nodePortAddresses: [primary]\n", want: func(*options) {},
+		{name: "nodePortAddresses primary is a warning", file: "nodePortAddresses: [primary]\n", want: func(*Options) {},
 			ignored: []string{"nodePortAddresses: primary (node ports are served on every node address but loopback; list CIDRs to narrow that)"}},
 		{name: "unsupported settings in one warning", file: `
 mode: nftables
@@ -137,7 +137,7 @@ oomScoreAdj: -999
 configSyncPeriod: 15m
 portRange: 30000-32767
 ipvs: {scheduler: wrr}
-`, want: func(o *options) { o.Scheduler = "wrr"; o.Profiling = true }, ignored: []string{
+`, want: func(o *Options) { o.Scheduler = "wrr"; o.Profiling = true }, ignored: []string{
 			"bindAddress: 192.0.2.7",
 			"bindAddressHardFail: true",
 			"clientConnection.burst: 10",
@@ -167,12 +167,12 @@ clusterCIDR: 10.244.0.0/16
 ipvs: {scheduler: sh, syncPeriod: 1m, strictARP: true}
 metricsBindAddress: 0.0.0.0:10249
 `, args: []string{"--hostname-override", "node-1", "--scheduler", "mh", "--cluster-cidr", "10.0.0.0/8,fd00::/48", "--strict-arp=false", "--metrics-bind-address", ""},
-			want: func(o *options) {
+			want: func(o *Options) {
 				o.HostnameOverride, o.Scheduler, o.SyncPeriod = "node-1", "mh", time.Minute
 				o.ClusterCIDRs, o.MetricsBindAddress = []string{"10.0.0.0/8", "fd00::/48"}, ""
 			}},
 		{name: "a flag fixes a value the file got wrong", file: "ipvs: {scheduler: fastest}\n", args: []string{"--scheduler", "lc"},
-			want: func(o *options) { o.Scheduler = "lc" }},
+			want: func(o *Options) { o.Scheduler = "lc" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -213,12 +213,12 @@ func TestKubeProxyConfigWarningText(t *testing.T) {
 // file and every ignored setting; nothing without one.
 func TestKubeProxyConfigWarningLogged(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
-	logConfigWarning(zap.New(core), nil)
+	LogWarning(zap.New(core), nil)
 	if n := logs.Len(); n != 0 {
 		t.Errorf("%d entries without a warning", n)
 	}
-	warn := &configWarning{File: "/var/lib/kube-proxy/config.conf", Kind: "KubeProxyConfiguration", Ignored: []string{"mode: iptables", "oomScoreAdj: -999"}}
-	logConfigWarning(zap.New(core), warn)
+	warn := &Warning{File: "/var/lib/kube-proxy/config.conf", Kind: "KubeProxyConfiguration", Ignored: []string{"mode: iptables", "oomScoreAdj: -999"}}
+	LogWarning(zap.New(core), warn)
 	entries := logs.AllUntimed()
 	if len(entries) != 1 {
 		t.Fatalf("%d entries, want 1", len(entries))

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -54,11 +54,11 @@ func FuzzConfigFile(f *testing.F) {
 			t.Fatal(err)
 		}
 		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
-		of := newOptionFlags(fs)
+		of := NewFlags(fs)
 		if err := fs.Parse([]string{"--config", path}); err != nil {
 			t.Fatal(err)
 		}
-		resolved, _, err := of.resolve()
+		resolved, _, err := of.Resolve()
 		switch {
 		case err != nil:
 			// No flag was given: the file alone is to blame, by its name.
@@ -138,7 +138,7 @@ func escapeC1(j []byte) []byte {
 
 // configAsMap is the options as a config file writes them: every field
 // under its json name, durations as strings such as "1m30s".
-func configAsMap(o options) map[string]any {
+func configAsMap(o Options) map[string]any {
 	v := reflect.ValueOf(o)
 	out := map[string]any{}
 	for name, f := range configFields() {
@@ -184,11 +184,11 @@ func FuzzFlags(f *testing.F) {
 		}
 		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 		fs.SetOutput(io.Discard)
-		of := newOptionFlags(fs)
+		of := NewFlags(fs)
 		if err := fs.Parse(argv); err != nil {
 			return
 		}
-		o, _, err := of.resolve()
+		o, _, err := of.Resolve()
 		if err != nil {
 			if err.Error() == "" {
 				t.Fatal("an empty error")

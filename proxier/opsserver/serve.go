@@ -1,14 +1,15 @@
-package main
-
-// The agent's operational endpoints: Prometheus metrics, /healthz and /livez
-// on kube-proxy's conventions, and the health-check node ports of
+// Package opsserver serves the agent's operational endpoints: Prometheus
+// metrics, /healthz and /livez on kube-proxy's conventions, /statusz (and
+// reads it for `ipvs-proxy status`), and the health-check node ports of
 // externalTrafficPolicy Local Services.
+package opsserver
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -59,9 +60,9 @@ type apiProbe struct {
 	lastErr      error
 }
 
-// versionCheck asks the apiserver for /version, which every authenticated
+// VersionCheck asks the apiserver for /version, which every authenticated
 // client may read (system:public-info-viewer) and which touches no storage.
-func versionCheck(client kubernetes.Interface) func(ctx context.Context) error {
+func VersionCheck(client kubernetes.Interface) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
 		if err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error(); err != nil {
 			return fmt.Errorf("GET /version: %w", err)
@@ -233,8 +234,8 @@ func (h *healthz) logChange(endpoint string, r healthReport) {
 	}
 }
 
-// opsConfig is what startOperations needs; fields are injected in tests.
-type opsConfig struct {
+// Config is what Start needs; fields are injected in tests.
+type Config struct {
 	MetricsAddr, HealthzAddr string
 	// Profiling serves Go's pprof handlers on MetricsAddr.
 	Profiling  bool
@@ -253,8 +254,8 @@ type opsConfig struct {
 	Now              func() time.Time
 }
 
-// operations are the running endpoints; stop ends them.
-type operations struct {
+// Server is the running endpoints; Stop ends them.
+type Server struct {
 	health      *healthz
 	healthCheck *healthcheck.Server
 	addrs       map[string]net.Addr // bound address by configured address
@@ -264,17 +265,17 @@ type operations struct {
 	log         *zap.Logger
 }
 
-// startOperations binds the metrics and health addresses (an address in
+// Start binds the metrics and health addresses (an address in
 // use is an error at once, e.g. kube-proxy still running), serves them, and
 // starts the apiserver probe. The health-check node ports open as the
 // proxier syncs: add ops.healthCheck as a consumer.
-func startOperations(ctx context.Context, c opsConfig, log *zap.Logger) (*operations, error) {
+func Start(ctx context.Context, c Config, log *zap.Logger) (*Server, error) {
 	log = log.With(zap.String("component", "operations"))
 	if c.Now == nil {
 		c.Now = time.Now
 	}
 	timeout := healthTimeout(c.SyncPeriod)
-	ops := &operations{addrs: map[string]net.Addr{}, log: log}
+	ops := &Server{addrs: map[string]net.Addr{}, log: log}
 	ctx, ops.cancel = context.WithCancel(ctx)
 	healthzTotal := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kubeproxy_healthz_total", Help: "Cumulative proxy healthz HTTP status.",
@@ -298,7 +299,29 @@ func startOperations(ctx context.Context, c opsConfig, log *zap.Logger) (*operat
 	ops.healthCheck = healthcheck.New(healthcheck.Config{Addresses: c.HealthCheckAddrs, ProxyHealthy: h.proxyHealthy,
 		Recorder: c.Recorder}, log)
 
-	// kube-proxy's endpoint names; one address may serve both.
+	muxes, err := routes(c, h, healthzTotal, livezTotal, log)
+	if err != nil {
+		return nil, err
+	}
+	for addr, m := range muxes {
+		if err := ops.serve(addr, m, c); err != nil {
+			ops.Stop()
+			return nil, err
+		}
+	}
+	if h.api != nil {
+		ops.done.Add(1)
+		go func() {
+			defer ops.done.Done()
+			h.api.run(ctx)
+		}()
+	}
+	return ops, nil
+}
+
+// routes are the handlers to serve, by address: kube-proxy's endpoint
+// names; one address may serve both.
+func routes(c Config, h *healthz, healthzTotal, livezTotal *prometheus.CounterVec, log *zap.Logger) (map[string]*http.ServeMux, error) {
 	muxes := map[string]*http.ServeMux{}
 	mux := func(addr string) *http.ServeMux {
 		if muxes[addr] == nil {
@@ -334,35 +357,30 @@ func startOperations(ctx context.Context, c opsConfig, log *zap.Logger) (*operat
 			m.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
 	}
-	for addr, m := range muxes {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			ops.stop()
-			return nil, fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address): %w", addr, err)
-		}
-		ops.addrs[addr] = ln.Addr()
-		srv := &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: zap.NewStdLog(log)}
-		ops.servers = append(ops.servers, srv)
-		ops.done.Add(1)
-		go func() {
-			defer ops.done.Done()
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("HTTP server stopped", zap.String("address", addr), zap.Error(err))
-			}
-		}()
-		log.Info("serving", zap.String("address", ln.Addr().String()), zap.Strings("paths", muxPaths(addr, c)))
-	}
-	if h.api != nil {
-		ops.done.Add(1)
-		go func() {
-			defer ops.done.Done()
-			h.api.run(ctx)
-		}()
-	}
-	return ops, nil
+	return muxes, nil
 }
 
-func muxPaths(addr string, c opsConfig) []string {
+// serve binds addr and serves m there until Stop.
+func (ops *Server) serve(addr string, m *http.ServeMux, c Config) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address): %w", addr, err)
+	}
+	ops.addrs[addr] = ln.Addr()
+	srv := &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: zap.NewStdLog(ops.log)}
+	ops.servers = append(ops.servers, srv)
+	ops.done.Add(1)
+	go func() {
+		defer ops.done.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			ops.log.Error("HTTP server stopped", zap.String("address", addr), zap.Error(err))
+		}
+	}()
+	ops.log.Info("serving", zap.String("address", ln.Addr().String()), zap.Strings("paths", muxPaths(addr, c)))
+	return nil
+}
+
+func muxPaths(addr string, c Config) []string {
 	var p []string
 	if addr == c.HealthzAddr {
 		p = append(p, "/healthz", "/livez")
@@ -376,9 +394,13 @@ func muxPaths(addr string, c opsConfig) []string {
 	return p
 }
 
-// stop shuts the HTTP servers down (in-flight requests get 2 s), closes
+// HealthCheck is the server of the health-check node ports: a consumer of
+// the proxier's plans (proxier.AddConsumer).
+func (ops *Server) HealthCheck() *healthcheck.Server { return ops.healthCheck }
+
+// Stop shuts the HTTP servers down (in-flight requests get 2 s), closes
 // the health-check node ports and stops the probe.
-func (ops *operations) stop() {
+func (ops *Server) Stop() {
 	ops.cancel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -405,10 +427,10 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
-// healthCheckAddresses are the node addresses the health-check node ports
+// HealthCheckAddresses are the node addresses the health-check node ports
 // listen on: with --nodeport-addresses, the node's addresses in those
 // CIDRs (read once at start, as kube-proxy does); else every address.
-func healthCheckAddresses(links netlinkutil.Links, cfg proxier.Config, log *zap.Logger) []netip.Addr {
+func HealthCheckAddresses(links netlinkutil.Links, cfg proxier.Config, log *zap.Logger) []netip.Addr {
 	if len(cfg.NodePortAddresses) == 0 {
 		return nil
 	}
@@ -422,27 +444,9 @@ func healthCheckAddresses(links netlinkutil.Links, cfg proxier.Config, log *zap.
 	return addrs
 }
 
-// serveOperations starts the operational endpoints of `ipvs-proxy run` and
-// adds the health-check node ports to the proxier; the returned function
-// stops them.
-func serveOperations(ctx context.Context, o *options, cfg proxier.Config, p *proxier.Proxier, reg *prometheus.Registry,
-	client kubernetes.Interface, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
-	ops, err := startOperations(ctx, opsConfig{
-		MetricsAddr: strings.TrimSpace(o.MetricsBindAddress), HealthzAddr: strings.TrimSpace(o.HealthzBindAddress),
-		Profiling:  o.Profiling,
-		SyncPeriod: cfg.SyncPeriod, Registry: reg, Status: p.Status, Problems: p.ServiceProblems, APICheck: versionCheck(client),
-		HealthCheckAddrs: healthCheckAddresses(links, cfg, log), Recorder: recorder,
-	}, log)
-	if err != nil {
-		return nil, err
-	}
-	p.AddConsumer(ops.healthCheck)
-	return ops.stop, nil
-}
-
-// agentServiceStatus is one Service's status as the agent serves it on
+// ServiceStatus is one Service's status as the agent serves it on
 // /statusz (and `ipvs-proxy status` reads it).
-type agentServiceStatus struct {
+type ServiceStatus struct {
 	Service   string     `json:"service"`
 	Failures  int        `json:"failures,omitempty"`
 	LastError string     `json:"lastError,omitempty"`
@@ -453,15 +457,15 @@ type agentServiceStatus struct {
 // statuszBody is the body of /statusz: the Services whose writes fail or
 // that lost a conflict, as of the agent's last sync.
 type statuszBody struct {
-	Services []agentServiceStatus `json:"services"`
+	Services []ServiceStatus `json:"services"`
 }
 
 func statuszHandler(problems func() []proxier.ServiceStatus, log *zap.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		body := statuszBody{Services: []agentServiceStatus{}}
+		body := statuszBody{Services: []ServiceStatus{}}
 		if problems != nil {
 			for _, st := range problems() {
-				a := agentServiceStatus{Service: st.Service.String(), Failures: st.Failures, LastError: st.LastError,
+				a := ServiceStatus{Service: st.Service.String(), Failures: st.Failures, LastError: st.LastError,
 					NextRetry: timePtr(st.NextRetry)}
 				for _, c := range st.Conflicts {
 					a.Conflicts = append(a.Conflicts, c.String())
@@ -474,4 +478,45 @@ func statuszHandler(problems func() []proxier.ServiceStatus, log *zap.Logger) ht
 			log.Debug("write /statusz", zap.Error(err))
 		}
 	})
+}
+
+// AgentStatus is what the agent on this node says of its Services.
+type AgentStatus struct {
+	Available bool   `json:"available"`
+	Error     string `json:"error,omitempty"`
+	// Services are those whose writes fail or that lost a conflict.
+	Services []ServiceStatus `json:"services,omitempty"`
+}
+
+// ReadAgentStatus reads the agent's /statusz on its metrics address.
+func ReadAgentStatus(ctx context.Context, metricsAddr string) AgentStatus {
+	if strings.TrimSpace(metricsAddr) == "" {
+		return AgentStatus{Error: "no --metrics-bind-address: the agent's status is not served"}
+	}
+	host, port, err := net.SplitHostPort(strings.TrimSpace(metricsAddr))
+	if err != nil {
+		return AgentStatus{Error: fmt.Sprintf("--metrics-bind-address %q: %v", metricsAddr, err)}
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/statusz", nil)
+	if err != nil {
+		return AgentStatus{Error: err.Error()}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return AgentStatus{Error: fmt.Sprintf("the agent does not answer: %v", err)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return AgentStatus{Error: fmt.Sprintf("the agent's /statusz answered %s", resp.Status)}
+	}
+	var body statuszBody
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&body); err != nil {
+		return AgentStatus{Error: fmt.Sprintf("the agent's /statusz: %v", err)}
+	}
+	return AgentStatus{Available: true, Services: body.Services}
 }

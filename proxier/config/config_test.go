@@ -1,10 +1,9 @@
-package main
+package config
 
 import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -15,17 +14,17 @@ import (
 
 // resolveWith parses args (plus --config FILE when file is not nil) the way
 // a command does and resolves the options.
-func resolveWith(t *testing.T, file *string, args ...string) (*options, string, error) {
+func resolveWith(t *testing.T, file *string, args ...string) (*Options, string, error) {
 	t.Helper()
 	o, _, path, err := resolveWarn(t, file, args...)
 	return o, path, err
 }
 
 // resolveWarn is resolveWith that also returns the warning.
-func resolveWarn(t *testing.T, file *string, args ...string) (*options, *configWarning, string, error) {
+func resolveWarn(t *testing.T, file *string, args ...string) (*Options, *Warning, string, error) {
 	t.Helper()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-	of := newOptionFlags(fs)
+	of := NewFlags(fs)
 	path := ""
 	if file != nil {
 		path = filepath.Join(t.TempDir(), "config.yaml")
@@ -37,16 +36,16 @@ func resolveWarn(t *testing.T, file *string, args ...string) (*options, *configW
 	if err := fs.Parse(args); err != nil {
 		t.Fatalf("parse %v: %v", args, err)
 	}
-	o, warn, err := of.resolve()
+	o, warn, err := of.Resolve()
 	return o, warn, path, err
 }
 
 func str(s string) *string { return &s }
 
 // checkOptions compares got with the defaults changed by change.
-func checkOptions(t *testing.T, got *options, change func(o *options)) {
+func checkOptions(t *testing.T, got *Options, change func(o *Options)) {
 	t.Helper()
-	want := defaultOptions()
+	want := DefaultOptions()
 	change(&want)
 	if diff := cmp.Diff(&want, got); diff != "" {
 		t.Errorf("options (-want +got):\n%s", diff)
@@ -59,13 +58,13 @@ func TestConfigPrecedence(t *testing.T) {
 		file *string
 		args []string
 		// change the defaults into what is expected
-		want func(o *options)
+		want func(o *Options)
 	}{
-		{name: "defaults", want: func(*options) {}},
+		{name: "defaults", want: func(*Options) {}},
 		{name: "flags only", args: []string{"--scheduler", "wrr", "--sync-period", "10s"},
-			want: func(o *options) { o.Scheduler, o.SyncPeriod = "wrr", 10*time.Second }},
-		{name: "empty file", file: str(""), want: func(*options) {}},
-		{name: "comments only", file: str("# nothing set\n"), want: func(*options) {}},
+			want: func(o *Options) { o.Scheduler, o.SyncPeriod = "wrr", 10*time.Second }},
+		{name: "empty file", file: str(""), want: func(*Options) {}},
+		{name: "comments only", file: str("# nothing set\n"), want: func(*Options) {}},
 		{name: "file sets options", file: str(`
 kubeconfig: /etc/ipvs-proxy/kubeconfig
 scheduler: sh
@@ -76,27 +75,27 @@ tcpTimeout: 15m
 nodePortAddresses: [10.0.0.0/8, "192.168.0.0/16"]
 masqueradeAll: true
 ipFamilies: [IPv4]
-`), want: func(o *options) {
+`), want: func(o *Options) {
 			o.Kubeconfig, o.Scheduler, o.SchedulerFlags = "/etc/ipvs-proxy/kubeconfig", "sh", "sh-port"
 			o.SyncPeriod, o.MinSyncPeriod, o.TCPTimeout = time.Minute, 250*time.Millisecond, 15*time.Minute
 			o.NodePortAddresses, o.MasqueradeAll, o.IPFamilies = []string{"10.0.0.0/8", "192.168.0.0/16"}, true, []string{"IPv4"}
 		}},
 		{name: "a list as one comma-separated string", file: str("excludeCIDRs: 10.1.0.0/16, 10.2.0.0/16\n"),
-			want: func(o *options) { o.ExcludeCIDRs = []string{"10.1.0.0/16", "10.2.0.0/16"} }},
-		{name: "null keeps the default", file: str("scheduler: null\nsyncPeriod: ~\n"), want: func(*options) {}},
+			want: func(o *Options) { o.ExcludeCIDRs = []string{"10.1.0.0/16", "10.2.0.0/16"} }},
+		{name: "null keeps the default", file: str("scheduler: null\nsyncPeriod: ~\n"), want: func(*Options) {}},
 		{name: "flags override the file", file: str("scheduler: wrr\nsyncPeriod: 1m\nnodePortAddresses: [10.0.0.0/8]\nmasqueradeAll: true\n"),
 			args: []string{"--scheduler", "lc", "--nodeport-addresses", "192.168.0.0/16,172.16.0.0/12", "--masquerade-all=false"},
-			want: func(o *options) {
+			want: func(o *Options) {
 				o.Scheduler, o.SyncPeriod = "lc", time.Minute
 				o.NodePortAddresses = []string{"192.168.0.0/16", "172.16.0.0/12"} // replaced, not appended
 			}},
 		{name: "a flag set to the default value still wins", file: str("scheduler: wrr\nlogLevel: debug\n"),
-			args: []string{"--scheduler", "rr"}, want: func(o *options) { o.LogLevel = "debug" }},
+			args: []string{"--scheduler", "rr"}, want: func(o *Options) { o.LogLevel = "debug" }},
 		{name: "a flag fixes a value the file got wrong", file: str("scheduler: nope\n"), args: []string{"--scheduler", "sed"},
-			want: func(o *options) { o.Scheduler = "sed" }},
+			want: func(o *Options) { o.Scheduler = "sed" }},
 		{name: "flags fix a combination", file: str("scheduler: sh\nschedulerFlags: sh-port\n"),
 			args: []string{"--scheduler", "mh", "--scheduler-flags", "mh-port"},
-			want: func(o *options) { o.Scheduler, o.SchedulerFlags = "mh", "mh-port" }},
+			want: func(o *Options) { o.Scheduler, o.SchedulerFlags = "mh", "mh-port" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,12 +178,12 @@ func TestConfigErrors(t *testing.T) {
 
 func TestConfigFileErrors(t *testing.T) {
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-	of := newOptionFlags(fs)
+	of := NewFlags(fs)
 	missing := filepath.Join(t.TempDir(), "nope.yaml")
 	if err := fs.Parse([]string{"--config", missing}); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := of.resolve()
+	_, _, err := of.Resolve()
 	if err == nil || err.Error() != "config file "+missing+": no such file or directory" {
 		t.Errorf("a missing file: %v", err)
 	}
@@ -203,7 +202,7 @@ func TestConfigFileErrors(t *testing.T) {
 // here, so that adding one cannot silently lose precedence.
 func TestConfigEveryFlagReplays(t *testing.T) {
 	probe := pflag.NewFlagSet("probe", pflag.ContinueOnError)
-	newOptionFlags(probe)
+	NewFlags(probe)
 	probe.VisitAll(func(f *pflag.Flag) {
 		if f.Name == "config" {
 			return
@@ -228,12 +227,12 @@ func TestConfigEveryFlagReplays(t *testing.T) {
 				t.Fatalf("flag --%s has type %s, which this test (and replayFlags) should be taught", f.Name, f.Value.Type())
 			}
 			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-			of := newOptionFlags(fs)
+			of := NewFlags(fs)
 			if err := fs.Parse([]string{"--" + f.Name + "=" + value}); err != nil {
 				t.Fatal(err)
 			}
 			// A "file" that sets every field to something else.
-			fromFile := defaultOptions()
+			fromFile := DefaultOptions()
 			v := reflect.ValueOf(&fromFile).Elem()
 			for i := 0; i < v.NumField(); i++ {
 				switch fv := v.Field(i); {
@@ -264,41 +263,4 @@ func TestConfigEveryFlagReplays(t *testing.T) {
 			}
 		})
 	})
-}
-
-// TestCommandsTakeConfig: run, preflight and status share the options and
-// --config.
-func TestCommandsTakeConfig(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		fs   *pflag.FlagSet
-	}{{"run", newRunCommand().Flags()}, {"preflight", newPreflightCommand().Flags()}, {"status", newStatusCommand().Flags()}} {
-		for _, f := range []string{"config", "kubeconfig", "scheduler", "sync-period", "iptables-backend"} {
-			if c.fs.Lookup(f) == nil {
-				t.Errorf("%s has no --%s", c.name, f)
-			}
-		}
-	}
-}
-
-func TestSetGCPercent(t *testing.T) {
-	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	env := map[string]string{}
-	getenv := func(k string) string { return env[k] }
-	if got := setGCPercent(getenv); got != defaultGCPercent {
-		t.Errorf("without GOGC: %d, want %d", got, defaultGCPercent)
-	}
-	if now := debug.SetGCPercent(defaultGCPercent); now != defaultGCPercent {
-		t.Errorf("without GOGC the runtime's percentage is %d, want %d", now, defaultGCPercent)
-	}
-	// With GOGC set, the runtime applied it at start; the agent keeps
-	// whatever is in force and says so.
-	env["GOGC"] = "200"
-	debug.SetGCPercent(200)
-	if got := setGCPercent(getenv); got != 200 {
-		t.Errorf("with GOGC=200: %d, want 200", got)
-	}
-	if now := debug.SetGCPercent(200); now != 200 {
-		t.Errorf("with GOGC=200 the runtime's percentage is %d, want it kept", now)
-	}
 }

@@ -1,4 +1,4 @@
-package main
+package cleanup
 
 import (
 	"net/netip"
@@ -9,7 +9,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -57,24 +56,5 @@ func TestCleanupVirtualServers(t *testing.T) {
 	}
 	if n, err := cleanupVirtualServers(ipvs, links, own); err != nil || n != 0 {
 		t.Errorf("second run deleted %d, %v; want 0", n, err)
-	}
-}
-
-func TestGlueConfigValidation(t *testing.T) {
-	cfg := proxier.Config{Interface: "ipvs-proxy0", IPv4: true}
-	o := defaultOptions()
-	o.ClusterCIDRs = []string{"10.100.0.0/14", " fd00:100::/24"}
-	g, err := o.glueConfig(cfg)
-	if err != nil || len(g.ClusterCIDRs) != 2 || !g.IPv4 || g.IPv6 {
-		t.Errorf("glueConfig = %+v, %v", g, err)
-	}
-	o.ClusterCIDRs = []string{"10.100.0.0"}
-	if _, err := o.glueConfig(cfg); err == nil || !strings.Contains(err.Error(), "--cluster-cidr") {
-		t.Errorf("a bad --cluster-cidr: %v", err)
-	}
-	o.ClusterCIDRs = nil
-	o.IPTablesBackend = "xtables"
-	if _, err := o.glueConfig(cfg); err == nil || !strings.Contains(err.Error(), "--iptables-backend") {
-		t.Errorf("a bad --iptables-backend: %v", err)
 	}
 }

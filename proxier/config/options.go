@@ -1,4 +1,9 @@
-package main
+// Package config reads the settings of `ipvs-proxy run`, `preflight` and
+// `status`: the flags, the config file (ipvs-proxy's own options, or
+// kube-proxy's KubeProxyConfiguration, translated), their precedence and
+// validation, and turns them into the proxier's and the glue's
+// configuration.
+package config
 
 import (
 	"fmt"
@@ -17,9 +22,9 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
-// options are the settings of `ipvs-proxy run`. Flag names follow
+// Options are the settings of `ipvs-proxy run`. Flag names follow
 // kube-proxy's where they mean the same thing.
-type options struct {
+type Options struct {
 	Kubeconfig        string        `json:"kubeconfig"`
 	HostnameOverride  string        `json:"hostnameOverride"`
 	Interface         string        `json:"interface"`
@@ -52,8 +57,8 @@ type options struct {
 	TakeoverKubeProxy bool `json:"takeoverKubeProxy"`
 }
 
-func defaultOptions() options {
-	return options{
+func DefaultOptions() Options {
+	return Options{
 		Interface:     "ipvs-proxy0",
 		Scheduler:     scheduler.Default,
 		NodePortRange: "30000-32767",
@@ -69,7 +74,7 @@ func defaultOptions() options {
 	}
 }
 
-func (o *options) addFlags(fs *pflag.FlagSet) {
+func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig; empty means in-cluster configuration.")
 	fs.StringVar(&o.HostnameOverride, "hostname-override", o.HostnameOverride, "The name of this node (default: the host name).")
 	fs.StringVar(&o.Interface, "interface", o.Interface, "Dummy interface that holds the virtual IPs (created if missing).")
@@ -96,7 +101,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address of /healthz and /livez; empty disables them.")
 }
 
-func parsePrefixes(what string, in []string) ([]netip.Prefix, error) {
+func ParsePrefixes(what string, in []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, s := range in {
 		s = strings.TrimSpace(s)
@@ -112,7 +117,7 @@ func parsePrefixes(what string, in []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func parsePortRange(s string) (model.PortRange, error) {
+func ParsePortRange(s string) (model.PortRange, error) {
 	lo, hi, ok := strings.Cut(s, "-")
 	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
 	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
@@ -122,9 +127,9 @@ func parsePortRange(s string) (model.PortRange, error) {
 	return model.PortRange{Min: uint16(a), Max: uint16(b)}, nil
 }
 
-// proxierConfig validates the options and turns them into the proxier's
+// ProxierConfig validates the options and turns them into the proxier's
 // configuration.
-func (o *options) proxierConfig() (proxier.Config, netlinkutil.Timeouts, error) {
+func (o *Options) ProxierConfig() (proxier.Config, netlinkutil.Timeouts, error) {
 	var cfg proxier.Config
 	var err error
 	cfg.NodeName = o.HostnameOverride
@@ -139,10 +144,10 @@ func (o *options) proxierConfig() (proxier.Config, netlinkutil.Timeouts, error) 
 	}
 	cfg.Interface = o.Interface
 	if o.TakeoverKubeProxy {
-		if o.Interface == kubeProxyInterface {
-			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--takeover-kube-proxy: --interface must not be kube-proxy's %s", kubeProxyInterface)
+		if o.Interface == model.KubeProxyInterface {
+			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--takeover-kube-proxy: --interface must not be kube-proxy's %s", model.KubeProxyInterface)
 		}
-		cfg.AdoptInterface = kubeProxyInterface
+		cfg.AdoptInterface = model.KubeProxyInterface
 	}
 	if err := scheduler.Validate(o.Scheduler); err != nil {
 		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--scheduler: %w", err)
@@ -152,13 +157,13 @@ func (o *options) proxierConfig() (proxier.Config, netlinkutil.Timeouts, error) 
 		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--scheduler-flags: %w", err)
 	}
 	cfg.Scheduler = scheduler.Spec{Name: o.Scheduler, Flags: flags}
-	if cfg.NodePortAddresses, err = parsePrefixes("nodeport-addresses", o.NodePortAddresses); err != nil {
+	if cfg.NodePortAddresses, err = ParsePrefixes("nodeport-addresses", o.NodePortAddresses); err != nil {
 		return cfg, netlinkutil.Timeouts{}, err
 	}
-	if cfg.ExcludeCIDRs, err = parsePrefixes("exclude-cidrs", o.ExcludeCIDRs); err != nil {
+	if cfg.ExcludeCIDRs, err = ParsePrefixes("exclude-cidrs", o.ExcludeCIDRs); err != nil {
 		return cfg, netlinkutil.Timeouts{}, err
 	}
-	if cfg.NodePortRange, err = parsePortRange(o.NodePortRange); err != nil {
+	if cfg.NodePortRange, err = ParsePortRange(o.NodePortRange); err != nil {
 		return cfg, netlinkutil.Timeouts{}, err
 	}
 	for _, f := range o.IPFamilies {
@@ -186,10 +191,10 @@ func (o *options) proxierConfig() (proxier.Config, netlinkutil.Timeouts, error) 
 	return cfg, netlinkutil.Timeouts{TCP: o.TCPTimeout, TCPFin: o.TCPFinTimeout, UDP: o.UDPTimeout}, nil
 }
 
-// glueConfig validates the flags of the iptables glue and turns them into
+// GlueConfig validates the flags of the iptables glue and turns them into
 // its configuration.
-func (o *options) glueConfig(cfg proxier.Config) (glue.Config, error) {
-	cidrs, err := parsePrefixes("cluster-cidr", o.ClusterCIDRs)
+func (o *Options) GlueConfig(cfg proxier.Config) (glue.Config, error) {
+	cidrs, err := ParsePrefixes("cluster-cidr", o.ClusterCIDRs)
 	if err != nil {
 		return glue.Config{}, err
 	}

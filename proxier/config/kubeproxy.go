@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"encoding/json"
@@ -51,7 +51,7 @@ func kubeProxyDecoder() (runtime.Decoder, error) {
 // decodeKubeProxyConfig decodes a config file that has an apiVersion or a
 // kind (data, and j, the same as JSON): it must be a KubeProxyConfiguration.
 func decodeKubeProxyConfig(data, j []byte) (configFile, error) {
-	cf := configFile{kind: kubeProxyKind, opts: defaultOptions(), field: map[string]string{}}
+	cf := configFile{kind: kubeProxyKind, opts: DefaultOptions(), field: map[string]string{}}
 	var tm metav1.TypeMeta
 	if err := json.Unmarshal(j, &tm); err != nil {
 		return cf, fmt.Errorf("apiVersion and kind must be strings: %w", err)

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -31,26 +31,26 @@ import (
 // be one comma-separated string, as on the command line. A file with an
 // apiVersion and kind is kube-proxy's KubeProxyConfiguration (kubeproxy.go).
 
-// optionFlags binds the options to a command's flags, with --config.
-type optionFlags struct {
-	opts       options
+// Flags binds the options to a command's flags, with --config.
+type Flags struct {
+	opts       Options
 	fs         *pflag.FlagSet
 	configFile string
 }
 
-// newOptionFlags adds the option flags and --config to fs.
-func newOptionFlags(fs *pflag.FlagSet) *optionFlags {
-	of := &optionFlags{opts: defaultOptions(), fs: fs}
+// NewFlags adds the option flags and --config to fs.
+func NewFlags(fs *pflag.FlagSet) *Flags {
+	of := &Flags{opts: DefaultOptions(), fs: fs}
 	of.opts.addFlags(fs)
 	fs.StringVar(&of.configFile, "config", "", "YAML file of options, keyed by their camelCase names (e.g. syncPeriod: 30s), or kube-proxy's KubeProxyConfiguration; flags on the command line override it.")
 	return of
 }
 
-// resolve returns the validated options: the defaults, overridden by the
+// Resolve returns the validated options: the defaults, overridden by the
 // config file, overridden by the flags set on the command line; and the
 // one warning about the settings of the file that ipvs-proxy ignores (nil
 // when there are none).
-func (of *optionFlags) resolve() (*options, *configWarning, error) {
+func (of *Flags) Resolve() (*Options, *Warning, error) {
 	o := of.opts
 	if of.configFile == "" {
 		if err := o.validate(); err != nil {
@@ -74,24 +74,24 @@ func (of *optionFlags) resolve() (*options, *configWarning, error) {
 		}
 		return nil, nil, fmt.Errorf("%w (options from the command line and config file %s)", err, of.configFile)
 	}
-	var warn *configWarning
+	var warn *Warning
 	if len(cf.ignored) > 0 {
-		warn = &configWarning{File: of.configFile, Kind: cf.kind, Ignored: cf.ignored}
+		warn = &Warning{File: of.configFile, Kind: cf.kind, Ignored: cf.ignored}
 	}
 	return &o, warn, nil
 }
 
-// resolveReport is resolve for the commands that print a report (preflight,
+// ResolveReport is Resolve for the commands that print a report (preflight,
 // status): it also checks --output and derives the proxier's configuration.
-func (of *optionFlags) resolveReport(output string) (*options, proxier.Config, *configWarning, error) {
+func (of *Flags) ResolveReport(output string) (*Options, proxier.Config, *Warning, error) {
 	if output != "table" && output != "json" {
 		return nil, proxier.Config{}, nil, fmt.Errorf("--output: %q is neither table nor json", output)
 	}
-	o, warn, err := of.resolve()
+	o, warn, err := of.Resolve()
 	if err != nil {
 		return nil, proxier.Config{}, nil, err
 	}
-	cfg, _, err := o.proxierConfig()
+	cfg, _, err := o.ProxierConfig()
 	if err != nil {
 		return nil, proxier.Config{}, nil, err
 	}
@@ -101,7 +101,7 @@ func (of *optionFlags) resolveReport(output string) (*options, proxier.Config, *
 // configFile is what a config file sets.
 type configFile struct {
 	kind string   // KubeProxyConfiguration, or "" for ipvs-proxy's own options
-	opts options  // the defaults, overridden by the file
+	opts Options  // the defaults, overridden by the file
 	keys []string // the options the file sets, by json name
 	// field names an option as the file spells it where that differs from
 	// the option's json name (ipvs.scheduler for scheduler).
@@ -111,16 +111,16 @@ type configFile struct {
 	ignored []string
 }
 
-// configWarning is the one warning about a config file: the settings it
+// Warning is the one warning about a config file: the settings it
 // sets that ipvs-proxy does not apply.
-type configWarning struct {
+type Warning struct {
 	File    string
 	Kind    string
 	Ignored []string
 }
 
 // String is the warning as one line.
-func (w *configWarning) String() string {
+func (w *Warning) String() string {
 	return fmt.Sprintf("config file %s (%s): ipvs-proxy ignores %d setting(s) it does not support: %s",
 		w.File, w.Kind, len(w.Ignored), strings.Join(w.Ignored, "; "))
 }
@@ -146,7 +146,7 @@ func readConfigFile(path string) (configFile, error) {
 // when it has an apiVersion or a kind, kube-proxy's KubeProxyConfiguration.
 // YAML that is not valid or has a duplicate key is an error in both.
 func decodeConfigFile(data []byte) (configFile, error) {
-	cf := configFile{opts: defaultOptions()}
+	cf := configFile{opts: DefaultOptions()}
 	j, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return cf, fmt.Errorf("not valid YAML: %w", err)
@@ -169,7 +169,7 @@ func decodeConfigFile(data []byte) (configFile, error) {
 }
 
 // replayFlags sets on o every option flag that was set on fs.
-func replayFlags(fs *pflag.FlagSet, o *options) error {
+func replayFlags(fs *pflag.FlagSet, o *Options) error {
 	replay := pflag.NewFlagSet("replay", pflag.ContinueOnError)
 	o.addFlags(replay)
 	var errs []error
@@ -200,7 +200,7 @@ type configField struct {
 
 // configFields lists the options' fields by their json names.
 func configFields() map[string]configField {
-	t := reflect.TypeOf(options{})
+	t := reflect.TypeOf(Options{})
 	out := map[string]configField{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
@@ -268,7 +268,7 @@ func jsonKind(raw json.RawMessage) string {
 // decodeOptions decodes ipvs-proxy's own options onto o, strictly: unknown
 // keys and values of the wrong type are errors naming the key. It returns
 // the keys it set.
-func decodeOptions(m map[string]json.RawMessage, o *options) ([]string, error) {
+func decodeOptions(m map[string]json.RawMessage, o *Options) ([]string, error) {
 	fields := configFields()
 	keys := slices.Sorted(maps.Keys(m))
 	v := reflect.ValueOf(o).Elem()
@@ -419,7 +419,7 @@ func (cf *configFile) validateFields() error {
 				group = g
 			}
 		}
-		probe := defaultOptions()
+		probe := DefaultOptions()
 		pv := reflect.ValueOf(&probe).Elem()
 		for _, name := range group {
 			done[name] = true
@@ -439,15 +439,15 @@ func (cf *configFile) validateFields() error {
 }
 
 // validate checks every option that has a fixed form, as run does.
-func (o *options) validate() error {
-	cfg, _, err := o.proxierConfig()
+func (o *Options) validate() error {
+	cfg, _, err := o.ProxierConfig()
 	if err != nil {
 		return err
 	}
-	if _, err := o.glueConfig(cfg); err != nil {
+	if _, err := o.GlueConfig(cfg); err != nil {
 		return err
 	}
-	if _, err := newLogger(o.LogLevel, o.LogFormat); err != nil {
+	if _, err := NewLogger(o.LogLevel, o.LogFormat); err != nil {
 		return err
 	}
 	for _, a := range []struct{ flag, addr string }{

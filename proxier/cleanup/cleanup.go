@@ -1,4 +1,7 @@
-package main
+// Package cleanup removes what ipvs-proxy put in the kernel, and nothing
+// else (`ipvs-proxy cleanup`), and what kube-proxy's IPVS mode left behind:
+// on request, or as the last step of a takeover (KubeProxyLeftovers).
+package cleanup
 
 import (
 	"context"
@@ -9,64 +12,36 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
-// kubeProxyInterface is the dummy interface of kube-proxy's IPVS mode.
-const kubeProxyInterface = "kube-ipvs0"
-
-type cleanupOptions struct {
+// Options are what `ipvs-proxy cleanup` removes: as given to run.
+type Options struct {
 	Interface     string
 	NodePortRange string
 	ExcludeCIDRs  []string
 	KubeProxy     bool
 }
 
-func newCleanupCommand() *cobra.Command {
-	o := cleanupOptions{Interface: "ipvs-proxy0", NodePortRange: "30000-32767"}
-	cmd := &cobra.Command{
-		Use:   "cleanup",
-		Short: "Remove everything ipvs-proxy put in the kernel, and nothing else",
-		Long: `Remove what ipvs-proxy owns: its iptables chains (IPVSP-*) and the jumps to
-them, on both backends and both families; its ipsets (IPVSP-*); its IPVS
-virtual servers (on the addresses of its interface, or on a node address with
-a port in the node-port range); and its dummy interface with the VIPs.
-Everything else stays. Running it twice is fine. Stop the agent first.
-
-With --kube-proxy it also removes what kube-proxy's IPVS mode leaves behind
-when migrating: kube-ipvs0 and its virtual servers, kube-proxy's KUBE-*
-chains and ipsets (not kubelet's chains).`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cleanup(cmd.Context(), &o, cmd.OutOrStdout())
-		},
-	}
-	fs := cmd.Flags()
-	fs.StringVar(&o.Interface, "interface", o.Interface, "ipvs-proxy's dummy interface (as given to run).")
-	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The node-port range (as given to run): node-port virtual servers in it are removed.")
-	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers are never touched (as given to run).")
-	fs.BoolVar(&o.KubeProxy, "kube-proxy", o.KubeProxy, "Also remove kube-proxy's IPVS-mode leftovers (kube-ipvs0, KUBE-* chains and sets).")
-	return cmd
-}
-
-// cleanup removes, in this order: the iptables rules (so that no rule uses
+// Run removes, in this order: the iptables rules (so that no rule uses
 // a set), the ipsets, the virtual servers, and the interfaces (which takes
 // their VIPs along). It goes on after a failure and reports every one.
-func cleanup(ctx context.Context, o *cleanupOptions, out io.Writer) error {
+func Run(ctx context.Context, o *Options, out io.Writer) error {
 	if o.Interface == "" || len(o.Interface) > 15 {
 		return fmt.Errorf("--interface: %q is not a valid interface name", o.Interface)
 	}
-	portRange, err := parsePortRange(o.NodePortRange)
+	portRange, err := config.ParsePortRange(o.NodePortRange)
 	if err != nil {
 		return err
 	}
-	exclude, err := parsePrefixes("exclude-cidrs", o.ExcludeCIDRs)
+	exclude, err := config.ParsePrefixes("exclude-cidrs", o.ExcludeCIDRs)
 	if err != nil {
 		return err
 	}
@@ -88,13 +63,13 @@ func cleanup(ctx context.Context, o *cleanupOptions, out io.Writer) error {
 	}
 	ifaces := []string{o.Interface}
 	if o.KubeProxy {
-		ifaces = append(ifaces, kubeProxyInterface)
+		ifaces = append(ifaces, model.KubeProxyInterface)
 	}
 	if ipvs, err := netlinkutil.NewIPVS(); err != nil {
 		say("ipvs: skipped (%v)", err)
 	} else {
 		for _, iface := range ifaces {
-			own := model.Ownership{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}
+			own := proxier.Config{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}.Ownership()
 			n, err := cleanupVirtualServers(ipvs, links, own)
 			if err != nil {
 				errs = append(errs, err)
@@ -178,4 +153,32 @@ func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own m
 		n++
 	}
 	return n, errors.Join(errs...)
+}
+
+// KubeProxyLeftovers is the last step of a takeover from kube-proxy's
+// IPVS mode, run once the node is fully programmed: the virtual servers on
+// kube-ipvs0's addresses were adopted (kept when wanted, deleted when not),
+// ipvs-proxy0 holds every wanted address and the glue's rules come first
+// in every hook. It removes kube-proxy's chains with the jumps to them,
+// then its sets, then kube-ipvs0: the same addresses stay bound on
+// ipvs-proxy0, so no VIP is ever unbound.
+func KubeProxyLeftovers(links netlinkutil.Links, log *zap.Logger) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		var removed []string
+		say := func(format string, args ...any) { removed = append(removed, fmt.Sprintf(format, args...)) }
+		errs := cleanupNetfilter(ctx, glue.KubeProxyChain, glue.KubeProxySet, say)
+		addrs, err := links.ListAddresses(model.KubeProxyInterface)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case addrs != nil:
+			if err := links.DeleteLink(model.KubeProxyInterface); err != nil {
+				errs = append(errs, err)
+			} else {
+				say("interface %s: deleted (its %d addresses are on ipvs-proxy's interface or unwanted)", model.KubeProxyInterface, len(addrs))
+			}
+		}
+		log.Info("took over from kube-proxy", zap.Strings("removed", removed), zap.Errors("errors", errs))
+		return errors.Join(errs...)
+	}
 }

@@ -1,4 +1,4 @@
-package main
+package status
 
 import (
 	"bytes"
@@ -27,6 +27,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -96,7 +97,7 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 	t.Helper()
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(stNodeAddr)
 	cfg := statusConfig()
-	rec := proxier.NewReconciler(ipvs, links, proxier.ReconcilerConfig{Ownership: model.Ownership{Interface: cfg.Interface, NodePortRange: cfg.NodePortRange, ExcludeCIDRs: cfg.ExcludeCIDRs}}, zap.NewNop())
+	rec := proxier.NewReconciler(ipvs, links, proxier.ReconcilerConfig{Ownership: cfg.Ownership()}, zap.NewNop())
 	node := model.NodeInfo{Name: cfg.NodeName, NodePortAddresses: []netip.Addr{stNodeAddr}}
 	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true, ExcludeCIDRs: cfg.ExcludeCIDRs}
 	slicesOf := map[string][]*discoveryv1.EndpointSlice{}
@@ -130,16 +131,16 @@ func rsKey(addr string) model.RSKey {
 	return model.RSKey{Address: netip.MustParseAddr(addr), Port: 8080}
 }
 
-func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes.Interface, apiErr error) statusReport {
+func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes.Interface, apiErr error) Report {
 	t.Helper()
-	rep, err := collectStatus(context.Background(), statusConfig(), ipvs, links, client, apiErr, nil)
+	rep, err := Collect(context.Background(), statusConfig(), ipvs, links, client, apiErr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rep
 }
 
-func findVS(rep statusReport, k model.VSKey) *statusVirtualServer {
+func findVS(rep Report, k model.VSKey) *statusVirtualServer {
 	for i := range rep.VirtualServers {
 		if rep.VirtualServers[i].key == k {
 			return &rep.VirtualServers[i]
@@ -254,7 +255,7 @@ func TestStatusDrift(t *testing.T) {
 		// drift kinds by virtual server
 		want  map[string][]string
 		other int
-		check func(t *testing.T, rep statusReport)
+		check func(t *testing.T, rep Report)
 	}{
 		{
 			name: "a real server deleted by hand",
@@ -262,7 +263,7 @@ func TestStatusDrift(t *testing.T) {
 				must(t, ipvs.DeleteRealServer(web, rsKey("10.0.1.1")))
 			},
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftMissingRS}},
-			check: func(t *testing.T, rep statusReport) {
+			check: func(t *testing.T, rep Report) {
 				rs := findVS(rep, web).RealServers
 				if len(rs) != 2 || rs[0].Address != "10.0.1.1" || rs[0].Drift != "missing" || rs[0].InKernel || !rs[1].InKernel {
 					t.Errorf("real servers %+v: want 10.0.1.1 missing, 10.0.1.2 in the kernel", rs)
@@ -279,7 +280,7 @@ func TestStatusDrift(t *testing.T) {
 				must(t, ipvs.UpdateRealServer(web, model.RealServer{RSKey: rsKey("10.0.1.2"), Weight: 5}))
 			},
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftWeight, driftExtraRS}},
-			check: func(t *testing.T, rep statusReport) {
+			check: func(t *testing.T, rep Report) {
 				for _, rs := range findVS(rep, web).RealServers {
 					if rs.Address == "10.0.1.2" && (rs.Drift != "weight" || rs.Weight != 5 || rs.WantWeight == nil || *rs.WantWeight != 1) {
 						t.Errorf("real server %+v: want weight drift 5, wanted 1", rs)
@@ -293,7 +294,7 @@ func TestStatusDrift(t *testing.T) {
 				must(t, ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: web, Scheduler: "wrr"}))
 			},
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftDifferentVS}},
-			check: func(t *testing.T, rep statusReport) {
+			check: func(t *testing.T, rep Report) {
 				if d := rep.Drift[0].Detail; d != "kernel has 10.96.0.10:80/TCP wrr, wanted 10.96.0.10:80/TCP rr" {
 					t.Errorf("detail %q", d)
 				}
@@ -314,7 +315,7 @@ func TestStatusDrift(t *testing.T) {
 				must(t, ipvs.DeleteVirtualServer(web))
 			},
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftMissingVS}},
-			check: func(t *testing.T, rep statusReport) {
+			check: func(t *testing.T, rep Report) {
 				vs := findVS(rep, web)
 				if vs.InKernel || !vs.Wanted || vs.Service != "ns/web:http" || len(vs.RealServers) != 2 || vs.RealServers[0].Drift != "missing" {
 					t.Errorf("%+v: want a wanted, missing virtual server with its 2 real servers missing", *vs)
@@ -381,7 +382,7 @@ func TestStatusDrift(t *testing.T) {
 			}
 			// The table names every drift.
 			var b bytes.Buffer
-			if err := writeStatus(&b, rep, "table"); err != nil {
+			if err := Write(&b, rep, "table"); err != nil {
 				t.Fatal(err)
 			}
 			for _, d := range rep.Drift {
@@ -424,7 +425,7 @@ func TestStatusWithoutAPI(t *testing.T) {
 		apiErr error
 		want   string
 	}{
-		{"no configuration", nil, errNoAPI, "no Kubernetes configuration"},
+		{"no configuration", nil, proxier.ErrNoAPI, "no Kubernetes configuration"},
 		{"a bad kubeconfig", nil, errors.New("load Kubernetes client configuration: no such file"), "no such file"},
 		{"the API fails", failing, nil, "list Services: connection refused"},
 	} {
@@ -443,7 +444,7 @@ func TestStatusWithoutAPI(t *testing.T) {
 				}
 			}
 			var b bytes.Buffer
-			if err := writeStatus(&b, rep, "table"); err != nil {
+			if err := Write(&b, rep, "table"); err != nil {
 				t.Fatal(err)
 			}
 			for _, w := range []string{"no API access (", "drift: unknown without API access", "10.96.0.10:80/TCP", "10.0.1.2:8080"} {
@@ -511,10 +512,10 @@ func TestWriteStatus(t *testing.T) {
 	must(t, ipvs.DeleteRealServer(vsKey("10.96.0.10", 80), rsKey("10.0.1.1")))
 	rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
 	next := time.Date(2026, 11, 23, 10, 0, 8, 0, time.UTC)
-	rep.Agent = statusAgent{Available: true, Services: []agentServiceStatus{{Service: "ns/web", Failures: 3,
+	rep.Agent = opsserver.AgentStatus{Available: true, Services: []opsserver.ServiceStatus{{Service: "ns/web", Failures: 3,
 		LastError: "add-real-server 10.96.0.10:80/TCP 10.0.1.1:8080 w=1: invalid argument", NextRetry: &next}}}
 	var b bytes.Buffer
-	if err := writeStatus(&b, rep, "table"); err != nil {
+	if err := Write(&b, rep, "table"); err != nil {
 		t.Fatal(err)
 	}
 	want := `node node-1, interface ipvs-proxy0; 3 Services read from the API
@@ -533,7 +534,7 @@ failing: ns/web (3 attempts, next retry 2026-11-23T10:00:08Z): add-real-server 1
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
 	}
 	b.Reset()
-	if err := writeStatus(&b, rep, "json"); err != nil {
+	if err := Write(&b, rep, "json"); err != nil {
 		t.Fatal(err)
 	}
 	var back map[string]any
@@ -571,7 +572,7 @@ func TestStatusSchedulerFallback(t *testing.T) {
 		{name: "module present: the kernel should have mh", drift: []string{driftDifferentVS}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			rep, err := collectStatus(context.Background(), statusConfig(), ipvs, links, k8sfake.NewClientset(objs...), nil, tt.missing)
+			rep, err := Collect(context.Background(), statusConfig(), ipvs, links, k8sfake.NewClientset(objs...), nil, tt.missing)
 			if err != nil {
 				t.Fatal(err)
 			}

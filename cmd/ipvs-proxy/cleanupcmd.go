@@ -1,0 +1,34 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/cleanup"
+)
+
+func newCleanupCommand() *cobra.Command {
+	o := cleanup.Options{Interface: "ipvs-proxy0", NodePortRange: "30000-32767"}
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove everything ipvs-proxy put in the kernel, and nothing else",
+		Long: `Remove what ipvs-proxy owns: its iptables chains (IPVSP-*) and the jumps to
+them, on both backends and both families; its ipsets (IPVSP-*); its IPVS
+virtual servers (on the addresses of its interface, or on a node address with
+a port in the node-port range); and its dummy interface with the VIPs.
+Everything else stays. Running it twice is fine. Stop the agent first.
+
+With --kube-proxy it also removes what kube-proxy's IPVS mode leaves behind
+when migrating: kube-ipvs0 and its virtual servers, kube-proxy's KUBE-*
+chains and ipsets (not kubelet's chains).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cleanup.Run(cmd.Context(), &o, cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.Interface, "interface", o.Interface, "ipvs-proxy's dummy interface (as given to run).")
+	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The node-port range (as given to run): node-port virtual servers in it are removed.")
+	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers are never touched (as given to run).")
+	fs.BoolVar(&o.KubeProxy, "kube-proxy", o.KubeProxy, "Also remove kube-proxy's IPVS-mode leftovers (kube-ipvs0, KUBE-* chains and sets).")
+	return cmd
+}

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"runtime/debug"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// TestCommandsTakeConfig: run, preflight and status share the options and
+// --config.
+func TestCommandsTakeConfig(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fs   *pflag.FlagSet
+	}{{"run", newRunCommand().Flags()}, {"preflight", newPreflightCommand().Flags()}, {"status", newStatusCommand().Flags()}} {
+		for _, f := range []string{"config", "kubeconfig", "scheduler", "sync-period", "iptables-backend"} {
+			if c.fs.Lookup(f) == nil {
+				t.Errorf("%s has no --%s", c.name, f)
+			}
+		}
+	}
+}
+
+func TestSetGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	if got := setGCPercent(getenv); got != defaultGCPercent {
+		t.Errorf("without GOGC: %d, want %d", got, defaultGCPercent)
+	}
+	if now := debug.SetGCPercent(defaultGCPercent); now != defaultGCPercent {
+		t.Errorf("without GOGC the runtime's percentage is %d, want %d", now, defaultGCPercent)
+	}
+	// With GOGC set, the runtime applied it at start; the agent keeps
+	// whatever is in force and says so.
+	env["GOGC"] = "200"
+	debug.SetGCPercent(200)
+	if got := setGCPercent(getenv); got != 200 {
+		t.Errorf("with GOGC=200: %d, want 200", got)
+	}
+	if now := debug.SetGCPercent(200); now != 200 {
+		t.Errorf("with GOGC=200 the runtime's percentage is %d, want it kept", now)
+	}
+}
