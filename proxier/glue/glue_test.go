@@ -390,3 +390,42 @@ func TestRestoreFailure(t *testing.T) {
 		t.Errorf("the sync after a failed first one made %d restores; want 2", st.Restores)
 	}
 }
+
+// TestNodeTrafficFromVIPMasqueradedWithoutClusterCIDR: with neither a
+// cluster CIDR nor masquerade-all, a connection from the node to a
+// clusterIP leaves with the VIP as its source (the local route of a VIP on
+// the dummy interface names the VIP as source); a real server on another
+// node would answer to a VIP its own node owns. Such a connection (source
+// one of the VIPs, destination a clusterIP Service) is masqueraded, in both
+// families; with a cluster CIDR the rule is not needed (everything from
+// outside it is masqueraded).
+func TestNodeTrafficFromVIPMasqueradedWithoutClusterCIDR(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want bool
+	}{
+		{"no cluster CIDR", Config{Interface: "ipvs-proxy0", IPv4: true, IPv6: true}, true},
+		{"cluster CIDR", dualStack, false},
+		{"masquerade all", Config{Interface: "ipvs-proxy0", MasqueradeAll: true, IPv4: true, IPv6: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBed(t, tc.cfg)
+			p := &model.ServicePlan{Service: name("api"), VirtualServers: []model.VSPlan{
+				vs(model.KindClusterIP, "10.96.0.1", tcp, 443, "10.100.9.2:6443"),
+				vs(model.KindClusterIP, "fd00:96::1", tcp, 443, "[fd00:109::2]:6443"),
+			}}
+			b.g.SetPlan(p.Service, p)
+			b.sync(t, true)
+			for key, prefix := range map[string]string{"nft4": "IPVSP-", "nft6": "IPVSP-6-"} {
+				rule := "-A IPVSP-SERVICES -m set --match-set " + prefix + "CLUSTER-IP dst,dst -m set --match-set " + prefix + "VIP src -j IPVSP-MARK-MASQ"
+				if got := strings.Contains(b.ipt.dump(key), rule+"\n"); got != tc.want {
+					t.Errorf("%s: rule %q present %v, want %v; rules:\n%s", key, rule, got, tc.want, b.ipt.dump(key))
+				}
+			}
+			if got := b.sets.Entries("IPVSP-VIP"); !slices.Equal(got, []string{"10.96.0.1"}) {
+				t.Errorf("IPVSP-VIP = %v; want the clusterIP (the source the node picks)", got)
+			}
+		})
+	}
+}

@@ -40,7 +40,8 @@ type RuleConfig struct {
 	MasqueradeAll bool
 	// ClusterCIDR is set when --cluster-cidr has a prefix of this family:
 	// traffic to clusterIPs from outside it is masqueraded. Without one
-	// (and without MasqueradeAll) clusterIP traffic keeps its source.
+	// (and without MasqueradeAll) clusterIP traffic keeps its source,
+	// except the node's own connections from a VIP.
 	ClusterCIDR bool
 }
 
@@ -117,6 +118,14 @@ func Rules(c RuleConfig) []Table {
 	case c.ClusterCIDR:
 		add(&nat, chainServices, "-m set --match-set", set(setClusterIP), "dst,dst -m set ! --match-set",
 			set(setClusterCIDR), "src -j", chainMarkMasq)
+	default:
+		// Nothing tells pods' traffic apart, so clusterIP traffic keeps its
+		// source, but not the node's own connections from a VIP: the local
+		// route of a VIP on the dummy interface names the VIP as source, and
+		// a real server on another node would answer to a VIP its own node
+		// owns (kube-proxy's IPVS mode masquerades these too).
+		add(&nat, chainServices, "-m set --match-set", set(setClusterIP), "dst,dst -m set --match-set",
+			set(setVIP), "src -j", chainMarkMasq)
 	}
 	add(&nat, chainServices, "-m set --match-set", set(setExternal), "dst,dst -j", chainMarkMasq)
 	add(&nat, chainFirewall, "-m set --match-set", set(setLBSource), "dst,dst,src -j RETURN")

@@ -68,7 +68,7 @@ func TestRulesDumpVariants(t *testing.T) {
 		{"masquerade all", RuleConfig{Family: ipset.IPv4, MasqueradeAll: true, ClusterCIDR: true},
 			strings.Replace(wantDumpIPv4, clusterIPRule, "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n", 1)},
 		{"no cluster CIDR", RuleConfig{Family: ipset.IPv4},
-			strings.Replace(wantDumpIPv4, clusterIPRule, "", 1)},
+			strings.Replace(wantDumpIPv4, clusterIPRule, "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set --match-set IPVSP-VIP src -j IPVSP-MARK-MASQ\n", 1)},
 		{"IPv6", RuleConfig{Family: ipset.IPv6, ClusterCIDR: true},
 			strings.NewReplacer("--match-set IPVSP-", "--match-set IPVSP-6-",
 				"icmp-port-unreachable", "icmp6-port-unreachable").Replace(wantDumpIPv4)},
