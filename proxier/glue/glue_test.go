@@ -429,3 +429,54 @@ func TestNodeTrafficFromVIPMasqueradedWithoutClusterCIDR(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalWithoutLocalEndpointServesInCluster: the external addresses of
+// a Local Service whose endpoints are all on other nodes (the model's
+// InClusterOnly) answer in-cluster clients: pods (the cluster CIDR) keep
+// their source, the node's own connections are masqueraded, everyone else
+// is marked for drop. Once a local endpoint exists they leave the set.
+func TestLocalWithoutLocalEndpointServesInCluster(t *testing.T) {
+	b := newBed(t, dualStack)
+	inCluster := func(v model.VSPlan) model.VSPlan { v.Local, v.InClusterOnly = true, true; return v }
+	p := &model.ServicePlan{Service: name("ing"), VirtualServers: []model.VSPlan{
+		vs(model.KindClusterIP, "10.96.0.20", tcp, 443, "10.100.7.2:8443"),
+		inCluster(vs(model.KindNodePort, "10.0.2.15", tcp, 30443, "10.100.7.2:8443")),
+		inCluster(vs(model.KindLoadBalancer, "10.251.0.20", tcp, 443, "10.100.7.2:8443")),
+		inCluster(vs(model.KindExternalIP, "fd00:251::20", tcp, 443, "[fd00:107::2]:8443")),
+	}}
+	b.g.SetPlan(p.Service, p)
+	b.sync(t, true)
+	if got, want := b.sets.Entries("IPVSP-IN-CLUSTER-ONLY"), []string{"10.0.2.15,tcp:30443", "10.251.0.20,tcp:443"}; !slices.Equal(got, want) {
+		t.Errorf("IPVSP-IN-CLUSTER-ONLY = %v, want %v", got, want)
+	}
+	if got, want := b.sets.Entries("IPVSP-6-IN-CLUSTER-ONLY"), []string{"fd00:251::20,tcp:443"}; !slices.Equal(got, want) {
+		t.Errorf("IPVSP-6-IN-CLUSTER-ONLY = %v, want %v", got, want)
+	}
+	if got := b.sets.Entries("IPVSP-EXTERNAL"); len(got) != 0 {
+		t.Errorf("IPVSP-EXTERNAL = %v; a Local Service is never masqueraded as a whole", got)
+	}
+	for key, prefix := range map[string]string{"nft4": "IPVSP-", "nft6": "IPVSP-6-"} {
+		dump := b.ipt.dump(key)
+		for _, rule := range []string{
+			"-A IPVSP-SERVICES -m set --match-set " + prefix + "IN-CLUSTER-ONLY dst,dst -j IPVSP-IN-CLUSTER",
+			"-A IPVSP-IN-CLUSTER -m set --match-set " + prefix + "CLUSTER-CIDR src -j RETURN",
+			"-A IPVSP-IN-CLUSTER -m addrtype ! --src-type LOCAL -j MARK --set-xmark 0x8000/0x8000",
+			"-A IPVSP-IN-CLUSTER -j MARK --set-xmark 0x4000/0x4000",
+		} {
+			if !strings.Contains(dump, rule+"\n") {
+				t.Errorf("%s: no rule %q in:\n%s", key, rule, dump)
+			}
+		}
+	}
+
+	// A local endpoint: the node port serves it alone, to everyone.
+	local := vs(model.KindNodePort, "10.0.2.15", tcp, 30443, "10.100.7.2:8443")
+	local.Local = true
+	b.g.SetPlan(p.Service, &model.ServicePlan{Service: p.Service, VirtualServers: []model.VSPlan{local}})
+	b.sync(t, false)
+	for _, set := range []string{"IPVSP-IN-CLUSTER-ONLY", "IPVSP-6-IN-CLUSTER-ONLY"} {
+		if got := b.sets.Entries(set); len(got) != 0 {
+			t.Errorf("%s = %v after a local endpoint came", set, got)
+		}
+	}
+}
