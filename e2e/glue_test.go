@@ -18,6 +18,8 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 )
 
 // The glue tests assert what address a backend sees as its client: the
@@ -626,6 +628,17 @@ func TestGlueLocalPolicyInClusterClients(t *testing.T) {
 		e.expectClients(t, "", addr, gateway(bes[0]))
 		if res := e.expectBlocked(t, bed.ClientNetns, addr); res.ErrorCount(nettest.ErrTimeout) == 0 {
 			t.Errorf("from outside the cluster to %s: %v; want dropped (timeouts)", addr, res.Errors)
+		}
+	}
+
+	// The kernel keeps the rules as the glue writes them (a difference in
+	// form would make every full sync rewrite them).
+	saved := ownRules(e.iptablesSave(t, "iptables-save"))
+	for _, tab := range glue.Rules(glue.RuleConfig{Family: ipset.IPv4, ClusterCIDR: true}) {
+		for _, r := range tab.Rules {
+			if !slices.Contains(saved, r) {
+				t.Errorf("iptables-save has no rule %q; ours:\n%s", r, strings.Join(saved, "\n"))
+			}
 		}
 	}
 
