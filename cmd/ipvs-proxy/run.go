@@ -168,7 +168,11 @@ func run(ctx context.Context, o *options, warn *configWarning, hooks kernelHookF
 	if err := ensureGlueSysctls(log, o.StrictARP); err != nil {
 		return err
 	}
-	g, closeSets, err := newGlue(o, cfg, links, hook, log)
+	client, err := kubeClient(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	g, closeSets, err := newGlue(ctx, o, cfg, client, links, hook, log)
 	if err != nil {
 		return err
 	}
@@ -183,10 +187,6 @@ func run(ctx context.Context, o *options, warn *configWarning, hooks kernelHookF
 		return err
 	}
 
-	client, err := kubeClient(o.Kubeconfig)
-	if err != nil {
-		return err
-	}
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
