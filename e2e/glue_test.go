@@ -17,6 +17,9 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 )
 
 // The glue tests assert what address a backend sees as its client: the
@@ -139,6 +142,22 @@ func (e env) logGlueState(t *testing.T) {
 	})
 }
 
+// dualStackService creates a dual-stack clusterIP Service with one TCP
+// port served by bes in both families, and returns its two VIP:ports.
+func (e env) dualStackService(t *testing.T, ns, name string, port int32, bes []backend) (v4, v6 string) {
+	t.Helper()
+	svc := e.createService(t, ns, name, []corev1.ServicePort{tcpPort("http", port)}, func(s *corev1.Service) {
+		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv6, bes)
+	if len(svc.Spec.ClusterIPs) != 2 {
+		t.Fatalf("clusterIPs %v: want one per family", svc.Spec.ClusterIPs)
+	}
+	return hostPort(svc.Spec.ClusterIPs[0], port), hostPort(svc.Spec.ClusterIPs[1], port)
+}
+
 // TestGlueClusterIPSourceAddress: a clusterIP reached from outside the
 // cluster CIDR is masqueraded (the backend sees the node), from inside it the
 // client's address is preserved; in both families.
@@ -148,16 +167,7 @@ func TestGlueClusterIPSourceAddress(t *testing.T) {
 	e.inClusterClient(t)
 	ns := e.namespace(t)
 	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "web", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
-		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
-		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
-	})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv6, bes)
-	if len(svc.Spec.ClusterIPs) != 2 {
-		t.Fatalf("clusterIPs %v: want one per family", svc.Spec.ClusterIPs)
-	}
-	v4, v6 := hostPort(svc.Spec.ClusterIPs[0], 80), hostPort(svc.Spec.ClusterIPs[1], 80)
+	v4, v6 := e.dualStackService(t, ns, "web", 80, bes)
 
 	e.expectClients(t, bed.ClientNetns, v4, gateway(bes[0]))
 	e.expectClients(t, inClusterNetns, v4, inClusterAddr)
@@ -522,4 +532,119 @@ func TestGlueLegacyBackend(t *testing.T) {
 		t.Errorf("the agent did not return to nft")
 	}
 	e.expectClients(t, bed.ClientNetns, addr, gateway(bes[0]))
+}
+
+// withoutFlag returns args without a flag and its value.
+func withoutFlag(args []string, flag string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == flag {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
+}
+
+// runAgentWith replaces the bed's agent, for the rest of the test, by one
+// run with args instead of agentArgs, and waits for its first full sync.
+// The bed's agent is restored after the test.
+func (e env) runAgentWith(t *testing.T, args []string) *vm.Proc {
+	t.Helper()
+	ctx := context.Background()
+	if err := e.StopAgent(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.StartAgent(context.Background()); err != nil {
+			t.Errorf("restart the bed's agent: %v", err)
+		}
+	})
+	argv := append([]string{bed.GuestBinary, "run", "--kubeconfig", guestKubecfg, "--hostname-override", nodeName}, args...)
+	p, err := e.VM.Start(ctx, argv...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop() })
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := p.WaitFor(wctx, `"kind":"full"`); err != nil {
+		t.Fatalf("the agent (%v) did not sync: %v\n%s", args, err, p.Output())
+	}
+	return p
+}
+
+// TestGlueNodeToClusterIPWithoutClusterCIDR: with neither --cluster-cidr
+// nor --masquerade-all, a connection from the node itself to a clusterIP
+// whose endpoint is on another node reaches the backend from the node's
+// address (masqueraded), not from the VIP, which the backend's own node
+// would hold: in both families. A pod's connection keeps its source, and
+// the agent's warning says what breaks.
+func TestGlueNodeToClusterIPWithoutClusterCIDR(t *testing.T) {
+	e := setup(t)
+	e.logGlueState(t)
+	e.inClusterClient(t)
+	p := e.runAgentWith(t, withoutFlag(agentArgs, "--cluster-cidr"))
+	if out := p.Output(); !strings.Contains(out, "nothing tells in-cluster traffic") {
+		t.Errorf("no warning that nothing tells in-cluster traffic:\n%s", grepLines(out, `"level":"warn"`))
+	}
+	ns := e.namespace(t)
+	bes := e.backends(t, 1, otherNode)
+	v4, v6 := e.dualStackService(t, ns, "api", 443, bes)
+	e.expectClients(t, "", v4, gateway(bes[0]))
+	e.expectClients(t, "", v6, gateway6(bes[0]))
+	e.expectClients(t, inClusterNetns, v4, inClusterAddr)
+	e.expectClients(t, inClusterNetns, v6, inClusterAddr6)
+}
+
+// TestGlueLocalPolicyInClusterClients: the LoadBalancer IP, the externalIP
+// and the node port of an externalTrafficPolicy Local Service whose only
+// endpoint is on another node answer in-cluster clients (a pod, source in
+// the cluster CIDR, keeps its address; the node's own connections are
+// masqueraded) and drop clients outside the cluster. Once the node has an
+// endpoint of its own, an outside client reaches it with its address
+// preserved.
+func TestGlueLocalPolicyInClusterClients(t *testing.T) {
+	e := setup(t)
+	e.logGlueState(t)
+	e.inClusterClient(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 1, otherNode)
+	const lbIP, extIP = "10.251.1.20", "10.251.1.21"
+	svc := e.createService(t, ns, "ingress", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		s.Spec.ExternalIPs = []string{extIP}
+	})
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
+	if _, err := e.Client.CoreV1().Services(ns).UpdateStatus(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("set load balancer status: %v", err)
+	}
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	nodePort := hostPort(nodeAddr, svc.Spec.Ports[0].NodePort)
+	for _, addr := range []string{hostPort(lbIP, 80), hostPort(extIP, 80), nodePort} {
+		e.expectClients(t, inClusterNetns, addr, inClusterAddr)
+		e.expectClients(t, "", addr, gateway(bes[0]))
+		if res := e.expectBlocked(t, bed.ClientNetns, addr); res.ErrorCount(nettest.ErrTimeout) == 0 {
+			t.Errorf("from outside the cluster to %s: %v; want dropped (timeouts)", addr, res.Errors)
+		}
+	}
+
+	// The kernel keeps the rules as the glue writes them (a difference in
+	// form would make every full sync rewrite them).
+	saved := ownRules(e.iptablesSave(t, "iptables-save"))
+	for _, tab := range glue.Rules(glue.RuleConfig{Family: ipset.IPv4, ClusterCIDR: true}) {
+		for _, r := range tab.Rules {
+			if !slices.Contains(saved, r) {
+				t.Errorf("iptables-save has no rule %q; ours:\n%s", r, strings.Join(saved, "\n"))
+			}
+		}
+	}
+
+	// A local endpoint: it alone serves, the outside client too.
+	local := e.backends(t, 1)
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, append(bes, local...))
+	e.expectClients(t, bed.ClientNetns, nodePort, bed.ClientAddr)
+	e.expectBackends(t, "tcp", hostPort(lbIP, 80), names(local))
 }

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"time"
 
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -103,4 +107,40 @@ func ListEndpointSlices(ctx context.Context, client kubernetes.Interface) (map[t
 			return slicesOf, nil
 		}
 	}
+}
+
+// NodePodCIDRs reads the node's podCIDRs (--detect-local-mode NodeCIDR),
+// waiting for them as kube-proxy does: the node controller may not have
+// allocated them yet. A change later needs a restart, as in kube-proxy.
+func NodePodCIDRs(ctx context.Context, client kubernetes.Interface, node string, log *zap.Logger) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			log.Info("waiting for the Node's podCIDRs (--detect-local-mode NodeCIDR)", zap.Error(err))
+			return false, nil
+		}
+		cidrs := n.Spec.PodCIDRs
+		if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+			cidrs = []string{n.Spec.PodCIDR}
+		}
+		if len(cidrs) == 0 {
+			log.Info("waiting for the Node's podCIDRs (--detect-local-mode NodeCIDR)")
+			return false, nil
+		}
+		out = out[:0]
+		for _, c := range cidrs {
+			p, err := netip.ParsePrefix(c)
+			if err != nil {
+				return false, fmt.Errorf("Node %s spec.podCIDRs: %w", node, err)
+			}
+			out = append(out, p.Masked())
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--detect-local-mode NodeCIDR: read the podCIDRs of Node %s: %w", node, err)
+	}
+	log.Info("pods' traffic told by the Node's podCIDRs", zap.Stringers("podCIDRs", out))
+	return out, nil
 }

@@ -2,8 +2,13 @@ package proxier
 
 import (
 	"context"
+	"net/netip"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -24,5 +29,24 @@ func TestListServices(t *testing.T) {
 	}
 	if len(got) != 1 || got[0].Name != "mine" {
 		t.Errorf("listed %v, want only ns/mine", got)
+	}
+}
+
+// TestNodePodCIDRs: --detect-local-mode NodeCIDR reads the Node's
+// podCIDRs (both families); a Node without them is waited for, and the
+// wait's end is an error naming the mode and the Node.
+func TestNodePodCIDRs(t *testing.T) {
+	client := fake.NewClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.3.0/24", "fd00:10:244:3::/64"}}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"}})
+	got, err := NodePodCIDRs(context.Background(), client, "node-1", zap.NewNop())
+	want := []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24"), netip.MustParsePrefix("fd00:10:244:3::/64")}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("node-1: %v, %v; want %v", got, err, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := NodePodCIDRs(ctx, client, "node-2", zap.NewNop()); err == nil || !strings.Contains(err.Error(), "NodeCIDR") || !strings.Contains(err.Error(), "node-2") {
+		t.Errorf("node-2 without podCIDRs: %v; want an error naming the mode and the Node", err)
 	}
 }

@@ -1155,7 +1155,7 @@ func planEqual(a, b model.ServicePlan) bool {
 	for i := range a.VirtualServers {
 		x, y := a.VirtualServers[i], b.VirtualServers[i]
 		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
-			x.Local != y.Local || x.NodeAddress != y.NodeAddress || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
+			x.Local != y.Local || x.NodeAddress != y.NodeAddress || x.InClusterOnly != y.InClusterOnly || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
 			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q model.RealServer) bool {
 				return p.RSKey == q.RSKey && p.Weight == q.Weight
 			}) {

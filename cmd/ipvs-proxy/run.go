@@ -77,16 +77,16 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	ipvs, links := hook.IPVS(realIPVS), hook.Links(realLinks)
-	g, closeSets, err := prepareKernel(o, cfg, timeouts, ipvs, links, hook, log)
+	client, err := proxier.NewClient(o.Kubeconfig, userAgent())
+	if err != nil {
+		return err
+	}
+	g, closeSets, err := prepareKernel(ctx, o, cfg, timeouts, client, ipvs, links, hook, log)
 	if err != nil {
 		return err
 	}
 	defer closeSets()
 
-	client, err := proxier.NewClient(o.Kubeconfig, userAgent())
-	if err != nil {
-		return err
-	}
 	recorder, stopEvents := eventRecorder(ctx, client, cfg.NodeName)
 	defer stopEvents()
 
@@ -110,10 +110,11 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 }
 
 // prepareKernel sets the sysctls and IPVS timeouts run needs, creates the
-// interface and opens the iptables glue (hook wraps its sets); closeSets
+// interface and opens the iptables glue (hook wraps its sets; with
+// --detect-local-mode NodeCIDR it waits for the Node's podCIDRs); closeSets
 // releases the glue's netlink socket.
-func prepareKernel(o *config.Options, cfg proxier.Config, timeouts netlinkutil.Timeouts, ipvs netlinkutil.IPVS, links netlinkutil.Links,
-	hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
+func prepareKernel(ctx context.Context, o *config.Options, cfg proxier.Config, timeouts netlinkutil.Timeouts, client kubernetes.Interface,
+	ipvs netlinkutil.IPVS, links netlinkutil.Links, hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
 	if err := sysctls.Ensure(log, cfg.IPv6); err != nil {
 		return nil, nil, err
 	}
@@ -123,6 +124,11 @@ func prepareKernel(o *config.Options, cfg proxier.Config, timeouts netlinkutil.T
 	gcfg, err := o.GlueConfig(cfg)
 	if err != nil {
 		return nil, nil, err
+	}
+	if o.DetectLocalMode == config.DetectNodeCIDR {
+		if gcfg.ClusterCIDRs, err = proxier.NodePodCIDRs(ctx, client, cfg.NodeName, log); err != nil {
+			return nil, nil, err
+		}
 	}
 	g, closeSets, err = glue.Open(gcfg, o.IPTablesBackend, links, hook.Sets, log)
 	if err != nil {

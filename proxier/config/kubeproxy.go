@@ -131,6 +131,9 @@ func (cf *configFile) fromKubeProxy(kp *kubeproxyconfig.KubeProxyConfiguration, 
 	mapValue(m, "hostnameOverride", "hostnameOverride", kp.HostnameOverride, &o.HostnameOverride)
 	mapList(m, "clusterCIDRs", "clusterCIDR", splitList(kp.ClusterCIDR), &o.ClusterCIDRs)
 	mapValue(m, "masqueradeAll", "iptables.masqueradeAll", kp.IPTables.MasqueradeAll, &o.MasqueradeAll) // what kube-proxy's IPVS mode reads
+	mapValue(m, "detectLocalMode", "detectLocalMode", string(kp.DetectLocalMode), &o.DetectLocalMode)
+	mapValue(m, "podBridgeInterface", "detectLocal.bridgeInterface", kp.DetectLocal.BridgeInterface, &o.PodBridgeInterface)
+	mapValue(m, "podInterfaceNamePrefix", "detectLocal.interfaceNamePrefix", kp.DetectLocal.InterfaceNamePrefix, &o.PodInterfaceNamePrefix)
 	mapValue(m, "scheduler", "ipvs.scheduler", kp.IPVS.Scheduler, &o.Scheduler)
 	mapValue(m, "syncPeriod", "ipvs.syncPeriod", kp.IPVS.SyncPeriod.Duration, &o.SyncPeriod)
 	mapValue(m, "minSyncPeriod", "ipvs.minSyncPeriod", kp.IPVS.MinSyncPeriod.Duration, &o.MinSyncPeriod)
@@ -156,12 +159,9 @@ func (cf *configFile) fromKubeProxy(kp *kubeproxyconfig.KubeProxyConfiguration, 
 	case "text":
 		mapValue(m, "logFormat", "logging.format", "console", &o.LogFormat)
 	}
-	m.handled["mode"], m.handled["detectLocalMode"], m.handled["bindAddress"] = true, true, true
+	m.handled["mode"], m.handled["bindAddress"] = true, true
 	if kp.Mode != "" && kp.Mode != "ipvs" {
 		m.ignore("mode", fmt.Sprintf("mode: %s (ipvs-proxy programs IPVS whatever the mode)", kp.Mode))
-	}
-	if kp.DetectLocalMode != "" && kp.DetectLocalMode != "ClusterCIDR" {
-		m.ignore("detectLocalMode", fmt.Sprintf("detectLocalMode: %s (ipvs-proxy tells local traffic by clusterCIDR)", kp.DetectLocalMode))
 	}
 	switch kp.BindAddress {
 	case "", "0.0.0.0", "::": // what kubeadm writes: nothing asked

@@ -102,7 +102,12 @@ bindAddress: "::"
 			o.TCPTimeout, o.TCPFinTimeout, o.UDPTimeout = 15*time.Minute, 30*time.Second, 10*time.Second
 			o.MetricsBindAddress, o.HealthzBindAddress = "0.0.0.0:10249", "127.0.0.1:10256"
 			o.LogFormat = "console"
+			o.DetectLocalMode = "ClusterCIDR"
 		}},
+		{name: "detectLocalMode BridgeInterface", file: "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
+			want: func(o *Options) { o.DetectLocalMode, o.PodBridgeInterface = "BridgeInterface", "cbr0" }},
+		{name: "detectLocalMode NodeCIDR", file: "detectLocalMode: NodeCIDR\n",
+			want: func(o *Options) { o.DetectLocalMode = "NodeCIDR" }},
 		{name: "zero values are not set", file: `
 clientConnection: {kubeconfig: "", qps: 0, burst: 0}
 ipvs: {scheduler: "", syncPeriod: 0s, minSyncPeriod: 0s, excludeCIDRs: null, strictARP: false}
@@ -137,7 +142,10 @@ oomScoreAdj: -999
 configSyncPeriod: 15m
 portRange: 30000-32767
 ipvs: {scheduler: wrr}
-`, want: func(o *Options) { o.Scheduler = "wrr"; o.Profiling = true }, ignored: []string{
+`, want: func(o *Options) {
+			o.Scheduler, o.Profiling = "wrr", true
+			o.DetectLocalMode, o.PodInterfaceNamePrefix = "InterfaceNamePrefix", "veth"
+		}, ignored: []string{
 			"bindAddress: 192.0.2.7",
 			"bindAddressHardFail: true",
 			"clientConnection.burst: 10",
@@ -146,8 +154,6 @@ ipvs: {scheduler: wrr}
 			"configSyncPeriod: 15m",
 			"conntrack.maxPerCore: 32768",
 			"conntrack.tcpEstablishedTimeout: 24h",
-			"detectLocal.interfaceNamePrefix: veth",
-			"detectLocalMode: InterfaceNamePrefix (ipvs-proxy tells local traffic by clusterCIDR)",
 			"featureGates.SomeGate: true",
 			"iptables.localhostNodePorts: true",
 			"iptables.masqueradeBit: 14",

@@ -43,10 +43,15 @@ type Options struct {
 	LogFormat         string        `json:"logFormat"`
 
 	// The iptables glue.
-	ClusterCIDRs    []string `json:"clusterCIDRs"`
-	MasqueradeAll   bool     `json:"masqueradeAll"`
-	IPTablesBackend string   `json:"iptablesBackend"`
-	StrictARP       bool     `json:"strictARP"`
+	ClusterCIDRs  []string `json:"clusterCIDRs"`
+	MasqueradeAll bool     `json:"masqueradeAll"`
+	// How pods' (in-cluster) traffic is told apart, as kube-proxy's
+	// detectLocalMode and detectLocal.
+	DetectLocalMode        string `json:"detectLocalMode"`
+	PodBridgeInterface     string `json:"podBridgeInterface"`
+	PodInterfaceNamePrefix string `json:"podInterfaceNamePrefix"`
+	IPTablesBackend        string `json:"iptablesBackend"`
+	StrictARP              bool   `json:"strictARP"`
 
 	// Operations.
 	MetricsBindAddress string `json:"metricsBindAddress"`
@@ -68,6 +73,7 @@ func DefaultOptions() Options {
 		LogLevel:      "info",
 		LogFormat:     "json",
 
+		DetectLocalMode:    DetectClusterCIDR,
 		IPTablesBackend:    "auto",
 		MetricsBindAddress: "127.0.0.1:10249",
 		HealthzBindAddress: "0.0.0.0:10256",
@@ -94,6 +100,9 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "Log format: json or console.")
 	fs.StringSliceVar(&o.ClusterCIDRs, "cluster-cidr", o.ClusterCIDRs, "The pods' CIDRs: traffic to clusterIPs from outside them is masqueraded.")
 	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", o.MasqueradeAll, "Masquerade all traffic to clusterIPs.")
+	fs.StringVar(&o.DetectLocalMode, "detect-local-mode", o.DetectLocalMode, "How pods' traffic is told from the rest: ClusterCIDR (--cluster-cidr), NodeCIDR (the Node's podCIDRs), BridgeInterface (--pod-bridge-interface) or InterfaceNamePrefix (--pod-interface-name-prefix).")
+	fs.StringVar(&o.PodBridgeInterface, "pod-bridge-interface", o.PodBridgeInterface, "With --detect-local-mode BridgeInterface: traffic arriving on this bridge is pods' traffic.")
+	fs.StringVar(&o.PodInterfaceNamePrefix, "pod-interface-name-prefix", o.PodInterfaceNamePrefix, "With --detect-local-mode InterfaceNamePrefix: traffic arriving on interfaces named so is pods' traffic.")
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto (whichever the node's other rules use), nft or legacy.")
 	fs.BoolVar(&o.StrictARP, "strict-arp", o.StrictARP, "Do not answer ARP for the VIPs on the proxy's interface (arp_ignore=1, arp_announce=2).")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint (/metrics); empty disables it.")
@@ -203,6 +212,33 @@ func (o *Options) GlueConfig(cfg proxier.Config) (glue.Config, error) {
 	default:
 		return glue.Config{}, fmt.Errorf("--iptables-backend: %q is not auto, nft or legacy", o.IPTablesBackend)
 	}
-	return glue.Config{Interface: cfg.Interface, NodePortAddresses: cfg.NodePortAddresses, ClusterCIDRs: cidrs,
-		MasqueradeAll: o.MasqueradeAll, IPv4: cfg.IPv4, IPv6: cfg.IPv6}, nil
+	g := glue.Config{Interface: cfg.Interface, NodePortAddresses: cfg.NodePortAddresses, ClusterCIDRs: cidrs,
+		MasqueradeAll: o.MasqueradeAll, IPv4: cfg.IPv4, IPv6: cfg.IPv6}
+	switch o.DetectLocalMode {
+	case "", DetectClusterCIDR:
+	case DetectNodeCIDR:
+		g.ClusterCIDRs = nil // the Node's podCIDRs, read at start (nodeCIDRs)
+	case DetectBridge:
+		if o.PodBridgeInterface == "" {
+			return glue.Config{}, fmt.Errorf("--detect-local-mode %s needs --pod-bridge-interface", o.DetectLocalMode)
+		}
+		g.ClusterCIDRs, g.LocalBridge = nil, o.PodBridgeInterface
+	case DetectPrefix:
+		if o.PodInterfaceNamePrefix == "" {
+			return glue.Config{}, fmt.Errorf("--detect-local-mode %s needs --pod-interface-name-prefix", o.DetectLocalMode)
+		}
+		g.ClusterCIDRs, g.LocalInterfacePrefix = nil, o.PodInterfaceNamePrefix
+	default:
+		return glue.Config{}, fmt.Errorf("--detect-local-mode: %q is not %s, %s, %s or %s", o.DetectLocalMode,
+			DetectClusterCIDR, DetectNodeCIDR, DetectBridge, DetectPrefix)
+	}
+	return g, nil
 }
+
+// The values of --detect-local-mode (kube-proxy's detectLocalMode).
+const (
+	DetectClusterCIDR = "ClusterCIDR"
+	DetectNodeCIDR    = "NodeCIDR"
+	DetectBridge      = "BridgeInterface"
+	DetectPrefix      = "InterfaceNamePrefix"
+)

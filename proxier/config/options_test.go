@@ -25,3 +25,40 @@ func TestGlueConfigValidation(t *testing.T) {
 		t.Errorf("a bad --iptables-backend: %v", err)
 	}
 }
+
+// TestGlueConfigDetectLocalMode: each of kube-proxy's detectLocalMode
+// values tells the glue how to tell pods' traffic; the interface modes need
+// their interface, and an unknown mode is refused.
+func TestGlueConfigDetectLocalMode(t *testing.T) {
+	cfg := proxier.Config{Interface: "ipvs-proxy0", IPv4: true}
+	for _, tc := range []struct {
+		mode, bridge, prefix string
+		wantCIDRs            int
+		wantBridge, wantPfx  string
+		wantErr              string
+	}{
+		{mode: "", wantCIDRs: 1},
+		{mode: "ClusterCIDR", wantCIDRs: 1},
+		{mode: "NodeCIDR"}, // the Node's podCIDRs, read at start
+		{mode: "BridgeInterface", bridge: "cbr0", wantBridge: "cbr0"},
+		{mode: "BridgeInterface", wantErr: "--pod-bridge-interface"},
+		{mode: "InterfaceNamePrefix", prefix: "veth", wantPfx: "veth"},
+		{mode: "InterfaceNamePrefix", wantErr: "--pod-interface-name-prefix"},
+		{mode: "Pods", wantErr: "--detect-local-mode"},
+	} {
+		o := DefaultOptions()
+		o.ClusterCIDRs = []string{"10.100.0.0/14"}
+		o.DetectLocalMode, o.PodBridgeInterface, o.PodInterfaceNamePrefix = tc.mode, tc.bridge, tc.prefix
+		g, err := o.GlueConfig(cfg)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("mode %q: error %v, want one naming %s", tc.mode, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || len(g.ClusterCIDRs) != tc.wantCIDRs || g.LocalBridge != tc.wantBridge || g.LocalInterfacePrefix != tc.wantPfx {
+			t.Errorf("mode %q: cluster CIDRs %v, bridge %q, prefix %q, %v; want %d CIDRs, %q, %q",
+				tc.mode, g.ClusterCIDRs, g.LocalBridge, g.LocalInterfacePrefix, err, tc.wantCIDRs, tc.wantBridge, tc.wantPfx)
+		}
+	}
+}

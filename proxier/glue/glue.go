@@ -45,8 +45,14 @@ type Config struct {
 	// source range holds one of them, the node itself may reach the
 	// LoadBalancer IP.
 	NodePortAddresses []netip.Prefix
-	// ClusterCIDRs are the pods' prefixes (--cluster-cidr).
+	// ClusterCIDRs are the pods' prefixes (--cluster-cidr, or the Node's
+	// podCIDRs under --detect-local-mode NodeCIDR): traffic from them is
+	// in-cluster (local) traffic.
 	ClusterCIDRs []netip.Prefix
+	// LocalBridge and LocalInterfacePrefix tell in-cluster traffic by the
+	// interface it arrives on instead (--detect-local-mode
+	// BridgeInterface, InterfaceNamePrefix).
+	LocalBridge, LocalInterfacePrefix string
 	// MasqueradeAll masquerades all traffic to clusterIPs.
 	MasqueradeAll bool
 	// IPv4 and IPv6 are the families served.
@@ -128,7 +134,8 @@ func (g *Glue) families() []ipset.Family {
 
 // ruleConfig is the rule configuration of a family.
 func (g *Glue) ruleConfig(fam ipset.Family) RuleConfig {
-	c := RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll}
+	c := RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll,
+		BridgeInterface: g.cfg.LocalBridge, InterfacePrefix: g.cfg.LocalInterfacePrefix}
 	for _, p := range g.cfg.ClusterCIDRs {
 		if ipset.Of(p.Addr()) != fam {
 			continue

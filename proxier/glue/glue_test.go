@@ -390,3 +390,93 @@ func TestRestoreFailure(t *testing.T) {
 		t.Errorf("the sync after a failed first one made %d restores; want 2", st.Restores)
 	}
 }
+
+// TestNodeTrafficFromVIPMasqueradedWithoutClusterCIDR: with neither a
+// cluster CIDR nor masquerade-all, a connection from the node to a
+// clusterIP leaves with the VIP as its source (the local route of a VIP on
+// the dummy interface names the VIP as source); a real server on another
+// node would answer to a VIP its own node owns. Such a connection (source
+// one of the VIPs, destination a clusterIP Service) is masqueraded, in both
+// families; with a cluster CIDR the rule is not needed (everything from
+// outside it is masqueraded).
+func TestNodeTrafficFromVIPMasqueradedWithoutClusterCIDR(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want bool
+	}{
+		{"no cluster CIDR", Config{Interface: "ipvs-proxy0", IPv4: true, IPv6: true}, true},
+		{"cluster CIDR", dualStack, false},
+		{"masquerade all", Config{Interface: "ipvs-proxy0", MasqueradeAll: true, IPv4: true, IPv6: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBed(t, tc.cfg)
+			p := &model.ServicePlan{Service: name("api"), VirtualServers: []model.VSPlan{
+				vs(model.KindClusterIP, "10.96.0.1", tcp, 443, "10.100.9.2:6443"),
+				vs(model.KindClusterIP, "fd00:96::1", tcp, 443, "[fd00:109::2]:6443"),
+			}}
+			b.g.SetPlan(p.Service, p)
+			b.sync(t, true)
+			for key, prefix := range map[string]string{"nft4": "IPVSP-", "nft6": "IPVSP-6-"} {
+				rule := "-A IPVSP-SERVICES -m set --match-set " + prefix + "CLUSTER-IP dst,dst -m set --match-set " + prefix + "VIP src -j IPVSP-MARK-MASQ"
+				if got := strings.Contains(b.ipt.dump(key), rule+"\n"); got != tc.want {
+					t.Errorf("%s: rule %q present %v, want %v; rules:\n%s", key, rule, got, tc.want, b.ipt.dump(key))
+				}
+			}
+			if got := b.sets.Entries("IPVSP-VIP"); !slices.Equal(got, []string{"10.96.0.1"}) {
+				t.Errorf("IPVSP-VIP = %v; want the clusterIP (the source the node picks)", got)
+			}
+		})
+	}
+}
+
+// TestLocalWithoutLocalEndpointServesInCluster: the external addresses of
+// a Local Service whose endpoints are all on other nodes (the model's
+// InClusterOnly) answer in-cluster clients: pods (the cluster CIDR) keep
+// their source, the node's own connections are masqueraded, everyone else
+// is marked for drop. Once a local endpoint exists they leave the set.
+func TestLocalWithoutLocalEndpointServesInCluster(t *testing.T) {
+	b := newBed(t, dualStack)
+	inCluster := func(v model.VSPlan) model.VSPlan { v.Local, v.InClusterOnly = true, true; return v }
+	p := &model.ServicePlan{Service: name("ing"), VirtualServers: []model.VSPlan{
+		vs(model.KindClusterIP, "10.96.0.20", tcp, 443, "10.100.7.2:8443"),
+		inCluster(vs(model.KindNodePort, "10.0.2.15", tcp, 30443, "10.100.7.2:8443")),
+		inCluster(vs(model.KindLoadBalancer, "10.251.0.20", tcp, 443, "10.100.7.2:8443")),
+		inCluster(vs(model.KindExternalIP, "fd00:251::20", tcp, 443, "[fd00:107::2]:8443")),
+	}}
+	b.g.SetPlan(p.Service, p)
+	b.sync(t, true)
+	if got, want := b.sets.Entries("IPVSP-IN-CLUSTER-ONLY"), []string{"10.0.2.15,tcp:30443", "10.251.0.20,tcp:443"}; !slices.Equal(got, want) {
+		t.Errorf("IPVSP-IN-CLUSTER-ONLY = %v, want %v", got, want)
+	}
+	if got, want := b.sets.Entries("IPVSP-6-IN-CLUSTER-ONLY"), []string{"fd00:251::20,tcp:443"}; !slices.Equal(got, want) {
+		t.Errorf("IPVSP-6-IN-CLUSTER-ONLY = %v, want %v", got, want)
+	}
+	if got := b.sets.Entries("IPVSP-EXTERNAL"); len(got) != 0 {
+		t.Errorf("IPVSP-EXTERNAL = %v; a Local Service is never masqueraded as a whole", got)
+	}
+	for key, prefix := range map[string]string{"nft4": "IPVSP-", "nft6": "IPVSP-6-"} {
+		dump := b.ipt.dump(key)
+		for _, rule := range []string{
+			"-A IPVSP-SERVICES -m set --match-set " + prefix + "IN-CLUSTER-ONLY dst,dst -j IPVSP-IN-CLUSTER",
+			"-A IPVSP-IN-CLUSTER -m set --match-set " + prefix + "CLUSTER-CIDR src -j RETURN",
+			"-A IPVSP-IN-CLUSTER -m addrtype ! --src-type LOCAL -j MARK --set-xmark 0x8000/0x8000",
+			"-A IPVSP-IN-CLUSTER -j MARK --set-xmark 0x4000/0x4000",
+		} {
+			if !strings.Contains(dump, rule+"\n") {
+				t.Errorf("%s: no rule %q in:\n%s", key, rule, dump)
+			}
+		}
+	}
+
+	// A local endpoint: the node port serves it alone, to everyone.
+	local := vs(model.KindNodePort, "10.0.2.15", tcp, 30443, "10.100.7.2:8443")
+	local.Local = true
+	b.g.SetPlan(p.Service, &model.ServicePlan{Service: p.Service, VirtualServers: []model.VSPlan{local}})
+	b.sync(t, false)
+	for _, set := range []string{"IPVSP-IN-CLUSTER-ONLY", "IPVSP-6-IN-CLUSTER-ONLY"} {
+		if got := b.sets.Entries(set); len(got) != 0 {
+			t.Errorf("%s = %v after a local endpoint came", set, got)
+		}
+	}
+}

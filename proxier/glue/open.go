@@ -13,9 +13,12 @@ import (
 // fault injection; nil leaves them). closeSets releases the netlink socket.
 func Open(cfg Config, backendChoice string, links netlinkutil.Links, wrapSets func(ipset.Interface) ipset.Interface,
 	log *zap.Logger) (g *Glue, closeSets func(), err error) {
-	if len(cfg.ClusterCIDRs) == 0 && !cfg.MasqueradeAll {
-		log.Warn("neither --cluster-cidr nor --masquerade-all: traffic to clusterIPs keeps its source address, " +
-			"so clients outside the cluster must be routable from the pods")
+	if len(cfg.ClusterCIDRs) == 0 && cfg.LocalBridge == "" && cfg.LocalInterfacePrefix == "" {
+		log.Warn("nothing tells in-cluster traffic (no --cluster-cidr, no other --detect-local-mode): "+
+			"traffic to clusterIPs from outside the cluster keeps its source address unless --masquerade-all, so such clients "+
+			"must be routable from the pods; pods reaching the LoadBalancer IP, externalIP or node port of an "+
+			"externalTrafficPolicy Local Service on a node without a local endpoint are dropped as if from outside "+
+			"(only the node's own connections count as in-cluster)", zap.Bool("masqueradeAll", cfg.MasqueradeAll))
 	}
 	backend, reason, err := DetectBackend(Exec{}, backendChoice)
 	if err != nil {

@@ -1,6 +1,7 @@
 package glue
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
@@ -24,6 +25,7 @@ const (
 const (
 	chainServices    = "IPVSP-SERVICES"
 	chainFirewall    = "IPVSP-FIREWALL"
+	chainInCluster   = "IPVSP-IN-CLUSTER"
 	chainMarkMasq    = "IPVSP-MARK-MASQ"
 	chainPostrouting = "IPVSP-POSTROUTING"
 	chainInput       = "IPVSP-INPUT"
@@ -40,8 +42,32 @@ type RuleConfig struct {
 	MasqueradeAll bool
 	// ClusterCIDR is set when --cluster-cidr has a prefix of this family:
 	// traffic to clusterIPs from outside it is masqueraded. Without one
-	// (and without MasqueradeAll) clusterIP traffic keeps its source.
+	// (and without MasqueradeAll) clusterIP traffic keeps its source,
+	// except the node's own connections from a VIP.
 	ClusterCIDR bool
+	// BridgeInterface and InterfacePrefix tell pods' traffic by the
+	// interface it arrives on (kube-proxy's detectLocalMode
+	// BridgeInterface and InterfaceNamePrefix), instead of ClusterCIDR.
+	BridgeInterface, InterfacePrefix string
+}
+
+// localMatch is the match of pods' traffic (negated: of all other traffic),
+// and whether anything tells it. Interface matches come first in a rule, as
+// iptables-save prints them.
+func (c RuleConfig) localMatch(negate bool) (iface, set string, ok bool) {
+	not := ""
+	if negate {
+		not = "! "
+	}
+	switch {
+	case c.ClusterCIDR:
+		return "", "-m set " + not + "--match-set " + SetName(setClusterCIDR, c.Family) + " src", true
+	case c.BridgeInterface != "":
+		return not + "-i " + c.BridgeInterface, "", true
+	case c.InterfacePrefix != "":
+		return not + "-i " + c.InterfacePrefix + "+", "", true
+	}
+	return "", "", false
 }
 
 // Jump is one rule in a built-in chain that sends packets to one of ours.
@@ -100,7 +126,7 @@ func Rules(c RuleConfig) []Table {
 
 	nat := Table{
 		Name:   "nat",
-		Chains: []string{chainServices, chainFirewall, chainMarkMasq, chainPostrouting},
+		Chains: []string{chainServices, chainFirewall, chainInCluster, chainMarkMasq, chainPostrouting},
 		Jumps: []Jump{
 			{"PREROUTING", "ipvs-proxy: Service traffic", chainServices},
 			{"OUTPUT", "ipvs-proxy: Service traffic", chainServices},
@@ -108,20 +134,39 @@ func Rules(c RuleConfig) []Table {
 		},
 	}
 	add := func(t *Table, chain string, rule ...string) {
-		t.Rules = append(t.Rules, "-A "+chain+" "+strings.Join(rule, " "))
+		rule = slices.DeleteFunc(rule, func(s string) bool { return s == "" })
+		t.Rules = append(t.Rules, "-A "+chain+" "+strings.TrimSpace(strings.Join(rule, " ")))
 	}
 	add(&nat, chainServices, "-m set --match-set", set(setLBFirewall), "dst,dst -j", chainFirewall)
+	notLocalIface, notLocalSet, detected := c.localMatch(true)
 	switch {
 	case c.MasqueradeAll:
 		add(&nat, chainServices, "-m set --match-set", set(setClusterIP), "dst,dst -j", chainMarkMasq)
-	case c.ClusterCIDR:
-		add(&nat, chainServices, "-m set --match-set", set(setClusterIP), "dst,dst -m set ! --match-set",
-			set(setClusterCIDR), "src -j", chainMarkMasq)
+	case detected:
+		add(&nat, chainServices, notLocalIface, "-m set --match-set", set(setClusterIP), "dst,dst", notLocalSet, "-j", chainMarkMasq)
+	default:
+		// Nothing tells pods' traffic apart, so clusterIP traffic keeps its
+		// source, but not the node's own connections from a VIP: the local
+		// route of a VIP on the dummy interface names the VIP as source, and
+		// a real server on another node would answer to a VIP its own node
+		// owns (kube-proxy's IPVS mode masquerades these too).
+		add(&nat, chainServices, "-m set --match-set", set(setClusterIP), "dst,dst -m set --match-set",
+			set(setVIP), "src -j", chainMarkMasq)
 	}
+	add(&nat, chainServices, "-m set --match-set", set(setInClusterOnly), "dst,dst -j", chainInCluster)
 	add(&nat, chainServices, "-m set --match-set", set(setExternal), "dst,dst -j", chainMarkMasq)
 	add(&nat, chainFirewall, "-m set --match-set", set(setLBSource), "dst,dst,src -j RETURN")
 	add(&nat, chainFirewall, "-m set --match-set", set(setLBSourceIP), "dst,dst,src -j RETURN")
 	add(&nat, chainFirewall, "-j MARK --set-xmark", MarkDrop+"/"+MarkDrop)
+	// An external address of a Local Service without a local endpoint:
+	// pods keep their source, the node's own connections are masqueraded
+	// (their source may be a VIP, as above), the rest of the world is
+	// dropped, as it would find no local endpoint.
+	if localIface, localSet, ok := c.localMatch(false); ok {
+		add(&nat, chainInCluster, localIface, localSet, "-j RETURN")
+	}
+	add(&nat, chainInCluster, "-m addrtype ! --src-type LOCAL -j MARK --set-xmark", MarkDrop+"/"+MarkDrop)
+	add(&nat, chainInCluster, "-j MARK --set-xmark", MarkMasq+"/"+MarkMasq)
 	add(&nat, chainMarkMasq, "-j MARK --set-xmark", MarkMasq+"/"+MarkMasq)
 	add(&nat, chainPostrouting, "-m set --match-set", set(setHairpin), "dst,dst,src -j MASQUERADE")
 	add(&nat, chainPostrouting, "-m mark ! --mark", MarkMasq+"/"+MarkMasq, "-j RETURN")

@@ -14,6 +14,7 @@ import (
 const wantDumpIPv4 = `*nat
 :IPVSP-SERVICES - [0:0]
 :IPVSP-FIREWALL - [0:0]
+:IPVSP-IN-CLUSTER - [0:0]
 :IPVSP-MARK-MASQ - [0:0]
 :IPVSP-POSTROUTING - [0:0]
 -I PREROUTING 1 -m comment --comment "ipvs-proxy: Service traffic" -j IPVSP-SERVICES
@@ -21,10 +22,14 @@ const wantDumpIPv4 = `*nat
 -I POSTROUTING 1 -m comment --comment "ipvs-proxy: masquerade" -j IPVSP-POSTROUTING
 -A IPVSP-SERVICES -m set --match-set IPVSP-LB-FW dst,dst -j IPVSP-FIREWALL
 -A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set ! --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-MARK-MASQ
+-A IPVSP-SERVICES -m set --match-set IPVSP-IN-CLUSTER-ONLY dst,dst -j IPVSP-IN-CLUSTER
 -A IPVSP-SERVICES -m set --match-set IPVSP-EXTERNAL dst,dst -j IPVSP-MARK-MASQ
 -A IPVSP-FIREWALL -m set --match-set IPVSP-LB-SRC dst,dst,src -j RETURN
 -A IPVSP-FIREWALL -m set --match-set IPVSP-LB-SRC-IP dst,dst,src -j RETURN
 -A IPVSP-FIREWALL -j MARK --set-xmark 0x8000/0x8000
+-A IPVSP-IN-CLUSTER -m set --match-set IPVSP-CLUSTER-CIDR src -j RETURN
+-A IPVSP-IN-CLUSTER -m addrtype ! --src-type LOCAL -j MARK --set-xmark 0x8000/0x8000
+-A IPVSP-IN-CLUSTER -j MARK --set-xmark 0x4000/0x4000
 -A IPVSP-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
 -A IPVSP-POSTROUTING -m set --match-set IPVSP-HAIRPIN dst,dst,src -j MASQUERADE
 -A IPVSP-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
@@ -60,6 +65,7 @@ func TestRulesDumpIPv4(t *testing.T) {
 // only the set names, the reject type and the clusterIP masquerade rule.
 func TestRulesDumpVariants(t *testing.T) {
 	clusterIPRule := "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set ! --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-MARK-MASQ\n"
+	podsRule := "-A IPVSP-IN-CLUSTER -m set --match-set IPVSP-CLUSTER-CIDR src -j RETURN\n"
 	for _, tc := range []struct {
 		name string
 		cfg  RuleConfig
@@ -68,7 +74,14 @@ func TestRulesDumpVariants(t *testing.T) {
 		{"masquerade all", RuleConfig{Family: ipset.IPv4, MasqueradeAll: true, ClusterCIDR: true},
 			strings.Replace(wantDumpIPv4, clusterIPRule, "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n", 1)},
 		{"no cluster CIDR", RuleConfig{Family: ipset.IPv4},
-			strings.Replace(wantDumpIPv4, clusterIPRule, "", 1)},
+			strings.NewReplacer(clusterIPRule, "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set --match-set IPVSP-VIP src -j IPVSP-MARK-MASQ\n",
+				podsRule, "").Replace(wantDumpIPv4)},
+		{"pods on a bridge", RuleConfig{Family: ipset.IPv4, BridgeInterface: "cbr0"},
+			strings.NewReplacer(clusterIPRule, "-A IPVSP-SERVICES ! -i cbr0 -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n",
+				podsRule, "-A IPVSP-IN-CLUSTER -i cbr0 -j RETURN\n").Replace(wantDumpIPv4)},
+		{"pods on interfaces named so", RuleConfig{Family: ipset.IPv4, InterfacePrefix: "veth"},
+			strings.NewReplacer(clusterIPRule, "-A IPVSP-SERVICES ! -i veth+ -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n",
+				podsRule, "-A IPVSP-IN-CLUSTER -i veth+ -j RETURN\n").Replace(wantDumpIPv4)},
 		{"IPv6", RuleConfig{Family: ipset.IPv6, ClusterCIDR: true},
 			strings.NewReplacer("--match-set IPVSP-", "--match-set IPVSP-6-",
 				"icmp-port-unreachable", "icmp6-port-unreachable").Replace(wantDumpIPv4)},

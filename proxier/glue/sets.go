@@ -19,6 +19,10 @@ const (
 	// node-port virtual server under externalTrafficPolicy Cluster (these
 	// are masqueraded; under Local the source is preserved).
 	setExternal = "EXTERNAL"
+	// setInClusterOnly: ip,proto:port of every externalIP, LoadBalancer and
+	// node-port virtual server of a Local Service without a usable local
+	// endpoint: it serves in-cluster clients only (from every endpoint).
+	setInClusterOnly = "IN-CLUSTER-ONLY"
 	// setService: every virtual server, accepted in filter INPUT.
 	setService = "SERVICE"
 	// setVIP: every address on the dummy interface (VIP protection).
@@ -47,6 +51,7 @@ var setTypes = []struct {
 }{
 	{setClusterIP, ipset.HashIPPort},
 	{setExternal, ipset.HashIPPort},
+	{setInClusterOnly, ipset.HashIPPort},
 	{setService, ipset.HashIPPort},
 	{setVIP, ipset.HashIP},
 	{setLBFirewall, ipset.HashIPPort},
@@ -149,6 +154,9 @@ func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 		}
 		if vs.Kind.External() && !vs.Local {
 			out.add(setExternal, fam, key)
+		}
+		if vs.InClusterOnly {
+			out.add(setInClusterOnly, fam, key)
 		}
 		if vs.Bound() {
 			out.add(setVIP, fam, ipset.Entry{Addr: vs.Address})

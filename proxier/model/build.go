@@ -531,9 +531,18 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 
 	var selected, pool []buildCandidate
 	local := b.localOnly(a.kind)
+	inClusterOnly := false
 	if local {
 		pool = b.onNode(cands)
 		selected = buildUsable(pool)
+		if a.kind.External() && len(selected) == 0 {
+			// No usable endpoint here: traffic from outside the cluster
+			// finds none (the glue drops it), in-cluster clients get
+			// every endpoint, as from a Cluster policy.
+			inClusterOnly = true
+			pool = cands
+			selected = b.topology(buildUsable(cands))
+		}
 	} else {
 		pool = cands
 		selected = b.topology(buildUsable(cands))
@@ -566,10 +575,11 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 			Flags:     b.flags,
 			Timeout:   b.timeout,
 		},
-		Kind:        a.kind,
-		PortName:    portName,
-		RealServers: rss,
-		Local:       local,
+		Kind:          a.kind,
+		PortName:      portName,
+		RealServers:   rss,
+		Local:         local,
+		InClusterOnly: inClusterOnly,
 	})
 	if a.kind == KindLoadBalancer {
 		b.vss[len(b.vss)-1].SourceRanges = b.sourceRanges
@@ -577,7 +587,7 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 	if a.kind == KindExternalIP || a.kind == KindLoadBalancer {
 		b.vss[len(b.vss)-1].NodeAddress = b.isNodeAddress(a.addr)
 	}
-	if local && a.kind.External() {
+	if local && a.kind.External() && !inClusterOnly {
 		// The health check counts ready endpoints only (kube-proxy's
 		// rule): the serving-terminating fallback still routes here, but
 		// load balancers are told to drain the node.

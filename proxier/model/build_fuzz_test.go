@@ -443,6 +443,8 @@ func checkFuzzPlan(t *testing.T, w *fuzzWorld, svc *corev1.Service, plan *model.
 			fail(vs, "flags %#x", vs.Flags)
 		case (vs.Flags&model.FlagPersistent != 0) != (vs.Timeout >= 1 && vs.Timeout <= 86400):
 			fail(vs, "flags %#x with timeout %d", vs.Flags, vs.Timeout)
+		case vs.InClusterOnly && !(vs.Local && vs.Kind.External()):
+			fail(vs, "in-cluster only, but not external under a Local policy")
 		case len(vs.SourceRanges) > 0 && vs.Kind != model.KindLoadBalancer:
 			fail(vs, "source ranges on a %s", vs.Kind)
 		case !families[a.Is4()]:
@@ -465,10 +467,12 @@ func checkFuzzPlan(t *testing.T, w *fuzzWorld, svc *corev1.Service, plan *model.
 				fail(vs, "real server %s serves but its endpoint is neither ready nor serving and terminating", rs)
 			case rs.Weight == 0 && !info.draining:
 				fail(vs, "real server %s drains but its endpoint is not serving and terminating", rs)
-			case vs.Local && !info.onNode:
+			case vs.Local && !vs.InClusterOnly && !info.onNode:
 				fail(vs, "real server %s of a Local traffic policy is not on node %q", rs, w.node.Name)
+			case vs.InClusterOnly && rs.Weight == 1 && info.onNode:
+				fail(vs, "real server %s serves in-cluster clients only, yet its endpoint is local", rs)
 			}
-			if vs.Local && vs.Kind.External() && rs.Weight == 1 && info.ready {
+			if vs.Local && !vs.InClusterOnly && vs.Kind.External() && rs.Weight == 1 && info.ready {
 				localAddrs[rs.Address] = true
 			}
 		}

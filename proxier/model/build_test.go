@@ -244,6 +244,14 @@ func onNode(v model.VSPlan) model.VSPlan {
 	return v
 }
 
+// inCluster marks an expected virtual server of a Local
+// externalTrafficPolicy as serving in-cluster clients only, from every
+// endpoint (the node has no usable endpoint of its own).
+func inCluster(v model.VSPlan) model.VSPlan {
+	v.Local, v.InClusterOnly = true, true
+	return v
+}
+
 // ranges sets the expected loadBalancerSourceRanges of a virtual server.
 func ranges(v model.VSPlan, cidrs ...string) model.VSPlan {
 	for _, c := range cidrs {
@@ -574,12 +582,30 @@ func TestBuild(t *testing.T) {
 			localEndpoints: 1,
 		},
 		{
-			name:   "externalTrafficPolicy Local without local endpoints: external kinds empty",
-			svc:    svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
-			slices: slices(slice4("web-1", http8080, ep("10.1.0.2", on("node-b")))),
+			// In-cluster clients (pods, the node) of the external addresses
+			// are served by every endpoint, as by kube-proxy; the glue
+			// drops traffic from outside the cluster. The health check
+			// counts no local endpoint.
+			name: "externalTrafficPolicy Local without local endpoints: external kinds serve in-cluster clients from all",
+			svc: svc(etpLocal, typ(corev1.ServiceTypeLoadBalancer), ports(port("http", "TCP", 80, 30080)),
+				externalIPs("203.0.113.5"), ingress(lbIP("198.51.100.1")), func(s *corev1.Service) { s.Spec.HealthCheckNodePort = 32000 }),
+			slices: slices(slice4("web-1", http8080,
+				ep("10.1.0.2", on("node-b")), ep("10.1.0.3", on("node-c"), terminating), ep("10.1.0.4", on("node-a"), notReady))),
 			want: vss(
-				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080"),
-				local(vs(np, "192.168.1.10:30080", tcp, "http")),
+				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0"),
+				inCluster(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0")),
+				inCluster(vs(lb, "198.51.100.1:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0")),
+				inCluster(vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0")),
+			),
+			healthCheck: 32000,
+		},
+		{
+			name:   "externalTrafficPolicy Local without any endpoint: in-cluster only, empty",
+			svc:    svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
+			slices: slices(slice4("web-1", http8080, ep("10.1.0.4", on("node-a"), notReady))),
+			want: vss(
+				vs(ci, "10.96.0.10:80", tcp, "http"),
+				inCluster(vs(np, "192.168.1.10:30080", tcp, "http")),
 			),
 		},
 		{

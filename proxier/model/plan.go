@@ -43,6 +43,13 @@ type VSPlan struct {
 	// external kinds, internalTrafficPolicy for clusterIPs): the client's
 	// address must then be preserved, not masqueraded.
 	Local bool
+	// InClusterOnly is set on an external virtual server under a Local
+	// externalTrafficPolicy when the node has no usable endpoint of its
+	// own: its real servers are then the cluster's endpoints, for
+	// in-cluster clients only (pods and the node itself, which every
+	// kube-proxy mode sends to all endpoints); the glue drops traffic to
+	// it from outside the cluster, as it would find no local endpoint.
+	InClusterOnly bool
 	// SourceRanges are the Service's loadBalancerSourceRanges, on
 	// KindLoadBalancer virtual servers only; empty allows every source.
 	SourceRanges []netip.Prefix
