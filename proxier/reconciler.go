@@ -78,7 +78,14 @@ type ReconcilerConfig struct {
 	// checks per sync (their real servers read, compared and repaired);
 	// default 500.
 	ResyncSlice int
+	// DrainCheck is how often the real servers kept only while busy
+	// (model.RealServer.Drain) are read again, so that each goes soon
+	// after its connections end; default 2s.
+	DrainCheck time.Duration
 }
+
+// defaultDrainCheck is ReconcilerConfig.DrainCheck's default.
+const defaultDrainCheck = 2 * time.Second
 
 // backoff is one retry schedule: failures in a row and the next attempt.
 type backoff struct {
@@ -148,6 +155,11 @@ type Reconciler struct {
 	vsCount     int
 	rsCount     int
 
+	// The virtual servers that keep a busy real server marked Drain, and
+	// when they are read again (zero: no check is scheduled).
+	draining  map[model.VSKey]bool
+	drainNext time.Time
+
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
 	unavailable map[string]bool
@@ -205,6 +217,9 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 	if cfg.ResyncSlice <= 0 {
 		cfg.ResyncSlice = 500
 	}
+	if cfg.DrainCheck <= 0 {
+		cfg.DrainCheck = defaultDrainCheck
+	}
 	return &Reconciler{
 		ipvs: ipvs, links: links, cfg: cfg, own: cfg.Ownership, clock: cfg.Clock, log: log,
 		plans:           map[types.NamespacedName]*model.ServicePlan{},
@@ -220,6 +235,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		conflicted:      map[types.NamespacedName]bool{},
 		orphanKeys:      map[model.VSKey]bool{},
 		orphanAddrs:     map[netip.Addr]bool{},
+		draining:        map[model.VSKey]bool{},
 	}
 }
 
@@ -259,7 +275,11 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
 	r.vsCount += sign * len(p.VirtualServers)
 	for _, v := range p.VirtualServers {
-		r.rsCount += sign * len(v.RealServers)
+		for _, rs := range v.RealServers {
+			if !rs.Drain { // not programmed unless busy
+				r.rsCount += sign
+			}
+		}
 		if r.own.Excluded(v.Address) {
 			continue
 		}
@@ -430,7 +450,7 @@ func (r *Reconciler) FullDue() bool { return !r.synced || r.full.due(r.clock.Now
 // Pending reports whether a sync now has work to do.
 func (r *Reconciler) Pending() bool {
 	now := r.clock.Now()
-	if !r.synced || r.full.due(now) || r.orphan.due(now) || len(r.resync) > 0 ||
+	if !r.synced || r.full.due(now) || r.orphan.due(now) || len(r.resync) > 0 || r.drainDue(now) ||
 		len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0 || len(r.dirtyServices) > 0 {
 		return true
 	}
@@ -442,10 +462,16 @@ func (r *Reconciler) Pending() bool {
 	return false
 }
 
+// drainDue reports whether the check of the draining real servers is due.
+func (r *Reconciler) drainDue(now time.Time) bool {
+	return !r.drainNext.IsZero() && !now.Before(r.drainNext)
+}
+
 // NextRetry is when the earliest retry (of a failed Service, of a failed
-// kernel read, of other failed writes) is due; zero when none waits.
+// kernel read, of other failed writes) or the next check of the real
+// servers kept while busy is due; zero when none waits.
 func (r *Reconciler) NextRetry() time.Time {
-	var next time.Time
+	next := r.drainNext
 	consider := func(b *backoff) {
 		if b.failures > 0 && (next.IsZero() || b.next.Before(next)) {
 			next = b.next
@@ -513,8 +539,8 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 		}
 	}
 	keys, addrs, services := r.scope(full && !sliced, now, sliced)
-	r.takeResyncRealServers(keys)
 	want := r.desired(keys, addrs)
+	r.takeResyncRealServers(keys, want)
 	readFailed := r.readRealServers(&st, keys, want)
 	keys = slices.DeleteFunc(keys, func(k model.VSKey) bool { return readFailed[k] != nil })
 	for k, err := range readFailed {
@@ -523,6 +549,7 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	}
 
 	ops := model.Diff(want, r.kernel, model.Scope{Keys: keys, Addresses: addrs})
+	r.noteDraining(keys, want, now)
 	orphanErrs := r.apply(&st, ops)
 	r.kernel.RealServers = map[model.VSKey][]model.RealServer{} // no copy of the dump outlives the sync
 
@@ -575,16 +602,42 @@ func (r *Reconciler) startResync(now time.Time) {
 // takeResyncRealServers gives the sync the real servers that the running
 // resync's bulk read found for the virtual servers in its scope, as if
 // read now: nothing has written them since (a sync that writes one takes
-// its entry first). Those the read left out are read alone.
-func (r *Reconciler) takeResyncRealServers(keys []model.VSKey) {
+// its entry first). Those the read left out are read alone, and so are
+// those with a real server marked Drain: their connection counts, which
+// change without writes, decide whether it stays.
+func (r *Reconciler) takeResyncRealServers(keys []model.VSKey, want model.Desired) {
 	for _, k := range keys {
 		if rss, ok := r.resyncRS[k]; ok {
-			r.kernel.RealServers[k] = rss
 			delete(r.resyncRS, k)
+			if w, wanted := want.VirtualServers[k]; wanted && slices.ContainsFunc(w.RealServers, func(rs model.RealServer) bool { return rs.Drain }) {
+				continue
+			}
+			r.kernel.RealServers[k] = rss
 		}
 	}
 	if len(r.resync) == 0 {
 		r.resyncRS = nil
+	}
+}
+
+// noteDraining records which virtual servers in a sync's scope keep a busy
+// real server marked Drain (by the kernel's real servers just read), and
+// schedules their next check: the sync at DrainCheck from now reads them
+// again, and the diff deletes each real server whose connections ended.
+func (r *Reconciler) noteDraining(keys []model.VSKey, want model.Desired, now time.Time) {
+	for _, k := range keys {
+		if w, ok := want.VirtualServers[k]; ok && model.Draining(w.VSPlan, r.kernel.RealServers[k]) {
+			r.draining[k] = true
+		} else {
+			delete(r.draining, k)
+		}
+	}
+	switch {
+	case len(r.draining) == 0:
+		r.draining = emptied(r.draining)
+		r.drainNext = time.Time{}
+	case r.drainNext.IsZero():
+		r.drainNext = now.Add(r.cfg.DrainCheck)
 	}
 }
 
@@ -603,6 +656,14 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		for a := range r.kernel.Bound {
 			addrSet[a] = true
 		}
+	}
+	if r.drainDue(now) || full {
+		// This sync looks at every draining virtual server; the next
+		// check is scheduled after it (noteDraining).
+		for k := range r.draining {
+			keySet[k] = true
+		}
+		r.drainNext = time.Time{}
 	}
 	if n := min(r.cfg.ResyncSlice, len(r.resync)); n > 0 && !full {
 		for _, k := range r.resync[:n] {
@@ -1153,7 +1214,7 @@ func planEqual(a, b model.ServicePlan) bool {
 		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
 			x.Local != y.Local || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
 			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q model.RealServer) bool {
-				return p.RSKey == q.RSKey && p.Weight == q.Weight
+				return p.RSKey == q.RSKey && p.Weight == q.Weight && p.Drain == q.Drain
 			}) {
 			return false
 		}

@@ -554,6 +554,12 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 			// the slice (deleting the real server would cut them, since
 			// expire_nodest_conn=1).
 			rss = append(rss, RealServer{RSKey: c.key, Weight: 0})
+		case !c.ready:
+			// Not serving (failing readiness, or terminating and done
+			// serving) but still in a slice: marked Drain, the real
+			// server is kept at weight 0 only while the kernel counts
+			// connections on it (see Diff), never added.
+			rss = append(rss, RealServer{RSKey: c.key, Weight: 0, Drain: true})
 		}
 	}
 	if len(rss) == 0 {

@@ -26,6 +26,10 @@ type HoldConfig struct {
 	// Timeout bounds the connect and each answer; 0 means
 	// DefaultHitTimeout.
 	Timeout time.Duration
+	// Reset ends a TCP connection with a reset (SO_LINGER 0) instead of a
+	// FIN when ctx ends: IPVS then forgets it after its CLOSE timeout
+	// (10 s) instead of the minutes of FIN_WAIT and TIME_WAIT.
+	Reset bool
 }
 
 // udpResend is how long a UDP flow waits for an answer before it sends
@@ -70,6 +74,11 @@ func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 	}
 	if dialErr != nil {
 		return fail(dialErr)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok && c.Reset {
+		if err := tc.SetLinger(0); err != nil {
+			return fail(err)
+		}
 	}
 	defer conn.Close()
 	ask := askTCP(conn, timeout)
