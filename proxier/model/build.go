@@ -533,10 +533,16 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 	local := b.localOnly(a.kind)
 	if local {
 		pool = b.onNode(cands)
-		selected = buildUsable(pool)
+		selected, _ = buildUsable(pool)
 	} else {
 		pool = cands
-		selected = b.topology(buildUsable(cands))
+		var fallback bool
+		if selected, fallback = buildUsable(cands); !fallback {
+			// Hints narrow the ready endpoints only: with none ready
+			// anywhere, every serving terminating endpoint is the last
+			// resort, hints or not (as kube-proxy does).
+			selected = b.topology(selected)
+		}
 	}
 	chosen := make(map[RSKey]bool, len(selected))
 	for _, c := range selected {
@@ -608,12 +614,12 @@ func buildFilter(cs []buildCandidate, keep func(buildCandidate) bool) []buildCan
 }
 
 // buildUsable returns the ready endpoints or, when none is ready, the serving
-// terminating ones.
-func buildUsable(cs []buildCandidate) []buildCandidate {
+// terminating ones (fallback set).
+func buildUsable(cs []buildCandidate) (usable []buildCandidate, fallback bool) {
 	if ready := buildFilter(cs, func(c buildCandidate) bool { return c.ready }); len(ready) > 0 {
-		return ready
+		return ready, false
 	}
-	return buildFilter(cs, func(c buildCandidate) bool { return c.serving && c.terminating })
+	return buildFilter(cs, func(c buildCandidate) bool { return c.serving && c.terminating }), true
 }
 
 // onNode returns the endpoints on this node (Local traffic policy).
@@ -624,7 +630,7 @@ func (b *planBuilder) onNode(cs []buildCandidate) []buildCandidate {
 	return buildFilter(cs, func(c buildCandidate) bool { return c.nodeName == b.node.Name })
 }
 
-// topology narrows the usable endpoints of a Cluster traffic policy path by
+// topology narrows the ready endpoints of a Cluster traffic policy path by
 // the hints the EndpointSlice controller sets for trafficDistribution and
 // Topology Aware Routing: node hints, else zone hints, and only when every
 // endpoint has such hints and some are for this node or its zone. Otherwise

@@ -637,6 +637,17 @@ func TestBuild(t *testing.T) {
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080")),
 		},
 		{
+			// No endpoint is ready anywhere: the fallback to the serving
+			// terminating ones is the last resort, and like kube-proxy it
+			// takes every one of them, whatever the hints say.
+			name: "hints ignored for the serving-terminating fallback",
+			svc:  svc(),
+			slices: slices(slice4("web-1", http8080,
+				ep("10.1.0.1", forZones("zone-a"), terminating), ep("10.1.0.2", forZones("zone-b"), terminating),
+				ep("10.1.0.3", forNodes("node-b"), forZones("zone-b"), terminating))),
+			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
+		},
+		{
 			name:   "hints ignored when some endpoint has none",
 			svc:    svc(),
 			slices: slices(slice4("web-1", http8080, ep("10.1.0.1", forZones("zone-a")), ep("10.1.0.2"))),
