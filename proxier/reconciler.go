@@ -1121,10 +1121,9 @@ func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op, idx []int) []error
 	if len(idx) == 0 {
 		return nil
 	}
-	writes := make([]netlinkutil.Write, len(idx))
+	writes := make([]model.Op, len(idx))
 	for i, j := range idx {
-		op := &ops[j]
-		writes[i] = netlinkutil.Write{Kind: op.Kind, VirtualServer: op.VirtualServer, RealServer: op.RealServer}
+		writes[i] = ops[j]
 	}
 	errs := r.ipvs.Apply(writes)
 	st.Writes += len(idx)
