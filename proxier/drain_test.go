@@ -16,6 +16,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -42,7 +43,7 @@ func newDrainBed(t *testing.T) *drainBed {
 			}},
 	}
 	return &drainBed{t: t, ipvs: ipvs, r: r, clk: clk, svc: svc,
-		tcp: vsKey("10.96.0.10:80", model.TCP), udp: vsKey("10.96.0.10:53", model.UDP)}
+		tcp: modeltest.VSKey("10.96.0.10:80", model.TCP), udp: modeltest.VSKey("10.96.0.10:53", model.UDP)}
 }
 
 // setEndpoints builds the Service's plan from one slice with these

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -201,26 +202,8 @@ func forNodes(ns ...string) epOpt {
 // (draining), or "addr:port@d", weight 0 marked Drain (not serving: kept
 // only while the kernel counts connections on it).
 func vs(kind model.AddressKind, addrPort string, proto model.Protocol, portName string, rss ...string) model.VSPlan {
-	ap := netip.MustParseAddrPort(addrPort)
-	v := model.VSPlan{
-		VirtualServer: model.VirtualServer{
-			VSKey:     model.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()},
-			Scheduler: "rr",
-		},
-		Kind:     kind,
-		PortName: portName,
-	}
-	for _, r := range rss {
-		weight, drain := 1, false
-		if a, ok := strings.CutSuffix(r, "@0"); ok { // draining
-			r, weight = a, 0
-		}
-		if a, ok := strings.CutSuffix(r, "@d"); ok { // not serving: kept while busy
-			r, weight, drain = a, 0, true
-		}
-		rp := netip.MustParseAddrPort(r)
-		v.RealServers = append(v.RealServers, model.RealServer{RSKey: model.RSKey{Address: rp.Addr(), Port: rp.Port()}, Weight: weight, Drain: drain})
-	}
+	v := modeltest.VS(kind, addrPort, "rr", rss...)
+	v.Protocol, v.PortName = proto, portName
 	return v
 }
 

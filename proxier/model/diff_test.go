@@ -2,7 +2,6 @@ package model_test
 
 import (
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,38 +10,19 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 // dvs is a virtual server "addr:port" (TCP) with a scheduler.
 func dvs(addrPort, sched string) model.VirtualServer {
-	ap := netip.MustParseAddrPort(addrPort)
-	return model.VirtualServer{VSKey: model.VSKey{Address: ap.Addr(), Protocol: model.TCP, Port: ap.Port()}, Scheduler: sched}
+	return model.VirtualServer{VSKey: modeltest.VSKey(addrPort, model.TCP), Scheduler: sched}
 }
 
-// drs parses "addr:port" (weight 1), "addr:port@w", "addr:port@d" (weight
-// 0, marked Drain), each optionally followed by the kernel's connection
-// counts "#active" or "#active.inactive".
-func drs(s string) model.RealServer {
-	var rs model.RealServer
-	if a, conns, ok := strings.Cut(s, "#"); ok {
-		s = a
-		act, inact, _ := strings.Cut(conns, ".")
-		rs.ActiveConns, _ = strconv.Atoi(act)
-		rs.InactiveConns, _ = strconv.Atoi(inact)
-	}
-	rs.Weight = 1
-	if a, wt, ok := strings.Cut(s, "@"); ok {
-		s = a
-		if wt == "d" {
-			rs.Weight, rs.Drain = 0, true
-		} else {
-			rs.Weight = int(wt[0] - '0')
-		}
-	}
-	ap := netip.MustParseAddrPort(s)
-	rs.RSKey = model.RSKey{Address: ap.Addr(), Port: ap.Port()}
-	return rs
-}
+// drs parses a real server as modeltest.RS does: "addr:port" (weight 1),
+// "addr:port@w", "addr:port@d" (weight 0, marked Drain), each optionally
+// followed by the kernel's connection counts "#active" or
+// "#active.inactive".
+var drs = modeltest.RS
 
 func want(svc string, kind model.AddressKind, vs model.VirtualServer, rss ...string) model.Want {
 	ns, name, _ := strings.Cut(svc, "/")
