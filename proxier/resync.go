@@ -1,0 +1,191 @@
+package proxier
+
+// The periodic full resync, in slices, and its kernel read off the loop.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// resyncReader holds the handles a read off the loop uses, apart from the
+// loop's own.
+type resyncReader struct {
+	ipvs  netlinkutil.IPVS
+	links netlinkutil.Links
+}
+
+// offLoopRead is a read off the loop in progress: the virtual servers and
+// addresses the loop wrote since it began, whose state in its result may
+// be older than the loop's view.
+type offLoopRead struct {
+	epoch uint64
+	keys  map[model.VSKey]bool
+	addrs map[netip.Addr]bool
+}
+
+// KernelRead is the result of a read of the kernel made off the sync loop
+// for a periodic resync (see Reconciler.StartResyncRead).
+type KernelRead struct {
+	raw   rawKernel
+	rss   map[model.VSKey][]model.RealServer
+	reads int
+	took  time.Duration
+	err   error
+	epoch uint64
+}
+
+// Resyncing reports whether a periodic full resync is in progress: the
+// next syncs check its remaining virtual servers.
+func (r *Reconciler) Resyncing() bool { return len(r.resync) > 0 }
+
+// startResync lists every virtual server a sliced resync checks: those
+// the plans claim and those in the kernel's view just read.
+func (r *Reconciler) startResync(now time.Time) {
+	keys := make([]model.VSKey, 0, len(r.claims)+len(r.kernel.VirtualServers))
+	for k := range r.claims {
+		keys = append(keys, k)
+	}
+	for k := range r.kernel.VirtualServers {
+		if _, ok := r.claims[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, model.VSKey.Compare)
+	r.resync, r.resyncStart = keys, now
+	// The bulk read's real servers serve the slices: kept for the
+	// resync's duration, each until its virtual server is in a sync's
+	// scope.
+	r.resyncRS, r.kernel.RealServers = r.kernel.RealServers, map[model.VSKey][]model.RealServer{}
+}
+
+// takeResyncRealServers gives the sync the real servers that the running
+// resync's bulk read found for the virtual servers in its scope, as if
+// read now: nothing has written them since (a sync that writes one takes
+// its entry first). Those the read left out are read alone, and so are
+// those with a real server marked Drain: their connection counts, which
+// change without writes, decide whether it stays.
+func (r *Reconciler) takeResyncRealServers(keys []model.VSKey, want model.Desired) {
+	for _, k := range keys {
+		if rss, ok := r.resyncRS[k]; ok {
+			delete(r.resyncRS, k)
+			if w, wanted := want.VirtualServers[k]; wanted && slices.ContainsFunc(w.RealServers, func(rs model.RealServer) bool { return rs.Drain }) {
+				continue
+			}
+			r.kernel.RealServers[k] = rss
+		}
+	}
+	if len(r.resync) == 0 {
+		r.resyncRS = nil
+	}
+}
+
+// SetResyncReader gives the reconciler handles of its own for the periodic
+// resync's kernel read, which StartResyncRead then makes off the loop.
+// They must not be the loop's handles: the read runs concurrently with
+// the loop's writes.
+func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Links) {
+	r.reader = &resyncReader{ipvs: ipvs, links: links}
+}
+
+// StartResyncRead begins a periodic resync whose kernel read runs off the
+// loop, so that changes keep flowing while it reads: it returns the read,
+// to run on another goroutine, whose result goes to OfferRead and then a
+// full Sync. It returns false, and the resync reads in the loop as before,
+// without a resync reader, before the first full sync, when a full sync
+// is due (a failed read: the loop's next sync reads), while a resync or a
+// read off the loop runs. From now until the Sync that adopts the read,
+// the loop's writes are noted: their virtual servers and addresses keep
+// the loop's view, not the read's older one.
+func (r *Reconciler) StartResyncRead() (func() *KernelRead, bool) {
+	if r.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync) > 0 || r.offLoop != nil || r.offered != nil {
+		return nil, false
+	}
+	epoch := r.readEpoch
+	r.offLoop = &offLoopRead{epoch: epoch, keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+	reader, own, clk := *r.reader, r.own, r.clock
+	return func() *KernelRead {
+		start := clk.Now()
+		kr := &KernelRead{epoch: epoch}
+		kr.raw, kr.reads, kr.err = readRaw(reader.ipvs, reader.links, own)
+		if kr.err == nil {
+			kr.reads++
+			var err error
+			if kr.rss, err = reader.ipvs.ListAllRealServers(); err != nil {
+				kr.err = fmt.Errorf("read IPVS real servers: %w", err)
+			}
+		}
+		kr.took = clk.Since(start)
+		return kr
+	}, true
+}
+
+// OfferRead hands the loop the result of a read off the loop. The next
+// full Sync adopts it when it is still the newest read of the kernel and
+// succeeded; otherwise that sync reads the kernel itself.
+func (r *Reconciler) OfferRead(kr *KernelRead) {
+	if kr.err != nil {
+		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
+		kr = nil
+	} else if kr.epoch != r.readEpoch {
+		kr = nil // the loop read the kernel since it began
+	}
+	r.offered = kr
+	if kr == nil {
+		r.offLoop = nil
+	}
+}
+
+// takeOffered adopts an offered read as the view of the kernel, with the
+// loop's own view of what it wrote since the read began, and returns it;
+// nil when none is offered.
+func (r *Reconciler) takeOffered() *KernelRead {
+	kr, ol := r.offered, r.offLoop
+	r.offered, r.offLoop = nil, nil
+	if kr == nil || ol == nil || kr.epoch != r.readEpoch || !r.synced || r.full.due(r.clock.Now()) {
+		return nil
+	}
+	k, _ := kr.raw.view(r.own, func(key model.VSKey) bool { return len(r.claims[key]) > 0 })
+	for key := range k.VirtualServers {
+		if rss, ok := kr.rss[key]; ok {
+			k.RealServers[key] = rss
+		}
+	}
+	for key := range ol.keys {
+		if vs, ok := r.kernel.VirtualServers[key]; ok {
+			k.PutVirtualServer(vs)
+		} else {
+			k.DeleteVirtualServer(key)
+		}
+		delete(k.RealServers, key) // read alone when its slice comes
+	}
+	for a := range ol.addrs {
+		if r.kernel.Bound[a] {
+			k.Bound[a] = true
+		} else {
+			delete(k.Bound, a)
+		}
+	}
+	r.kernel = k
+	return kr
+}
+
+// touched notes what ops write while a read off the loop runs.
+func (r *Reconciler) touched(ops []model.Op) {
+	if r.offLoop == nil {
+		return
+	}
+	for _, op := range ops {
+		if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
+			r.offLoop.addrs[op.Address] = true
+		} else {
+			r.offLoop.keys[op.VirtualServer.VSKey] = true
+		}
+	}
+}
