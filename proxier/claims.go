@@ -13,25 +13,45 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
-// claim adds (sign 1) or removes (sign -1) a plan's claims on virtual
-// servers and addresses, marking what it touches dirty.
-func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
-	r.vsCount += sign * len(p.VirtualServers)
+// claimIndex is the desired state, indexed for partial syncs: the plans,
+// the Services that claim each virtual server (by precedence: [0] holds
+// it, model.Precedes), the addresses to bind (by reference count) and the
+// numbers of virtual and real servers the plans want. Virtual servers on
+// excluded addresses are left out of the index.
+type claimIndex struct {
+	own              model.Ownership
+	plans            map[types.NamespacedName]*model.ServicePlan
+	byKey            map[model.VSKey][]types.NamespacedName
+	addrs            map[netip.Addr]int
+	vsCount, rsCount int
+}
+
+func newClaimIndex(own model.Ownership) claimIndex {
+	return claimIndex{own: own, plans: map[types.NamespacedName]*model.ServicePlan{},
+		byKey: map[model.VSKey][]types.NamespacedName{}, addrs: map[netip.Addr]int{}}
+}
+
+// claim adds (sign 1) or removes (sign -1) the claims of a Service's plan
+// (recorded in plans before it adds them) on virtual servers and
+// addresses; key is told of each virtual server it touches, with its
+// claimants now, and addr of each bound address.
+func (c *claimIndex) claim(name types.NamespacedName, p *model.ServicePlan, sign int,
+	key func(model.VSKey, []types.NamespacedName), addr func(netip.Addr)) {
+	c.vsCount += sign * len(p.VirtualServers)
 	for _, v := range p.VirtualServers {
 		for _, rs := range v.RealServers {
 			if !rs.Drain { // not programmed unless busy
-				r.rsCount += sign
+				c.rsCount += sign
 			}
 		}
-		if r.own.Excluded(v.Address) {
+		if c.own.Excluded(v.Address) {
 			continue
 		}
 		k := v.VSKey
-		r.dirtyKeys[k] = true
-		cl := slices.DeleteFunc(r.claims[k], func(n types.NamespacedName) bool { return n == name })
+		cl := slices.DeleteFunc(c.byKey[k], func(n types.NamespacedName) bool { return n == name })
 		if sign > 0 {
 			i, _ := slices.BinarySearchFunc(cl, p, func(n types.NamespacedName, p *model.ServicePlan) int {
-				if model.Precedes(r.plans[n], p) {
+				if model.Precedes(c.plans[n], p) {
 					return -1
 				}
 				return 1
@@ -39,30 +59,31 @@ func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign
 			cl = slices.Insert(cl, i, name)
 		}
 		if len(cl) == 0 {
-			delete(r.claims, k)
+			delete(c.byKey, k)
 		} else {
-			r.claims[k] = cl
+			c.byKey[k] = cl
 		}
-		for _, n := range cl {
-			r.conflictChanged[n] = true
-		}
+		key(k, cl)
 		if v.Kind.Bound() {
-			if r.wantAddr[v.Address] += sign; r.wantAddr[v.Address] <= 0 {
-				delete(r.wantAddr, v.Address)
+			if c.addrs[v.Address] += sign; c.addrs[v.Address] <= 0 {
+				delete(c.addrs, v.Address)
 			}
-			r.dirtyAddrs[v.Address] = true
+			addr(v.Address)
 		}
 	}
 }
 
+// wanted reports whether a Service claims a virtual server.
+func (c *claimIndex) wanted(k model.VSKey) bool { return len(c.byKey[k]) > 0 }
+
 // holder returns the Service that holds a virtual server and its plan of
 // it.
-func (r *Reconciler) holder(k model.VSKey) (model.Want, bool) {
-	cl := r.claims[k]
+func (c *claimIndex) holder(k model.VSKey) (model.Want, bool) {
+	cl := c.byKey[k]
 	if len(cl) == 0 {
 		return model.Want{}, false
 	}
-	p := r.plans[cl[0]]
+	p := c.plans[cl[0]]
 	i, found := slices.BinarySearchFunc(p.VirtualServers, k, func(v model.VSPlan, k model.VSKey) int { return v.VSKey.Compare(k) })
 	if !found { // plans are sorted by Build; a hand-made one may not be
 		i = slices.IndexFunc(p.VirtualServers, func(v model.VSPlan) bool { return v.VSKey == k })
@@ -70,16 +91,27 @@ func (r *Reconciler) holder(k model.VSKey) (model.Want, bool) {
 	return model.Want{Service: cl[0], VSPlan: p.VirtualServers[i]}, true
 }
 
+// conflicts lists the virtual servers a Service wants and another holds.
+func (c *claimIndex) conflicts(n types.NamespacedName) []model.Conflict {
+	var cs []model.Conflict
+	for _, v := range c.plans[n].VirtualServers {
+		if cl := c.byKey[v.VSKey]; len(cl) > 0 && cl[0] != n {
+			cs = append(cs, model.Conflict{VirtualServer: v.VSKey, Holder: cl[0], Loser: n})
+		}
+	}
+	return cs
+}
+
 // desired is the part of the desired state that the scope looks at.
 func (r *Reconciler) desired(keys []model.VSKey, addrs []netip.Addr) model.Desired {
 	d := model.Desired{VirtualServers: make(map[model.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{}}
 	for _, k := range keys {
-		if w, ok := r.holder(k); ok {
+		if w, ok := r.claims.holder(k); ok {
 			d.VirtualServers[k] = w
 		}
 	}
 	for _, a := range addrs {
-		if r.wantAddr[a] > 0 {
+		if r.claims.addrs[a] > 0 {
 			d.Addresses[a] = true
 		}
 	}
@@ -105,4 +137,6 @@ func planEqual(a, b model.ServicePlan) bool {
 }
 
 // Counts returns the numbers of virtual and real servers the plans want.
-func (r *Reconciler) Counts() (virtualServers, realServers int) { return r.vsCount, r.rsCount }
+func (r *Reconciler) Counts() (virtualServers, realServers int) {
+	return r.claims.vsCount, r.claims.rsCount
+}

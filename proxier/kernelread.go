@@ -44,7 +44,7 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
 		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
 	}
-	k, _, reads, err := ReadKernel(r.ipvs, r.links, r.own, func(key model.VSKey) bool { return len(r.claims[key]) > 0 })
+	k, _, reads, err := ReadKernel(r.ipvs, r.links, r.own, r.claims.wanted)
 	st.Reads += reads
 	if err != nil {
 		return err

@@ -85,10 +85,8 @@ type Reconciler struct {
 	clock     clock.PassiveClock
 	log       *zap.Logger
 
-	plans    map[types.NamespacedName]*model.ServicePlan
-	claims   map[model.VSKey][]types.NamespacedName // by precedence: [0] holds
-	wantAddr map[netip.Addr]int                     // addresses to bind, by reference count
-	kernel   *model.Kernel
+	claims claimIndex // the plans, and who claims each virtual server
+	kernel *model.Kernel
 
 	// What changed since the last sync.
 	dirtyKeys     map[model.VSKey]bool
@@ -115,8 +113,6 @@ type Reconciler struct {
 	resync      []model.VSKey
 	resyncStart time.Time
 	resyncRS    map[model.VSKey][]model.RealServer
-	vsCount     int
-	rsCount     int
 
 	// The virtual servers that keep a busy real server marked Drain, and
 	// when they are read again (zero: no check is scheduled).
@@ -158,9 +154,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 	}
 	return &Reconciler{
 		ipvs: ipvs, links: links, cfg: cfg, own: cfg.Ownership, clock: cfg.Clock, log: log,
-		plans:           map[types.NamespacedName]*model.ServicePlan{},
-		claims:          map[model.VSKey][]types.NamespacedName{},
-		wantAddr:        map[netip.Addr]int{},
+		claims:          newClaimIndex(cfg.Ownership),
 		kernel:          model.NewKernel(nil, nil),
 		dirtyKeys:       map[model.VSKey]bool{},
 		dirtyAddrs:      map[netip.Addr]bool{},
@@ -178,7 +172,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 // SetPlan records the desired plan of a Service; nil removes the Service.
 // Nothing reaches the kernel before the next Sync.
 func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
-	old := r.plans[name]
+	old := r.claims.plans[name]
 	if plan != nil && old != nil && planEqual(*old, *plan) {
 		return
 	}
@@ -189,14 +183,14 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 		if old == nil {
 			return
 		}
-		delete(r.plans, name)
+		delete(r.claims.plans, name)
 		delete(r.status, name)
 		delete(r.retrying, name)
 		delete(r.conflictChanged, name)
 		delete(r.conflicted, name)
 	} else {
 		p := *plan
-		r.plans[name] = &p
+		r.claims.plans[name] = &p
 		r.claim(name, &p, 1)
 		if r.status[name] == nil {
 			r.status[name] = &ServiceStatus{Service: name}
@@ -204,6 +198,18 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 		r.conflictChanged[name] = true
 	}
 	r.dirtyServices[name] = true
+}
+
+// claim adds (sign 1) or removes (sign -1) a plan's claims, marking what
+// it touches dirty and the claimants of each virtual server it touches as
+// having conflicts to check.
+func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
+	r.claims.claim(name, p, sign, func(k model.VSKey, claimants []types.NamespacedName) {
+		r.dirtyKeys[k] = true
+		for _, n := range claimants {
+			r.conflictChanged[n] = true
+		}
+	}, func(a netip.Addr) { r.dirtyAddrs[a] = true })
 }
 
 // RequestFull makes the next sync full and whole (the interface was
@@ -349,7 +355,7 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 	keySet := map[model.VSKey]bool{}
 	addrSet := map[netip.Addr]bool{}
 	if full || allAddrs {
-		for a := range r.wantAddr {
+		for a := range r.claims.addrs {
 			addrSet[a] = true
 		}
 		for a := range r.kernel.Bound {
@@ -374,13 +380,13 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		}
 	}
 	if full {
-		for n := range r.plans {
+		for n := range r.claims.plans {
 			services[n] = true
 		}
 		for n := range r.dirtyServices { // removed ones
 			services[n] = true
 		}
-		for k := range r.claims {
+		for k := range r.claims.byKey {
 			keySet[k] = true
 		}
 		for k := range r.kernel.VirtualServers {
@@ -395,7 +401,7 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		for n, b := range r.retrying {
 			if b.due(now) {
 				services[n] = true
-				for _, v := range r.plans[n].VirtualServers {
+				for _, v := range r.claims.plans[n].VirtualServers {
 					if !r.own.Excluded(v.Address) {
 						keySet[v.VSKey] = true
 					}
@@ -426,7 +432,7 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 	// failing one comes whole, so that its status says all of it.
 	var whole []types.NamespacedName
 	for k := range keySet {
-		if cl := r.claims[k]; len(cl) > 0 && !services[cl[0]] {
+		if cl := r.claims.byKey[k]; len(cl) > 0 && !services[cl[0]] {
 			services[cl[0]] = true
 			if _, failing := r.retrying[cl[0]]; failing && !full {
 				whole = append(whole, cl[0])
@@ -434,10 +440,10 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		}
 	}
 	for _, n := range whole {
-		for _, v := range r.plans[n].VirtualServers {
+		for _, v := range r.claims.plans[n].VirtualServers {
 			if !r.own.Excluded(v.Address) && !keySet[v.VSKey] {
 				keySet[v.VSKey] = true
-				if cl := r.claims[v.VSKey]; len(cl) > 0 {
+				if cl := r.claims.byKey[v.VSKey]; len(cl) > 0 {
 					services[cl[0]] = true
 				}
 			}

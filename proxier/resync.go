@@ -48,12 +48,12 @@ func (r *Reconciler) Resyncing() bool { return len(r.resync) > 0 }
 // startResync lists every virtual server a sliced resync checks: those
 // the plans claim and those in the kernel's view just read.
 func (r *Reconciler) startResync(now time.Time) {
-	keys := make([]model.VSKey, 0, len(r.claims)+len(r.kernel.VirtualServers))
-	for k := range r.claims {
+	keys := make([]model.VSKey, 0, len(r.claims.byKey)+len(r.kernel.VirtualServers))
+	for k := range r.claims.byKey {
 		keys = append(keys, k)
 	}
 	for k := range r.kernel.VirtualServers {
-		if _, ok := r.claims[k]; !ok {
+		if _, ok := r.claims.byKey[k]; !ok {
 			keys = append(keys, k)
 		}
 	}
@@ -151,7 +151,7 @@ func (r *Reconciler) takeOffered() *KernelRead {
 	if kr == nil || ol == nil || kr.epoch != r.readEpoch || !r.synced || r.full.due(r.clock.Now()) {
 		return nil
 	}
-	k, _ := kr.raw.view(r.own, func(key model.VSKey) bool { return len(r.claims[key]) > 0 })
+	k, _ := kr.raw.view(r.own, r.claims.wanted)
 	for key := range k.VirtualServers {
 		if rss, ok := kr.rss[key]; ok {
 			k.RealServers[key] = rss

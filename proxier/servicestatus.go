@@ -53,16 +53,11 @@ func (b *backoff) due(now time.Time) bool { return b.failures > 0 && !now.Before
 func (r *Reconciler) ConflictChanges() []types.NamespacedName {
 	var out []types.NamespacedName
 	for n := range r.conflictChanged {
-		st, p := r.status[n], r.plans[n]
+		st, p := r.status[n], r.claims.plans[n]
 		if st == nil || p == nil {
 			continue
 		}
-		var cs []model.Conflict
-		for _, v := range p.VirtualServers {
-			if cl := r.claims[v.VSKey]; len(cl) > 0 && cl[0] != n {
-				cs = append(cs, model.Conflict{VirtualServer: v.VSKey, Holder: cl[0], Loser: n})
-			}
-		}
+		cs := r.claims.conflicts(n)
 		if !slices.Equal(cs, st.Conflicts) {
 			st.Conflicts = cs
 			out = append(out, n)
