@@ -93,10 +93,7 @@ type Reconciler struct {
 	dirtyAddrs    map[netip.Addr]bool
 	dirtyServices map[types.NamespacedName]bool
 
-	status          map[types.NamespacedName]*ServiceStatus
-	retrying        map[types.NamespacedName]*backoff
-	conflictChanged map[types.NamespacedName]bool
-	conflicted      map[types.NamespacedName]bool // Services that lost a conflict
+	statuses serviceStatuses
 
 	// Writes no Service is answerable for (a virtual server no Service
 	// wants, an address to unbind) that failed: retried with one backoff.
@@ -154,18 +151,15 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 	}
 	return &Reconciler{
 		ipvs: ipvs, links: links, cfg: cfg, own: cfg.Ownership, clock: cfg.Clock, log: log,
-		claims:          newClaimIndex(cfg.Ownership),
-		kernel:          model.NewKernel(nil, nil),
-		dirtyKeys:       map[model.VSKey]bool{},
-		dirtyAddrs:      map[netip.Addr]bool{},
-		dirtyServices:   map[types.NamespacedName]bool{},
-		status:          map[types.NamespacedName]*ServiceStatus{},
-		retrying:        map[types.NamespacedName]*backoff{},
-		conflictChanged: map[types.NamespacedName]bool{},
-		conflicted:      map[types.NamespacedName]bool{},
-		orphanKeys:      map[model.VSKey]bool{},
-		orphanAddrs:     map[netip.Addr]bool{},
-		draining:        map[model.VSKey]bool{},
+		claims:        newClaimIndex(cfg.Ownership),
+		kernel:        model.NewKernel(nil, nil),
+		dirtyKeys:     map[model.VSKey]bool{},
+		dirtyAddrs:    map[netip.Addr]bool{},
+		dirtyServices: map[types.NamespacedName]bool{},
+		statuses:      newServiceStatuses(),
+		orphanKeys:    map[model.VSKey]bool{},
+		orphanAddrs:   map[netip.Addr]bool{},
+		draining:      map[model.VSKey]bool{},
 	}
 }
 
@@ -184,18 +178,12 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 			return
 		}
 		delete(r.claims.plans, name)
-		delete(r.status, name)
-		delete(r.retrying, name)
-		delete(r.conflictChanged, name)
-		delete(r.conflicted, name)
+		r.statuses.remove(name)
 	} else {
 		p := *plan
 		r.claims.plans[name] = &p
 		r.claim(name, &p, 1)
-		if r.status[name] == nil {
-			r.status[name] = &ServiceStatus{Service: name}
-		}
-		r.conflictChanged[name] = true
+		r.statuses.add(name)
 	}
 	r.dirtyServices[name] = true
 }
@@ -207,7 +195,7 @@ func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign
 	r.claims.claim(name, p, sign, func(k model.VSKey, claimants []types.NamespacedName) {
 		r.dirtyKeys[k] = true
 		for _, n := range claimants {
-			r.conflictChanged[n] = true
+			r.statuses.conflictChanged[n] = true
 		}
 	}, func(a netip.Addr) { r.dirtyAddrs[a] = true })
 }
@@ -230,7 +218,7 @@ func (r *Reconciler) Pending() bool {
 		len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0 || len(r.dirtyServices) > 0 {
 		return true
 	}
-	for _, b := range r.retrying {
+	for _, b := range r.statuses.retrying {
 		if b.due(now) {
 			return true
 		}
@@ -250,7 +238,7 @@ func (r *Reconciler) NextRetry() time.Time {
 	}
 	consider(&r.full)
 	consider(&r.orphan)
-	for _, b := range r.retrying {
+	for _, b := range r.statuses.retrying {
 		consider(b)
 	}
 	return next
@@ -398,13 +386,11 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		for n := range r.dirtyServices {
 			services[n] = true
 		}
-		for n, b := range r.retrying {
-			if b.due(now) {
-				services[n] = true
-				for _, v := range r.claims.plans[n].VirtualServers {
-					if !r.own.Excluded(v.Address) {
-						keySet[v.VSKey] = true
-					}
+		for _, n := range r.statuses.due(now) {
+			services[n] = true
+			for _, v := range r.claims.plans[n].VirtualServers {
+				if !r.own.Excluded(v.Address) {
+					keySet[v.VSKey] = true
 				}
 			}
 		}
@@ -434,7 +420,7 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 	for k := range keySet {
 		if cl := r.claims.byKey[k]; len(cl) > 0 && !services[cl[0]] {
 			services[cl[0]] = true
-			if _, failing := r.retrying[cl[0]]; failing && !full {
+			if _, failing := r.statuses.retrying[cl[0]]; failing && !full {
 				whole = append(whole, cl[0])
 			}
 		}

@@ -48,12 +48,57 @@ func (b *backoff) fail(now time.Time, base, max time.Duration) {
 
 func (b *backoff) due(now time.Time) bool { return b.failures > 0 && !now.Before(b.next) }
 
+// serviceStatuses is the status of every Service with a plan: what its
+// last attempt did, the backoff of those failing (retrying), the Services
+// whose conflicts may have changed (conflictChanged) and those that lost
+// one (conflicted).
+type serviceStatuses struct {
+	byName          map[types.NamespacedName]*ServiceStatus
+	retrying        map[types.NamespacedName]*backoff
+	conflictChanged map[types.NamespacedName]bool
+	conflicted      map[types.NamespacedName]bool
+}
+
+func newServiceStatuses() serviceStatuses {
+	return serviceStatuses{byName: map[types.NamespacedName]*ServiceStatus{}, retrying: map[types.NamespacedName]*backoff{},
+		conflictChanged: map[types.NamespacedName]bool{}, conflicted: map[types.NamespacedName]bool{}}
+}
+
+// add gives a Service a status, if it has none, and marks its conflicts
+// to be checked.
+func (s *serviceStatuses) add(name types.NamespacedName) {
+	if s.byName[name] == nil {
+		s.byName[name] = &ServiceStatus{Service: name}
+	}
+	s.conflictChanged[name] = true
+}
+
+// remove forgets a Service.
+func (s *serviceStatuses) remove(name types.NamespacedName) {
+	delete(s.byName, name)
+	delete(s.retrying, name)
+	delete(s.conflictChanged, name)
+	delete(s.conflicted, name)
+}
+
+// due lists, unsorted, the failing Services whose retry is due.
+func (s *serviceStatuses) due(now time.Time) []types.NamespacedName {
+	var out []types.NamespacedName
+	for n, b := range s.retrying {
+		if b.due(now) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // ConflictChanges returns, sorted, the Services whose conflicts changed
 // since the last call; their Status holds the new ones.
 func (r *Reconciler) ConflictChanges() []types.NamespacedName {
+	s := &r.statuses
 	var out []types.NamespacedName
-	for n := range r.conflictChanged {
-		st, p := r.status[n], r.claims.plans[n]
+	for n := range s.conflictChanged {
+		st, p := s.byName[n], r.claims.plans[n]
 		if st == nil || p == nil {
 			continue
 		}
@@ -63,19 +108,19 @@ func (r *Reconciler) ConflictChanges() []types.NamespacedName {
 			out = append(out, n)
 		}
 		if len(cs) > 0 {
-			r.conflicted[n] = true
+			s.conflicted[n] = true
 		} else {
-			delete(r.conflicted, n)
+			delete(s.conflicted, n)
 		}
 	}
-	r.conflictChanged = emptied(r.conflictChanged)
+	s.conflictChanged = emptied(s.conflictChanged)
 	slices.SortFunc(out, compareNames)
 	return out
 }
 
 // Status returns a Service's status.
 func (r *Reconciler) Status(name types.NamespacedName) (ServiceStatus, bool) {
-	st, ok := r.status[name]
+	st, ok := r.statuses.byName[name]
 	if !ok {
 		return ServiceStatus{}, false
 	}
@@ -87,7 +132,7 @@ func (r *Reconciler) Status(name types.NamespacedName) (ServiceStatus, bool) {
 // Failing reports whether a Service's last attempt failed (it waits for a
 // retry).
 func (r *Reconciler) Failing(name types.NamespacedName) bool {
-	_, ok := r.retrying[name]
+	_, ok := r.statuses.retrying[name]
 	return ok
 }
 
@@ -95,10 +140,10 @@ func (r *Reconciler) Failing(name types.NamespacedName) bool {
 // conflict, sorted by name; its cost is the number of such Services.
 func (r *Reconciler) Problems() []ServiceStatus {
 	names := map[types.NamespacedName]bool{}
-	for n := range r.retrying {
+	for n := range r.statuses.retrying {
 		names[n] = true
 	}
-	for n := range r.conflicted {
+	for n := range r.statuses.conflicted {
 		names[n] = true
 	}
 	out := make([]ServiceStatus, 0, len(names))
@@ -122,13 +167,13 @@ func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]boo
 	}
 	slices.SortFunc(names, compareNames)
 	for _, n := range names {
-		s := r.status[n]
+		s := r.statuses.byName[n]
 		err := st.Failed[n]
 		if err == nil {
 			delete(st.Failed, n)
 			if s != nil {
 				s.Applied, s.Failures, s.LastError, s.NextRetry = true, 0, "", time.Time{}
-				delete(r.retrying, n)
+				delete(r.statuses.retrying, n)
 			}
 			st.Applied = append(st.Applied, n)
 			continue
@@ -137,10 +182,10 @@ func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]boo
 		if s == nil { // removed: its leftovers are the orphan retry's
 			continue
 		}
-		b := r.retrying[n]
+		b := r.statuses.retrying[n]
 		if b == nil {
 			b = &backoff{}
-			r.retrying[n] = b
+			r.statuses.retrying[n] = b
 		}
 		b.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 		s.Applied, s.Failures, s.LastError, s.NextRetry = false, b.failures, err.Error(), b.next
