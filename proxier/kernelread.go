@@ -40,7 +40,7 @@ func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want mod
 // readKernel replaces the view of the kernel with one dump of virtual
 // servers and one of the interface's addresses.
 func (r *Reconciler) readKernel(st *SyncStats) error {
-	r.readEpoch++ // a read off the loop that began before this one is stale
+	r.resync.epoch++ // a read off the loop that began before this one is stale
 	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
 		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
 	}
@@ -160,8 +160,8 @@ func (r *Reconciler) AddressesRemoved(addrs []netip.Addr) int {
 		}
 		delete(r.kernel.Bound, a)
 		r.dirtyAddrs[a] = true
-		if r.offLoop != nil {
-			r.offLoop.addrs[a] = true
+		if r.resync.offLoop != nil {
+			r.resync.offLoop.addrs[a] = true
 		}
 		n++
 	}

@@ -95,21 +95,12 @@ type Reconciler struct {
 
 	statuses serviceStatuses
 
-	// Writes no Service is answerable for (a virtual server no Service
-	// wants, an address to unbind) that failed: retried with one backoff.
-	orphan      backoff
-	orphanKeys  map[model.VSKey]bool
-	orphanAddrs map[netip.Addr]bool
+	orphan orphans
 
-	full   backoff // a failed kernel read: the next full sync
-	lost   bool    // a write's answer was lost: the view may be wrong, read it again
-	synced bool    // a full sync has completed once
-	// The periodic full resync in progress: the virtual servers it has
-	// still to check, in key order, when it read the kernel, and the real
-	// servers its bulk read found for those not checked yet.
-	resync      []model.VSKey
-	resyncStart time.Time
-	resyncRS    map[model.VSKey][]model.RealServer
+	full   backoff     // a failed kernel read: the next full sync
+	lost   bool        // a write's answer was lost: the view may be wrong, read it again
+	synced bool        // a full sync has completed once
+	resync resyncState // the periodic full resync, in slices
 
 	// The virtual servers that keep a busy real server marked Drain, and
 	// when they are read again (zero: no check is scheduled).
@@ -119,16 +110,15 @@ type Reconciler struct {
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
 	unavailable map[string]bool
+}
 
-	// The periodic resync's kernel read off the loop (StartResyncRead):
-	// its own handles, whether one runs, the in-loop reads made before
-	// it (readEpoch counts them: a read that started earlier than one is
-	// stale), what the loop wrote since it started, and its result once
-	// offered.
-	reader    *resyncReader
-	readEpoch uint64
-	offLoop   *offLoopRead
-	offered   *KernelRead
+// orphans are the writes no Service is answerable for (a virtual server
+// no Service wants, an address to unbind) that failed: retried with one
+// backoff.
+type orphans struct {
+	backoff
+	keys  map[model.VSKey]bool
+	addrs map[netip.Addr]bool
 }
 
 // NewReconciler returns a reconciler with no desired state; its first sync
@@ -157,8 +147,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		dirtyAddrs:    map[netip.Addr]bool{},
 		dirtyServices: map[types.NamespacedName]bool{},
 		statuses:      newServiceStatuses(),
-		orphanKeys:    map[model.VSKey]bool{},
-		orphanAddrs:   map[netip.Addr]bool{},
+		orphan:        orphans{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
 		draining:      map[model.VSKey]bool{},
 	}
 }
@@ -214,7 +203,7 @@ func (r *Reconciler) FullDue() bool { return !r.synced || r.full.due(r.clock.Now
 // Pending reports whether a sync now has work to do.
 func (r *Reconciler) Pending() bool {
 	now := r.clock.Now()
-	if !r.synced || r.full.due(now) || r.orphan.due(now) || len(r.resync) > 0 || r.drainDue(now) ||
+	if !r.synced || r.full.due(now) || r.orphan.due(now) || len(r.resync.left) > 0 || r.drainDue(now) ||
 		len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0 || len(r.dirtyServices) > 0 {
 		return true
 	}
@@ -237,7 +226,7 @@ func (r *Reconciler) NextRetry() time.Time {
 		}
 	}
 	consider(&r.full)
-	consider(&r.orphan)
+	consider(&r.orphan.backoff)
 	for _, b := range r.statuses.retrying {
 		consider(b)
 	}
@@ -261,7 +250,7 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	now := start
 	sliced := full && r.synced && !r.full.due(now)
 	full = full || !r.synced || r.full.due(now)
-	if sliced && len(r.resync) > 0 {
+	if sliced && len(r.resync.left) > 0 {
 		full, sliced = false, false // one resync at a time: continue it
 	}
 	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
@@ -270,14 +259,14 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	case full && sliced:
 		offered = r.takeOffered()
 	case full:
-		r.offered, r.offLoop = nil, nil // this sync reads the kernel itself
+		r.resync.offered, r.resync.offLoop = nil, nil // this sync reads the kernel itself
 	}
 	switch {
 	case full && sliced && offered != nil:
 		// The periodic resync's read, made off the loop: adopt it.
 		st.Reads += offered.reads
 		st.ReadOffLoop = offered.took
-		r.resync, r.resyncRS = nil, nil
+		r.resync.left, r.resync.realServers = nil, nil
 		r.startResync(now)
 	case full:
 		err := r.readKernel(&st)
@@ -288,7 +277,7 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 			st.Duration = r.clock.Since(start)
 			return st, err
 		}
-		r.resync, r.resyncRS = nil, nil
+		r.resync.left, r.resync.realServers = nil, nil
 		if sliced {
 			r.startResync(now)
 		}
@@ -311,8 +300,8 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	switch {
 	case len(orphanErrs) > 0:
 		r.orphan.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
-	case len(r.orphanKeys) == 0 && len(r.orphanAddrs) == 0:
-		r.orphan = backoff{} // nothing left to retry
+	case len(r.orphan.keys) == 0 && len(r.orphan.addrs) == 0:
+		r.orphan.backoff = backoff{} // nothing left to retry
 	}
 	if len(readFailed) > 0 || r.lost {
 		r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
@@ -324,11 +313,11 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	errs := r.record(&st, services, now)
 	st.Services = len(services)
 	st.Duration = r.clock.Since(start)
-	if !r.resyncStart.IsZero() {
-		st.ResyncLeft = len(r.resync)
-		if len(r.resync) == 0 {
-			st.ResyncDone, st.ResyncTook = true, r.clock.Since(r.resyncStart)
-			r.resyncStart = time.Time{}
+	if !r.resync.start.IsZero() {
+		st.ResyncLeft = len(r.resync.left)
+		if len(r.resync.left) == 0 {
+			st.ResyncDone, st.ResyncTook = true, r.clock.Since(r.resync.start)
+			r.resync.start = time.Time{}
 		}
 	}
 	return st, errors.Join(append(errs, orphanErrs...)...)
@@ -358,13 +347,13 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		}
 		r.drainNext = time.Time{}
 	}
-	if n := min(r.cfg.ResyncSlice, len(r.resync)); n > 0 && !full {
-		for _, k := range r.resync[:n] {
+	if n := min(r.cfg.ResyncSlice, len(r.resync.left)); n > 0 && !full {
+		for _, k := range r.resync.left[:n] {
 			keySet[k] = true
 		}
-		r.resync = r.resync[n:]
-		if len(r.resync) == 0 {
-			r.resync = nil
+		r.resync.left = r.resync.left[n:]
+		if len(r.resync.left) == 0 {
+			r.resync.left = nil
 		}
 	}
 	if full {
@@ -380,8 +369,8 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		for k := range r.kernel.VirtualServers {
 			keySet[k] = true
 		}
-		r.orphanKeys = emptied(r.orphanKeys)
-		r.orphanAddrs = emptied(r.orphanAddrs)
+		r.orphan.keys = emptied(r.orphan.keys)
+		r.orphan.addrs = emptied(r.orphan.addrs)
 	} else {
 		for n := range r.dirtyServices {
 			services[n] = true
@@ -401,14 +390,14 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 			addrSet[a] = true
 		}
 		if r.orphan.due(now) {
-			for k := range r.orphanKeys {
+			for k := range r.orphan.keys {
 				keySet[k] = true
 			}
-			for a := range r.orphanAddrs {
+			for a := range r.orphan.addrs {
 				addrSet[a] = true
 			}
-			r.orphanKeys = emptied(r.orphanKeys)
-			r.orphanAddrs = emptied(r.orphanAddrs)
+			r.orphan.keys = emptied(r.orphan.keys)
+			r.orphan.addrs = emptied(r.orphan.addrs)
 		}
 	}
 	r.dirtyKeys = emptied(r.dirtyKeys)
@@ -464,9 +453,9 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		if op.Service == (types.NamespacedName{}) {
 			orphan = append(orphan, err)
 			if op.Kind == model.OpUnbind || op.Kind == model.OpBind {
-				r.orphanAddrs[op.Address] = true
+				r.orphan.addrs[op.Address] = true
 			} else {
-				r.orphanKeys[op.VirtualServer.VSKey] = true
+				r.orphan.keys[op.VirtualServer.VSKey] = true
 			}
 			return
 		}

@@ -14,6 +14,24 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
+// resyncState is the periodic full resync in progress: the virtual servers
+// it has still to check (left), in key order, when it read the kernel, and
+// the real servers its bulk read found for those not checked yet; and its
+// kernel read off the loop (StartResyncRead): its own handles, the in-loop
+// reads made before it (epoch counts them: a read that started earlier
+// than one is stale), what the loop wrote since it started, and its result
+// once offered.
+type resyncState struct {
+	left        []model.VSKey
+	start       time.Time
+	realServers map[model.VSKey][]model.RealServer
+
+	reader  *resyncReader
+	epoch   uint64
+	offLoop *offLoopRead
+	offered *KernelRead
+}
+
 // resyncReader holds the handles a read off the loop uses, apart from the
 // loop's own.
 type resyncReader struct {
@@ -43,7 +61,7 @@ type KernelRead struct {
 
 // Resyncing reports whether a periodic full resync is in progress: the
 // next syncs check its remaining virtual servers.
-func (r *Reconciler) Resyncing() bool { return len(r.resync) > 0 }
+func (r *Reconciler) Resyncing() bool { return len(r.resync.left) > 0 }
 
 // startResync lists every virtual server a sliced resync checks: those
 // the plans claim and those in the kernel's view just read.
@@ -58,11 +76,11 @@ func (r *Reconciler) startResync(now time.Time) {
 		}
 	}
 	slices.SortFunc(keys, model.VSKey.Compare)
-	r.resync, r.resyncStart = keys, now
+	r.resync.left, r.resync.start = keys, now
 	// The bulk read's real servers serve the slices: kept for the
 	// resync's duration, each until its virtual server is in a sync's
 	// scope.
-	r.resyncRS, r.kernel.RealServers = r.kernel.RealServers, map[model.VSKey][]model.RealServer{}
+	r.resync.realServers, r.kernel.RealServers = r.kernel.RealServers, map[model.VSKey][]model.RealServer{}
 }
 
 // takeResyncRealServers gives the sync the real servers that the running
@@ -73,16 +91,16 @@ func (r *Reconciler) startResync(now time.Time) {
 // change without writes, decide whether it stays.
 func (r *Reconciler) takeResyncRealServers(keys []model.VSKey, want model.Desired) {
 	for _, k := range keys {
-		if rss, ok := r.resyncRS[k]; ok {
-			delete(r.resyncRS, k)
+		if rss, ok := r.resync.realServers[k]; ok {
+			delete(r.resync.realServers, k)
 			if w, wanted := want.VirtualServers[k]; wanted && slices.ContainsFunc(w.RealServers, func(rs model.RealServer) bool { return rs.Drain }) {
 				continue
 			}
 			r.kernel.RealServers[k] = rss
 		}
 	}
-	if len(r.resync) == 0 {
-		r.resyncRS = nil
+	if len(r.resync.left) == 0 {
+		r.resync.realServers = nil
 	}
 }
 
@@ -91,7 +109,7 @@ func (r *Reconciler) takeResyncRealServers(keys []model.VSKey, want model.Desire
 // They must not be the loop's handles: the read runs concurrently with
 // the loop's writes.
 func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Links) {
-	r.reader = &resyncReader{ipvs: ipvs, links: links}
+	r.resync.reader = &resyncReader{ipvs: ipvs, links: links}
 }
 
 // StartResyncRead begins a periodic resync whose kernel read runs off the
@@ -104,12 +122,12 @@ func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Li
 // the loop's writes are noted: their virtual servers and addresses keep
 // the loop's view, not the read's older one.
 func (r *Reconciler) StartResyncRead() (func() *KernelRead, bool) {
-	if r.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync) > 0 || r.offLoop != nil || r.offered != nil {
+	if r.resync.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync.left) > 0 || r.resync.offLoop != nil || r.resync.offered != nil {
 		return nil, false
 	}
-	epoch := r.readEpoch
-	r.offLoop = &offLoopRead{epoch: epoch, keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
-	reader, own, clk := *r.reader, r.own, r.clock
+	epoch := r.resync.epoch
+	r.resync.offLoop = &offLoopRead{epoch: epoch, keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+	reader, own, clk := *r.resync.reader, r.own, r.clock
 	return func() *KernelRead {
 		start := clk.Now()
 		kr := &KernelRead{epoch: epoch}
@@ -133,12 +151,12 @@ func (r *Reconciler) OfferRead(kr *KernelRead) {
 	if kr.err != nil {
 		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
 		kr = nil
-	} else if kr.epoch != r.readEpoch {
+	} else if kr.epoch != r.resync.epoch {
 		kr = nil // the loop read the kernel since it began
 	}
-	r.offered = kr
+	r.resync.offered = kr
 	if kr == nil {
-		r.offLoop = nil
+		r.resync.offLoop = nil
 	}
 }
 
@@ -146,9 +164,9 @@ func (r *Reconciler) OfferRead(kr *KernelRead) {
 // loop's own view of what it wrote since the read began, and returns it;
 // nil when none is offered.
 func (r *Reconciler) takeOffered() *KernelRead {
-	kr, ol := r.offered, r.offLoop
-	r.offered, r.offLoop = nil, nil
-	if kr == nil || ol == nil || kr.epoch != r.readEpoch || !r.synced || r.full.due(r.clock.Now()) {
+	kr, ol := r.resync.offered, r.resync.offLoop
+	r.resync.offered, r.resync.offLoop = nil, nil
+	if kr == nil || ol == nil || kr.epoch != r.resync.epoch || !r.synced || r.full.due(r.clock.Now()) {
 		return nil
 	}
 	k, _ := kr.raw.view(r.own, r.claims.wanted)
@@ -178,14 +196,14 @@ func (r *Reconciler) takeOffered() *KernelRead {
 
 // touched notes what ops write while a read off the loop runs.
 func (r *Reconciler) touched(ops []model.Op) {
-	if r.offLoop == nil {
+	if r.resync.offLoop == nil {
 		return
 	}
 	for _, op := range ops {
 		if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
-			r.offLoop.addrs[op.Address] = true
+			r.resync.offLoop.addrs[op.Address] = true
 		} else {
-			r.offLoop.keys[op.VirtualServer.VSKey] = true
+			r.resync.offLoop.keys[op.VirtualServer.VSKey] = true
 		}
 	}
 }
