@@ -63,25 +63,25 @@ func (g *Glue) startCheck() {
 	g.gen++
 	g.checkGen, g.checking = g.gen, true
 	res := checkResult{gen: g.gen, sets: map[setID]setRead{}, saved: map[ipset.Family]savedRead{}}
-	sets, wake := g.sets, g.wake
+	sets, wake, clk := g.sets, g.wake, g.clock
 	ipt := map[ipset.Family]*IPTables{}
 	for _, fam := range g.families() {
 		ipt[fam] = g.ipt[fam] // nil: syncRules reports the missing tools
 	}
 	go func() {
-		start := time.Now()
+		start := clk.Now()
 		for _, id := range ids {
 			s, err := sets.List(id.name())
 			res.sets[id] = setRead{s, err}
 		}
-		res.setRead = time.Since(start)
+		res.setRead = clk.Since(start)
 		for fam, t := range ipt {
 			if t != nil {
 				saved, err := t.Save(context.Background())
 				res.saved[fam] = savedRead{saved, err}
 			}
 		}
-		res.took = time.Since(start)
+		res.took = clk.Since(start)
 		res.rulesRead = res.took - res.setRead
 		g.checks <- res
 		wake()
@@ -117,9 +117,9 @@ func (g *Glue) applyCheck(st *Stats) []error {
 		delete(g.dirty, id)
 	}
 	st.CheckAdded, st.CheckDeleted = st.Added-added, st.Deleted-deleted
-	rulesStart := time.Now()
+	rulesStart := g.clock.Now()
 	n, err := g.syncRules(false, res.saved)
-	st.RulesTime += time.Since(rulesStart)
+	st.RulesTime += g.clock.Since(rulesStart)
 	st.Restores += n
 	if err != nil {
 		errs = append(errs, err)

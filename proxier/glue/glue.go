@@ -28,6 +28,7 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
@@ -51,6 +52,8 @@ type Config struct {
 	MasqueradeAll bool
 	// IPv4 and IPv6 are the families served.
 	IPv4, IPv6 bool
+	// Clock is the proxier's clock (Config.Clock); default the real one.
+	Clock clock.PassiveClock
 }
 
 // Glue programs the iptables glue. It is a proxier.Consumer and, like the
@@ -62,6 +65,7 @@ type Glue struct {
 	ipt    map[ipset.Family]*IPTables
 	links  netlinkutil.Links
 	log    *zap.Logger
+	clock  clock.PassiveClock
 
 	plans   map[types.NamespacedName]*model.ServicePlan
 	contrib map[types.NamespacedName]held
@@ -92,8 +96,11 @@ var _ proxier.Consumer = (*Glue)(nil)
 
 // New returns the glue. ipt holds the iptables tools of each served family.
 func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links netlinkutil.Links, log *zap.Logger) *Glue {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	g := &Glue{
-		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log,
+		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log, clock: cfg.Clock,
 		plans:   map[types.NamespacedName]*model.ServicePlan{},
 		contrib: map[types.NamespacedName]held{},
 		refs:    map[setID]refCounts{},
@@ -271,7 +278,7 @@ func (g *Glue) background(full bool) bool {
 
 // SyncStats is Sync, returning what it did.
 func (g *Glue) SyncStats(full bool) (Stats, error) {
-	start := time.Now()
+	start := g.clock.Now()
 	first := !g.synced
 	background := g.background(full)
 	full = full || first
@@ -282,7 +289,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		if err := g.refreshNodeAddresses(&st); err != nil {
 			errs = append(errs, err)
 		}
-		st.AddressTime = time.Since(start)
+		st.AddressTime = g.clock.Since(start)
 	}
 	if inLoop {
 		g.syncer.Forget()
@@ -293,7 +300,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		default:
 		}
 	}
-	setsStart := time.Now()
+	setsStart := g.clock.Now()
 	// Sets first: the rules refer to them, and iptables-restore fails on a
 	// missing set.
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
@@ -315,12 +322,12 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		}
 		delete(g.dirty, id)
 	}
-	st.SetWriteTime = time.Since(setsStart) - st.SetReadTime
+	st.SetWriteTime = g.clock.Since(setsStart) - st.SetReadTime
 	if inLoop {
-		rulesStart := time.Now()
+		rulesStart := g.clock.Now()
 		n, err := g.syncRules(first, nil)
 		st.Restores += n
-		st.RulesTime = time.Since(rulesStart)
+		st.RulesTime = g.clock.Since(rulesStart)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -344,7 +351,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		g.synced = true
 	}
 	g.failed = err != nil
-	st.Duration = time.Since(start)
+	st.Duration = g.clock.Since(start)
 	return st, err
 }
 
