@@ -40,7 +40,6 @@ func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want mod
 // readKernel replaces the view of the kernel with one dump of virtual
 // servers and one of the interface's addresses.
 func (r *Reconciler) readKernel(st *SyncStats) error {
-	r.resync.epoch++ // a read off the loop that began before this one is stale
 	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
 		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
 	}

@@ -148,6 +148,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		dirtyServices: map[types.NamespacedName]bool{},
 		statuses:      newServiceStatuses(),
 		orphan:        orphans{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
+		resync:        resyncState{read: NewOffLoop[*KernelRead](cfg.Clock)},
 		draining:      map[model.VSKey]bool{},
 	}
 }
@@ -259,7 +260,10 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	case full && sliced:
 		offered = r.takeOffered()
 	case full:
-		r.resync.offered, r.resync.offLoop = nil, nil // this sync reads the kernel itself
+		// This sync reads the kernel itself: a read off the loop that
+		// began before is older.
+		r.resync.read.Drop()
+		r.resync.offLoop = nil
 	}
 	switch {
 	case full && sliced && offered != nil:

@@ -791,7 +791,7 @@ func TestReconcilerSlicedResync(t *testing.T) {
 }
 
 // TestReconcilerResyncReadOffLoop: the periodic resync's read made off the
-// loop (StartResyncRead) is adopted by the next full sync with the loop's
+// loop (StartResyncRead, its read run) is adopted by the next full sync with the loop's
 // own view of what it wrote since the read began: drift from before the
 // read is repaired, what the loop wrote meanwhile is neither written again
 // nor judged by the older read (read alone instead). A read older than an
@@ -815,14 +815,14 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 	if err := ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", model.TCP), model.RSKey{Address: netip.MustParseAddr("10.0.1.1"), Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
-	read, ok := r.StartResyncRead()
+	run, ok := r.StartResyncRead()
 	if !ok {
 		t.Fatal("no read off the loop")
 	}
 	if _, again := r.StartResyncRead(); again {
 		t.Error("a second read off the loop began while one runs")
 	}
-	kr := read()
+	run()
 	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.2:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
 	r.SetPlan(svcC, modeltest.Plan(svcC, modeltest.VS(model.KindClusterIP, "10.96.0.3:80", "rr", "10.0.1.3:8080")))
 	st := mustSync(t, r, false)
@@ -830,7 +830,6 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 		t.Fatalf("the changes made %d writes, want 4", st.Writes)
 	}
 	resetCalls(ipvs, links)
-	r.OfferRead(kr)
 	st = mustSync(t, r, true)
 	callsDiff(t, "adopted resync: IPVS writes", []string{"AddRealServer 10.96.0.1:80/TCP 10.0.1.1:8080 w=1"}, ipvs.Writes())
 	callsDiff(t, "adopted resync: IPVS reads", []string{"ListRealServers 10.96.0.2:80/TCP", "ListRealServers 10.96.0.3:80/TCP"}, ipvs.Reads())
@@ -841,20 +840,19 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 
 	// A read older than a full read in the loop (the interface was
 	// removed meanwhile) is dropped.
-	read, ok = r.StartResyncRead()
+	run, ok = r.StartResyncRead()
 	if !ok {
 		t.Fatal("no second read off the loop")
 	}
-	kr = read()
+	run()
 	r.RequestFull()
 	mustSync(t, r, false)
-	r.OfferRead(kr)
 	resetCalls(ipvs, links)
 	mustSync(t, r, true)
 	callsDiff(t, "after a stale read: IPVS reads", []string{"ListVirtualServers", "ListAllRealServers"}, ipvs.Reads())
 
 	// A failed read off the loop: the resync reads in the loop.
-	read, ok = r.StartResyncRead()
+	run, ok = r.StartResyncRead()
 	if !ok {
 		t.Fatal("no third read off the loop")
 	}
@@ -866,8 +864,7 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 		}
 		return err
 	})
-	kr = read()
-	r.OfferRead(kr)
+	run()
 	resetCalls(ipvs, links)
 	mustSync(t, r, true)
 	callsDiff(t, "after a failed read: IPVS reads", []string{"ListVirtualServers", "ListAllRealServers"}, ipvs.Reads())

@@ -17,19 +17,17 @@ import (
 // resyncState is the periodic full resync in progress: the virtual servers
 // it has still to check (left), in key order, when it read the kernel, and
 // the real servers its bulk read found for those not checked yet; and its
-// kernel read off the loop (StartResyncRead): its own handles, the in-loop
-// reads made before it (epoch counts them: a read that started earlier
-// than one is stale), what the loop wrote since it started, and its result
-// once offered.
+// kernel read off the loop (StartResyncRead): its own handles, the read
+// (an in-loop read of the kernel drops it: it is older) and what the loop
+// wrote since it started.
 type resyncState struct {
 	left        []model.VSKey
 	start       time.Time
 	realServers map[model.VSKey][]model.RealServer
 
 	reader  *resyncReader
-	epoch   uint64
+	read    *OffLoop[*KernelRead]
 	offLoop *offLoopRead
-	offered *KernelRead
 }
 
 // resyncReader holds the handles a read off the loop uses, apart from the
@@ -43,7 +41,6 @@ type resyncReader struct {
 // addresses the loop wrote since it began, whose state in its result may
 // be older than the loop's view.
 type offLoopRead struct {
-	epoch uint64
 	keys  map[model.VSKey]bool
 	addrs map[netip.Addr]bool
 }
@@ -54,9 +51,8 @@ type KernelRead struct {
 	raw   rawKernel
 	rss   map[model.VSKey][]model.RealServer
 	reads int
-	took  time.Duration
+	took  time.Duration // set when it is taken
 	err   error
-	epoch uint64
 }
 
 // Resyncing reports whether a periodic full resync is in progress: the
@@ -114,23 +110,21 @@ func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Li
 
 // StartResyncRead begins a periodic resync whose kernel read runs off the
 // loop, so that changes keep flowing while it reads: it returns the read,
-// to run on another goroutine, whose result goes to OfferRead and then a
-// full Sync. It returns false, and the resync reads in the loop as before,
-// without a resync reader, before the first full sync, when a full sync
-// is due (a failed read: the loop's next sync reads), while a resync or a
-// read off the loop runs. From now until the Sync that adopts the read,
-// the loop's writes are noted: their virtual servers and addresses keep
-// the loop's view, not the read's older one.
-func (r *Reconciler) StartResyncRead() (func() *KernelRead, bool) {
-	if r.resync.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync.left) > 0 || r.resync.offLoop != nil || r.resync.offered != nil {
+// to run on another goroutine; once it has run (ResyncReadDone), the next
+// full Sync adopts its result. It returns false, and the resync reads in
+// the loop as before, without a resync reader, before the first full
+// sync, when a full sync is due (a failed read: the loop's next sync
+// reads), while a resync or a read off the loop runs. From now until the
+// Sync that adopts the read, the loop's writes are noted: their virtual
+// servers and addresses keep the loop's view, not the read's older one.
+func (r *Reconciler) StartResyncRead() (run func(), ok bool) {
+	if r.resync.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync.left) > 0 ||
+		r.resync.offLoop != nil || r.resync.read.Running() {
 		return nil, false
 	}
-	epoch := r.resync.epoch
-	r.resync.offLoop = &offLoopRead{epoch: epoch, keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
-	reader, own, clk := *r.resync.reader, r.own, r.clock
-	return func() *KernelRead {
-		start := clk.Now()
-		kr := &KernelRead{epoch: epoch}
+	reader, own := *r.resync.reader, r.own
+	run, ok = r.resync.read.Begin(func() *KernelRead {
+		kr := &KernelRead{}
 		kr.raw, kr.reads, kr.err = readRaw(reader.ipvs, reader.links, own)
 		if kr.err == nil {
 			kr.reads++
@@ -139,36 +133,35 @@ func (r *Reconciler) StartResyncRead() (func() *KernelRead, bool) {
 				kr.err = fmt.Errorf("read IPVS real servers: %w", err)
 			}
 		}
-		kr.took = clk.Since(start)
 		return kr
-	}, true
+	}, nil)
+	if ok {
+		r.resync.offLoop = &offLoopRead{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+	}
+	return run, ok
 }
 
-// OfferRead hands the loop the result of a read off the loop. The next
-// full Sync adopts it when it is still the newest read of the kernel and
-// succeeded; otherwise that sync reads the kernel itself.
-func (r *Reconciler) OfferRead(kr *KernelRead) {
-	if kr.err != nil {
-		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
-		kr = nil
-	} else if kr.epoch != r.resync.epoch {
-		kr = nil // the loop read the kernel since it began
-	}
-	r.resync.offered = kr
-	if kr == nil {
-		r.resync.offLoop = nil
-	}
-}
+// ResyncReadDone reports whether a read off the loop has run: the next
+// full Sync takes its result (adopts it, or reads the kernel itself when
+// the read failed or an in-loop read made it stale).
+func (r *Reconciler) ResyncReadDone() bool { return r.resync.read.Done() }
 
-// takeOffered adopts an offered read as the view of the kernel, with the
-// loop's own view of what it wrote since the read began, and returns it;
-// nil when none is offered.
+// takeOffered adopts the read off the loop, when it is done, still the
+// newest read of the kernel and succeeded, as the view of the kernel,
+// with the loop's own view of what it wrote since the read began, and
+// returns it; nil otherwise.
 func (r *Reconciler) takeOffered() *KernelRead {
-	kr, ol := r.resync.offered, r.resync.offLoop
-	r.resync.offered, r.resync.offLoop = nil, nil
-	if kr == nil || ol == nil || kr.epoch != r.resync.epoch || !r.synced || r.full.due(r.clock.Now()) {
+	ol := r.resync.offLoop
+	r.resync.offLoop = nil
+	kr, took, ok := r.resync.read.Take()
+	if !ok || ol == nil || !r.synced || r.full.due(r.clock.Now()) {
 		return nil
 	}
+	if kr.err != nil {
+		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
+		return nil
+	}
+	kr.took = took
 	k, _ := kr.raw.view(r.own, r.claims.wanted)
 	for key := range k.VirtualServers {
 		if rss, ok := kr.rss[key]; ok {

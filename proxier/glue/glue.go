@@ -82,14 +82,9 @@ type Glue struct {
 
 	// A periodic full sync reads the kernel off the sync loop (see
 	// check.go): wake asks the loop for a sync when the read is done (nil:
-	// full syncs run whole in the loop), checks hands the read over,
-	// checking is set while a read runs and checkGen is the generation
-	// whose result is still wanted (0: none).
-	wake     func()
-	checks   chan checkResult
-	checking bool
-	gen      uint64
-	checkGen uint64
+	// full syncs run whole in the loop), check is that read.
+	wake  func()
+	check *proxier.OffLoop[checkResult]
 }
 
 var _ proxier.Consumer = (*Glue)(nil)
@@ -105,7 +100,7 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		contrib: map[types.NamespacedName]held{},
 		refs:    map[setID]refCounts{},
 		dirty:   map[setID]map[ipset.Entry]struct{}{},
-		checks:  make(chan checkResult, 1),
+		check:   proxier.NewOffLoop[checkResult](cfg.Clock),
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
 		g.refs[id] = refCounts{}
@@ -293,12 +288,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	}
 	if inLoop {
 		g.syncer.Forget()
-		g.checkGen = 0 // a check under way is of no use now
-		select {
-		case <-g.checks: // one done is dropped
-			g.checking = false
-		default:
-		}
+		g.check.Drop() // a check under way is of no use now
 	}
 	setsStart := g.clock.Now()
 	// Sets first: the rules refer to them, and iptables-restore fails on a
@@ -341,7 +331,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		}
 	} else {
 		errs = append(errs, g.applyCheck(&st)...)
-		if background && !g.checking {
+		if background && !g.check.Running() {
 			g.startCheck()
 			st.CheckStarted = true
 		}
