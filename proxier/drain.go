@@ -12,9 +12,16 @@ import (
 // defaultDrainCheck is ReconcilerConfig.DrainCheck's default.
 const defaultDrainCheck = 2 * time.Second
 
+// drains are the virtual servers that keep a busy real server marked
+// Drain, and when they are read again (zero: no check is scheduled).
+type drains struct {
+	keys map[model.VSKey]bool
+	next time.Time
+}
+
 // drainDue reports whether the check of the draining real servers is due.
 func (r *Reconciler) drainDue(now time.Time) bool {
-	return !r.drainNext.IsZero() && !now.Before(r.drainNext)
+	return !r.draining.next.IsZero() && !now.Before(r.draining.next)
 }
 
 // noteDraining records which virtual servers in a sync's scope keep a busy
@@ -24,16 +31,16 @@ func (r *Reconciler) drainDue(now time.Time) bool {
 func (r *Reconciler) noteDraining(keys []model.VSKey, want model.Desired, now time.Time) {
 	for _, k := range keys {
 		if w, ok := want.VirtualServers[k]; ok && model.Draining(w.VSPlan, r.kernel.RealServers[k]) {
-			r.draining[k] = true
+			r.draining.keys[k] = true
 		} else {
-			delete(r.draining, k)
+			delete(r.draining.keys, k)
 		}
 	}
 	switch {
-	case len(r.draining) == 0:
-		r.draining = emptied(r.draining)
-		r.drainNext = time.Time{}
-	case r.drainNext.IsZero():
-		r.drainNext = now.Add(r.cfg.DrainCheck)
+	case len(r.draining.keys) == 0:
+		r.draining.keys = emptied(r.draining.keys)
+		r.draining.next = time.Time{}
+	case r.draining.next.IsZero():
+		r.draining.next = now.Add(r.cfg.DrainCheck)
 	}
 }

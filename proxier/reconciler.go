@@ -102,10 +102,7 @@ type Reconciler struct {
 	synced bool        // a full sync has completed once
 	resync resyncState // the periodic full resync, in slices
 
-	// The virtual servers that keep a busy real server marked Drain, and
-	// when they are read again (zero: no check is scheduled).
-	draining  map[model.VSKey]bool
-	drainNext time.Time
+	draining drains
 
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
@@ -149,7 +146,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		statuses:      newServiceStatuses(),
 		orphan:        orphans{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
 		resync:        resyncState{read: NewOffLoop[*KernelRead](cfg.Clock)},
-		draining:      map[model.VSKey]bool{},
+		draining:      drains{keys: map[model.VSKey]bool{}},
 	}
 }
 
@@ -220,7 +217,7 @@ func (r *Reconciler) Pending() bool {
 // kernel read, of other failed writes) or the next check of the real
 // servers kept while busy is due; zero when none waits.
 func (r *Reconciler) NextRetry() time.Time {
-	next := r.drainNext
+	next := r.draining.next
 	consider := func(b *backoff) {
 		if b.failures > 0 && (next.IsZero() || b.next.Before(next)) {
 			next = b.next
@@ -346,10 +343,10 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 	if r.drainDue(now) || full {
 		// This sync looks at every draining virtual server; the next
 		// check is scheduled after it (noteDraining).
-		for k := range r.draining {
+		for k := range r.draining.keys {
 			keySet[k] = true
 		}
-		r.drainNext = time.Time{}
+		r.draining.next = time.Time{}
 	}
 	if n := min(r.cfg.ResyncSlice, len(r.resync.left)); n > 0 && !full {
 		for _, k := range r.resync.left[:n] {
