@@ -93,16 +93,14 @@ type Reconciler struct {
 	dirtyAddrs    map[netip.Addr]bool
 	dirtyServices map[types.NamespacedName]bool
 
-	statuses serviceStatuses
+	statuses serviceStatuses // each Service's last attempt, backoff, conflicts
+	orphan   orphans         // failed writes no Service answers for
+	draining drains          // virtual servers with busy real servers marked Drain
+	resync   resyncState     // the periodic full resync, in slices, and its read off the loop
 
-	orphan orphans
-
-	full   backoff     // a failed kernel read: the next full sync
-	lost   bool        // a write's answer was lost: the view may be wrong, read it again
-	synced bool        // a full sync has completed once
-	resync resyncState // the periodic full resync, in slices
-
-	draining drains
+	full   backoff // a failed kernel read: the next full sync
+	lost   bool    // a write's answer was lost: the view may be wrong, read it again
+	synced bool    // a full sync has completed once
 
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
