@@ -307,9 +307,8 @@ func TestNotServingEndpointDrains(t *testing.T) {
 	// No test connections before the holds: a closed TCP connection
 	// counts on its real server (TIME_WAIT) for two minutes, and would
 	// keep it after the held connection ends.
-	for _, args := range [][]string{{"-t", tcpAddr}, {"-u", udpAddr}} {
-		e.expectTable(t, []string{"-> " + hostPort(bes[0].Addr, backendPort), "-> " + hostPort(bes[1].Addr, backendPort)}, nil, args...)
-	}
+	e.expectTable(t, []string{"TCP  " + tcpAddr + " rr", "UDP  " + udpAddr + " rr",
+		"-> " + hostPort(bes[0].Addr, backendPort), "-> " + hostPort(bes[1].Addr, backendPort)}, nil)
 
 	tcpHold := e.holdFlow(t, "tcp", tcpAddr, "--reset")
 	var draining, other backend
