@@ -184,13 +184,15 @@ func (e env) holdConn(t *testing.T, addr string) (*heldConn, string) {
 	return h, h.backend
 }
 
-// holdFlow is holdConn for proto "tcp" or "udp".
-func (e env) holdFlow(t *testing.T, proto, addr string) *heldConn {
+// holdFlow is holdConn for proto "tcp" or "udp"; extra are more flags of
+// `vmagent hold` (--reset).
+func (e env) holdFlow(t *testing.T, proto, addr string, extra ...string) *heldConn {
 	t.Helper()
 	// A 10 s answer timeout: under emulation a busy VM can stall a few
 	// seconds; a broken flow stays broken however long one waits.
-	proc, err := e.VM.Start(context.Background(), "vmagent", "hold", "--netns", bed.ClientNetns, "--proto", proto, "--addr", addr,
-		"--interval", "200ms", "--timeout", "10s")
+	argv := append([]string{"vmagent", "hold", "--netns", bed.ClientNetns, "--proto", proto, "--addr", addr,
+		"--interval", "200ms", "--timeout", "10s"}, extra...)
+	proc, err := e.VM.Start(context.Background(), argv...)
 	if err != nil {
 		t.Fatal(err)
 	}

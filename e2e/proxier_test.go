@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -286,6 +287,107 @@ func TestTerminatingEndpointDrains(t *testing.T) {
 	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, []backend{other})
 	e.expectTable(t, []string{"-> " + hostPort(other.Addr, backendPort)}, []string{"-> " + hostPort(draining.Addr, backendPort)}, "-t", addr)
 	hold.expectEnd()
+}
+
+// TestNotServingEndpointDrains: an endpoint whose pod stops serving
+// (terminating with serving=false: an application that fails readiness on
+// SIGTERM and finishes its requests) keeps its real servers at weight 0
+// while the kernel counts connections on them: a held TCP connection and a
+// held UDP flow to it go on answering from it, new connections and flows
+// go to the other endpoint only, and each real server goes once its
+// connections end (the TCP one reset, the UDP one expired after
+// --ipvs-udp-timeout), while the endpoint is still in the slice.
+func TestNotServingEndpointDrains(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 2)
+	svc := e.createService(t, ns, "drain", []corev1.ServicePort{tcpPort("http", 80), udpPort("dns", 53)})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	tcpAddr, udpAddr := hostPort(svc.Spec.ClusterIP, 80), hostPort(svc.Spec.ClusterIP, 53)
+	// No test connections before the holds: a closed TCP connection
+	// counts on its real server (TIME_WAIT) for two minutes, and would
+	// keep it after the held connection ends.
+	e.expectTable(t, []string{"TCP  " + tcpAddr + " rr", "UDP  " + udpAddr + " rr",
+		"-> " + hostPort(bes[0].Addr, backendPort), "-> " + hostPort(bes[1].Addr, backendPort)}, nil)
+
+	tcpHold := e.holdFlow(t, "tcp", tcpAddr, "--reset")
+	var draining, other backend
+	for _, b := range bes {
+		if b.Name == tcpHold.backend {
+			draining = b
+		} else {
+			other = b
+		}
+	}
+	if draining.Name == "" {
+		t.Fatalf("the held connection reached %q, not one of %v", tcpHold.backend, names(bes))
+	}
+	// A UDP flow to the same backend: round robin alternates, so one of
+	// two new flows reaches it.
+	var udpHold *heldConn
+	for i := 0; i < 4 && udpHold == nil; i++ {
+		if h := e.holdFlow(t, "udp", udpAddr); h.backend == draining.Name {
+			udpHold = h
+		} else {
+			_ = h.proc.Stop()
+		}
+	}
+	if udpHold == nil {
+		t.Fatalf("no held UDP flow reached %s in four tries", draining.Name)
+	}
+
+	// The backend stops serving (its pod terminates and fails readiness).
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes, func(ep *discoveryv1.Endpoint) {
+		if ep.Addresses[0] == draining.Addr {
+			ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(true)}
+		}
+	})
+	e.expectBackends(t, "tcp", tcpAddr, []string{other.Name})
+	e.expectBackends(t, "udp", udpAddr, []string{other.Name})
+	rs := hostPort(draining.Addr, backendPort)
+	for _, args := range [][]string{{"-t", tcpAddr}, {"-u", udpAddr}} {
+		out := e.ipvsadm(t, args...)
+		if w, conns, ok := realServerRow(out, rs); !ok || w != 0 || conns == 0 {
+			t.Errorf("ipvsadm -Ln %v: want %s at weight 0 with its connection, got (in table %v) weight %d, %d connections:\n%s",
+				args, rs, ok, w, conns, out)
+		}
+	}
+	tcpHold.expectAnswers(5, draining.Name)
+	udpHold.expectAnswers(5, draining.Name)
+
+	// The TCP connection ends: its real server goes; the UDP flow's stays
+	// while the flow goes on.
+	if err := tcpHold.proc.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.expectTable(t, nil, []string{"-> " + rs}, "-t", tcpAddr)
+	if out := e.ipvsadm(t, "-u", udpAddr); !strings.Contains(out, "-> "+rs) {
+		t.Errorf("the UDP real server %s went while its flow goes on:\n%s", rs, out)
+	}
+	udpHold.expectAnswers(3, draining.Name)
+	// The UDP flow ends: its real server goes when IPVS forgets the flow.
+	if err := udpHold.proc.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.expectTable(t, nil, []string{"-> " + rs}, "-u", udpAddr)
+	e.expectBackends(t, "udp", udpAddr, []string{other.Name})
+}
+
+var realServerConns = regexp.MustCompile(`->\s+(\S+)\s+\S+\s+(\d+)\s+(\d+)\s+(\d+)`)
+
+// realServerRow finds a real server in `ipvsadm -Ln` output: its weight
+// and its active and inactive connections summed.
+func realServerRow(out, rs string) (weight, conns int, ok bool) {
+	for _, m := range realServerConns.FindAllStringSubmatch(out, -1) {
+		if m[1] != rs {
+			continue
+		}
+		w, _ := strconv.Atoi(m[2])
+		a, _ := strconv.Atoi(m[3])
+		i, _ := strconv.Atoi(m[4])
+		return w, a + i, true
+	}
+	return 0, 0, false
 }
 
 // TestDriftRepairAndRestart: a real server deleted by hand comes back at

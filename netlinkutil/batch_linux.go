@@ -118,7 +118,7 @@ func (k *kernelIPVS) Apply(writes []Write) []error {
 	}
 	for j, r := range k.batch.Exchange(msgs) {
 		if r.Err != nil {
-			errs[idx[j]] = writes[idx[j]].Wrap(r.Err)
+			errs[idx[j]] = WrapWrite(writes[idx[j]], r.Err)
 		}
 	}
 	return errs

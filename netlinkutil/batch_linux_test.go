@@ -14,6 +14,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 // table reads the whole IPVS table both ways, one destination dump per
@@ -79,9 +80,9 @@ func TestIPVSBatch(t *testing.T) {
 	}
 	errs := h.Apply([]Write{
 		addVS(tcp), addVS(udp), addVS(sctp), addVS(v6),
-		addRS(tcp, rs("10.0.1.2:8080", 1)), addRS(tcp, rs("10.0.2.2:8080", 1)),
-		addRS(udp, rs("10.0.1.2:53", 0)), addRS(sctp, rs("10.0.1.3:3868", 2)),
-		addRS(v6, rs("[fd00:1::2]:8443", 3)),
+		addRS(tcp, modeltest.RS("10.0.1.2:8080@1")), addRS(tcp, modeltest.RS("10.0.2.2:8080@1")),
+		addRS(udp, modeltest.RS("10.0.1.2:53@0")), addRS(sctp, modeltest.RS("10.0.1.3:3868@2")),
+		addRS(v6, modeltest.RS("[fd00:1::2]:8443@3")),
 	})
 	for i, err := range errs {
 		if err != nil {
@@ -106,11 +107,11 @@ func TestIPVSBatch(t *testing.T) {
 		{Kind: model.OpUpdateVirtualServer, VirtualServer: tcp2},
 		{Kind: model.OpUpdateVirtualServer, VirtualServer: udp2}, // unknown scheduler: ENOENT
 		addVS(v6), // already there: EEXIST
-		{Kind: model.OpUpdateRealServer, VirtualServer: tcp, RealServer: rs("10.0.2.2:8080", 5)},
-		{Kind: model.OpDeleteRealServer, VirtualServer: tcp, RealServer: rs("10.0.1.2:8080", 0)},
-		addRS(ghost, rs("10.0.1.9:80", 1)), // no such virtual server: ESRCH
+		{Kind: model.OpUpdateRealServer, VirtualServer: tcp, RealServer: modeltest.RS("10.0.2.2:8080@5")},
+		{Kind: model.OpDeleteRealServer, VirtualServer: tcp, RealServer: modeltest.RS("10.0.1.2:8080@0")},
+		addRS(ghost, modeltest.RS("10.0.1.9:80@1")), // no such virtual server: ESRCH
 		{Kind: model.OpDeleteVirtualServer, VirtualServer: sctp},
-		addRS(v6, rs("[fd00:1::3]:8443", 1)),
+		addRS(v6, modeltest.RS("[fd00:1::3]:8443@1")),
 	}
 	errs = h.Apply(writes)
 	wantErr := map[int]error{1: unix.ENOENT, 2: unix.EEXIST, 5: unix.ESRCH}

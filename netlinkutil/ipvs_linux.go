@@ -139,7 +139,7 @@ func (k *kernelIPVS) ListRealServers(vs model.VSKey) ([]model.RealServer, error)
 // one makes a single write with fn and gives its error the write's context.
 func one(w Write, fn func() error) error {
 	if err := fn(); err != nil {
-		return w.Wrap(err)
+		return WrapWrite(w, err)
 	}
 	return nil
 }

@@ -2,13 +2,13 @@ package netlinkutil
 
 import (
 	"bufio"
-	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 // TestParseProcTable reads the kernel's text table (as Linux 6.1 prints
@@ -35,15 +35,10 @@ TCP  0A60000A:0050 rr
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := func(s string, w, act, inact int) model.RealServer {
-		x := rs(s, w)
-		x.ActiveConns, x.InactiveConns = act, inact
-		return x
-	}
 	want := map[model.VSKey][]model.RealServer{
-		vsKey("10.96.0.10:80", model.TCP):         {r("10.0.1.2:8080", 1, 3, 7), r("10.0.2.2:8080", 0, 0, 0)},
-		vsKey("10.96.0.10:53", model.UDP):         {},
-		vsKey("[fd00:10:96::10]:443", model.SCTP): {r("[fd00:1::2]:8443", 3, 0, 0)},
+		modeltest.VSKey("10.96.0.10:80", model.TCP):         modeltest.RSs("10.0.1.2:8080@1#3.7", "10.0.2.2:8080@0"),
+		modeltest.VSKey("10.96.0.10:53", model.UDP):         {},
+		modeltest.VSKey("[fd00:10:96::10]:443", model.SCTP): modeltest.RSs("[fd00:1::2]:8443@3"),
 	}
 	if diff := cmp.Diff(want, got, addrCmp); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
@@ -53,9 +48,4 @@ TCP  0A60000A:0050 rr
 			t.Errorf("parsed %q without an error", bad)
 		}
 	}
-}
-
-func vsKey(addrPort string, proto model.Protocol) model.VSKey {
-	ap := netip.MustParseAddrPort(addrPort)
-	return model.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
 }

@@ -32,26 +32,17 @@ func SchedulerUnavailable(err error) bool { return errors.Is(err, syscall.ENOENT
 // may or may not have been applied, and the kernel must be read again.
 var ErrOutcomeUnknown = nlbatch.ErrUnknown
 
-// Write is one write of a batch (IPVS.Apply).
-type Write struct {
-	// Kind is one of the virtual and real server kinds of model.OpKind
-	// (not bind or unbind).
-	Kind model.OpKind
-	// VirtualServer is the whole virtual server for an add or update of
-	// it; only its key counts otherwise.
-	VirtualServer model.VirtualServer
-	// RealServer is the real server of a real server write (only its key
-	// counts for a delete).
-	RealServer model.RealServer
-}
+// Write is one write of a batch (IPVS.Apply): a model.Op of one of the
+// virtual and real server kinds (not bind or unbind), whose VirtualServer
+// is whole for an add or update of it (only its key counts otherwise) and
+// whose RealServer is the real server of a real server write (only its key
+// counts for a delete). The reconciler hands its diff's operations over as
+// they are.
+type Write = model.Op
 
-func (w Write) String() string {
-	return model.Op{Kind: w.Kind, VirtualServer: w.VirtualServer, RealServer: w.RealServer}.String()
-}
-
-// Wrap gives a write's error the context that the one-at-a-time calls give
-// it.
-func (w Write) Wrap(err error) error {
+// WrapWrite gives a write's error the context that the one-at-a-time calls
+// give it.
+func WrapWrite(w Write, err error) error {
 	vs, rs := w.VirtualServer, w.RealServer.RSKey
 	switch w.Kind {
 	case model.OpAddVirtualServer:

@@ -15,6 +15,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/faults"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 // TestReconcilerConvergesUnderInjectedFaults: with 10% and 50% of IPVS and
@@ -46,7 +47,7 @@ func TestReconcilerConvergesUnderInjectedFaults(t *testing.T) {
 			set := func(i int, rss ...string) {
 				var p *model.ServicePlan
 				if len(rss) > 0 {
-					p = plan(name(i), vsPlan(model.KindClusterIP, vip(i)+":80", "rr", rss...))
+					p = modeltest.Plan(name(i), modeltest.VS(model.KindClusterIP, vip(i)+":80", "rr", rss...))
 				}
 				if p == nil {
 					delete(want, name(i))

@@ -529,8 +529,8 @@ func (p *Proxier) takeRemovals() bool {
 func (p *Proxier) loop(ctx context.Context) {
 	full := true
 	var last, nextFull time.Time
-	// A periodic resync's kernel read off the loop, when one runs.
-	var reading chan *KernelRead
+	// A periodic resync's kernel read off the loop runs.
+	var reading bool
 	for {
 		// The slices of a periodic resync follow one another at once
 		// (changes that come meanwhile join the next one); other syncs
@@ -550,9 +550,12 @@ func (p *Proxier) loop(ctx context.Context) {
 			// The periodic resync reads the kernel off the loop when it
 			// can: this turn syncs only what changed, and the resync
 			// starts when the read is in.
-			if read, ok := p.rec.StartResyncRead(); ok {
-				reading = make(chan *KernelRead, 1)
-				go func(out chan<- *KernelRead) { out <- read() }(reading)
+			if run, ok := p.rec.StartResyncRead(); ok {
+				reading = true
+				go func() {
+					run()
+					p.kick()
+				}()
 				full = false
 			}
 		}
@@ -574,14 +577,15 @@ func (p *Proxier) loop(ctx context.Context) {
 		case <-p.trigger:
 		case <-periodic.C():
 			// A read off the loop still running is this period's.
-			full = reading == nil
+			full = !reading
 			if !full {
 				nextFull = p.clock.Now().Add(p.cfg.SyncPeriod)
 			}
 		case <-retry:
-		case kr := <-reading:
-			reading = nil
-			p.rec.OfferRead(kr)
+		}
+		if reading && p.rec.ResyncReadDone() {
+			// The read is in: the resync's full sync takes it.
+			reading = false
 			full = true
 		}
 		periodic.Stop()

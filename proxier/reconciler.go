@@ -1,13 +1,11 @@
 package proxier
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -51,21 +49,6 @@ type SyncStats struct {
 	ResyncTook time.Duration
 }
 
-// ServiceStatus is what the reconciler knows of one Service.
-type ServiceStatus struct {
-	Service types.NamespacedName
-	// Applied: the last attempt wrote everything the Service holds.
-	Applied bool
-	// Failures counts the attempts that failed in a row; the Service is
-	// retried alone at NextRetry (an exponential backoff).
-	Failures  int
-	LastError string
-	NextRetry time.Time
-	// Conflicts are the virtual servers it wants and an older Service
-	// holds.
-	Conflicts []model.Conflict
-}
-
 // ReconcilerConfig configures a Reconciler.
 type ReconcilerConfig struct {
 	Ownership model.Ownership
@@ -78,24 +61,11 @@ type ReconcilerConfig struct {
 	// checks per sync (their real servers read, compared and repaired);
 	// default 500.
 	ResyncSlice int
+	// DrainCheck is how often the real servers kept only while busy
+	// (model.RealServer.Drain) are read again, so that each goes soon
+	// after its connections end; default 2s.
+	DrainCheck time.Duration
 }
-
-// backoff is one retry schedule: failures in a row and the next attempt.
-type backoff struct {
-	failures int
-	next     time.Time
-}
-
-func (b *backoff) fail(now time.Time, base, max time.Duration) {
-	b.failures++
-	d := base
-	for i := 1; i < b.failures && d < max; i++ {
-		d *= 2
-	}
-	b.next = now.Add(min(d, max))
-}
-
-func (b *backoff) due(now time.Time) bool { return b.failures > 0 && !now.Before(b.next) }
 
 // Reconciler applies ServicePlans to the kernel. It keeps the desired
 // plans, an index of which Services claim each virtual server (the oldest
@@ -115,79 +85,35 @@ type Reconciler struct {
 	clock     clock.PassiveClock
 	log       *zap.Logger
 
-	plans    map[types.NamespacedName]*model.ServicePlan
-	claims   map[model.VSKey][]types.NamespacedName // by precedence: [0] holds
-	wantAddr map[netip.Addr]int                     // addresses to bind, by reference count
-	kernel   *model.Kernel
+	claims claimIndex // the plans, and who claims each virtual server
+	kernel *model.Kernel
 
 	// What changed since the last sync.
 	dirtyKeys     map[model.VSKey]bool
 	dirtyAddrs    map[netip.Addr]bool
 	dirtyServices map[types.NamespacedName]bool
 
-	status          map[types.NamespacedName]*ServiceStatus
-	retrying        map[types.NamespacedName]*backoff
-	conflictChanged map[types.NamespacedName]bool
-	conflicted      map[types.NamespacedName]bool // Services that lost a conflict
-
-	// Writes no Service is answerable for (a virtual server no Service
-	// wants, an address to unbind) that failed: retried with one backoff.
-	orphan      backoff
-	orphanKeys  map[model.VSKey]bool
-	orphanAddrs map[netip.Addr]bool
+	statuses serviceStatuses // each Service's last attempt, backoff, conflicts
+	orphan   orphans         // failed writes no Service answers for
+	draining drains          // virtual servers with busy real servers marked Drain
+	resync   resyncState     // the periodic full resync, in slices, and its read off the loop
 
 	full   backoff // a failed kernel read: the next full sync
 	lost   bool    // a write's answer was lost: the view may be wrong, read it again
 	synced bool    // a full sync has completed once
-	// The periodic full resync in progress: the virtual servers it has
-	// still to check, in key order, when it read the kernel, and the real
-	// servers its bulk read found for those not checked yet.
-	resync      []model.VSKey
-	resyncStart time.Time
-	resyncRS    map[model.VSKey][]model.RealServer
-	vsCount     int
-	rsCount     int
 
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
 	unavailable map[string]bool
-
-	// The periodic resync's kernel read off the loop (StartResyncRead):
-	// its own handles, whether one runs, the in-loop reads made before
-	// it (readEpoch counts them: a read that started earlier than one is
-	// stale), what the loop wrote since it started, and its result once
-	// offered.
-	reader    *resyncReader
-	readEpoch uint64
-	offLoop   *offLoopRead
-	offered   *KernelRead
 }
 
-// resyncReader holds the handles a read off the loop uses, apart from the
-// loop's own.
-type resyncReader struct {
-	ipvs  netlinkutil.IPVS
-	links netlinkutil.Links
-}
-
-// offLoopRead is a read off the loop in progress: the virtual servers and
-// addresses the loop wrote since it began, whose state in its result may
-// be older than the loop's view.
-type offLoopRead struct {
-	epoch uint64
+// orphans are the writes no Service is answerable for (a virtual server
+// no Service wants, an address to unbind) that failed: retried with one
+// backoff.
+type orphans struct {
+	backoff
 	keys  map[model.VSKey]bool
 	addrs map[netip.Addr]bool
-}
-
-// KernelRead is the result of a read of the kernel made off the sync loop
-// for a periodic resync (see Reconciler.StartResyncRead).
-type KernelRead struct {
-	raw   rawKernel
-	rss   map[model.VSKey][]model.RealServer
-	reads int
-	took  time.Duration
-	err   error
-	epoch uint64
 }
 
 // NewReconciler returns a reconciler with no desired state; its first sync
@@ -205,28 +131,27 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 	if cfg.ResyncSlice <= 0 {
 		cfg.ResyncSlice = 500
 	}
+	if cfg.DrainCheck <= 0 {
+		cfg.DrainCheck = defaultDrainCheck
+	}
 	return &Reconciler{
 		ipvs: ipvs, links: links, cfg: cfg, own: cfg.Ownership, clock: cfg.Clock, log: log,
-		plans:           map[types.NamespacedName]*model.ServicePlan{},
-		claims:          map[model.VSKey][]types.NamespacedName{},
-		wantAddr:        map[netip.Addr]int{},
-		kernel:          model.NewKernel(nil, nil),
-		dirtyKeys:       map[model.VSKey]bool{},
-		dirtyAddrs:      map[netip.Addr]bool{},
-		dirtyServices:   map[types.NamespacedName]bool{},
-		status:          map[types.NamespacedName]*ServiceStatus{},
-		retrying:        map[types.NamespacedName]*backoff{},
-		conflictChanged: map[types.NamespacedName]bool{},
-		conflicted:      map[types.NamespacedName]bool{},
-		orphanKeys:      map[model.VSKey]bool{},
-		orphanAddrs:     map[netip.Addr]bool{},
+		claims:        newClaimIndex(cfg.Ownership),
+		kernel:        model.NewKernel(nil, nil),
+		dirtyKeys:     map[model.VSKey]bool{},
+		dirtyAddrs:    map[netip.Addr]bool{},
+		dirtyServices: map[types.NamespacedName]bool{},
+		statuses:      newServiceStatuses(),
+		orphan:        orphans{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
+		resync:        resyncState{read: NewOffLoop[*KernelRead](cfg.Clock)},
+		draining:      drains{keys: map[model.VSKey]bool{}},
 	}
 }
 
 // SetPlan records the desired plan of a Service; nil removes the Service.
 // Nothing reaches the kernel before the next Sync.
 func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
-	old := r.plans[name]
+	old := r.claims.plans[name]
 	if plan != nil && old != nil && planEqual(*old, *plan) {
 		return
 	}
@@ -237,185 +162,27 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 		if old == nil {
 			return
 		}
-		delete(r.plans, name)
-		delete(r.status, name)
-		delete(r.retrying, name)
-		delete(r.conflictChanged, name)
-		delete(r.conflicted, name)
+		delete(r.claims.plans, name)
+		r.statuses.remove(name)
 	} else {
 		p := *plan
-		r.plans[name] = &p
+		r.claims.plans[name] = &p
 		r.claim(name, &p, 1)
-		if r.status[name] == nil {
-			r.status[name] = &ServiceStatus{Service: name}
-		}
-		r.conflictChanged[name] = true
+		r.statuses.add(name)
 	}
 	r.dirtyServices[name] = true
 }
 
-// claim adds (sign 1) or removes (sign -1) a plan's claims on virtual
-// servers and addresses, marking what it touches dirty.
+// claim adds (sign 1) or removes (sign -1) a plan's claims, marking what
+// it touches dirty and the claimants of each virtual server it touches as
+// having conflicts to check.
 func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
-	r.vsCount += sign * len(p.VirtualServers)
-	for _, v := range p.VirtualServers {
-		r.rsCount += sign * len(v.RealServers)
-		if r.own.Excluded(v.Address) {
-			continue
-		}
-		k := v.VSKey
+	r.claims.claim(name, p, sign, func(k model.VSKey, claimants []types.NamespacedName) {
 		r.dirtyKeys[k] = true
-		cl := slices.DeleteFunc(r.claims[k], func(n types.NamespacedName) bool { return n == name })
-		if sign > 0 {
-			i, _ := slices.BinarySearchFunc(cl, p, func(n types.NamespacedName, p *model.ServicePlan) int {
-				if model.Precedes(r.plans[n], p) {
-					return -1
-				}
-				return 1
-			})
-			cl = slices.Insert(cl, i, name)
+		for _, n := range claimants {
+			r.statuses.conflictChanged[n] = true
 		}
-		if len(cl) == 0 {
-			delete(r.claims, k)
-		} else {
-			r.claims[k] = cl
-		}
-		for _, n := range cl {
-			r.conflictChanged[n] = true
-		}
-		if v.Bound() {
-			if r.wantAddr[v.Address] += sign; r.wantAddr[v.Address] <= 0 {
-				delete(r.wantAddr, v.Address)
-			}
-			r.dirtyAddrs[v.Address] = true
-		}
-	}
-}
-
-// holder returns the Service that holds a virtual server and its plan of
-// it.
-func (r *Reconciler) holder(k model.VSKey) (model.Want, bool) {
-	cl := r.claims[k]
-	if len(cl) == 0 {
-		return model.Want{}, false
-	}
-	p := r.plans[cl[0]]
-	i, found := slices.BinarySearchFunc(p.VirtualServers, k, func(v model.VSPlan, k model.VSKey) int { return v.VSKey.Compare(k) })
-	if !found { // plans are sorted by Build; a hand-made one may not be
-		i = slices.IndexFunc(p.VirtualServers, func(v model.VSPlan) bool { return v.VSKey == k })
-	}
-	return model.Want{Service: cl[0], VSPlan: p.VirtualServers[i]}, true
-}
-
-// ConflictChanges returns, sorted, the Services whose conflicts changed
-// since the last call; their Status holds the new ones.
-func (r *Reconciler) ConflictChanges() []types.NamespacedName {
-	var out []types.NamespacedName
-	for n := range r.conflictChanged {
-		st, p := r.status[n], r.plans[n]
-		if st == nil || p == nil {
-			continue
-		}
-		var cs []model.Conflict
-		for _, v := range p.VirtualServers {
-			if cl := r.claims[v.VSKey]; len(cl) > 0 && cl[0] != n {
-				cs = append(cs, model.Conflict{VirtualServer: v.VSKey, Holder: cl[0], Loser: n})
-			}
-		}
-		if !slices.Equal(cs, st.Conflicts) {
-			st.Conflicts = cs
-			out = append(out, n)
-		}
-		if len(cs) > 0 {
-			r.conflicted[n] = true
-		} else {
-			delete(r.conflicted, n)
-		}
-	}
-	r.conflictChanged = emptied(r.conflictChanged)
-	slices.SortFunc(out, compareNames)
-	return out
-}
-
-// emptied returns m empty: cleared in place when it is small, a new map
-// when it held many entries. Go's maps never shrink, and clearing or
-// iterating one costs its size at its largest: a set that held every
-// Service once (a full sync) would make every later partial sync cost
-// that much.
-func emptied[K comparable, V any](m map[K]V) map[K]V {
-	if len(m) > 64 {
-		return make(map[K]V)
-	}
-	clear(m)
-	return m
-}
-
-func compareNames(a, b types.NamespacedName) int {
-	return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-}
-
-// Status returns a Service's status.
-func (r *Reconciler) Status(name types.NamespacedName) (ServiceStatus, bool) {
-	st, ok := r.status[name]
-	if !ok {
-		return ServiceStatus{}, false
-	}
-	out := *st
-	out.Conflicts = slices.Clone(st.Conflicts)
-	return out, true
-}
-
-// Failing reports whether a Service's last attempt failed (it waits for a
-// retry).
-func (r *Reconciler) Failing(name types.NamespacedName) bool {
-	_, ok := r.retrying[name]
-	return ok
-}
-
-// Problems returns the status of every Service that is failing or lost a
-// conflict, sorted by name; its cost is the number of such Services.
-func (r *Reconciler) Problems() []ServiceStatus {
-	names := map[types.NamespacedName]bool{}
-	for n := range r.retrying {
-		names[n] = true
-	}
-	for n := range r.conflicted {
-		names[n] = true
-	}
-	out := make([]ServiceStatus, 0, len(names))
-	for n := range names {
-		if st, ok := r.Status(n); ok {
-			out = append(out, st)
-		}
-	}
-	slices.SortFunc(out, func(a, b ServiceStatus) int { return compareNames(a.Service, b.Service) })
-	return out
-}
-
-// Counts returns the numbers of virtual and real servers the plans want.
-func (r *Reconciler) Counts() (virtualServers, realServers int) { return r.vsCount, r.rsCount }
-
-// FullDue reports whether the next sync must be full: no full sync has
-// succeeded yet, or a failed kernel read's retry is due.
-// AddressesRemoved takes the addresses that the kernel reports removed
-// from the interface out of the view of the kernel, and returns how many
-// it took: those still wanted are bound again by the next sync, a partial
-// one. Removals of the reconciler's own unbinding find the view already
-// without them and are ignored.
-func (r *Reconciler) AddressesRemoved(addrs []netip.Addr) int {
-	n := 0
-	for _, a := range addrs {
-		if !r.kernel.Bound[a] {
-			continue
-		}
-		delete(r.kernel.Bound, a)
-		r.dirtyAddrs[a] = true
-		if r.offLoop != nil {
-			r.offLoop.addrs[a] = true
-		}
-		n++
-	}
-	return n
+	}, func(a netip.Addr) { r.dirtyAddrs[a] = true })
 }
 
 // RequestFull makes the next sync full and whole (the interface was
@@ -425,16 +192,18 @@ func (r *Reconciler) RequestFull() {
 	r.full.next = r.clock.Now()
 }
 
+// FullDue reports whether the next sync must be full: no full sync has
+// succeeded yet, or a failed kernel read's retry is due.
 func (r *Reconciler) FullDue() bool { return !r.synced || r.full.due(r.clock.Now()) }
 
 // Pending reports whether a sync now has work to do.
 func (r *Reconciler) Pending() bool {
 	now := r.clock.Now()
-	if !r.synced || r.full.due(now) || r.orphan.due(now) || len(r.resync) > 0 ||
+	if !r.synced || r.full.due(now) || r.orphan.due(now) || len(r.resync.left) > 0 || r.drainDue(now) ||
 		len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0 || len(r.dirtyServices) > 0 {
 		return true
 	}
-	for _, b := range r.retrying {
+	for _, b := range r.statuses.retrying {
 		if b.due(now) {
 			return true
 		}
@@ -443,25 +212,22 @@ func (r *Reconciler) Pending() bool {
 }
 
 // NextRetry is when the earliest retry (of a failed Service, of a failed
-// kernel read, of other failed writes) is due; zero when none waits.
+// kernel read, of other failed writes) or the next check of the real
+// servers kept while busy is due; zero when none waits.
 func (r *Reconciler) NextRetry() time.Time {
-	var next time.Time
+	next := r.draining.next
 	consider := func(b *backoff) {
 		if b.failures > 0 && (next.IsZero() || b.next.Before(next)) {
 			next = b.next
 		}
 	}
 	consider(&r.full)
-	consider(&r.orphan)
-	for _, b := range r.retrying {
+	consider(&r.orphan.backoff)
+	for _, b := range r.statuses.retrying {
 		consider(b)
 	}
 	return next
 }
-
-// Resyncing reports whether a periodic full resync is in progress: the
-// next syncs check its remaining virtual servers.
-func (r *Reconciler) Resyncing() bool { return len(r.resync) > 0 }
 
 // Sync applies what changed since the last sync, and the retries that are
 // due. It is full (reads the kernel whole and repairs everything) when
@@ -480,7 +246,7 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	now := start
 	sliced := full && r.synced && !r.full.due(now)
 	full = full || !r.synced || r.full.due(now)
-	if sliced && len(r.resync) > 0 {
+	if sliced && len(r.resync.left) > 0 {
 		full, sliced = false, false // one resync at a time: continue it
 	}
 	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
@@ -489,14 +255,17 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	case full && sliced:
 		offered = r.takeOffered()
 	case full:
-		r.offered, r.offLoop = nil, nil // this sync reads the kernel itself
+		// This sync reads the kernel itself: a read off the loop that
+		// began before is older.
+		r.resync.read.Drop()
+		r.resync.offLoop = nil
 	}
 	switch {
 	case full && sliced && offered != nil:
 		// The periodic resync's read, made off the loop: adopt it.
 		st.Reads += offered.reads
 		st.ReadOffLoop = offered.took
-		r.resync, r.resyncRS = nil, nil
+		r.resync.left, r.resync.realServers = nil, nil
 		r.startResync(now)
 	case full:
 		err := r.readKernel(&st)
@@ -507,14 +276,14 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 			st.Duration = r.clock.Since(start)
 			return st, err
 		}
-		r.resync, r.resyncRS = nil, nil
+		r.resync.left, r.resync.realServers = nil, nil
 		if sliced {
 			r.startResync(now)
 		}
 	}
 	keys, addrs, services := r.scope(full && !sliced, now, sliced)
-	r.takeResyncRealServers(keys)
 	want := r.desired(keys, addrs)
+	r.takeResyncRealServers(keys, want)
 	readFailed := r.readRealServers(&st, keys, want)
 	keys = slices.DeleteFunc(keys, func(k model.VSKey) bool { return readFailed[k] != nil })
 	for k, err := range readFailed {
@@ -523,14 +292,15 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	}
 
 	ops := model.Diff(want, r.kernel, model.Scope{Keys: keys, Addresses: addrs})
+	r.noteDraining(keys, want, now)
 	orphanErrs := r.apply(&st, ops)
 	r.kernel.RealServers = map[model.VSKey][]model.RealServer{} // no copy of the dump outlives the sync
 
 	switch {
 	case len(orphanErrs) > 0:
 		r.orphan.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
-	case len(r.orphanKeys) == 0 && len(r.orphanAddrs) == 0:
-		r.orphan = backoff{} // nothing left to retry
+	case len(r.orphan.keys) == 0 && len(r.orphan.addrs) == 0:
+		r.orphan.backoff = backoff{} // nothing left to retry
 	}
 	if len(readFailed) > 0 || r.lost {
 		r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
@@ -542,50 +312,14 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	errs := r.record(&st, services, now)
 	st.Services = len(services)
 	st.Duration = r.clock.Since(start)
-	if !r.resyncStart.IsZero() {
-		st.ResyncLeft = len(r.resync)
-		if len(r.resync) == 0 {
-			st.ResyncDone, st.ResyncTook = true, r.clock.Since(r.resyncStart)
-			r.resyncStart = time.Time{}
+	if !r.resync.start.IsZero() {
+		st.ResyncLeft = len(r.resync.left)
+		if len(r.resync.left) == 0 {
+			st.ResyncDone, st.ResyncTook = true, r.clock.Since(r.resync.start)
+			r.resync.start = time.Time{}
 		}
 	}
 	return st, errors.Join(append(errs, orphanErrs...)...)
-}
-
-// startResync lists every virtual server a sliced resync checks: those
-// the plans claim and those in the kernel's view just read.
-func (r *Reconciler) startResync(now time.Time) {
-	keys := make([]model.VSKey, 0, len(r.claims)+len(r.kernel.VirtualServers))
-	for k := range r.claims {
-		keys = append(keys, k)
-	}
-	for k := range r.kernel.VirtualServers {
-		if _, ok := r.claims[k]; !ok {
-			keys = append(keys, k)
-		}
-	}
-	slices.SortFunc(keys, model.VSKey.Compare)
-	r.resync, r.resyncStart = keys, now
-	// The bulk read's real servers serve the slices: kept for the
-	// resync's duration, each until its virtual server is in a sync's
-	// scope.
-	r.resyncRS, r.kernel.RealServers = r.kernel.RealServers, map[model.VSKey][]model.RealServer{}
-}
-
-// takeResyncRealServers gives the sync the real servers that the running
-// resync's bulk read found for the virtual servers in its scope, as if
-// read now: nothing has written them since (a sync that writes one takes
-// its entry first). Those the read left out are read alone.
-func (r *Reconciler) takeResyncRealServers(keys []model.VSKey) {
-	for _, k := range keys {
-		if rss, ok := r.resyncRS[k]; ok {
-			r.kernel.RealServers[k] = rss
-			delete(r.resyncRS, k)
-		}
-	}
-	if len(r.resync) == 0 {
-		r.resyncRS = nil
-	}
 }
 
 // scope lists the virtual servers, addresses and Services a sync looks at,
@@ -597,48 +331,54 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 	keySet := map[model.VSKey]bool{}
 	addrSet := map[netip.Addr]bool{}
 	if full || allAddrs {
-		for a := range r.wantAddr {
+		for a := range r.claims.addrs {
 			addrSet[a] = true
 		}
 		for a := range r.kernel.Bound {
 			addrSet[a] = true
 		}
 	}
-	if n := min(r.cfg.ResyncSlice, len(r.resync)); n > 0 && !full {
-		for _, k := range r.resync[:n] {
+	if r.drainDue(now) || full {
+		// This sync looks at every draining virtual server; the next
+		// check is scheduled after it (noteDraining).
+		for k := range r.draining.keys {
 			keySet[k] = true
 		}
-		r.resync = r.resync[n:]
-		if len(r.resync) == 0 {
-			r.resync = nil
+		r.draining.next = time.Time{}
+	}
+	if n := min(r.cfg.ResyncSlice, len(r.resync.left)); n > 0 && !full {
+		for _, k := range r.resync.left[:n] {
+			keySet[k] = true
+		}
+		r.resync.left = r.resync.left[n:]
+		if len(r.resync.left) == 0 {
+			r.resync.left = nil
 		}
 	}
 	if full {
-		for n := range r.plans {
+		for n := range r.claims.plans {
 			services[n] = true
 		}
 		for n := range r.dirtyServices { // removed ones
 			services[n] = true
 		}
-		for k := range r.claims {
+		for k := range r.claims.byKey {
 			keySet[k] = true
 		}
 		for k := range r.kernel.VirtualServers {
 			keySet[k] = true
 		}
-		r.orphanKeys = emptied(r.orphanKeys)
-		r.orphanAddrs = emptied(r.orphanAddrs)
+		r.orphan.keys = emptied(r.orphan.keys)
+		r.orphan.addrs = emptied(r.orphan.addrs)
 	} else {
 		for n := range r.dirtyServices {
 			services[n] = true
 		}
-		for n, b := range r.retrying {
-			if b.due(now) {
-				services[n] = true
-				for _, v := range r.plans[n].VirtualServers {
-					if !r.own.Excluded(v.Address) {
-						keySet[v.VSKey] = true
-					}
+		for _, n := range r.statuses.due(now) {
+			services[n] = true
+			for _, v := range r.claims.plans[n].VirtualServers {
+				if !r.own.Excluded(v.Address) {
+					keySet[v.VSKey] = true
 				}
 			}
 		}
@@ -649,14 +389,14 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 			addrSet[a] = true
 		}
 		if r.orphan.due(now) {
-			for k := range r.orphanKeys {
+			for k := range r.orphan.keys {
 				keySet[k] = true
 			}
-			for a := range r.orphanAddrs {
+			for a := range r.orphan.addrs {
 				addrSet[a] = true
 			}
-			r.orphanKeys = emptied(r.orphanKeys)
-			r.orphanAddrs = emptied(r.orphanAddrs)
+			r.orphan.keys = emptied(r.orphan.keys)
+			r.orphan.addrs = emptied(r.orphan.addrs)
 		}
 	}
 	r.dirtyKeys = emptied(r.dirtyKeys)
@@ -666,18 +406,18 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 	// failing one comes whole, so that its status says all of it.
 	var whole []types.NamespacedName
 	for k := range keySet {
-		if cl := r.claims[k]; len(cl) > 0 && !services[cl[0]] {
+		if cl := r.claims.byKey[k]; len(cl) > 0 && !services[cl[0]] {
 			services[cl[0]] = true
-			if _, failing := r.retrying[cl[0]]; failing && !full {
+			if _, failing := r.statuses.retrying[cl[0]]; failing && !full {
 				whole = append(whole, cl[0])
 			}
 		}
 	}
 	for _, n := range whole {
-		for _, v := range r.plans[n].VirtualServers {
+		for _, v := range r.claims.plans[n].VirtualServers {
 			if !r.own.Excluded(v.Address) && !keySet[v.VSKey] {
 				keySet[v.VSKey] = true
-				if cl := r.claims[v.VSKey]; len(cl) > 0 {
+				if cl := r.claims.byKey[v.VSKey]; len(cl) > 0 {
 					services[cl[0]] = true
 				}
 			}
@@ -697,261 +437,6 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 	return keys, addrs, services
 }
 
-// desired is the part of the desired state that the scope looks at.
-func (r *Reconciler) desired(keys []model.VSKey, addrs []netip.Addr) model.Desired {
-	d := model.Desired{VirtualServers: make(map[model.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{}}
-	for _, k := range keys {
-		if w, ok := r.holder(k); ok {
-			d.VirtualServers[k] = w
-		}
-	}
-	for _, a := range addrs {
-		if r.wantAddr[a] > 0 {
-			d.Addresses[a] = true
-		}
-	}
-	return d
-}
-
-// readRealServers reads the destinations of the virtual servers in scope
-// that are wanted and in the kernel. It returns the reads that failed.
-func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want model.Desired) map[model.VSKey]error {
-	failed := map[model.VSKey]error{}
-	for _, k := range keys {
-		if _, wanted := want.VirtualServers[k]; !wanted {
-			continue
-		}
-		if _, ok := r.kernel.VirtualServers[k]; !ok {
-			continue
-		}
-		if _, read := r.kernel.RealServers[k]; read { // by a full sync's bulk read
-			continue
-		}
-		st.Reads++
-		rss, err := r.ipvs.ListRealServers(k)
-		if err != nil {
-			failed[k] = fmt.Errorf("read real servers of %s: %w", k, err)
-			continue
-		}
-		r.kernel.RealServers[k] = rss
-	}
-	return failed
-}
-
-// readKernel replaces the view of the kernel with one dump of virtual
-// servers and one of the interface's addresses.
-func (r *Reconciler) readKernel(st *SyncStats) error {
-	r.readEpoch++ // a read off the loop that began before this one is stale
-	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
-		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
-	}
-	k, _, reads, err := ReadKernel(r.ipvs, r.links, r.own, func(key model.VSKey) bool { return len(r.claims[key]) > 0 })
-	st.Reads += reads
-	if err != nil {
-		return err
-	}
-	// The real servers of every virtual server in one read; one that
-	// appeared since the dump is read alone by readRealServers.
-	st.Reads++
-	all, err := r.ipvs.ListAllRealServers()
-	if err != nil {
-		return fmt.Errorf("read IPVS real servers: %w", err)
-	}
-	for key := range k.VirtualServers {
-		if rss, ok := all[key]; ok {
-			k.RealServers[key] = rss
-		}
-	}
-	r.kernel = k
-	return nil
-}
-
-// ReadKernel reads the part of the kernel that the ownership rule gives
-// ipvs-proxy, by one dump of the virtual servers and of the addresses of
-// its interface (and of the one it adopts): the owned virtual servers and
-// the addresses bound to its interface. wanted tells the virtual servers
-// that a Service wants, which are owned wherever they are. It returns the
-// view, the number of virtual servers left to others and the reads made.
-// Real servers are not read. The reconciler and `ipvs-proxy status` read
-// the kernel through it, so they own the same things.
-func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int, int, error) {
-	raw, reads, err := readRaw(ipvs, links, own)
-	if err != nil {
-		return nil, 0, reads, err
-	}
-	k, foreign := raw.view(own, wanted)
-	return k, foreign, reads, nil
-}
-
-// rawKernel is what ReadKernel reads, before the ownership rule picks
-// from it.
-type rawKernel struct {
-	vss                  []model.VirtualServer
-	bound, adopted, node []netip.Addr
-}
-
-// readRaw makes ReadKernel's reads. It uses no state of a Reconciler, so
-// that a periodic resync can make them off the loop.
-func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership) (rawKernel, int, error) {
-	var raw rawKernel
-	reads := 0
-	addresses := func(link string) ([]netip.Addr, error) {
-		reads++
-		all, err := links.ListAddresses(link)
-		if err != nil {
-			return nil, fmt.Errorf("list addresses of %s: %w", link, err)
-		}
-		// The kernel's own link-local address of the interface is not ours.
-		return slices.DeleteFunc(all, func(a netip.Addr) bool { return own.Excluded(a) || a.IsLinkLocalUnicast() }), nil
-	}
-	var err error
-	if raw.bound, err = addresses(own.Interface); err != nil {
-		return raw, reads, err
-	}
-	if own.Adopt != "" {
-		if raw.adopted, err = addresses(own.Adopt); err != nil {
-			return raw, reads, err
-		}
-	}
-	reads++
-	if raw.node, err = links.NodeAddresses(netlinkutil.ProxyInterfaces(own.Interface)...); err != nil {
-		return raw, reads, fmt.Errorf("list node addresses: %w", err)
-	}
-	reads++
-	if raw.vss, err = ipvs.ListVirtualServers(); err != nil {
-		return raw, reads, fmt.Errorf("list IPVS services: %w", err)
-	}
-	return raw, reads, nil
-}
-
-// view applies the ownership rule to what readRaw read: the owned virtual
-// servers (and those wanted) and the addresses bound to the interface, and
-// the number of virtual servers left to others.
-func (raw rawKernel) view(own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int) {
-	owned := map[netip.Addr]bool{}
-	for _, a := range raw.bound {
-		owned[a] = true
-	}
-	for _, a := range raw.adopted {
-		owned[a] = true // owned, though not (yet) on our interface
-	}
-	node := map[netip.Addr]bool{}
-	for _, a := range raw.node {
-		node[a] = true
-	}
-	mine := make([]model.VirtualServer, 0, len(raw.vss))
-	for _, vs := range raw.vss {
-		if own.Owns(vs.VSKey, owned[vs.Address], node[vs.Address]) || wanted(vs.VSKey) {
-			mine = append(mine, vs)
-		}
-	}
-	return model.NewKernel(mine, raw.bound), len(raw.vss) - len(mine)
-}
-
-// SetResyncReader gives the reconciler handles of its own for the periodic
-// resync's kernel read, which StartResyncRead then makes off the loop.
-// They must not be the loop's handles: the read runs concurrently with
-// the loop's writes.
-func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Links) {
-	r.reader = &resyncReader{ipvs: ipvs, links: links}
-}
-
-// StartResyncRead begins a periodic resync whose kernel read runs off the
-// loop, so that changes keep flowing while it reads: it returns the read,
-// to run on another goroutine, whose result goes to OfferRead and then a
-// full Sync. It returns false, and the resync reads in the loop as before,
-// without a resync reader, before the first full sync, when a full sync
-// is due (a failed read: the loop's next sync reads), while a resync or a
-// read off the loop runs. From now until the Sync that adopts the read,
-// the loop's writes are noted: their virtual servers and addresses keep
-// the loop's view, not the read's older one.
-func (r *Reconciler) StartResyncRead() (func() *KernelRead, bool) {
-	if r.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync) > 0 || r.offLoop != nil || r.offered != nil {
-		return nil, false
-	}
-	epoch := r.readEpoch
-	r.offLoop = &offLoopRead{epoch: epoch, keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
-	reader, own, clk := *r.reader, r.own, r.clock
-	return func() *KernelRead {
-		start := clk.Now()
-		kr := &KernelRead{epoch: epoch}
-		kr.raw, kr.reads, kr.err = readRaw(reader.ipvs, reader.links, own)
-		if kr.err == nil {
-			kr.reads++
-			var err error
-			if kr.rss, err = reader.ipvs.ListAllRealServers(); err != nil {
-				kr.err = fmt.Errorf("read IPVS real servers: %w", err)
-			}
-		}
-		kr.took = clk.Since(start)
-		return kr
-	}, true
-}
-
-// OfferRead hands the loop the result of a read off the loop. The next
-// full Sync adopts it when it is still the newest read of the kernel and
-// succeeded; otherwise that sync reads the kernel itself.
-func (r *Reconciler) OfferRead(kr *KernelRead) {
-	if kr.err != nil {
-		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
-		kr = nil
-	} else if kr.epoch != r.readEpoch {
-		kr = nil // the loop read the kernel since it began
-	}
-	r.offered = kr
-	if kr == nil {
-		r.offLoop = nil
-	}
-}
-
-// takeOffered adopts an offered read as the view of the kernel, with the
-// loop's own view of what it wrote since the read began, and returns it;
-// nil when none is offered.
-func (r *Reconciler) takeOffered() *KernelRead {
-	kr, ol := r.offered, r.offLoop
-	r.offered, r.offLoop = nil, nil
-	if kr == nil || ol == nil || kr.epoch != r.readEpoch || !r.synced || r.full.due(r.clock.Now()) {
-		return nil
-	}
-	k, _ := kr.raw.view(r.own, func(key model.VSKey) bool { return len(r.claims[key]) > 0 })
-	for key := range k.VirtualServers {
-		if rss, ok := kr.rss[key]; ok {
-			k.RealServers[key] = rss
-		}
-	}
-	for key := range ol.keys {
-		if vs, ok := r.kernel.VirtualServers[key]; ok {
-			k.PutVirtualServer(vs)
-		} else {
-			k.DeleteVirtualServer(key)
-		}
-		delete(k.RealServers, key) // read alone when its slice comes
-	}
-	for a := range ol.addrs {
-		if r.kernel.Bound[a] {
-			k.Bound[a] = true
-		} else {
-			delete(k.Bound, a)
-		}
-	}
-	r.kernel = k
-	return kr
-}
-
-// touched notes what ops write while a read off the loop runs.
-func (r *Reconciler) touched(ops []model.Op) {
-	if r.offLoop == nil {
-		return
-	}
-	for _, op := range ops {
-		if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
-			r.offLoop.addrs[op.Address] = true
-		} else {
-			r.offLoop.keys[op.VirtualServer.VSKey] = true
-		}
-	}
-}
-
 // apply makes the writes of ops, keeping the view of the kernel current. A
 // failed write is recorded against the op's Service in st.Failed; the
 // failures of writes no Service answers for are returned. Addresses are
@@ -967,9 +452,9 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		if op.Service == (types.NamespacedName{}) {
 			orphan = append(orphan, err)
 			if op.Kind == model.OpUnbind || op.Kind == model.OpBind {
-				r.orphanAddrs[op.Address] = true
+				r.orphan.addrs[op.Address] = true
 			} else {
-				r.orphanKeys[op.VirtualServer.VSKey] = true
+				r.orphan.keys[op.VirtualServer.VSKey] = true
 			}
 			return
 		}
@@ -1063,10 +548,9 @@ func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op, idx []int) []error
 	if len(idx) == 0 {
 		return nil
 	}
-	writes := make([]netlinkutil.Write, len(idx))
+	writes := make([]model.Op, len(idx))
 	for i, j := range idx {
-		op := &ops[j]
-		writes[i] = netlinkutil.Write{Kind: op.Kind, VirtualServer: op.VirtualServer, RealServer: op.RealServer}
+		writes[i] = ops[j]
 	}
 	errs := r.ipvs.Apply(writes)
 	st.Writes += len(idx)
@@ -1080,45 +564,6 @@ func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op, idx []int) []error
 			op := ops[j]
 			r.log.Debug("kernel write", zap.Stringer("op", op), zap.String("service", op.Service.String()), zap.Error(errs[i]))
 		}
-	}
-	return errs
-}
-
-// record updates the status of the Services in scope after a sync: those
-// with failures are scheduled for a retry, the others are applied. It
-// returns their errors, naming each Service.
-func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]bool, now time.Time) []error {
-	var errs []error
-	names := make([]types.NamespacedName, 0, len(services))
-	for n := range services {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, compareNames)
-	for _, n := range names {
-		s := r.status[n]
-		err := st.Failed[n]
-		if err == nil {
-			delete(st.Failed, n)
-			if s != nil {
-				s.Applied, s.Failures, s.LastError, s.NextRetry = true, 0, "", time.Time{}
-				delete(r.retrying, n)
-			}
-			st.Applied = append(st.Applied, n)
-			continue
-		}
-		errs = append(errs, fmt.Errorf("service %s: %w", n, err))
-		if s == nil { // removed: its leftovers are the orphan retry's
-			continue
-		}
-		b := r.retrying[n]
-		if b == nil {
-			b = &backoff{}
-			r.retrying[n] = b
-		}
-		b.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
-		s.Applied, s.Failures, s.LastError, s.NextRetry = false, b.failures, err.Error(), b.next
-		r.log.Warn("service not fully programmed; retrying it alone", zap.String("service", n.String()),
-			zap.Int("failures", b.failures), zap.Time("nextRetry", b.next), zap.Error(err))
 	}
 	return errs
 }
@@ -1146,24 +591,6 @@ func (r *Reconciler) clearUDP(vs model.VSKey, rs model.RSKey) {
 // SetConntrack makes the reconciler clear the conntrack entries of removed
 // UDP real servers (nil: it does not).
 func (r *Reconciler) SetConntrack(c netlinkutil.Conntrack) { r.conntrack = c }
-
-func planEqual(a, b model.ServicePlan) bool {
-	if a.Service != b.Service || !a.Created.Equal(b.Created) || len(a.VirtualServers) != len(b.VirtualServers) ||
-		!slices.Equal(a.Warnings, b.Warnings) || a.HealthCheckNodePort != b.HealthCheckNodePort || a.LocalEndpoints != b.LocalEndpoints {
-		return false
-	}
-	for i := range a.VirtualServers {
-		x, y := a.VirtualServers[i], b.VirtualServers[i]
-		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
-			x.Local != y.Local || x.NodeAddress != y.NodeAddress || x.InClusterOnly != y.InClusterOnly || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
-			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q model.RealServer) bool {
-				return p.RSKey == q.RSKey && p.Weight == q.Weight
-			}) {
-			return false
-		}
-	}
-	return true
-}
 
 // noteScheduler remembers a scheduler that the kernel refused.
 func (r *Reconciler) noteScheduler(name string, err error) {

@@ -21,6 +21,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 const testIface = "ipvs-proxy0"
@@ -41,30 +42,6 @@ func newTestReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links) {
 	ipvs := fake.NewIPVS()
 	links := fake.NewLinks(node)
 	return NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop()), ipvs, links
-}
-
-func vsKey(addrPort string, proto model.Protocol) model.VSKey {
-	ap := netip.MustParseAddrPort(addrPort)
-	return model.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
-}
-
-// vsPlan builds a plan entry: addrPort of the VS, scheduler, real servers
-// ("addr:port" weight 1, "addr:port@0" weight 0).
-func vsPlan(kind model.AddressKind, addrPort, sched string, rss ...string) model.VSPlan {
-	p := model.VSPlan{VirtualServer: model.VirtualServer{VSKey: vsKey(addrPort, model.TCP), Scheduler: sched}, Kind: kind}
-	for _, r := range rss {
-		weight := 1
-		if a, ok := strings.CutSuffix(r, "@0"); ok {
-			r, weight = a, 0
-		}
-		ap := netip.MustParseAddrPort(r)
-		p.RealServers = append(p.RealServers, model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: weight})
-	}
-	return p
-}
-
-func plan(name types.NamespacedName, vss ...model.VSPlan) *model.ServicePlan {
-	return &model.ServicePlan{Service: name, VirtualServers: vss}
 }
 
 func mustSync(t *testing.T, r *Reconciler, full bool) SyncStats {
@@ -94,7 +71,7 @@ func resetCalls(ipvs *fake.IPVS, links *fake.Links) {
 
 func TestReconcilerWrites(t *testing.T) {
 	r, ipvs, links := newTestReconciler(t)
-	a1 := plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080"))
+	a1 := modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080"))
 
 	// Adding a Service: bind its VIP, one VS, one write per real server.
 	r.SetPlan(svcA, a1)
@@ -121,7 +98,7 @@ func TestReconcilerWrites(t *testing.T) {
 	}{
 		{
 			name:     "add an endpoint",
-			plan:     plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:     modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS: []string{"AddRealServer 10.96.0.10:80/TCP 10.0.3.2:8080 w=1"},
 			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "  -> 10.0.2.2:8080 w=1",
 				"  -> 10.0.3.2:8080 w=1"},
@@ -130,26 +107,26 @@ func TestReconcilerWrites(t *testing.T) {
 			// Its pod is terminating but still serving: weight 0, so
 			// established connections go on and new ones go elsewhere.
 			name:     "an endpoint drains",
-			plan:     plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080@0", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:     modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080@0", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS: []string{"UpdateRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=0"},
 			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=0", "  -> 10.0.2.2:8080 w=1",
 				"  -> 10.0.3.2:8080 w=1"},
 		},
 		{
 			name:       "remove an endpoint",
-			plan:       plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:       modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS:   []string{"DeleteRealServer 10.96.0.10:80/TCP 10.0.1.2:8080"},
 			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.2.2:8080 w=1", "  -> 10.0.3.2:8080 w=1"},
 		},
 		{
 			name:       "change the scheduler",
-			plan:       plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:       modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantIPVS:   []string{"UpdateVirtualServer 10.96.0.10:80/TCP sh"},
 			wantKernel: []string{"10.96.0.10:80/TCP sh", "  -> 10.0.2.2:8080 w=1", "  -> 10.0.3.2:8080 w=1"},
 		},
 		{
 			name:       "unchanged plan",
-			plan:       plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
+			plan:       modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
 			wantKernel: []string{"10.96.0.10:80/TCP sh", "  -> 10.0.2.2:8080 w=1", "  -> 10.0.3.2:8080 w=1"},
 		},
 		{
@@ -190,9 +167,9 @@ func TestReconcilerWrites(t *testing.T) {
 // twoServices programs two Services through a first reconciler.
 func twoServices(t *testing.T, r *Reconciler) {
 	t.Helper()
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080"),
-		vsPlan(model.KindNodePort, "192.168.0.10:30080", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:53", "lc", "10.0.1.3:53")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080"),
+		modeltest.VS(model.KindNodePort, "192.168.0.10:30080", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.11:53", "lc", "10.0.1.3:53")))
 	mustSync(t, r, false)
 }
 
@@ -229,14 +206,14 @@ func TestReconcilerRepairsDrift(t *testing.T) {
 	r, ipvs, links := newTestReconciler(t)
 	twoServices(t, r)
 	want := ipvs.Dump()
-	ipvs.SkipInBulkRead(vsKey("10.96.0.10:80", model.TCP))
+	ipvs.SkipInBulkRead(modeltest.VSKey("10.96.0.10:80", model.TCP))
 
 	// Someone deletes a real server, and changes a scheduler, by hand.
-	k := vsKey("10.96.0.10:80", model.TCP)
+	k := modeltest.VSKey("10.96.0.10:80", model.TCP)
 	if err := ipvs.DeleteRealServer(k, model.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: vsKey("10.96.0.11:53", model.TCP), Scheduler: "wrr"}); err != nil {
+	if err := ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: modeltest.VSKey("10.96.0.11:53", model.TCP), Scheduler: "wrr"}); err != nil {
 		t.Fatal(err)
 	}
 	resetCalls(ipvs, links)
@@ -258,12 +235,12 @@ func TestReconcilerOwnership(t *testing.T) {
 	// foreign VS on a node address outside the node-port range, an excluded
 	// VS on our interface, and a stale VS of ours on our interface.
 	foreign := []model.VirtualServer{
-		{VSKey: vsKey("172.16.0.1:80", model.TCP), Scheduler: "wlc"},
-		{VSKey: vsKey("192.168.0.10:8443", model.TCP), Scheduler: "rr"},
-		{VSKey: vsKey("10.200.0.1:80", model.TCP), Scheduler: "rr"},
+		{VSKey: modeltest.VSKey("172.16.0.1:80", model.TCP), Scheduler: "wlc"},
+		{VSKey: modeltest.VSKey("192.168.0.10:8443", model.TCP), Scheduler: "rr"},
+		{VSKey: modeltest.VSKey("10.200.0.1:80", model.TCP), Scheduler: "rr"},
 	}
-	for _, v := range append(foreign, model.VirtualServer{VSKey: vsKey("10.96.0.99:80", model.TCP), Scheduler: "rr"},
-		model.VirtualServer{VSKey: vsKey("192.168.0.10:30999", model.TCP), Scheduler: "rr"}) {
+	for _, v := range append(foreign, model.VirtualServer{VSKey: modeltest.VSKey("10.96.0.99:80", model.TCP), Scheduler: "rr"},
+		model.VirtualServer{VSKey: modeltest.VSKey("192.168.0.10:30999", model.TCP), Scheduler: "rr"}) {
 		if err := ipvs.AddVirtualServer(v); err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +254,7 @@ func TestReconcilerOwnership(t *testing.T) {
 		}
 	}
 	resetCalls(ipvs, links)
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr")))
 	mustSync(t, r, false)
 	callsDiff(t, "ipvs writes", []string{
 		"AddVirtualServer 10.96.0.10:80/TCP rr",
@@ -319,8 +296,8 @@ func TestReconcilerRetriesFailedServiceAlone(t *testing.T) {
 		}
 		return nil
 	})
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
 	st, err := r.Sync(false)
 	if !errors.Is(err, errBusy) || !strings.Contains(err.Error(), "default/a") {
 		t.Fatalf("Sync error = %v, want the injected error naming default/a", err)
@@ -351,7 +328,7 @@ func TestReconcilerRetriesFailedServiceAlone(t *testing.T) {
 
 	// During a's backoff, a change of b is a partial sync of b alone.
 	resetCalls(ipvs, links)
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080", "10.0.1.4:8080")))
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080", "10.0.1.4:8080")))
 	st = mustSync(t, r, false)
 	callsDiff(t, "b's change during a's backoff", []string{"AddRealServer 10.96.0.11:80/TCP 10.0.1.4:8080 w=1"}, ipvs.Writes())
 	callsDiff(t, "reads of b's change", []string{"ListRealServers 10.96.0.11:80/TCP"}, ipvs.Reads())
@@ -400,9 +377,9 @@ func TestReconcilerBatchFailures(t *testing.T) {
 	r, ipvs, links := newTestReconciler(t)
 	mustSync(t, r, true)
 	svcC := types.NamespacedName{Namespace: "default", Name: "c"}
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080", "10.0.1.4:8080")))
-	r.SetPlan(svcC, plan(svcC, vsPlan(model.KindClusterIP, "10.96.0.12:80", "rr", "10.0.1.5:8080", "10.0.1.6:8080", "10.0.1.7:8080")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080", "10.0.1.4:8080")))
+	r.SetPlan(svcC, modeltest.Plan(svcC, modeltest.VS(model.KindClusterIP, "10.96.0.12:80", "rr", "10.0.1.5:8080", "10.0.1.6:8080", "10.0.1.7:8080")))
 	errVS, errRS := errors.New("injected: file exists"), errors.New("injected: no such process")
 	ipvs.InjectErrors(func(c fake.Call) error {
 		switch c {
@@ -467,7 +444,7 @@ func TestReconcilerReadFailureForcesFull(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, ipvs, links, clk := newClockedReconciler(t)
-			r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+			r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
 			mustSync(t, r, true)
 			ipvs.InjectErrors(func(c fake.Call) error {
 				if strings.HasPrefix(string(c), tc.call) {
@@ -475,7 +452,7 @@ func TestReconcilerReadFailureForcesFull(t *testing.T) {
 				}
 				return nil
 			})
-			r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.1.3:8080")))
+			r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.1.3:8080")))
 			if _, err := r.Sync(false); !errors.Is(err, tc.err) {
 				t.Fatalf("Sync = %v, want %v", err, tc.err)
 			}
@@ -514,11 +491,11 @@ func created(p *model.ServicePlan, minute int) *model.ServicePlan {
 // it to the first in name order.)
 func TestReconcilerConflict(t *testing.T) {
 	older := func() *model.ServicePlan {
-		return created(plan(svcB, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")), 1)
+		return created(modeltest.Plan(svcB, modeltest.VS(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")), 1)
 	}
 	younger := func() *model.ServicePlan {
-		return created(plan(svcA, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080"),
-			vsPlan(model.KindExternalIP, "172.20.0.5:81", "rr", "10.0.1.2:8081")), 2)
+		return created(modeltest.Plan(svcA, modeltest.VS(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080"),
+			modeltest.VS(model.KindExternalIP, "172.20.0.5:81", "rr", "10.0.1.2:8081")), 2)
 	}
 	held := []string{"172.20.0.5:80/TCP rr", "  -> 10.0.2.2:8080 w=1", "172.20.0.5:81/TCP rr", "  -> 10.0.1.2:8081 w=1"}
 	for _, order := range []string{"younger first", "older first"} {
@@ -541,7 +518,7 @@ func TestReconcilerConflict(t *testing.T) {
 				t.Errorf("conflict changes (-want +got):\n%s", diff)
 			}
 			sa, _ := r.Status(svcA)
-			wantConflicts := []model.Conflict{{VirtualServer: vsKey("172.20.0.5:80", model.TCP), Holder: svcB, Loser: svcA}}
+			wantConflicts := []model.Conflict{{VirtualServer: modeltest.VSKey("172.20.0.5:80", model.TCP), Holder: svcB, Loser: svcA}}
 			if diff := cmp.Diff(wantConflicts, sa.Conflicts, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 				t.Errorf("conflicts of the younger Service (-want +got):\n%s", diff)
 			}
@@ -592,11 +569,11 @@ func TestReconcilerClaimsMatchAssign(t *testing.T) {
 			var vss []model.VSPlan
 			for _, v := range vips {
 				if rnd.IntN(2) == 0 {
-					vss = append(vss, vsPlan(model.KindExternalIP, v, "rr", fmt.Sprintf("10.0.%d.%d:80", round%250, rnd.IntN(200)+1)))
+					vss = append(vss, modeltest.VS(model.KindExternalIP, v, "rr", fmt.Sprintf("10.0.%d.%d:80", round%250, rnd.IntN(200)+1)))
 				}
 			}
 			// Creation times collide often, so that names break ties.
-			p := created(plan(n, vss...), rnd.IntN(3))
+			p := created(modeltest.Plan(n, vss...), rnd.IntN(3))
 			r.SetPlan(n, p)
 			current[n] = p
 			if rnd.IntN(3) == 0 {
@@ -632,13 +609,13 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 	ct := &fake.Conntrack{}
 	r.SetConntrack(ct)
 	udp := func(rss ...string) model.VSPlan {
-		p := vsPlan(model.KindClusterIP, "10.96.0.10:53", "rr", rss...)
+		p := modeltest.VS(model.KindClusterIP, "10.96.0.10:53", "rr", rss...)
 		p.Protocol = model.UDP
 		return p
 	}
-	r.SetPlan(svcA, plan(svcA, udp("10.0.1.2:53", "10.0.2.2:53"), vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:80", "10.0.2.2:80")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, udp("10.0.1.2:53", "10.0.2.2:53"), modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:80", "10.0.2.2:80")))
 	mustSync(t, r, false)
-	r.SetPlan(svcA, plan(svcA, udp("10.0.2.2:53"), vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, udp("10.0.2.2:53"), modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
 	mustSync(t, r, false)
 	callsDiff(t, "conntrack calls", []string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53"}, ct.Calls())
 
@@ -646,7 +623,7 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 	// renumbered): the entries of flows to it, whatever their real
 	// server, go too, or a client keeping its port stays stuck on them
 	// when the address and port serve again.
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.2.2:80")))
 	mustSync(t, r, false)
 	callsDiff(t, "conntrack calls after the UDP virtual server is deleted",
 		[]string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53", "ClearUDP 10.96.0.10:53/UDP *"}, ct.Calls())
@@ -665,12 +642,12 @@ func TestReconcilerFailingHolderStaysFailing(t *testing.T) {
 		}
 		return nil
 	})
-	r.SetPlan(svcA, created(plan(svcA, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080"),
-		vsPlan(model.KindExternalIP, "172.20.0.5:81", "rr", "10.0.1.2:8081")), 1))
+	r.SetPlan(svcA, created(modeltest.Plan(svcA, modeltest.VS(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.1.2:8080"),
+		modeltest.VS(model.KindExternalIP, "172.20.0.5:81", "rr", "10.0.1.2:8081")), 1))
 	if _, err := r.Sync(true); !errors.Is(err, errBusy) {
 		t.Fatalf("first sync: %v, want the injected error", err)
 	}
-	r.SetPlan(svcB, created(plan(svcB, vsPlan(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")), 2))
+	r.SetPlan(svcB, created(modeltest.Plan(svcB, modeltest.VS(model.KindExternalIP, "172.20.0.5:80", "rr", "10.0.2.2:8080")), 2))
 	st, err := r.Sync(false)
 	if !errors.Is(err, errBusy) || !errors.Is(st.Failed[svcA], errBusy) {
 		t.Fatalf("sync of b's change: %v (failed %v), want a's failure again", err, st.Failed)
@@ -685,7 +662,7 @@ func TestReconcilerFailingHolderStaysFailing(t *testing.T) {
 // in between.
 func TestReconcilerOrphanRetry(t *testing.T) {
 	r, ipvs, links, clk := newClockedReconciler(t)
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
 	mustSync(t, r, true)
 	errBusy := errors.New("injected: busy")
 	ipvs.InjectErrors(func(c fake.Call) error {
@@ -701,7 +678,7 @@ func TestReconcilerOrphanRetry(t *testing.T) {
 	ipvs.InjectErrors(nil)
 	// Another Service's change before the retry is due.
 	clk.Step(500 * time.Millisecond)
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
 	mustSync(t, r, false)
 	if next := r.NextRetry(); !next.Equal(clk.Now().Add(500 * time.Millisecond)) {
 		t.Fatalf("next retry %v, want in 500ms", next)
@@ -738,14 +715,14 @@ func TestReconcilerAdoptsKubeProxy(t *testing.T) {
 	must(links.EnsureDummy("kube-ipvs0"))
 	for _, vip := range []string{"10.96.0.10", "10.96.0.99"} {
 		must(links.AddAddress("kube-ipvs0", netip.MustParseAddr(vip)))
-		k := vsKey(vip+":80", model.TCP)
+		k := modeltest.VSKey(vip+":80", model.TCP)
 		must(ipvs.AddVirtualServer(model.VirtualServer{VSKey: k, Scheduler: "rr"}))
 		must(ipvs.AddRealServer(k, model.RealServer{RSKey: model.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}, Weight: 1}))
 	}
-	must(ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("172.16.0.1:80", model.TCP), Scheduler: "wlc"}))
+	must(ipvs.AddVirtualServer(model.VirtualServer{VSKey: modeltest.VSKey("172.16.0.1:80", model.TCP), Scheduler: "wlc"}))
 	resetCalls(ipvs, links)
 
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
 	mustSync(t, r, false)
 	callsDiff(t, "ipvs writes of the takeover", []string{"DeleteVirtualServer 10.96.0.99:80/TCP"}, ipvs.Writes())
 	callsDiff(t, "link writes of the takeover", []string{"EnsureDummy ipvs-proxy0", "AddAddress ipvs-proxy0 10.96.0.10"}, links.Writes())
@@ -763,7 +740,7 @@ func TestReconcilerSlicedResync(t *testing.T) {
 	names := make([]types.NamespacedName, 5)
 	for i := range names {
 		names[i] = types.NamespacedName{Namespace: "ns", Name: fmt.Sprintf("svc-%d", i+1)}
-		r.SetPlan(names[i], plan(names[i], vsPlan(model.KindClusterIP, fmt.Sprintf("10.96.0.%d:80", i+1), "rr", fmt.Sprintf("10.0.1.%d:8080", i+1))))
+		r.SetPlan(names[i], modeltest.Plan(names[i], modeltest.VS(model.KindClusterIP, fmt.Sprintf("10.96.0.%d:80", i+1), "rr", fmt.Sprintf("10.0.1.%d:8080", i+1))))
 	}
 	if st := mustSync(t, r, true); !st.Full || st.ResyncLeft != 0 || r.Resyncing() {
 		t.Fatalf("the first sync is full and whole: %+v", st)
@@ -772,9 +749,9 @@ func TestReconcilerSlicedResync(t *testing.T) {
 	// Drift by hand in the first, second and last slices.
 	rs := func(a string) model.RSKey { return model.RSKey{Address: netip.MustParseAddr(a), Port: 8080} }
 	for _, err := range []error{
-		ipvs.DeleteRealServer(vsKey("10.96.0.1:80", model.TCP), rs("10.0.1.1")),
-		ipvs.UpdateRealServer(vsKey("10.96.0.3:80", model.TCP), model.RealServer{RSKey: rs("10.0.1.3"), Weight: 7}),
-		ipvs.DeleteRealServer(vsKey("10.96.0.5:80", model.TCP), rs("10.0.1.5")),
+		ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", model.TCP), rs("10.0.1.1")),
+		ipvs.UpdateRealServer(modeltest.VSKey("10.96.0.3:80", model.TCP), model.RealServer{RSKey: rs("10.0.1.3"), Weight: 7}),
+		ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.5:80", model.TCP), rs("10.0.1.5")),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -802,7 +779,7 @@ func TestReconcilerSlicedResync(t *testing.T) {
 	}
 	// A change to a Service of the last slice comes: the next sync applies
 	// it with the second slice.
-	r.SetPlan(names[4], plan(names[4], vsPlan(model.KindClusterIP, "10.96.0.5:80", "rr", "10.0.1.5:8080", "10.0.2.5:8080")))
+	r.SetPlan(names[4], modeltest.Plan(names[4], modeltest.VS(model.KindClusterIP, "10.96.0.5:80", "rr", "10.0.1.5:8080", "10.0.2.5:8080")))
 	step("change + slice 2", false, 1, []string{
 		"UpdateRealServer 10.96.0.3:80/TCP 10.0.1.3:8080 w=1",
 		"AddRealServer 10.96.0.5:80/TCP 10.0.1.5:8080 w=1",
@@ -823,7 +800,7 @@ func TestReconcilerSlicedResync(t *testing.T) {
 }
 
 // TestReconcilerResyncReadOffLoop: the periodic resync's read made off the
-// loop (StartResyncRead) is adopted by the next full sync with the loop's
+// loop (StartResyncRead, its read run) is adopted by the next full sync with the loop's
 // own view of what it wrote since the read began: drift from before the
 // read is repaired, what the loop wrote meanwhile is neither written again
 // nor judged by the older read (read alone instead). A read older than an
@@ -836,33 +813,32 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 	}
 	r.SetResyncReader(ipvs, links) // the same kernel, as a second handle sees it
 	svcC := types.NamespacedName{Namespace: "default", Name: "c"}
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.1:80", "rr", "10.0.1.1:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.2:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.1:80", "rr", "10.0.1.1:8080")))
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.2:80", "rr", "10.0.1.2:8080")))
 	if _, ok := r.StartResyncRead(); ok {
 		t.Fatal("a read off the loop began before the first full sync")
 	}
 	mustSync(t, r, true)
 
 	// Drift by hand, then the read, then changes written by the loop.
-	if err := ipvs.DeleteRealServer(vsKey("10.96.0.1:80", model.TCP), model.RSKey{Address: netip.MustParseAddr("10.0.1.1"), Port: 8080}); err != nil {
+	if err := ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", model.TCP), model.RSKey{Address: netip.MustParseAddr("10.0.1.1"), Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
-	read, ok := r.StartResyncRead()
+	run, ok := r.StartResyncRead()
 	if !ok {
 		t.Fatal("no read off the loop")
 	}
 	if _, again := r.StartResyncRead(); again {
 		t.Error("a second read off the loop began while one runs")
 	}
-	kr := read()
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.2:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
-	r.SetPlan(svcC, plan(svcC, vsPlan(model.KindClusterIP, "10.96.0.3:80", "rr", "10.0.1.3:8080")))
+	run()
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.2:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")))
+	r.SetPlan(svcC, modeltest.Plan(svcC, modeltest.VS(model.KindClusterIP, "10.96.0.3:80", "rr", "10.0.1.3:8080")))
 	st := mustSync(t, r, false)
 	if st.Writes != 4 {
 		t.Fatalf("the changes made %d writes, want 4", st.Writes)
 	}
 	resetCalls(ipvs, links)
-	r.OfferRead(kr)
 	st = mustSync(t, r, true)
 	callsDiff(t, "adopted resync: IPVS writes", []string{"AddRealServer 10.96.0.1:80/TCP 10.0.1.1:8080 w=1"}, ipvs.Writes())
 	callsDiff(t, "adopted resync: IPVS reads", []string{"ListRealServers 10.96.0.2:80/TCP", "ListRealServers 10.96.0.3:80/TCP"}, ipvs.Reads())
@@ -873,20 +849,19 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 
 	// A read older than a full read in the loop (the interface was
 	// removed meanwhile) is dropped.
-	read, ok = r.StartResyncRead()
+	run, ok = r.StartResyncRead()
 	if !ok {
 		t.Fatal("no second read off the loop")
 	}
-	kr = read()
+	run()
 	r.RequestFull()
 	mustSync(t, r, false)
-	r.OfferRead(kr)
 	resetCalls(ipvs, links)
 	mustSync(t, r, true)
 	callsDiff(t, "after a stale read: IPVS reads", []string{"ListVirtualServers", "ListAllRealServers"}, ipvs.Reads())
 
 	// A failed read off the loop: the resync reads in the loop.
-	read, ok = r.StartResyncRead()
+	run, ok = r.StartResyncRead()
 	if !ok {
 		t.Fatal("no third read off the loop")
 	}
@@ -898,8 +873,7 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 		}
 		return err
 	})
-	kr = read()
-	r.OfferRead(kr)
+	run()
 	resetCalls(ipvs, links)
 	mustSync(t, r, true)
 	callsDiff(t, "after a failed read: IPVS reads", []string{"ListVirtualServers", "ListAllRealServers"}, ipvs.Reads())
@@ -926,8 +900,8 @@ func TestReconcilerTimesBinding(t *testing.T) {
 		clk.Step(time.Millisecond)
 		return nil
 	})
-	r.SetPlan(svcA, plan(svcA, vsPlan(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
-	r.SetPlan(svcB, plan(svcB, vsPlan(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.11:80", "rr", "10.0.1.3:8080")))
 	st, err := r.Sync(false)
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,7 @@
 //	vmagent netns exec NAME -- COMMAND [ARG...]
 //	vmagent serve [--netns NAME] --name be1 --port 8080 [--tcp] [--udp]
 //	vmagent hit [--netns NAME] --proto tcp|udp --addr 10.96.0.10:80 [--n 6] [--timeout 2s]
-//	vmagent hold [--netns NAME] [--proto tcp|udp] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s]
+//	vmagent hold [--netns NAME] [--proto tcp|udp] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s] [--reset]
 //	vmagent conntrack [--port 30080]
 //
 // serve runs in the foreground (start it as a background process), prints
@@ -54,7 +54,7 @@ const usage = `usage:
   vmagent netns exec NAME -- COMMAND [ARG...]
   vmagent serve [--netns NAME] --name NAME --port PORT [--tcp] [--udp]
   vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
-  vmagent hold [--netns NAME] [--proto tcp|udp] --addr HOST:PORT [--interval DURATION] [--timeout DURATION]
+  vmagent hold [--netns NAME] [--proto tcp|udp] --addr HOST:PORT [--interval DURATION] [--timeout DURATION] [--reset]
   vmagent http [--timeout DURATION] [--cacert FILE] URL
   vmagent conntrack [--port PORT]
 `
@@ -275,6 +275,7 @@ func holdCmd(args []string, stdout io.Writer) error {
 	fs.DurationVar(&c.Interval, "interval", 200*time.Millisecond, "pause between questions")
 	fs.DurationVar(&c.Timeout, "timeout", nettest.DefaultHitTimeout, "timeout of the connect and of each answer")
 	fs.IntVar(&c.SourcePort, "source-port", 0, "local port of the flow (0: any); a TCP flow ends with a reset")
+	fs.BoolVar(&c.Reset, "reset", false, "end a TCP connection with a reset when stopped, not a FIN")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

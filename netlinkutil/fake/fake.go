@@ -80,6 +80,21 @@ func (f *IPVS) SetSchedulers(names ...string) {
 	}
 }
 
+// SetConns sets the connection counts that the kernel keeps for a real
+// server (IPVS's ActiveConn and InActConn), as traffic would; the List
+// calls report them. It fails when the real server is not in the table.
+func (f *IPVS) SetConns(vs model.VSKey, rs model.RSKey, active, inactive int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur, ok := f.rs[vs][rs]
+	if !ok {
+		return fmt.Errorf("set connections of %s %s: %w", vs, rs, unix.ENOENT)
+	}
+	cur.ActiveConns, cur.InactiveConns = active, inactive
+	f.rs[vs][rs] = cur
+	return nil
+}
+
 // knows reports whether the fake kernel has the scheduler. Callers hold f.mu.
 func (f *IPVS) knows(sched string) bool {
 	return sched != "" && (f.schedulers == nil || f.schedulers[sched])
@@ -417,7 +432,9 @@ func (f *IPVS) updateRealServer(vs model.VSKey, rs model.RealServer) error {
 	if _, ok := m[rs.RSKey]; !ok {
 		return fmt.Errorf("update destination %s: %w", rs.RSKey, unix.ENOENT)
 	}
-	m[rs.RSKey] = model.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
+	cur := m[rs.RSKey] // the kernel keeps a destination's connections
+	cur.Weight = rs.Weight
+	m[rs.RSKey] = cur
 	return nil
 }
 

@@ -52,7 +52,7 @@ func WrapIPVS(inner netlinkutil.IPVS, fn ErrorFunc) *FaultyIPVS {
 
 func (f *FaultyIPVS) injected(w netlinkutil.Write) error {
 	if err := f.inject(WriteCall(w)); err != nil {
-		return w.Wrap(err)
+		return netlinkutil.WrapWrite(w, err)
 	}
 	return nil
 }

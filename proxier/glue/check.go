@@ -26,11 +26,10 @@ var _ proxier.BackgroundConsumer = (*Glue)(nil)
 
 // checkResult is what a check read.
 type checkResult struct {
-	gen   uint64
 	sets  map[setID]setRead
 	saved map[ipset.Family]savedRead
-	// setRead and rulesRead are the reads' times; took the whole check's.
-	setRead, rulesRead, took time.Duration
+	// setRead and rulesRead are the reads' times.
+	setRead, rulesRead time.Duration
 }
 
 type setRead struct {
@@ -49,7 +48,7 @@ func (g *Glue) SetWake(wake func()) { g.wake = wake }
 
 // Pending implements proxier.BackgroundConsumer: a check's read is done
 // and waits for a sync to apply it.
-func (g *Glue) Pending() bool { return len(g.checks) > 0 }
+func (g *Glue) Pending() bool { return g.check.Done() }
 
 // startCheck starts reading the served families' sets and rules off the
 // loop; from now on the Syncer records what the loop writes to the sets.
@@ -60,50 +59,39 @@ func (g *Glue) startCheck() {
 		names[i] = id.name()
 	}
 	g.syncer.Track(names...)
-	g.gen++
-	g.checkGen, g.checking = g.gen, true
-	res := checkResult{gen: g.gen, sets: map[setID]setRead{}, saved: map[ipset.Family]savedRead{}}
-	sets, wake := g.sets, g.wake
+	sets, clk := g.sets, g.clock
 	ipt := map[ipset.Family]*IPTables{}
 	for _, fam := range g.families() {
 		ipt[fam] = g.ipt[fam] // nil: syncRules reports the missing tools
 	}
-	go func() {
-		start := time.Now()
+	g.check.Start(func() checkResult {
+		res := checkResult{sets: map[setID]setRead{}, saved: map[ipset.Family]savedRead{}}
+		start := clk.Now()
 		for _, id := range ids {
 			s, err := sets.List(id.name())
 			res.sets[id] = setRead{s, err}
 		}
-		res.setRead = time.Since(start)
+		res.setRead = clk.Since(start)
 		for fam, t := range ipt {
 			if t != nil {
 				saved, err := t.Save(context.Background())
 				res.saved[fam] = savedRead{saved, err}
 			}
 		}
-		res.took = time.Since(start)
-		res.rulesRead = res.took - res.setRead
-		g.checks <- res
-		wake()
-	}()
+		res.rulesRead = clk.Since(start) - res.setRead
+		return res
+	}, g.wake)
 }
 
 // applyCheck repairs what a finished check found, if one is there and
 // still wanted (a full sync in the loop since makes it stale).
 func (g *Glue) applyCheck(st *Stats) []error {
-	var res checkResult
-	select {
-	case res = <-g.checks:
-		g.checking = false
-	default:
+	res, took, ok := g.check.Take()
+	if !ok {
 		return nil
 	}
-	if res.gen != g.checkGen {
-		return nil
-	}
-	g.checkGen = 0
 	st.Checked = true
-	st.CheckSetRead, st.CheckRulesRead, st.CheckTook = res.setRead, res.rulesRead, res.took
+	st.CheckSetRead, st.CheckRulesRead, st.CheckTook = res.setRead, res.rulesRead, took
 	var errs []error
 	added, deleted := st.Added, st.Deleted
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
@@ -117,9 +105,9 @@ func (g *Glue) applyCheck(st *Stats) []error {
 		delete(g.dirty, id)
 	}
 	st.CheckAdded, st.CheckDeleted = st.Added-added, st.Deleted-deleted
-	rulesStart := time.Now()
+	rulesStart := g.clock.Now()
 	n, err := g.syncRules(false, res.saved)
-	st.RulesTime += time.Since(rulesStart)
+	st.RulesTime += g.clock.Since(rulesStart)
 	st.Restores += n
 	if err != nil {
 		errs = append(errs, err)

@@ -28,6 +28,7 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
@@ -57,6 +58,8 @@ type Config struct {
 	MasqueradeAll bool
 	// IPv4 and IPv6 are the families served.
 	IPv4, IPv6 bool
+	// Clock is the proxier's clock (Config.Clock); default the real one.
+	Clock clock.PassiveClock
 }
 
 // Glue programs the iptables glue. It is a proxier.Consumer and, like the
@@ -68,6 +71,7 @@ type Glue struct {
 	ipt    map[ipset.Family]*IPTables
 	links  netlinkutil.Links
 	log    *zap.Logger
+	clock  clock.PassiveClock
 
 	plans   map[types.NamespacedName]*model.ServicePlan
 	contrib map[types.NamespacedName]held
@@ -84,27 +88,25 @@ type Glue struct {
 
 	// A periodic full sync reads the kernel off the sync loop (see
 	// check.go): wake asks the loop for a sync when the read is done (nil:
-	// full syncs run whole in the loop), checks hands the read over,
-	// checking is set while a read runs and checkGen is the generation
-	// whose result is still wanted (0: none).
-	wake     func()
-	checks   chan checkResult
-	checking bool
-	gen      uint64
-	checkGen uint64
+	// full syncs run whole in the loop), check is that read.
+	wake  func()
+	check *proxier.OffLoop[checkResult]
 }
 
 var _ proxier.Consumer = (*Glue)(nil)
 
 // New returns the glue. ipt holds the iptables tools of each served family.
 func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links netlinkutil.Links, log *zap.Logger) *Glue {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	g := &Glue{
-		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log,
+		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log, clock: cfg.Clock,
 		plans:   map[types.NamespacedName]*model.ServicePlan{},
 		contrib: map[types.NamespacedName]held{},
 		refs:    map[setID]refCounts{},
 		dirty:   map[setID]map[ipset.Entry]struct{}{},
-		checks:  make(chan checkResult, 1),
+		check:   proxier.NewOffLoop[checkResult](cfg.Clock),
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
 		g.refs[id] = refCounts{}
@@ -278,7 +280,7 @@ func (g *Glue) background(full bool) bool {
 
 // SyncStats is Sync, returning what it did.
 func (g *Glue) SyncStats(full bool) (Stats, error) {
-	start := time.Now()
+	start := g.clock.Now()
 	first := !g.synced
 	background := g.background(full)
 	full = full || first
@@ -289,18 +291,13 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		if err := g.refreshNodeAddresses(&st); err != nil {
 			errs = append(errs, err)
 		}
-		st.AddressTime = time.Since(start)
+		st.AddressTime = g.clock.Since(start)
 	}
 	if inLoop {
 		g.syncer.Forget()
-		g.checkGen = 0 // a check under way is of no use now
-		select {
-		case <-g.checks: // one done is dropped
-			g.checking = false
-		default:
-		}
+		g.check.Drop() // a check under way is of no use now
 	}
-	setsStart := time.Now()
+	setsStart := g.clock.Now()
 	// Sets first: the rules refer to them, and iptables-restore fails on a
 	// missing set.
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
@@ -322,12 +319,12 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		}
 		delete(g.dirty, id)
 	}
-	st.SetWriteTime = time.Since(setsStart) - st.SetReadTime
+	st.SetWriteTime = g.clock.Since(setsStart) - st.SetReadTime
 	if inLoop {
-		rulesStart := time.Now()
+		rulesStart := g.clock.Now()
 		n, err := g.syncRules(first, nil)
 		st.Restores += n
-		st.RulesTime = time.Since(rulesStart)
+		st.RulesTime = g.clock.Since(rulesStart)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -341,7 +338,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		}
 	} else {
 		errs = append(errs, g.applyCheck(&st)...)
-		if background && !g.checking {
+		if background && !g.check.Running() {
 			g.startCheck()
 			st.CheckStarted = true
 		}
@@ -351,7 +348,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		g.synced = true
 	}
 	g.failed = err != nil
-	st.Duration = time.Since(start)
+	st.Duration = g.clock.Since(start)
 	return st, err
 }
 

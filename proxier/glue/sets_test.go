@@ -11,6 +11,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 var (
@@ -23,10 +24,7 @@ var (
 func vs(kind model.AddressKind, a string, proto model.Protocol, port uint16, rss ...string) model.VSPlan {
 	p := model.VSPlan{VirtualServer: model.VirtualServer{
 		VSKey: model.VSKey{Address: addr(a), Protocol: proto, Port: port}, Scheduler: "rr"}, Kind: kind}
-	for _, r := range rss {
-		ap := netip.MustParseAddrPort(r)
-		p.RealServers = append(p.RealServers, model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1})
-	}
+	p.RealServers = modeltest.RSs(rss...)
 	return p
 }
 

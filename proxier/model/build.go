@@ -534,18 +534,27 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 	inClusterOnly := false
 	if local {
 		pool = b.onNode(cands)
-		selected = buildUsable(pool)
+		selected, _ = buildUsable(pool)
 		if a.kind.External() && len(selected) == 0 {
 			// No usable endpoint here: traffic from outside the cluster
 			// finds none (the glue drops it), in-cluster clients get
 			// every endpoint, as from a Cluster policy.
 			inClusterOnly = true
 			pool = cands
-			selected = b.topology(buildUsable(cands))
+			var fallback bool
+			if selected, fallback = buildUsable(cands); !fallback {
+				selected = b.topology(selected)
+			}
 		}
 	} else {
 		pool = cands
-		selected = b.topology(buildUsable(cands))
+		var fallback bool
+		if selected, fallback = buildUsable(cands); !fallback {
+			// Hints narrow the ready endpoints only: with none ready
+			// anywhere, every serving terminating endpoint is the last
+			// resort, hints or not (as kube-proxy does).
+			selected = b.topology(selected)
+		}
 	}
 	chosen := make(map[RSKey]bool, len(selected))
 	for _, c := range selected {
@@ -563,6 +572,12 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 			// the slice (deleting the real server would cut them, since
 			// expire_nodest_conn=1).
 			rss = append(rss, RealServer{RSKey: c.key, Weight: 0})
+		case !c.ready:
+			// Not serving (failing readiness, or terminating and done
+			// serving) but still in a slice: marked Drain, the real
+			// server is kept at weight 0 only while the kernel counts
+			// connections on it (see Diff), never added.
+			rss = append(rss, RealServer{RSKey: c.key, Weight: 0, Drain: true})
 		}
 	}
 	if len(rss) == 0 {
@@ -626,12 +641,12 @@ func buildFilter(cs []buildCandidate, keep func(buildCandidate) bool) []buildCan
 }
 
 // buildUsable returns the ready endpoints or, when none is ready, the serving
-// terminating ones.
-func buildUsable(cs []buildCandidate) []buildCandidate {
+// terminating ones (fallback set).
+func buildUsable(cs []buildCandidate) (usable []buildCandidate, fallback bool) {
 	if ready := buildFilter(cs, func(c buildCandidate) bool { return c.ready }); len(ready) > 0 {
-		return ready
+		return ready, false
 	}
-	return buildFilter(cs, func(c buildCandidate) bool { return c.serving && c.terminating })
+	return buildFilter(cs, func(c buildCandidate) bool { return c.serving && c.terminating }), true
 }
 
 // onNode returns the endpoints on this node (Local traffic policy).
@@ -642,7 +657,7 @@ func (b *planBuilder) onNode(cs []buildCandidate) []buildCandidate {
 	return buildFilter(cs, func(c buildCandidate) bool { return c.nodeName == b.node.Name })
 }
 
-// topology narrows the usable endpoints of a Cluster traffic policy path by
+// topology narrows the ready endpoints of a Cluster traffic policy path by
 // the hints the EndpointSlice controller sets for trafficDistribution and
 // Topology Aware Routing: node hints, else zone hints, and only when every
 // endpoint has such hints and some are for this node or its zone. Otherwise

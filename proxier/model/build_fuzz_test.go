@@ -465,7 +465,9 @@ func checkFuzzPlan(t *testing.T, w *fuzzWorld, svc *corev1.Service, plan *model.
 				fail(vs, "real server %s is no endpoint of a slice of its family", rs)
 			case rs.Weight == 1 && !info.usable:
 				fail(vs, "real server %s serves but its endpoint is neither ready nor serving and terminating", rs)
-			case rs.Weight == 0 && !info.draining:
+			case rs.Drain && (rs.Weight != 0 || info.usable):
+				fail(vs, "real server %s is marked drain but its weight is not 0 or its endpoint is ready or serving and terminating", rs)
+			case rs.Weight == 0 && !rs.Drain && !info.draining:
 				fail(vs, "real server %s drains but its endpoint is not serving and terminating", rs)
 			case vs.Local && !vs.InClusterOnly && !info.onNode:
 				fail(vs, "real server %s of a Local traffic policy is not on node %q", rs, w.node.Name)
@@ -579,6 +581,9 @@ func checkFuzzAssign(t *testing.T, w *fuzzWorld, plans []*model.ServicePlan) {
 		h := d.VirtualServers[k]
 		want = append(want, model.Op{Kind: model.OpAddVirtualServer, Service: h.Service, VirtualServer: h.VirtualServer})
 		for _, rs := range h.RealServers {
+			if rs.Drain {
+				continue // never added
+			}
 			want = append(want, model.Op{Kind: model.OpAddRealServer, Service: h.Service, VirtualServer: h.VirtualServer, RealServer: rs})
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -197,26 +198,12 @@ func forNodes(ns ...string) epOpt {
 // ---- expected plans ----
 
 // vs is an expected virtual server "addr:port" with the default scheduler
-// and real servers "addr:port", weight 1, or "addr:port@0", weight 0
-// (draining).
+// and real servers "addr:port", weight 1, "addr:port@0", weight 0
+// (draining), or "addr:port@d", weight 0 marked Drain (not serving: kept
+// only while the kernel counts connections on it).
 func vs(kind model.AddressKind, addrPort string, proto model.Protocol, portName string, rss ...string) model.VSPlan {
-	ap := netip.MustParseAddrPort(addrPort)
-	v := model.VSPlan{
-		VirtualServer: model.VirtualServer{
-			VSKey:     model.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()},
-			Scheduler: "rr",
-		},
-		Kind:     kind,
-		PortName: portName,
-	}
-	for _, r := range rss {
-		weight := 1
-		if a, ok := strings.CutSuffix(r, "@0"); ok { // draining
-			r, weight = a, 0
-		}
-		rp := netip.MustParseAddrPort(r)
-		v.RealServers = append(v.RealServers, model.RealServer{RSKey: model.RSKey{Address: rp.Addr(), Port: rp.Port()}, Weight: weight})
-	}
+	v := modeltest.VS(kind, addrPort, "rr", rss...)
+	v.Protocol, v.PortName = proto, portName
 	return v
 }
 
@@ -483,8 +470,11 @@ func TestBuild(t *testing.T) {
 			svc:  svc(),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1"), ep("10.1.0.2", notReady), ep("10.1.0.3", terminating), ep("10.1.0.4", readyButTrm), ep("10.1.0.5", dying))),
-			// 10.1.0.3 drains: weight 0 keeps its connections, takes no new ones.
-			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.3:8080@0", "10.1.0.4:8080")),
+			// 10.1.0.3 drains: weight 0 keeps its connections, takes no new
+			// ones. 10.1.0.2 and 10.1.0.5 do not serve: weight 0, kept only
+			// while busy.
+			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080@d", "10.1.0.3:8080@0",
+				"10.1.0.4:8080", "10.1.0.5:8080@d")),
 		},
 		{
 			name:   "nil ready means ready",
@@ -497,13 +487,23 @@ func TestBuild(t *testing.T) {
 			svc:  svc(),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", notReady), ep("10.1.0.2", terminating), ep("10.1.0.3", dying))),
-			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080")),
+			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080@d", "10.1.0.2:8080", "10.1.0.3:8080@d")),
 		},
 		{
-			name:   "none usable: virtual server without real servers",
+			name:   "none usable: virtual server with no serving real server",
 			svc:    svc(),
 			slices: slices(slice4("web-1", http8080, ep("10.1.0.1", notReady), ep("10.1.0.3", dying))),
-			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http")),
+			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080@d", "10.1.0.3:8080@d")),
+		},
+		{
+			// Not serving: failing readiness (serving false, terminating
+			// unset), terminating and not serving, and not ready though
+			// serving (no state the API gives a live pod).
+			name: "not-serving endpoints of every kind are marked drain",
+			svc:  svc(),
+			slices: slices(slice4("web-1", http8080,
+				ep("10.1.0.1"), ep("10.1.0.2", conds(no, no, nil)), ep("10.1.0.3", dying), ep("10.1.0.4", conds(no, yes, no)))),
+			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080@d", "10.1.0.3:8080@d", "10.1.0.4:8080@d")),
 		},
 		{
 			name: "no slices at all",
@@ -572,12 +572,16 @@ func TestBuild(t *testing.T) {
 			svc: svc(etpLocal, typ(corev1.ServiceTypeLoadBalancer), ports(port("http", "TCP", 80, 30080)),
 				externalIPs("203.0.113.5"), ingress(lbIP("198.51.100.1"))),
 			slices: slices(slice4("web-1", http8080,
-				ep("10.1.0.1", on("node-a")), ep("10.1.0.2", on("node-b")), ep("10.1.0.3", on("node-a"), notReady))),
+				ep("10.1.0.1", on("node-a")), ep("10.1.0.2", on("node-b")), ep("10.1.0.3", on("node-a"), notReady),
+				ep("10.1.0.4", on("node-b"), dying))),
+			// Not-serving endpoints are marked drain where they would have
+			// served: everywhere on the cluster IP, on this node's own
+			// endpoints on the Local virtual servers.
 			want: vss(
-				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080"),
-				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080")),
-				local(vs(lb, "198.51.100.1:80", tcp, "http", "10.1.0.1:8080")),
-				local(vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.1:8080")),
+				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080@d", "10.1.0.4:8080@d"),
+				local(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.1:8080", "10.1.0.3:8080@d")),
+				local(vs(lb, "198.51.100.1:80", tcp, "http", "10.1.0.1:8080", "10.1.0.3:8080@d")),
+				local(vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.1:8080", "10.1.0.3:8080@d")),
 			),
 			localEndpoints: 1,
 		},
@@ -592,10 +596,10 @@ func TestBuild(t *testing.T) {
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.2", on("node-b")), ep("10.1.0.3", on("node-c"), terminating), ep("10.1.0.4", on("node-a"), notReady))),
 			want: vss(
-				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0"),
-				inCluster(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0")),
-				inCluster(vs(lb, "198.51.100.1:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0")),
-				inCluster(vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0")),
+				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0", "10.1.0.4:8080@d"),
+				inCluster(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0", "10.1.0.4:8080@d")),
+				inCluster(vs(lb, "198.51.100.1:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0", "10.1.0.4:8080@d")),
+				inCluster(vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.2:8080", "10.1.0.3:8080@0", "10.1.0.4:8080@d")),
 			),
 			healthCheck: 32000,
 		},
@@ -604,8 +608,8 @@ func TestBuild(t *testing.T) {
 			svc:    svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
 			slices: slices(slice4("web-1", http8080, ep("10.1.0.4", on("node-a"), notReady))),
 			want: vss(
-				vs(ci, "10.96.0.10:80", tcp, "http"),
-				inCluster(vs(np, "192.168.1.10:30080", tcp, "http")),
+				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.4:8080@d"),
+				inCluster(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.4:8080@d")),
 			),
 		},
 		{
@@ -671,6 +675,17 @@ func TestBuild(t *testing.T) {
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", forNodes("node-b"), forZones("zone-a")), ep("10.1.0.2", forNodes("node-a"), forZones("zone-b")))),
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080")),
+		},
+		{
+			// No endpoint is ready anywhere: the fallback to the serving
+			// terminating ones is the last resort, and like kube-proxy it
+			// takes every one of them, whatever the hints say.
+			name: "hints ignored for the serving-terminating fallback",
+			svc:  svc(),
+			slices: slices(slice4("web-1", http8080,
+				ep("10.1.0.1", forZones("zone-a"), terminating), ep("10.1.0.2", forZones("zone-b"), terminating),
+				ep("10.1.0.3", forNodes("node-b"), forZones("zone-b"), terminating))),
+			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
 		},
 		{
 			name:   "hints ignored when some endpoint has none",

@@ -213,7 +213,9 @@ func (o Op) String() string {
 // in key order (added or updated with its real servers, or deleted), then
 // unbinds. An unwanted address is unbound only when no virtual server of
 // the kernel's stays on it. A virtual server in have whose real servers
-// were not read is treated as having none.
+// were not read is treated as having none. A wanted real server marked
+// Drain is never added: it is kept at weight 0 while have counts
+// connections on it, and deleted once it counts none (see Draining).
 func Diff(want Desired, have *Kernel, scope Scope) []Op {
 	keys, addrs := scope.Keys, scope.Addresses
 	if scope.All {
@@ -304,6 +306,9 @@ func diffVirtualServer(ops []Op, w Want, cur VirtualServer, inKernel bool, rss [
 	}
 	for _, rs := range w.RealServers {
 		old, ok := have[rs.RSKey]
+		if rs.Drain && (!ok || !old.Busy()) {
+			continue // never added; deleted (left in have) once idle
+		}
 		delete(have, rs.RSKey)
 		switch {
 		case !ok:
@@ -321,4 +326,19 @@ func diffVirtualServer(ops []Op, w Want, cur VirtualServer, inKernel bool, rss [
 		ops = append(ops, Op{Kind: OpDeleteRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
 	}
 	return ops
+}
+
+// Draining reports whether the kernel's real servers (rss) of a wanted
+// virtual server include one that w marks Drain and that is busy: Diff
+// keeps it, and it must be looked at again until its connections end.
+func Draining(w VSPlan, rss []RealServer) bool {
+	for _, rs := range w.RealServers {
+		if !rs.Drain {
+			continue
+		}
+		if i := slices.IndexFunc(rss, func(r RealServer) bool { return r.RSKey == rs.RSKey }); i >= 0 && rss[i].Busy() {
+			return true
+		}
+	}
+	return false
 }

@@ -10,24 +10,19 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 // dvs is a virtual server "addr:port" (TCP) with a scheduler.
 func dvs(addrPort, sched string) model.VirtualServer {
-	ap := netip.MustParseAddrPort(addrPort)
-	return model.VirtualServer{VSKey: model.VSKey{Address: ap.Addr(), Protocol: model.TCP, Port: ap.Port()}, Scheduler: sched}
+	return model.VirtualServer{VSKey: modeltest.VSKey(addrPort, model.TCP), Scheduler: sched}
 }
 
-// drs parses "addr:port" (weight 1) or "addr:port@w".
-func drs(s string) model.RealServer {
-	w := 1
-	if a, wt, ok := strings.Cut(s, "@"); ok {
-		s = a
-		w = int(wt[0] - '0')
-	}
-	ap := netip.MustParseAddrPort(s)
-	return model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: w}
-}
+// drs parses a real server as modeltest.RS does: "addr:port" (weight 1),
+// "addr:port@w", "addr:port@d" (weight 0, marked Drain), each optionally
+// followed by the kernel's connection counts "#active" or
+// "#active.inactive".
+var drs = modeltest.RS
 
 func want(svc string, kind model.AddressKind, vs model.VirtualServer, rss ...string) model.Want {
 	ns, name, _ := strings.Cut(svc, "/")
@@ -135,6 +130,64 @@ func TestDiff(t *testing.T) {
 				"add-real-server 10.96.0.10:80/TCP 10.0.3.2:8080 w=1 [ns/a]",
 				"delete-real-server 10.96.0.10:80/TCP 10.0.2.2:8080 [ns/a]",
 			},
+		},
+		{
+			name: "a not-serving endpoint the kernel does not hold is never added",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080", "10.0.2.2:8080@d")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080"}}),
+			scope: all,
+			ops:   []string{},
+		},
+		{
+			name:  "a new virtual server gets its serving real servers only",
+			want:  desired([]string{"10.96.0.10"}, want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080@d", "10.0.2.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}),
+			scope: all,
+			ops: []string{
+				"add-virtual-server 10.96.0.10:80/TCP rr [ns/a]",
+				"add-real-server 10.96.0.10:80/TCP 10.0.2.2:8080 w=1 [ns/a]",
+			},
+		},
+		{
+			name: "a busy real server whose endpoint stops serving goes to weight 0",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080@d", "10.0.2.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080#2", "10.0.2.2:8080"}}),
+			scope: all,
+			ops:   []string{"update-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 w=0 drain (was w=1) [ns/a]"},
+		},
+		{
+			name: "a draining real server with inactive connections only (UDP flows, closing TCP) stays",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080@d", "10.0.2.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080@0#0.1", "10.0.2.2:8080"}}),
+			scope: all,
+			ops:   []string{},
+		},
+		{
+			name: "a draining real server goes when its connections end",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080@d", "10.0.2.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080@0", "10.0.2.2:8080"}}),
+			scope: all,
+			ops:   []string{"delete-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 [ns/a]"},
+		},
+		{
+			name: "an idle real server whose endpoint stops serving goes at once",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, vip, "10.0.1.2:8080@d", "10.0.2.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080", "10.0.2.2:8080"}}),
+			scope: all,
+			ops:   []string{"delete-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 [ns/a]"},
+		},
+		{
+			name: "a busy real server whose endpoint left the slices goes",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, vip, "10.0.2.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080@0#3.4", "10.0.2.2:8080"}}),
+			scope: all,
+			ops:   []string{"delete-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 [ns/a]"},
 		},
 		{
 			name:  "a scheduler change updates the virtual server in place",
@@ -263,6 +316,33 @@ func TestAssign(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.conflicts, got); diff != "" {
 				t.Errorf("conflicts (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestDraining(t *testing.T) {
+	vip := dvs("10.96.0.10:80", "rr")
+	for _, tc := range []struct {
+		name   string
+		want   []string
+		kernel []string
+		drains bool
+	}{
+		{"no drain marking", []string{"10.0.1.2:8080", "10.0.2.2:8080@0"}, []string{"10.0.1.2:8080#1", "10.0.2.2:8080@0#1"}, false},
+		{"marked, busy", []string{"10.0.1.2:8080@d", "10.0.2.2:8080"}, []string{"10.0.1.2:8080@0#1", "10.0.2.2:8080"}, true},
+		{"marked, inactive connections only", []string{"10.0.1.2:8080@d"}, []string{"10.0.1.2:8080@0#0.2"}, true},
+		{"marked, idle", []string{"10.0.1.2:8080@d", "10.0.2.2:8080"}, []string{"10.0.1.2:8080@0", "10.0.2.2:8080#5"}, false},
+		{"marked, not in the kernel", []string{"10.0.1.2:8080@d"}, []string{"10.0.2.2:8080#5"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := want("ns/a", model.KindClusterIP, vip, tc.want...)
+			var rss []model.RealServer
+			for _, r := range tc.kernel {
+				rss = append(rss, drs(r))
+			}
+			if got := model.Draining(w.VSPlan, rss); got != tc.drains {
+				t.Errorf("Draining = %v, want %v", got, tc.drains)
 			}
 		})
 	}

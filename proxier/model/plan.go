@@ -36,7 +36,9 @@ type VSPlan struct {
 	PortName string
 	// RealServers are sorted by address, then port. Weight 1 serves;
 	// weight 0 drains (a terminating endpoint that still serves while
-	// others are ready: no new connections, established ones go on).
+	// others are ready: no new connections, established ones go on);
+	// weight 0 marked Drain is an endpoint that no longer serves, kept in
+	// the kernel only while it has connections (see RealServer.Drain).
 	RealServers []RealServer
 	// Local is set when a Local traffic policy restricts this virtual
 	// server to the node's own endpoints (externalTrafficPolicy for

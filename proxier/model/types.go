@@ -115,14 +115,31 @@ func (k RSKey) String() string { return netip.AddrPortFrom(k.Address, k.Port).St
 type RealServer struct {
 	RSKey
 	Weight int
-	// Read-only counters filled by List calls.
+	// Drain marks a real server of a plan whose endpoint is in a slice but
+	// no longer serves (terminating with serving false, or failing
+	// readiness). Its weight is 0, and the kernel keeps it only while it
+	// is busy: Diff never adds it, keeps it (at weight 0) while the kernel
+	// counts connections on it, and deletes it once they reach 0, so that
+	// established connections end on their own terms (expire_nodest_conn
+	// would cut them at their next packet).
+	Drain bool
+	// Read-only counters filled by List calls: IPVS's ActiveConn and
+	// InActConn (UDP flows and closing TCP connections count as inactive).
 	ActiveConns   int
 	InactiveConns int
 }
 
+// Busy reports whether the kernel counts connections on the real server.
+func (r RealServer) Busy() bool { return r.ActiveConns+r.InactiveConns > 0 }
+
 // String shows the destination and its weight (a weight of 0 means
-// draining: no new connections).
-func (r RealServer) String() string { return fmt.Sprintf("%s w=%d", r.RSKey, r.Weight) }
+// draining: no new connections), and the Drain marking.
+func (r RealServer) String() string {
+	if r.Drain {
+		return fmt.Sprintf("%s w=%d drain", r.RSKey, r.Weight)
+	}
+	return fmt.Sprintf("%s w=%d", r.RSKey, r.Weight)
+}
 
 // Compare orders virtual servers by address, protocol, port.
 func (k VSKey) Compare(o VSKey) int {

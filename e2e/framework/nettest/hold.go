@@ -29,6 +29,10 @@ type HoldConfig struct {
 	// SourcePort, when not 0, is the flow's local port; a TCP flow then
 	// ends with a reset, leaving the port free at once (see dialFrom).
 	SourcePort int
+	// Reset ends a TCP connection with a reset (SO_LINGER 0) instead of a
+	// FIN when ctx ends: IPVS then forgets it after its CLOSE timeout
+	// (10 s) instead of the minutes of FIN_WAIT and TIME_WAIT.
+	Reset bool
 }
 
 // udpResend is how long a UDP flow waits for an answer before it sends
@@ -72,6 +76,11 @@ func Hold(ctx context.Context, c HoldConfig, out io.Writer) error {
 	}
 	if dialErr != nil {
 		return fail(dialErr)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok && c.Reset {
+		if err := tc.SetLinger(0); err != nil {
+			return fail(err)
+		}
 	}
 	defer conn.Close()
 	ask := askTCP(conn, timeout)

@@ -1,0 +1,168 @@
+package proxier
+
+// The view of the kernel: its reads, and the ownership rule applied to
+// them.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// readRealServers reads the destinations of the virtual servers in scope
+// that are wanted and in the kernel. It returns the reads that failed.
+func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want model.Desired) map[model.VSKey]error {
+	failed := map[model.VSKey]error{}
+	for _, k := range keys {
+		if _, wanted := want.VirtualServers[k]; !wanted {
+			continue
+		}
+		if _, ok := r.kernel.VirtualServers[k]; !ok {
+			continue
+		}
+		if _, read := r.kernel.RealServers[k]; read { // by a full sync's bulk read
+			continue
+		}
+		st.Reads++
+		rss, err := r.ipvs.ListRealServers(k)
+		if err != nil {
+			failed[k] = fmt.Errorf("read real servers of %s: %w", k, err)
+			continue
+		}
+		r.kernel.RealServers[k] = rss
+	}
+	return failed
+}
+
+// readKernel replaces the view of the kernel with one dump of virtual
+// servers and one of the interface's addresses.
+func (r *Reconciler) readKernel(st *SyncStats) error {
+	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
+		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
+	}
+	k, _, reads, err := ReadKernel(r.ipvs, r.links, r.own, r.claims.wanted)
+	st.Reads += reads
+	if err != nil {
+		return err
+	}
+	// The real servers of every virtual server in one read; one that
+	// appeared since the dump is read alone by readRealServers.
+	st.Reads++
+	all, err := r.ipvs.ListAllRealServers()
+	if err != nil {
+		return fmt.Errorf("read IPVS real servers: %w", err)
+	}
+	for key := range k.VirtualServers {
+		if rss, ok := all[key]; ok {
+			k.RealServers[key] = rss
+		}
+	}
+	r.kernel = k
+	return nil
+}
+
+// ReadKernel reads the part of the kernel that the ownership rule gives
+// ipvs-proxy, by one dump of the virtual servers and of the addresses of
+// its interface (and of the one it adopts): the owned virtual servers and
+// the addresses bound to its interface. wanted tells the virtual servers
+// that a Service wants, which are owned wherever they are. It returns the
+// view, the number of virtual servers left to others and the reads made.
+// Real servers are not read. The reconciler and `ipvs-proxy status` read
+// the kernel through it, so they own the same things.
+func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int, int, error) {
+	raw, reads, err := readRaw(ipvs, links, own)
+	if err != nil {
+		return nil, 0, reads, err
+	}
+	k, foreign := raw.view(own, wanted)
+	return k, foreign, reads, nil
+}
+
+// rawKernel is what ReadKernel reads, before the ownership rule picks
+// from it.
+type rawKernel struct {
+	vss                  []model.VirtualServer
+	bound, adopted, node []netip.Addr
+}
+
+// readRaw makes ReadKernel's reads. It uses no state of a Reconciler, so
+// that a periodic resync can make them off the loop.
+func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership) (rawKernel, int, error) {
+	var raw rawKernel
+	reads := 0
+	addresses := func(link string) ([]netip.Addr, error) {
+		reads++
+		all, err := links.ListAddresses(link)
+		if err != nil {
+			return nil, fmt.Errorf("list addresses of %s: %w", link, err)
+		}
+		// The kernel's own link-local address of the interface is not ours.
+		return slices.DeleteFunc(all, func(a netip.Addr) bool { return own.Excluded(a) || a.IsLinkLocalUnicast() }), nil
+	}
+	var err error
+	if raw.bound, err = addresses(own.Interface); err != nil {
+		return raw, reads, err
+	}
+	if own.Adopt != "" {
+		if raw.adopted, err = addresses(own.Adopt); err != nil {
+			return raw, reads, err
+		}
+	}
+	reads++
+	if raw.node, err = links.NodeAddresses(netlinkutil.ProxyInterfaces(own.Interface)...); err != nil {
+		return raw, reads, fmt.Errorf("list node addresses: %w", err)
+	}
+	reads++
+	if raw.vss, err = ipvs.ListVirtualServers(); err != nil {
+		return raw, reads, fmt.Errorf("list IPVS services: %w", err)
+	}
+	return raw, reads, nil
+}
+
+// view applies the ownership rule to what readRaw read: the owned virtual
+// servers (and those wanted) and the addresses bound to the interface, and
+// the number of virtual servers left to others.
+func (raw rawKernel) view(own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int) {
+	owned := map[netip.Addr]bool{}
+	for _, a := range raw.bound {
+		owned[a] = true
+	}
+	for _, a := range raw.adopted {
+		owned[a] = true // owned, though not (yet) on our interface
+	}
+	node := map[netip.Addr]bool{}
+	for _, a := range raw.node {
+		node[a] = true
+	}
+	mine := make([]model.VirtualServer, 0, len(raw.vss))
+	for _, vs := range raw.vss {
+		if own.Owns(vs.VSKey, owned[vs.Address], node[vs.Address]) || wanted(vs.VSKey) {
+			mine = append(mine, vs)
+		}
+	}
+	return model.NewKernel(mine, raw.bound), len(raw.vss) - len(mine)
+}
+
+// AddressesRemoved takes the addresses that the kernel reports removed
+// from the interface out of the view of the kernel, and returns how many
+// it took: those still wanted are bound again by the next sync, a partial
+// one. Removals of the reconciler's own unbinding find the view already
+// without them and are ignored.
+func (r *Reconciler) AddressesRemoved(addrs []netip.Addr) int {
+	n := 0
+	for _, a := range addrs {
+		if !r.kernel.Bound[a] {
+			continue
+		}
+		delete(r.kernel.Bound, a)
+		r.dirtyAddrs[a] = true
+		if r.resync.offLoop != nil {
+			r.resync.offLoop.addrs[a] = true
+		}
+		n++
+	}
+	return n
+}

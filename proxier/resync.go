@@ -1,0 +1,202 @@
+package proxier
+
+// The periodic full resync, in slices, and its kernel read off the loop.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// resyncState is the periodic full resync in progress: the virtual servers
+// it has still to check (left), in key order, when it read the kernel, and
+// the real servers its bulk read found for those not checked yet; and its
+// kernel read off the loop (StartResyncRead): its own handles, the read
+// (an in-loop read of the kernel drops it: it is older) and what the loop
+// wrote since it started.
+type resyncState struct {
+	left        []model.VSKey
+	start       time.Time
+	realServers map[model.VSKey][]model.RealServer
+
+	reader  *resyncReader
+	read    *OffLoop[*KernelRead]
+	offLoop *offLoopRead
+}
+
+// resyncReader holds the handles a read off the loop uses, apart from the
+// loop's own.
+type resyncReader struct {
+	ipvs  netlinkutil.IPVS
+	links netlinkutil.Links
+}
+
+// offLoopRead is a read off the loop in progress: the virtual servers and
+// addresses the loop wrote since it began, whose state in its result may
+// be older than the loop's view.
+type offLoopRead struct {
+	keys  map[model.VSKey]bool
+	addrs map[netip.Addr]bool
+}
+
+// KernelRead is the result of a read of the kernel made off the sync loop
+// for a periodic resync (see Reconciler.StartResyncRead).
+type KernelRead struct {
+	raw   rawKernel
+	rss   map[model.VSKey][]model.RealServer
+	reads int
+	took  time.Duration // set when it is taken
+	err   error
+}
+
+// Resyncing reports whether a periodic full resync is in progress: the
+// next syncs check its remaining virtual servers.
+func (r *Reconciler) Resyncing() bool { return len(r.resync.left) > 0 }
+
+// startResync lists every virtual server a sliced resync checks: those
+// the plans claim and those in the kernel's view just read.
+func (r *Reconciler) startResync(now time.Time) {
+	keys := make([]model.VSKey, 0, len(r.claims.byKey)+len(r.kernel.VirtualServers))
+	for k := range r.claims.byKey {
+		keys = append(keys, k)
+	}
+	for k := range r.kernel.VirtualServers {
+		if _, ok := r.claims.byKey[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, model.VSKey.Compare)
+	r.resync.left, r.resync.start = keys, now
+	// The bulk read's real servers serve the slices: kept for the
+	// resync's duration, each until its virtual server is in a sync's
+	// scope.
+	r.resync.realServers, r.kernel.RealServers = r.kernel.RealServers, map[model.VSKey][]model.RealServer{}
+}
+
+// takeResyncRealServers gives the sync the real servers that the running
+// resync's bulk read found for the virtual servers in its scope, as if
+// read now: nothing has written them since (a sync that writes one takes
+// its entry first). Those the read left out are read alone, and so are
+// those with a real server marked Drain: their connection counts, which
+// change without writes, decide whether it stays.
+func (r *Reconciler) takeResyncRealServers(keys []model.VSKey, want model.Desired) {
+	for _, k := range keys {
+		if rss, ok := r.resync.realServers[k]; ok {
+			delete(r.resync.realServers, k)
+			if w, wanted := want.VirtualServers[k]; wanted && slices.ContainsFunc(w.RealServers, func(rs model.RealServer) bool { return rs.Drain }) {
+				continue
+			}
+			r.kernel.RealServers[k] = rss
+		}
+	}
+	if len(r.resync.left) == 0 {
+		r.resync.realServers = nil
+	}
+}
+
+// SetResyncReader gives the reconciler handles of its own for the periodic
+// resync's kernel read, which StartResyncRead then makes off the loop.
+// They must not be the loop's handles: the read runs concurrently with
+// the loop's writes.
+func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Links) {
+	r.resync.reader = &resyncReader{ipvs: ipvs, links: links}
+}
+
+// StartResyncRead begins a periodic resync whose kernel read runs off the
+// loop, so that changes keep flowing while it reads: it returns the read,
+// to run on another goroutine; once it has run (ResyncReadDone), the next
+// full Sync adopts its result. It returns false, and the resync reads in
+// the loop as before, without a resync reader, before the first full
+// sync, when a full sync is due (a failed read: the loop's next sync
+// reads), while a resync or a read off the loop runs. From now until the
+// Sync that adopts the read, the loop's writes are noted: their virtual
+// servers and addresses keep the loop's view, not the read's older one.
+func (r *Reconciler) StartResyncRead() (run func(), ok bool) {
+	if r.resync.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync.left) > 0 ||
+		r.resync.offLoop != nil || r.resync.read.Running() {
+		return nil, false
+	}
+	reader, own := *r.resync.reader, r.own
+	run, ok = r.resync.read.Begin(func() *KernelRead {
+		kr := &KernelRead{}
+		kr.raw, kr.reads, kr.err = readRaw(reader.ipvs, reader.links, own)
+		if kr.err == nil {
+			kr.reads++
+			var err error
+			if kr.rss, err = reader.ipvs.ListAllRealServers(); err != nil {
+				kr.err = fmt.Errorf("read IPVS real servers: %w", err)
+			}
+		}
+		return kr
+	}, nil)
+	if ok {
+		r.resync.offLoop = &offLoopRead{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+	}
+	return run, ok
+}
+
+// ResyncReadDone reports whether a read off the loop has run: the next
+// full Sync takes its result (adopts it, or reads the kernel itself when
+// the read failed or an in-loop read made it stale).
+func (r *Reconciler) ResyncReadDone() bool { return r.resync.read.Done() }
+
+// takeOffered adopts the read off the loop, when it is done, still the
+// newest read of the kernel and succeeded, as the view of the kernel,
+// with the loop's own view of what it wrote since the read began, and
+// returns it; nil otherwise.
+func (r *Reconciler) takeOffered() *KernelRead {
+	ol := r.resync.offLoop
+	r.resync.offLoop = nil
+	kr, took, ok := r.resync.read.Take()
+	if !ok || ol == nil || !r.synced || r.full.due(r.clock.Now()) {
+		return nil
+	}
+	if kr.err != nil {
+		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
+		return nil
+	}
+	kr.took = took
+	k, _ := kr.raw.view(r.own, r.claims.wanted)
+	for key := range k.VirtualServers {
+		if rss, ok := kr.rss[key]; ok {
+			k.RealServers[key] = rss
+		}
+	}
+	for key := range ol.keys {
+		if vs, ok := r.kernel.VirtualServers[key]; ok {
+			k.PutVirtualServer(vs)
+		} else {
+			k.DeleteVirtualServer(key)
+		}
+		delete(k.RealServers, key) // read alone when its slice comes
+	}
+	for a := range ol.addrs {
+		if r.kernel.Bound[a] {
+			k.Bound[a] = true
+		} else {
+			delete(k.Bound, a)
+		}
+	}
+	r.kernel = k
+	return kr
+}
+
+// touched notes what ops write while a read off the loop runs.
+func (r *Reconciler) touched(ops []model.Op) {
+	if r.resync.offLoop == nil {
+		return
+	}
+	for _, op := range ops {
+		if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
+			r.resync.offLoop.addrs[op.Address] = true
+		} else {
+			r.resync.offLoop.keys[op.VirtualServer.VSKey] = true
+		}
+	}
+}
