@@ -533,11 +533,10 @@ func (p *preflight) wantedSysctls() []preflightSysctl {
 	if p.cfg.IPv6 {
 		want = append(slices.Clone(want), sysctls.IPv6Forwarding)
 	}
-	// conn_reuse_mode as run decides it; an unreadable release: no check.
-	if release, err := p.sys.sysctl("kernel/osrelease"); err == nil {
-		if w, err := sysctls.ForKernel(release, p.cfg.IPv6); err == nil {
-			want = w
-		}
+	// conn_reuse_mode as run decides it (the release from uname, as run
+	// reads it); an unknown release: no check.
+	if w, err := sysctls.ForKernel(p.sys.kernel, p.cfg.IPv6); err == nil {
+		want = w
 	}
 	for _, s := range want {
 		out = append(out, preflightSysctl{s.Name, s.Value, "run"})

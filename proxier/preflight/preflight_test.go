@@ -64,6 +64,7 @@ type fakeNode struct {
 	dummyErr error
 	ipsetErr map[string]error
 	panicky  bool // the dummy probe panics
+	kernel   string
 }
 
 func newFakeNode() *fakeNode {
@@ -86,7 +87,7 @@ func newFakeNode() *fakeNode {
 	for _, s := range sysctls.IPVS {
 		n.sysctls[s.Name] = s.Value
 	}
-	n.sysctls["kernel/osrelease"] = "5.4.0-150-generic" // before 5.9: run sets conn_reuse_mode=0
+	n.kernel = "5.4.0-150-generic" // before 5.9: run sets conn_reuse_mode=0
 	n.sysctls["net/ipv4/vs/conn_reuse_mode"] = "0"
 	n.sysctls["net/ipv6/conf/all/forwarding"] = "1"
 	n.sysctls["net/ipv4/conf/all/arp_ignore"] = "0"
@@ -96,7 +97,7 @@ func newFakeNode() *fakeNode {
 
 func (n *fakeNode) system() *System {
 	return &System{
-		kernel:  "6.1.0-test",
+		kernel:  n.kernel,
 		modules: n.mods,
 		ipvs:    func() error { return n.ipvsErr },
 		dummy: func() error {
@@ -208,7 +209,7 @@ func TestPreflight(t *testing.T) {
 			name: "from kernel 5.9 conn_reuse_mode is left as the kernel sets it",
 			ok:   true,
 			node: func(n *fakeNode) {
-				n.sysctls["kernel/osrelease"] = "6.1.0-18-amd64"
+				n.kernel = "6.1.0-18-amd64"
 				n.sysctls["net/ipv4/vs/conn_reuse_mode"] = "1"
 			},
 			expect: map[string]expect{"sysctl net.ipv4.vs.conntrack": {status: statusOK}},

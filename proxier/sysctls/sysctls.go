@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 )
 
 // Setting is one kernel setting, named by its path under /proc/sys.
@@ -38,7 +39,7 @@ var StrictARP = []Setting{
 }
 
 // ForKernel returns the settings IPVS needs on a kernel of this release
-// (kernel/osrelease): IPVS, conn_reuse_mode where netlinkutil.ConnReuseMode
+// (uname -r): IPVS, conn_reuse_mode where netlinkutil.ConnReuseMode
 // sets it (from 5.9 the kernel's default stays), and IPv6Forwarding when
 // ipv6.
 func ForKernel(release string, ipv6 bool) ([]Setting, error) {
@@ -60,7 +61,9 @@ func ForKernel(release string, ipv6 bool) ([]Setting, error) {
 // (ForKernel).
 func Ensure(log *zap.Logger, ipv6 bool) error {
 	s := netlinkutil.Sysctls{Root: Root()} // /host/proc/sys in the DaemonSet (container.go)
-	release, err := s.Get("kernel/osrelease")
+	// From uname, not kernel/osrelease: the DaemonSet mounts only the
+	// node's /proc/sys/net under Root.
+	release, err := kmod.Release()
 	if err != nil {
 		return err
 	}
