@@ -217,12 +217,20 @@ func TestScaleEndpointsAndDelete(t *testing.T) {
 	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes[1:2])
 	e.expectBackends(t, "tcp", addr, names(bes[1:2]))
 
-	// Not ready, not serving: the virtual server stays, with no real
-	// servers, and refuses connections.
+	// Not ready, not serving: the virtual server stays with no serving
+	// real server and refuses connections. The endpoint's real server
+	// drains at weight 0 while IPVS still counts the test's closed
+	// connections on it (TIME_WAIT), then goes.
 	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes[1:2], func(ep *discoveryv1.Endpoint) {
 		ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(true)}
 	})
-	e.expectTable(t, []string{"TCP  " + addr + " rr"}, []string{"-> " + hostPort(bes[1].Addr, backendPort)})
+	serving := regexp.MustCompile(`-> ` + regexp.QuoteMeta(hostPort(bes[1].Addr, backendPort)) + `\s+Masq\s+[1-9]`)
+	eventually(t, 30*time.Second, func() error {
+		if out := e.ipvsadm(t, "-t", addr); serving.MatchString(out) {
+			return fmt.Errorf("the not-serving endpoint still has weight:\n%s", out)
+		}
+		return nil
+	})
 	res := e.hit(t, "tcp", addr, 2)
 	if len(res.Answers) != 0 || res.ErrorCount("refused") != 2 {
 		t.Errorf("with no endpoints: answers %v errors %v, want two refusals", res.Answers, res.Errors)

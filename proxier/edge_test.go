@@ -77,13 +77,22 @@ func TestExternalIPOnNodeAddress(t *testing.T) {
 		t.Errorf("addresses on %s (-want +got):\n%s", testIface, diff)
 	}
 
-	// Deleting the Service deletes its virtual server on the node address.
-	p.onService(svc, true)
-	if err := p.SyncOnce(false); err != nil {
-		t.Fatal(err)
-	}
-	if d := ipvs.Dump(); len(d) != 0 {
-		t.Errorf("kernel after the Service is deleted: %v", d)
+	// Deleting the Service deletes its virtual server on the node address,
+	// by a partial sync and by a full one (which reads the kernel anew: the
+	// virtual server, on a node address outside the node-port range, is
+	// not owned by the rule, but the agent made it).
+	for _, full := range []bool{false, true} {
+		p.onService(svc, true)
+		if err := p.SyncOnce(full); err != nil {
+			t.Fatal(err)
+		}
+		if d := ipvs.Dump(); len(d) != 0 {
+			t.Errorf("kernel after the Service is deleted (full sync %v): %v", full, d)
+		}
+		p.onService(svc, false)
+		if err := p.SyncOnce(false); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -37,13 +37,28 @@ func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want mod
 	return failed
 }
 
+// ours tells, for a new read of the kernel, the virtual servers that are
+// the agent's beyond the ownership rule: those a Service wants, and those
+// the current view holds (the agent made or adopted them). A virtual
+// server on a node address outside the node-port range (an externalIP
+// equal to the node's address) is owned by nothing else: without the
+// second part, a read after its Service went would forget it, and it
+// would never be deleted.
+func (r *Reconciler) ours(k model.VSKey) bool {
+	if r.claims.wanted(k) {
+		return true
+	}
+	_, known := r.kernel.VirtualServers[k]
+	return known
+}
+
 // readKernel replaces the view of the kernel with one dump of virtual
 // servers and one of the interface's addresses.
 func (r *Reconciler) readKernel(st *SyncStats) error {
 	if err := r.links.EnsureDummy(r.own.Interface); err != nil {
 		return fmt.Errorf("ensure interface %s: %w", r.own.Interface, err)
 	}
-	k, _, reads, err := ReadKernel(r.ipvs, r.links, r.own, r.claims.wanted)
+	k, _, reads, err := ReadKernel(r.ipvs, r.links, r.own, r.ours)
 	st.Reads += reads
 	if err != nil {
 		return err

@@ -162,7 +162,7 @@ func (r *Reconciler) takeOffered() *KernelRead {
 		return nil
 	}
 	kr.took = took
-	k, _ := kr.raw.view(r.own, r.claims.wanted)
+	k, _ := kr.raw.view(r.own, r.ours)
 	for key := range k.VirtualServers {
 		if rss, ok := kr.rss[key]; ok {
 			k.RealServers[key] = rss
