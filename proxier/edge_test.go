@@ -34,10 +34,7 @@ func TestTakeoverNodePortsSkipKubeProxyVIPs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
-		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute,
-		AdoptInterface: netlinkutil.KubeProxyInterface},
-		nil, ipvs, links, nil, nil, zap.NewNop())
+	p := newEdgeProxier(ipvs, links, time.Minute, netlinkutil.KubeProxyInterface)
 	svc := testService("web", "10.96.0.10", "rr")
 	svc.Spec.Type = corev1.ServiceTypeNodePort
 	svc.Spec.Ports[0].NodePort = 30080
@@ -57,9 +54,7 @@ func TestTakeoverNodePortsSkipKubeProxyVIPs(t *testing.T) {
 // the proxy's interface (the node keeps it; its other ports keep working).
 func TestExternalIPOnNodeAddress(t *testing.T) {
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
-		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute},
-		nil, ipvs, links, nil, nil, zap.NewNop())
+	p := newEdgeProxier(ipvs, links, time.Minute, "")
 	svc := testService("web", "10.96.0.10", "rr")
 	svc.Spec.ExternalIPs = []string{node.String(), "203.0.113.5"}
 	p.onService(svc, false)
@@ -101,9 +96,7 @@ func TestExternalIPOnNodeAddress(t *testing.T) {
 // zone-hinted Services at the next partial sync.
 func TestZoneChangeRebuildsAtOnce(t *testing.T) {
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
-		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Hour},
-		nil, ipvs, links, nil, nil, zap.NewNop())
+	p := newEdgeProxier(ipvs, links, time.Hour, "")
 	nodeIn := func(zone string) *corev1.Node {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{corev1.LabelTopologyZone: zone}}}
 	}
@@ -134,9 +127,7 @@ func TestZoneChangeRebuildsAtOnce(t *testing.T) {
 // the periodic full sync.
 func TestNodeAddressChangeFollowedAtOnce(t *testing.T) {
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
-		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Hour},
-		nil, ipvs, links, nil, nil, zap.NewNop())
+	p := newEdgeProxier(ipvs, links, time.Hour, "")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	p.watchNodeAddresses(ctx)
@@ -156,4 +147,14 @@ func TestNodeAddressChangeFollowedAtOnce(t *testing.T) {
 	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
 		t.Errorf("after the node's address changed, a partial sync (-want +got):\n%s", diff)
 	}
+}
+
+// newEdgeProxier is the proxier of these tests on the fakes: node-a, the
+// default node-port range, quick syncs; adopt names a kube-proxy interface
+// taken over ("" for none).
+func newEdgeProxier(ipvs *fake.IPVS, links *fake.Links, syncPeriod time.Duration, adopt string) *Proxier {
+	return New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: syncPeriod,
+		AdoptInterface: adopt},
+		nil, ipvs, links, nil, nil, zap.NewNop())
 }
