@@ -173,9 +173,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	c.Client, c.Kubeconfig = c.CP.Client, c.CP.Kubeconfig
 
-	// The VM, made a node. A VM lost on the way (QEMU exited, or its agent
-	// stopped answering: the bed's failure, before anything of the
-	// cluster's runs on the node) is booted once more, and said so.
+	// The VM, made a node. A VM lost on the way (QEMU exited, its agent
+	// stopped answering, its kernel reported a stalled CPU, or the Node
+	// was not Ready in time: the bed's failure, before anything of the
+	// cluster's runs on the node) is booted again, up to bootAttempts in
+	// all, and said so.
 	files := map[string]string{guestKubelet: filepath.Join(kubeletDir, controlplane.BinKubelet)}
 	for g, h := range images {
 		files[g] = h
@@ -189,10 +191,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	for attempt := 1; ; attempt++ {
 		err = c.bootNode(ctx, vmOpts)
 		var lost *nodeLostError
-		if err == nil || !errors.As(err, &lost) || attempt == 2 {
+		if err == nil || !errors.As(err, &lost) || attempt == bootAttempts {
 			break
 		}
-		logf("cluster: the node's VM was lost while it came up; booting it once more. First attempt: %v", err)
+		logf("cluster: the node's VM was lost while it came up (attempt %d of %d); booting it again: %v", attempt, bootAttempts, err)
 		c.dropVM(ctx)
 	}
 	if err != nil {
@@ -291,12 +293,21 @@ func (c *Cluster) bootNode(ctx context.Context, opts vm.Options) error {
 	}
 	c.egress.setDialer(c.VM.Dial)
 	c.logf("cluster: VM ready after %v", c.VM.BootTime.Round(time.Millisecond))
-	err = c.startNode(ctx)
+	// A guest whose kernel reports a stalled CPU ends the bring-up at
+	// once: such a guest has not been seen to recover.
+	bctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopWatch := c.watchKernelStall(bctx, cancel)
+	err = c.startNode(bctx)
 	if err == nil {
-		err = c.waitNodeReady(ctx)
+		err = c.waitNodeReady(bctx)
+	}
+	stopWatch()
+	var lost *nodeLostError
+	if cause := context.Cause(bctx); err != nil && errors.As(cause, &lost) {
+		err = &nodeLostError{fmt.Errorf("%w (bring-up stopped at: %v)", cause, err)}
 	}
 	if dead, qerr := c.VM.Exited(); err != nil && dead {
-		var lost *nodeLostError
 		if !errors.As(err, &lost) {
 			err = &nodeLostError{fmt.Errorf("%w (the VM's QEMU had exited: %v; console:\n%s)", err, qerr, tailString(c.VM.ConsoleLog(), 4000))}
 		}
@@ -319,8 +330,41 @@ func (c *Cluster) dropVM(ctx context.Context) {
 	}
 }
 
-// nodeLostError is a node whose VM died or whose agent stopped answering
-// while it came up.
+// watchKernelStall reads the guest's console every two seconds and
+// cancels ctx with a nodeLostError when the kernel reports a stalled CPU.
+// The returned function stops the watch and waits for it.
+func (c *Cluster) watchKernelStall(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
+	done, quit := make(chan struct{}), make(chan struct{})
+	v := c.VM
+	go func() {
+		defer close(done)
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			console := v.ConsoleLog()
+			if line := vm.KernelStall(console); line != "" {
+				cancel(&nodeLostError{fmt.Errorf("cluster: the VM's kernel reports a stalled CPU before node %s was Ready: %q\nconsole:\n%s",
+					NodeName, line, tailString(console, 4000))})
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+// bootAttempts is how many times the node's VM is booted before the
+// cluster gives up on it.
+const bootAttempts = 3
+
+// nodeLostError is a node whose VM died, whose agent stopped answering or
+// whose kernel stalled, or that was not Ready in time, while it came up.
 type nodeLostError struct{ err error }
 
 func (e *nodeLostError) Error() string { return e.err.Error() }
@@ -370,8 +414,10 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("cluster: node %s not Ready (%s): %w\nkubelet:\n%s\ncontainerd:\n%s\nconsole:\n%s", NodeName, last, ctx.Err(),
-				tailString(c.kubelet.Output(), 5000), tailString(c.containerd.Output(), 3000), tailString(c.VM.ConsoleLog(), 3000))
+			// Counted as the VM's loss: nothing of the cluster runs on the
+			// node yet, so a fresh boot loses nothing.
+			return &nodeLostError{fmt.Errorf("cluster: node %s not Ready (%s): %w\nkubelet:\n%s\ncontainerd:\n%s\nconsole:\n%s", NodeName, last, ctx.Err(),
+				tailString(c.kubelet.Output(), 5000), tailString(c.containerd.Output(), 3000), tailString(c.VM.ConsoleLog(), 3000))}
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

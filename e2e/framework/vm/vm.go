@@ -588,3 +588,24 @@ func probeKVM(ctx context.Context, a *Assets, logf func(string, ...any)) bool {
 	_ = os.WriteFile(cache, []byte(verdict+"\n"), 0o644)
 	return err == nil
 }
+
+// kernelStallMarks are what the guest kernel prints when a CPU has made
+// no progress for tens of seconds: the soft-lockup watchdog and RCU's
+// stall detector. Under software emulation on a busy 2-core host a guest
+// has been seen to stop in this state for good (both vCPUs stuck in the
+// kernel right after the kubelet's first iptables calls), never to answer
+// again; see KernelStall.
+var kernelStallMarks = []string{"BUG: soft lockup", "self-detected stall on CPU", "detected stalls on CPUs/tasks"}
+
+// KernelStall returns the first console line that reports a stalled
+// CPU, or "" when there is none.
+func KernelStall(console string) string {
+	for _, line := range strings.Split(console, "\n") {
+		for _, m := range kernelStallMarks {
+			if strings.Contains(line, m) {
+				return strings.TrimSpace(line)
+			}
+		}
+	}
+	return ""
+}
