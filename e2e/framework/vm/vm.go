@@ -77,6 +77,12 @@ type Options struct {
 	Layers []string
 	// KernelArgs are appended to the kernel command line.
 	KernelArgs []string
+	// Segment, if set, is a Hub's address: the guest gets a second NIC
+	// (eth1, down and without an address until the test configures it)
+	// on that private segment, with the MAC SegmentMAC (default: one
+	// QEMU picks).
+	Segment    string
+	SegmentMAC string
 	// BootTimeout bounds the boot up to the agent's first answer (default
 	// 3 minutes; a boot takes seconds).
 	BootTimeout time.Duration
@@ -285,6 +291,17 @@ func (v *VM) boot(ctx context.Context, accel []string, initrd string) error {
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-serial", "file:"+console,
 		"-netdev", netdev, "-device", "virtio-net-pci,netdev=n0,romfile=",
+	)
+	if v.opts.Segment != "" {
+		// On a later PCI slot than eth0's NIC, so that the guest names
+		// it eth1.
+		dev := "virtio-net-pci,netdev=s0,romfile=,addr=0x10"
+		if v.opts.SegmentMAC != "" {
+			dev += ",mac=" + v.opts.SegmentMAC
+		}
+		args = append(args, "-netdev", "socket,id=s0,connect="+v.opts.Segment, "-device", dev)
+	}
+	args = append(args,
 		"-kernel", a.Kernel, "-initrd", initrd,
 		"-append", strings.Join(append([]string{"console=ttyS0", "quiet", "panic=-1"}, v.opts.KernelArgs...), " "),
 	)
