@@ -252,3 +252,43 @@ func TestFlakedTestIsNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanForNodes: a "[below N nodes]" group skips its tests on fewer
+// than N nodes only; other groups skip on any cluster.
+func TestPlanForNodes(t *testing.T) {
+	const skips = `## [below 2 nodes] needs two nodes: client and backend apart
+Services should preserve source pod IP
+## [below 3 nodes] needs three nodes
+HealthCheckNodePort correctly when ExternalTrafficPolicy changes
+## [Disruptive]: restarts the proxy's pod
+[Disruptive]
+`
+	names := []string{
+		"[sig-network] Services should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]",
+		"[sig-network] Services should implement NodePort and HealthCheckNodePort correctly when ExternalTrafficPolicy changes",
+		"[sig-network] Services should work after restarting apiserver [Disruptive]",
+	}
+	for _, tc := range []struct {
+		nodes int
+		want  []bool // skipped, per name
+	}{{1, []bool{true, true, true}}, {2, []bool{false, true, true}}, {3, []bool{false, false, true}}} {
+		p, err := newPlanFrom(skips, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.ForNodes(tc.nodes); err != nil {
+			t.Fatal(err)
+		}
+		for i, name := range names {
+			if got := p.skipRE.MatchString(name); got != tc.want[i] {
+				t.Errorf("%d nodes: %q skipped = %v, want %v", tc.nodes, name, got, tc.want[i])
+			}
+		}
+		if g := p.SkipGroupOf(names[2]); g == nil || g.Reason != "[Disruptive]: restarts the proxy's pod" {
+			t.Errorf("%d nodes: group of the [Disruptive] test: %+v", tc.nodes, g)
+		}
+	}
+	if _, err := newPlanFrom("## [below one nodes] x\nname\n", false); err == nil {
+		t.Error("a malformed [below N nodes] was accepted")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -29,6 +30,9 @@ type SkipGroup struct {
 	// Parts are literal parts of full test names (a tag such as
 	// [Feature:LoadBalancer], or a whole name).
 	Parts []string
+	// BelowNodes, if > 0, applies the group only to clusters of fewer
+	// nodes (its reason line starts "[below N nodes] ").
+	BelowNodes int
 }
 
 // Short is the reason up to its first colon (for table cells).
@@ -57,7 +61,16 @@ func parseSkips(text string) ([]SkipGroup, error) {
 		line := strings.TrimSpace(sc.Text())
 		switch {
 		case strings.HasPrefix(line, "## "):
-			groups = append(groups, SkipGroup{Reason: strings.TrimSpace(line[3:])})
+			g := SkipGroup{Reason: strings.TrimSpace(line[3:])}
+			if rest, ok := strings.CutPrefix(g.Reason, "[below "); ok {
+				num, reason, ok := strings.Cut(rest, " nodes] ")
+				below, err := strconv.Atoi(num)
+				if !ok || err != nil || below < 2 {
+					return nil, fmt.Errorf("skip list line %d: want \"## [below N nodes] reason\" with N >= 2: %q", n, line)
+				}
+				g.Reason, g.BelowNodes = reason, below
+			}
+			groups = append(groups, g)
 		case line == "" || strings.HasPrefix(line, "#"):
 		case len(groups) == 0:
 			return nil, fmt.Errorf("skip list line %d: %q before the first \"## reason\"", n, line)
@@ -83,18 +96,39 @@ func newPlanFrom(skips string, conformanceOnly bool) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	var parts []string
-	for _, g := range groups {
-		for _, p := range g.Parts {
-			parts = append(parts, regexp.QuoteMeta(p))
-		}
-	}
 	p := &Plan{Groups: groups, conformanceOnly: conformanceOnly}
 	p.focusRE = regexp.MustCompile(p.focusExpr())
-	if p.skipRE, err = regexp.Compile(strings.Join(parts, "|")); err != nil {
-		return nil, fmt.Errorf("skip list: %w", err)
+	if err := p.compileSkips(); err != nil {
+		return nil, err
 	}
 	return p, nil
+}
+
+func (p *Plan) compileSkips() error {
+	var parts []string
+	for _, g := range p.Groups {
+		for _, part := range g.Parts {
+			parts = append(parts, regexp.QuoteMeta(part))
+		}
+	}
+	var err error
+	if p.skipRE, err = regexp.Compile(strings.Join(parts, "|")); err != nil {
+		return fmt.Errorf("skip list: %w", err)
+	}
+	return nil
+}
+
+// ForNodes fits the plan to a cluster of n nodes: the groups that apply
+// only below n nodes or fewer are no longer skipped.
+func (p *Plan) ForNodes(n int) error {
+	kept := p.Groups[:0:0]
+	for _, g := range p.Groups {
+		if g.BelowNodes == 0 || n < g.BelowNodes {
+			kept = append(kept, g)
+		}
+	}
+	p.Groups = kept
+	return p.compileSkips()
 }
 
 // focusExpr is the --ginkgo.focus expression.
