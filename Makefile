@@ -123,18 +123,19 @@ bench-go:
 # modules and cached) against a running cluster; JUnit report and summary
 # table in bin/conformance/$(PROXY)/. PROXY names the cluster's proxy
 # (ipvs-proxy or kube-proxy); CONFORMANCE_ONLY=1 runs only the
-# [Conformance] tests. Without KUBECONFIG it starts the bed's one-node
-# cluster (ipvs-proxy as its DaemonSet from deploy/, CoreDNS) and stops it
-# after. CONFORMANCE_PROCS=N runs the tests on N parallel processes
+# [Conformance] tests. Without KUBECONFIG it starts the bed's cluster of
+# NODES nodes (default 1; 2 or more run the tests that need several;
+# ipvs-proxy as its DaemonSet from deploy/, CoreDNS) and stops it after. CONFORMANCE_PROCS=N runs the tests on N parallel processes
 # (Ginkgo's runner; [Serial] ones alone at the end). `make
 # conformance-list` lists the focus and the skips.
 # CONFORMANCE_FLAKE_ATTEMPTS=N gives a failed test up to N attempts in
 # all; the summary names each test that passed only after a failed one.
 PROXY ?= ipvs-proxy
+NODES ?= 1
 CONFORMANCE_PROCS ?= 1
 CONFORMANCE_FLAKE_ATTEMPTS ?= 1
 conformance:
-	$(GO) run ./e2e/conformance --proxy '$(PROXY)' $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
+	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
 
 # CI's share (`make test`): every [Conformance] test of the focus, two at
 # a time, on the bed's own one-node cluster with ipvs-proxy's DaemonSet;

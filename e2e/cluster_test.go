@@ -304,7 +304,11 @@ func ctrExec(ctx context.Context, c *cluster.Cluster, ns, pod string, try int, a
 	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return c.ExecCtr(ctx, id, fmt.Sprintf("e2e-%d-%d", time.Now().UnixNano(), try), argv...)
+	n := c.Node(p.Spec.NodeName)
+	if n == nil {
+		return "", fmt.Errorf("pod %s/%s is on no node of the cluster (%q)", ns, pod, p.Spec.NodeName)
+	}
+	return n.ExecCtr(ctx, id, fmt.Sprintf("e2e-%d-%d", time.Now().UnixNano(), try), argv...)
 }
 
 // contains is an output check for podExec.

@@ -59,6 +59,7 @@ type options struct {
 	out              string
 	timeout          time.Duration
 	procs            int
+	nodes            int
 	flakeAttempts    int
 	startupTimeout   time.Duration
 	extra            []string
@@ -78,6 +79,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "bin/conformance", "report directory (a folder per proxy)")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "time limit of the suite (Ginkgo's)")
 	flag.DurationVar(&o.startupTimeout, "startup-timeout", 10*time.Minute, "how long the suite waits for schedulable nodes")
+	flag.IntVar(&o.nodes, "nodes", 1, "nodes of the bed's cluster (with --kubeconfig: of that cluster); the tests that need more are skipped")
 	flag.IntVar(&o.procs, "procs", 1, "parallel processes of the suite (Ginkgo's runner, built here); [Serial] tests run alone at the end")
 	flag.IntVar(&o.flakeAttempts, "flake-attempts", 1, "attempts a failed test gets in all (Ginkgo's --flake-attempts); the summary names those that passed only on a later one")
 	flag.Parse()
@@ -103,6 +105,9 @@ func run(ctx context.Context, o options) error {
 	}
 	p, err := upstream.NewPlan(o.conformanceOnly)
 	if err != nil {
+		return err
+	}
+	if err := p.ForNodes(o.nodes); err != nil {
 		return err
 	}
 	if o.narrow != "" {
@@ -183,7 +188,7 @@ func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluste
 	if err != nil {
 		return nil, err
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: logf, Images: map[string]string{"agnhost.tar": agnhost}})
+	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: logf, Nodes: o.nodes, Images: map[string]string{"agnhost.tar": agnhost}})
 	if err != nil {
 		return nil, err
 	}
@@ -217,12 +222,20 @@ func saveClusterLogs(c *cluster.Cluster, dir string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	files := map[string]string{"kubelet.log": c.KubeletLog(), "containerd.log": c.ContainerdLog()}
-	if c.VM != nil {
-		files["console.log"] = c.VM.ConsoleLog()
-	}
-	if out, err := c.VM.RunOK(ctx, "ipvsadm", "-Ln"); err == nil {
-		files["ipvsadm.txt"] = out
+	files := map[string]string{}
+	for _, n := range c.Nodes {
+		prefix := "" // one node: kubelet.log, ...; several: node-1-kubelet.log, ...
+		if len(c.Nodes) > 1 {
+			prefix = n.Name + "-"
+		}
+		files[prefix+"kubelet.log"], files[prefix+"containerd.log"] = n.KubeletLog(), n.ContainerdLog()
+		if n.VM == nil {
+			continue
+		}
+		files[prefix+"console.log"] = n.VM.ConsoleLog()
+		if out, err := n.VM.RunOK(ctx, "ipvsadm", "-Ln"); err == nil {
+			files[prefix+"ipvsadm.txt"] = out
+		}
 	}
 	for _, sel := range []string{"app.kubernetes.io/name=ipvs-proxy", "k8s-app=kube-dns"} {
 		pl, err := c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: sel})

@@ -33,10 +33,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -50,12 +52,22 @@ import (
 
 // Fixed names and addresses of the cluster.
 const (
-	NodeName     = "node-1"
-	NodeIP       = "10.0.2.15"     // the VM's eth0
-	PodCIDR      = "10.244.0.0/24" // the node's pods (node IPAM's first /24)
+	NodeName     = "node-1"        // the first node's name; node k is "node-k"
+	NodeIP       = "10.0.2.15"     // the node's address on a one-node cluster: the VM's eth0
+	PodCIDR      = "10.244.0.0/24" // the first node's pods (node IPAM's first /24)
 	ClusterCIDR  = "10.244.0.0/16" // every pod
-	ServiceCIDR  = "10.96.0.0/16"  // IPv4 only: the node is IPv4 only
+	ServiceCIDR  = "10.96.0.0/16"  // IPv4 only: the nodes are IPv4 only
 	KubernetesIP = "10.96.0.1"     // the `kubernetes` Service
+
+	// On several nodes, the nodes share a private segment (a vm.Hub)
+	// on their eth1: node k is 192.168.56.(10+k), the outside host
+	// OutsideIP. Tests take their LoadBalancer and external addresses
+	// on the segment from SegmentFree.
+	SegmentCIDR = "192.168.56.0/24"
+	OutsideIP   = "192.168.56.100"
+	SegmentFree = "192.168.56.200/29"
+	// SegmentIface is the segment's interface in every VM on it.
+	SegmentIface = "eth1"
 )
 
 // Options configure Start.
@@ -64,7 +76,15 @@ type Options struct {
 	Assets *vm.Assets
 	// Log receives progress messages.
 	Log func(format string, args ...any)
-	// MemoryMB and CPUs of the VM (default 3584 and 2).
+	// Nodes is how many nodes (VMs) the cluster has (default 1). With
+	// more than one, the nodes share a private segment (see SegmentCIDR)
+	// and route each other's pod CIDRs over it.
+	Nodes int
+	// Outside boots one more VM on the segment (needs Nodes > 1): a host
+	// that is not a node, at OutsideIP, for clients from outside the
+	// cluster (Cluster.Outside).
+	Outside bool
+	// MemoryMB and CPUs of each node's VM (default 3584 and 2).
 	MemoryMB, CPUs int
 	// ProxyImage is ipvs-proxy's image archive (make image); empty: built
 	// as make image does. Imported as ProxyImage.
@@ -74,22 +94,49 @@ type Options struct {
 	Images map[string]string
 }
 
-// Cluster is a running one-node cluster.
+// Cluster is a running cluster.
 type Cluster struct {
-	CP     *controlplane.ControlPlane
+	CP *controlplane.ControlPlane
+	// VM is the first node's VM (Nodes[0].VM).
 	VM     *vm.VM
 	Client kubernetes.Interface
 	// Kubeconfig is a kubeconfig file for the host (admin).
 	Kubeconfig string
-	// NodeReady is how long Start took up to the Node's Ready condition.
+	// NodeReady is how long Start took up to every Node's Ready condition.
 	NodeReady time.Duration
+	// Nodes are the cluster's nodes, node-1 first.
+	Nodes []*Node
+	// Hub is the nodes' segment (nil on one node); Outside the host on it
+	// that is not a node (nil unless Options.Outside).
+	Hub     *vm.Hub
+	Outside *vm.VM
 
-	logf       func(string, ...any)
-	tmp        string
-	egress     *egressProxy
+	logf   func(string, ...any)
+	tmp    string
+	egress *egressProxy
+	mu     sync.Mutex // guards the Nodes' VM and PodCIDR while they boot
+}
+
+// Node is one node of the cluster: a VM with containerd and the kubelet.
+type Node struct {
+	Name string
+	// IP is the kubelet's --node-ip: NodeIP on one node, the node's
+	// address on the segment on several.
+	IP string
+	// PodCIDR is the Node's spec.podCIDR (node IPAM's), known once the
+	// kubelet has registered it; its pods' CNI range.
+	PodCIDR string
+	VM      *vm.VM
+
+	mac        string // of the segment NIC
 	containerd *vm.Proc
 	kubelet    *vm.Proc
 }
+
+// KubeletLog and ContainerdLog are the output of n's daemons so far (for
+// failure messages).
+func (n *Node) KubeletLog() string    { return procOutput(n.kubelet) }
+func (n *Node) ContainerdLog() string { return procOutput(n.containerd) }
 
 // Start builds what the node needs, starts the control plane and the VM,
 // makes the VM a node and returns once the Node is Ready. ctx bounds the
@@ -105,6 +152,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if opts.MemoryMB <= 0 {
 		opts.MemoryMB = 3584
+	}
+	if opts.Nodes <= 0 {
+		opts.Nodes = 1
 	}
 	c := &Cluster{logf: logf}
 	defer func() {
@@ -173,11 +223,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	c.Client, c.Kubeconfig = c.CP.Client, c.CP.Kubeconfig
 
-	// The VM, made a node. A VM lost on the way (QEMU exited, its agent
-	// stopped answering, its kernel reported a stalled CPU, or the Node
-	// was not Ready in time: the bed's failure, before anything of the
-	// cluster's runs on the node) is booted again, up to bootAttempts in
-	// all, and said so.
+	// The VMs, made nodes, all at once. A VM lost on the way (QEMU
+	// exited, its agent stopped answering, its kernel reported a stalled
+	// CPU, or the Node was not Ready in time: the bed's failure, before
+	// anything of the cluster's runs on the node) is booted again, up to
+	// bootAttempts in all, and said so.
 	files := map[string]string{guestKubelet: filepath.Join(kubeletDir, controlplane.BinKubelet)}
 	for g, h := range images {
 		files[g] = h
@@ -188,128 +238,179 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		APIServerPort: c.CP.APIServerPort, APIServerGuestPorts: []int{c.CP.APIServerPort},
 		Log: logf,
 	}
-	for attempt := 1; ; attempt++ {
-		err = c.bootNode(ctx, vmOpts)
-		var lost *nodeLostError
-		if err == nil || !errors.As(err, &lost) || attempt == bootAttempts {
-			break
+	if opts.Nodes > 1 {
+		if c.Hub, err = vm.StartHub(); err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
 		}
-		logf("cluster: the node's VM was lost while it came up (attempt %d of %d); booting it again: %v", attempt, bootAttempts, err)
-		c.dropVM(ctx)
+		logf("cluster: %d nodes on the segment %s (hub %s)", opts.Nodes, SegmentCIDR, c.Hub.Addr())
 	}
-	if err != nil {
+	for k := 1; k <= opts.Nodes; k++ {
+		n := &Node{Name: fmt.Sprintf("node-%d", k), IP: NodeIP}
+		if opts.Nodes > 1 {
+			n.IP = segmentAddr(10 + k)
+			n.mac = fmt.Sprintf("52:54:00:38:00:%02x", 10+k)
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	c.egress.setDialer(c.dialInCluster)
+	errs := make([]error, len(c.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.startNodeRetrying(ctx, n, vmOpts)
+		}()
+	}
+	wg.Wait()
+	c.VM = c.Nodes[0].VM
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	if err := c.routePodCIDRs(ctx); err != nil {
+		return nil, err
+	}
+	if opts.Outside {
+		if err := c.startOutside(ctx, opts); err != nil {
+			return nil, err
+		}
+	}
 	c.NodeReady = time.Since(began)
-	logf("cluster: node %s Ready after %s", NodeName, c.NodeReady.Round(time.Millisecond))
+	logf("cluster: %d node(s) Ready after %s", len(c.Nodes), c.NodeReady.Round(time.Millisecond))
 	if err := deployDNS(ctx, c.Client); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// startNode prepares the VM, starts containerd, imports the images and
+// segmentAddr is host number i of SegmentCIDR.
+func segmentAddr(i int) string { return "192.168.56." + strconv.Itoa(i) }
+
+// startNodeRetrying boots n's VM and makes it a node, booting again
+// while the VM is lost (nodeLostError), up to bootAttempts in all.
+func (c *Cluster) startNodeRetrying(ctx context.Context, n *Node, opts vm.Options) error {
+	opts.SegmentMAC = n.mac
+	if c.Hub != nil {
+		opts.Segment = c.Hub.Addr()
+	}
+	for attempt := 1; ; attempt++ {
+		err := c.bootNode(ctx, n, opts)
+		var lost *nodeLostError
+		if err == nil || !errors.As(err, &lost) || attempt == bootAttempts {
+			return err
+		}
+		c.logf("cluster: %s: the VM was lost while it came up (attempt %d of %d); booting it again: %v", n.Name, attempt, bootAttempts, err)
+		c.dropVM(ctx, n)
+	}
+}
+
+// startNode prepares n's VM, starts containerd, imports the images and
 // starts the kubelet.
-func (c *Cluster) startNode(ctx context.Context) error {
-	v := c.VM
+func (c *Cluster) startNode(ctx context.Context, n *Node) error {
+	v := n.VM
 	for path, data := range map[string]string{
 		guestSetup:          string(nodeSetup),
 		guestContainerdConf: containerdConfig(PauseImage),
-		guestCNIConf:        cniConfig(PodCIDR),
 		guestKubeletConfig:  kubeletConfig(),
 		guestKubeconfig:     string(c.CP.KubeconfigFor("https://" + vm.APIServerGuestAddr)),
 	} {
 		if err := v.WriteFile(ctx, path, []byte(data), 0o600); err != nil {
-			return fmt.Errorf("cluster: %w", err)
+			return fmt.Errorf("cluster: %s: %w", n.Name, err)
 		}
 	}
 	t := time.Now()
-	if _, err := v.RunOK(ctx, "sh", guestSetup); err != nil {
-		return fmt.Errorf("cluster: node setup: %w", err)
+	segment := ""
+	if n.mac != "" {
+		segment = n.IP + "/24"
+	}
+	if _, err := v.RunOK(ctx, "sh", guestSetup, ClusterCIDR, SegmentIface, n.mac, segment); err != nil {
+		return fmt.Errorf("cluster: %s: node setup: %w", n.Name, err)
 	}
 	var err error
 	if _, err := v.RunOK(ctx, "modprobe", "overlay"); err != nil {
-		return fmt.Errorf("cluster: load overlay for containerd's snapshotter: %w", err)
+		return fmt.Errorf("cluster: %s: load overlay for containerd's snapshotter: %w", n.Name, err)
 	}
-	if c.containerd, err = v.Start(ctx, "containerd", "--config", guestContainerdConf); err != nil {
-		return fmt.Errorf("cluster: %w", err)
+	if n.containerd, err = v.Start(ctx, "containerd", "--config", guestContainerdConf); err != nil {
+		return fmt.Errorf("cluster: %s: %w", n.Name, err)
 	}
-	if err := c.waitContainerd(ctx); err != nil {
+	if err := waitContainerd(ctx, n); err != nil {
 		return err
 	}
 	logf := c.logf
-	logf("cluster: containerd up after %s", time.Since(t).Round(time.Millisecond))
+	logf("cluster: %s: containerd up after %s", n.Name, time.Since(t).Round(time.Millisecond))
 	t = time.Now()
 	// The overlayfs snapshotter (see containerdConfig).
 	r, err := v.Exec(ctx, vm.Command{Argv: []string{"sh", "-c",
 		"for f in " + guestImages + "/*.tar; do ctr -n k8s.io images import --no-unpack=false \"$f\" || exit 1; done; ctr -n k8s.io images ls -q"},
 		Env: []string{"CONTAINERD_SNAPSHOTTER=overlayfs", "CONTAINERD_ADDRESS=" + containerdSock}})
 	if err != nil {
-		return fmt.Errorf("cluster: import images: %w", err)
+		return fmt.Errorf("cluster: %s: import images: %w", n.Name, err)
 	}
 	if r.ExitCode != 0 {
-		return fmt.Errorf("cluster: import images: exit status %d: %s%s", r.ExitCode, r.Stdout, r.Stderr)
+		return fmt.Errorf("cluster: %s: import images: exit status %d: %s%s", n.Name, r.ExitCode, r.Stdout, r.Stderr)
 	}
-	logf("cluster: images imported in %s: %s", time.Since(t).Round(time.Millisecond), strings.Join(strings.Fields(r.Stdout), " "))
-	c.kubelet, err = v.Start(ctx, guestKubelet,
+	logf("cluster: %s: images imported in %s: %s", n.Name, time.Since(t).Round(time.Millisecond), strings.Join(strings.Fields(r.Stdout), " "))
+	n.kubelet, err = v.Start(ctx, guestKubelet,
 		"--config="+guestKubeletConfig,
 		"--kubeconfig="+guestKubeconfig,
-		"--hostname-override="+NodeName,
-		"--node-ip="+NodeIP,
+		"--hostname-override="+n.Name,
+		"--node-ip="+n.IP,
 		"--root-dir=/var/lib/kubelet",
 		"--cert-dir=/var/lib/kubelet/pki",
 		"--v=1")
 	if err != nil {
-		return fmt.Errorf("cluster: %w", err)
+		return fmt.Errorf("cluster: %s: %w", n.Name, err)
 	}
 	return nil
 }
 
-func (c *Cluster) waitContainerd(ctx context.Context) error {
+func waitContainerd(ctx context.Context, n *Node) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for {
-		r, err := c.VM.Exec(ctx, vm.Command{Argv: []string{"ctr", "--address", containerdSock, "version"}})
+		r, err := n.VM.Exec(ctx, vm.Command{Argv: []string{"ctr", "--address", containerdSock, "version"}})
 		if err == nil && r.ExitCode == 0 {
 			return nil
 		}
-		if exited, code, _ := c.containerd.Exited(ctx); exited {
-			return fmt.Errorf("cluster: containerd exited with status %d:\n%s", code, tailString(c.containerd.Output(), 3000))
+		if exited, code, _ := n.containerd.Exited(ctx); exited {
+			return fmt.Errorf("cluster: %s: containerd exited with status %d:\n%s", n.Name, code, tailString(n.containerd.Output(), 3000))
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("cluster: containerd not up: %w\n%s", ctx.Err(), tailString(c.containerd.Output(), 3000))
+			return fmt.Errorf("cluster: %s: containerd not up: %w\n%s", n.Name, ctx.Err(), tailString(n.containerd.Output(), 3000))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
 
-// bootNode starts the VM and makes it a node (containerd, images,
-// kubelet), returning once the Node is Ready.
-func (c *Cluster) bootNode(ctx context.Context, opts vm.Options) error {
-	var err error
-	if c.VM, err = vm.Start(ctx, opts); err != nil {
+// bootNode starts n's VM and makes it a node (containerd, images,
+// kubelet, CNI), returning once the Node is Ready.
+func (c *Cluster) bootNode(ctx context.Context, n *Node, opts vm.Options) error {
+	v, err := vm.Start(ctx, opts)
+	if err != nil {
 		return err
 	}
-	c.egress.setDialer(c.VM.Dial)
-	c.logf("cluster: VM ready after %v", c.VM.BootTime.Round(time.Millisecond))
+	c.mu.Lock()
+	n.VM = v
+	c.mu.Unlock()
+	c.logf("cluster: %s: VM ready after %v", n.Name, v.BootTime.Round(time.Millisecond))
 	// A guest whose kernel reports a stalled CPU ends the bring-up at
 	// once: such a guest has not been seen to recover.
 	bctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopWatch := c.watchKernelStall(bctx, cancel)
-	err = c.startNode(bctx)
+	stopWatch := watchKernelStall(bctx, cancel, n)
+	err = c.startNode(bctx, n)
 	if err == nil {
-		err = c.waitNodeReady(bctx)
+		err = c.waitNodeReady(bctx, n)
 	}
 	stopWatch()
 	var lost *nodeLostError
 	if cause := context.Cause(bctx); err != nil && errors.As(cause, &lost) {
 		err = &nodeLostError{fmt.Errorf("%w (bring-up stopped at: %v)", cause, err)}
 	}
-	if dead, qerr := c.VM.Exited(); err != nil && dead {
+	if dead, qerr := v.Exited(); err != nil && dead {
 		if !errors.As(err, &lost) {
-			err = &nodeLostError{fmt.Errorf("%w (the VM's QEMU had exited: %v; console:\n%s)", err, qerr, tailString(c.VM.ConsoleLog(), 4000))}
+			err = &nodeLostError{fmt.Errorf("%w (the VM's QEMU had exited: %v; console:\n%s)", err, qerr, tailString(v.ConsoleLog(), 4000))}
 		}
 	}
 	return err
@@ -318,24 +419,26 @@ func (c *Cluster) bootNode(ctx context.Context, opts vm.Options) error {
 // dropVM shuts a lost VM down (its console is in the error already) and
 // deletes the Node its kubelet may have registered, so that the next
 // boot's wait sees the new kubelet's Ready condition, not a stale one.
-func (c *Cluster) dropVM(ctx context.Context) {
-	if c.VM != nil {
-		_ = c.VM.Shutdown()
+func (c *Cluster) dropVM(ctx context.Context, n *Node) {
+	if n.VM != nil {
+		_ = n.VM.Shutdown()
 	}
-	c.VM, c.containerd, c.kubelet = nil, nil, nil
+	c.mu.Lock()
+	n.VM, n.containerd, n.kubelet, n.PodCIDR = nil, nil, nil, ""
+	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := c.Client.CoreV1().Nodes().Delete(ctx, NodeName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		c.logf("cluster: delete the lost node's Node %s: %v", NodeName, err)
+	if err := c.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		c.logf("cluster: delete the lost node's Node %s: %v", n.Name, err)
 	}
 }
 
-// watchKernelStall reads the guest's console every two seconds and
-// cancels ctx with a nodeLostError when the kernel reports a stalled CPU.
-// The returned function stops the watch and waits for it.
-func (c *Cluster) watchKernelStall(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
+// watchKernelStall reads n's console every two seconds and cancels ctx
+// with a nodeLostError when the kernel reports a stalled CPU. The
+// returned function stops the watch and waits for it.
+func watchKernelStall(ctx context.Context, cancel context.CancelCauseFunc, n *Node) (stop func()) {
 	done, quit := make(chan struct{}), make(chan struct{})
-	v := c.VM
+	v := n.VM
 	go func() {
 		defer close(done)
 		t := time.NewTicker(2 * time.Second)
@@ -351,7 +454,7 @@ func (c *Cluster) watchKernelStall(ctx context.Context, cancel context.CancelCau
 			console := v.ConsoleLog()
 			if line := vm.KernelStall(console); line != "" {
 				cancel(&nodeLostError{fmt.Errorf("cluster: the VM's kernel reports a stalled CPU before node %s was Ready: %q\nconsole:\n%s",
-					NodeName, line, tailString(console, 4000))})
+					n.Name, line, tailString(console, 4000))})
 				return
 			}
 		}
@@ -359,7 +462,7 @@ func (c *Cluster) watchKernelStall(ctx context.Context, cancel context.CancelCau
 	return func() { close(quit); <-done }
 }
 
-// bootAttempts is how many times the node's VM is booted before the
+// bootAttempts is how many times a node's VM is booted before the
 // cluster gives up on it.
 const bootAttempts = 3
 
@@ -374,22 +477,35 @@ func (e *nodeLostError) Unwrap() error { return e.err }
 // node comes up before the VM counts as lost.
 const agentLostAfter = time.Minute
 
-func (c *Cluster) waitNodeReady(ctx context.Context) error {
+// waitNodeReady waits for n's Node: once registered with its pod CIDR
+// (node IPAM's), it writes the CNI configuration for that range into the
+// VM (the kubelet's network turns ready with it), then waits for the
+// Ready condition.
+func (c *Cluster) waitNodeReady(ctx context.Context, n *Node) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	last := "not registered"
 	var unanswered time.Time // since when the agent has not answered
 	for {
-		if dead, qerr := c.VM.Exited(); dead {
+		if dead, qerr := n.VM.Exited(); dead {
 			return &nodeLostError{fmt.Errorf("cluster: the VM's QEMU exited (%v) before node %s was Ready (%s)\nkubelet:\n%s\nconsole:\n%s",
-				qerr, NodeName, last, tailString(c.kubelet.Output(), 3000), tailString(c.VM.ConsoleLog(), 4000))}
+				qerr, n.Name, last, tailString(n.kubelet.Output(), 3000), tailString(n.VM.ConsoleLog(), 4000))}
 		}
-		n, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err == nil {
 			last = "no Ready condition"
-			for _, cond := range n.Status.Conditions {
+			if n.PodCIDR == "" && node.Spec.PodCIDR != "" {
+				if err := n.VM.WriteFile(ctx, guestCNIConf, []byte(cniConfig(node.Spec.PodCIDR)), 0o600); err != nil {
+					return fmt.Errorf("cluster: %s: CNI configuration: %w", n.Name, err)
+				}
+				c.mu.Lock()
+				n.PodCIDR = node.Spec.PodCIDR
+				c.mu.Unlock()
+				c.logf("cluster: %s: registered, pods on %s", n.Name, n.PodCIDR)
+			}
+			for _, cond := range node.Status.Conditions {
 				if cond.Type == corev1.NodeReady {
-					if cond.Status == corev1.ConditionTrue {
+					if cond.Status == corev1.ConditionTrue && n.PodCIDR != "" {
 						return nil
 					}
 					last = cond.Reason + ": " + cond.Message
@@ -397,10 +513,10 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 			}
 		}
 		actx, acancel := context.WithTimeout(ctx, 15*time.Second)
-		exited, code, aerr := c.kubelet.Exited(actx)
+		exited, code, aerr := n.kubelet.Exited(actx)
 		acancel()
 		if exited {
-			return fmt.Errorf("cluster: kubelet exited with status %d:\n%s", code, tailString(c.kubelet.Output(), 5000))
+			return fmt.Errorf("cluster: %s: kubelet exited with status %d:\n%s", n.Name, code, tailString(n.kubelet.Output(), 5000))
 		}
 		switch {
 		case aerr == nil:
@@ -410,26 +526,98 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 			unanswered = time.Now()
 		case time.Since(unanswered) > agentLostAfter:
 			return &nodeLostError{fmt.Errorf("cluster: the VM's agent has not answered for %s before node %s was Ready (%s): %w\nkubelet (last seen):\n%s\nconsole:\n%s",
-				agentLostAfter, NodeName, last, aerr, tailString(c.kubelet.Output(), 3000), tailString(c.VM.ConsoleLog(), 4000))}
+				agentLostAfter, n.Name, last, aerr, tailString(n.kubelet.Output(), 3000), tailString(n.VM.ConsoleLog(), 4000))}
 		}
 		select {
 		case <-ctx.Done():
 			// Counted as the VM's loss: nothing of the cluster runs on the
 			// node yet, so a fresh boot loses nothing.
-			return &nodeLostError{fmt.Errorf("cluster: node %s not Ready (%s): %w\nkubelet:\n%s\ncontainerd:\n%s\nconsole:\n%s", NodeName, last, ctx.Err(),
-				tailString(c.kubelet.Output(), 5000), tailString(c.containerd.Output(), 3000), tailString(c.VM.ConsoleLog(), 3000))}
+			return &nodeLostError{fmt.Errorf("cluster: node %s not Ready (%s): %w\nkubelet:\n%s\ncontainerd:\n%s\nconsole:\n%s", n.Name, last, ctx.Err(),
+				tailString(n.kubelet.Output(), 5000), tailString(n.containerd.Output(), 3000), tailString(n.VM.ConsoleLog(), 3000))}
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
 
-// ExecCtr runs argv in a container with containerd's own client in the
-// VM (no CRI, no kubelet, no apiserver): containerID is the pod status's
-// ID without its "containerd://", execID any name unique among the
-// container's execs. It returns stdout and stderr together, and an error
-// for an exit status other than 0.
+// routePodCIDRs routes every node's pod CIDR to that node over the
+// segment, on every other node (several nodes only).
+func (c *Cluster) routePodCIDRs(ctx context.Context) error {
+	if len(c.Nodes) < 2 {
+		return nil
+	}
+	for _, n := range c.Nodes {
+		for _, m := range c.Nodes {
+			if m == n {
+				continue
+			}
+			if _, err := n.VM.RunOK(ctx, "ip", "route", "replace", m.PodCIDR, "via", m.IP, "dev", SegmentIface); err != nil {
+				return fmt.Errorf("cluster: %s: route %s's pods: %w", n.Name, m.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// startOutside boots the host outside the cluster on the segment.
+func (c *Cluster) startOutside(ctx context.Context, opts Options) error {
+	if c.Hub == nil {
+		return errors.New("cluster: Options.Outside needs more than one node")
+	}
+	v, err := vm.Start(ctx, vm.Options{Assets: opts.Assets, MemoryMB: 512, CPUs: 1, Segment: c.Hub.Addr(),
+		SegmentMAC: "52:54:00:38:00:64", Log: c.logf})
+	if err != nil {
+		return fmt.Errorf("cluster: outside host: %w", err)
+	}
+	c.Outside = v
+	if _, err := v.RunOK(ctx, "sh", "-c", "ip link set "+SegmentIface+" up && ip addr add "+OutsideIP+"/24 dev "+SegmentIface); err != nil {
+		return fmt.Errorf("cluster: outside host: %w", err)
+	}
+	return nil
+}
+
+// dialInCluster dials addr from inside the cluster for the apiserver's
+// egress: from the node that owns the address (its node IP or pod CIDR),
+// else from the first node that is up.
+func (c *Cluster) dialInCluster(ctx context.Context, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	ip := net.ParseIP(host)
+	var v *vm.VM
+	c.mu.Lock()
+	for _, n := range c.Nodes {
+		if n.VM == nil {
+			continue
+		}
+		if v == nil {
+			v = n.VM
+		}
+		_, pods, _ := net.ParseCIDR(n.PodCIDR)
+		if host == n.IP || (pods != nil && ip != nil && pods.Contains(ip)) {
+			v = n.VM
+			break
+		}
+	}
+	c.mu.Unlock()
+	if v == nil {
+		return nil, errors.New("no node is up")
+	}
+	return v.Dial(ctx, addr)
+}
+
+// ExecCtr runs argv in a container on the first node (Node.ExecCtr).
 func (c *Cluster) ExecCtr(ctx context.Context, containerID, execID string, argv ...string) (string, error) {
-	r, err := c.VM.Exec(ctx, vm.Command{Argv: append([]string{"ctr", "--address", containerdSock, "-n", "k8s.io",
+	return c.Nodes[0].ExecCtr(ctx, containerID, execID, argv...)
+}
+
+// ExecCtr runs argv in a container of n with containerd's own client in
+// the VM (no CRI, no kubelet, no apiserver): containerID is the pod
+// status's ID without its "containerd://", execID any name unique among
+// the container's execs. It returns stdout and stderr together, and an
+// error for an exit status other than 0.
+func (n *Node) ExecCtr(ctx context.Context, containerID, execID string, argv ...string) (string, error) {
+	r, err := n.VM.Exec(ctx, vm.Command{Argv: append([]string{"ctr", "--address", containerdSock, "-n", "k8s.io",
 		"task", "exec", "--exec-id", execID, containerID}, argv...)})
 	if err == nil && r.ExitCode != 0 {
 		err = fmt.Errorf("ctr: command terminated with exit code %d", r.ExitCode)
@@ -437,10 +625,20 @@ func (c *Cluster) ExecCtr(ctx context.Context, containerID, execID string, argv 
 	return r.Stdout + r.Stderr, err
 }
 
-// KubeletLog and ContainerdLog are the output of the node's daemons so
-// far (for failure messages).
-func (c *Cluster) KubeletLog() string    { return procOutput(c.kubelet) }
-func (c *Cluster) ContainerdLog() string { return procOutput(c.containerd) }
+// Node is the node named name, or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// KubeletLog and ContainerdLog are the output of the first node's
+// daemons so far (for failure messages).
+func (c *Cluster) KubeletLog() string    { return c.Nodes[0].KubeletLog() }
+func (c *Cluster) ContainerdLog() string { return c.Nodes[0].ContainerdLog() }
 
 func procOutput(p *vm.Proc) string {
 	if p == nil {
@@ -449,17 +647,27 @@ func procOutput(p *vm.Proc) string {
 	return p.Output()
 }
 
-// Close stops the kubelet and containerd, the VM, the control plane and
-// the egress proxy, and removes the temporary files. It may be called more
-// than once.
+// Close stops every node's kubelet and VM, the outside host, the segment,
+// the control plane and the egress proxy, and removes the temporary
+// files. It may be called more than once.
 func (c *Cluster) Close() {
-	if c.kubelet != nil {
-		_ = c.kubelet.Stop()
-	}
-	if c.VM != nil {
-		if err := c.VM.Shutdown(); err != nil {
-			c.logf("cluster: %v", err)
+	for _, n := range c.Nodes {
+		if n.kubelet != nil {
+			_ = n.kubelet.Stop()
+			n.kubelet = nil
 		}
+		if n.VM != nil {
+			if err := n.VM.Shutdown(); err != nil {
+				c.logf("cluster: %s: %v", n.Name, err)
+			}
+		}
+	}
+	if c.Outside != nil {
+		_ = c.Outside.Shutdown()
+	}
+	if c.Hub != nil {
+		c.Hub.Close()
+		c.Hub = nil
 	}
 	if c.CP != nil {
 		c.CP.Stop()

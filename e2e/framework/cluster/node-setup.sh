@@ -1,6 +1,9 @@
 #!/bin/sh
 # Makes the bed's VM a Kubernetes node (run once, by the agent, after boot).
+# Arguments: the cluster's pod CIDR; on several nodes also the segment's
+# interface, its MAC and the node's address on it (ADDR/LEN).
 set -e
+CLUSTER_CIDR=$1 SEG_IFACE=$2 SEG_MAC=$3 SEG_ADDR=$4
 
 # cgroup v2, with every controller the kubelet manages delegated below the
 # root (kubelet --cgroup-driver=cgroupfs makes /kubepods.slice... itself).
@@ -26,3 +29,20 @@ sysctl -w net.bridge.bridge-nf-call-iptables=1 >/dev/null
 sysctl -w net.bridge.bridge-nf-call-ip6tables=1 >/dev/null
 
 [ -s /etc/machine-id ] || cat /proc/sys/kernel/random/uuid | tr -d - >/etc/machine-id
+
+# Pods reach the apiserver (10.0.2.100, a forward of QEMU's user network
+# on eth0) masqueraded: the forward answers the node's own address only.
+# Nothing else pods send is masqueraded here: between nodes, pods see
+# each other's own addresses (the CNI bridge's ipMasq is off).
+iptables -t nat -A POSTROUTING -s "$CLUSTER_CIDR" -o eth0 -j MASQUERADE
+
+# The nodes' segment: eth1 (checked by its MAC) with the node's address.
+if [ -n "$SEG_ADDR" ]; then
+	mac=$(cat /sys/class/net/"$SEG_IFACE"/address)
+	if [ "$mac" != "$SEG_MAC" ]; then
+		echo "node setup: $SEG_IFACE has MAC $mac, want $SEG_MAC" >&2
+		exit 1
+	fi
+	ip link set "$SEG_IFACE" up
+	ip addr add "$SEG_ADDR" dev "$SEG_IFACE"
+fi

@@ -75,10 +75,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 }
 
 // cniConfig gives pods addresses of podCIDR on the bridge cni0, with the
-// node as their gateway. ipMasq masquerades what pods send outside
-// podCIDR: the apiserver behind the `kubernetes` Service is at
-// 10.0.2.100, a forward of QEMU's user network, which answers the node's
-// own address only.
+// node as their gateway. ipMasq is off: pods keep their own addresses
+// towards other nodes' pods (the node setup masquerades only what goes to
+// the apiserver's forward on eth0).
 func cniConfig(podCIDR string) string {
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
@@ -88,7 +87,7 @@ func cniConfig(podCIDR string) string {
       "type": "bridge",
       "bridge": "cni0",
       "isGateway": true,
-      "ipMasq": true,
+      "ipMasq": false,
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",

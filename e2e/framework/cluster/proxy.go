@@ -26,6 +26,16 @@ import (
 // as the ConfigMap's comments ask. It returns once the DaemonSet's pod is
 // ready (up to 5 minutes).
 func (c *Cluster) DeployIPVSProxy(ctx context.Context, deployDir string) error {
+	return c.deployIPVSProxy(ctx, deployDir, true)
+}
+
+// DeployIPVSProxyShipped is DeployIPVSProxy with the ConfigMap's
+// clusterCIDRs left as shipped (empty): the agent knows no pod range.
+func (c *Cluster) DeployIPVSProxyShipped(ctx context.Context, deployDir string) error {
+	return c.deployIPVSProxy(ctx, deployDir, false)
+}
+
+func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClusterCIDR bool) error {
 	objs, err := manifest.ReadDir(deployDir)
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
@@ -44,7 +54,9 @@ func (c *Cluster) DeployIPVSProxy(ctx context.Context, deployDir string) error {
 			return fmt.Errorf("cluster: ConfigMap ipvs-proxy in %s: no APISERVER-HOST:6443 or clusterCIDRs: [] to fill in", deployDir)
 		}
 		data["kubeconfig.conf"] = strings.Replace(kc, "APISERVER-HOST:6443", c.APIServerAddr(), 1)
-		data["config.yaml"] = strings.Replace(cfg, "clusterCIDRs: []", "clusterCIDRs: ["+ClusterCIDR+"]", 1)
+		if setClusterCIDR {
+			data["config.yaml"] = strings.Replace(cfg, "clusterCIDRs: []", "clusterCIDRs: ["+ClusterCIDR+"]", 1)
+		}
 	}
 	return c.applyIPVSProxy(ctx, objs)
 }
@@ -113,14 +125,15 @@ func (c *Cluster) applyIPVSProxy(ctx context.Context, objs []*unstructured.Unstr
 }
 
 // WaitDaemonSet waits (up to 5 minutes) until the DaemonSet ns/name has
-// its one pod ready; selector selects its pods (for the error message).
+// a ready pod on every node; selector selects its pods (for the error
+// message).
 func (c *Cluster) WaitDaemonSet(ctx context.Context, ns, name, selector string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	last := ""
 	for {
 		ds, err := c.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
-		if err == nil && ds.Status.NumberReady >= 1 {
+		if err == nil && ds.Status.NumberReady >= int32(len(c.Nodes)) {
 			return nil
 		}
 		last = fmt.Sprint(err)
@@ -162,19 +175,23 @@ func PodSummary(p *corev1.Pod) string {
 	return s
 }
 
-// StartKubeProxy runs upstream kube-proxy v1.36.3 in IPVS mode on the
-// node in place of ipvs-proxy's DaemonSet (the comparison row of the
-// e2e suite): as a process in the VM (e2e/framework/kubeproxy), node
-// NodeName, with the kubelet's kubeconfig, the cluster's pod CIDR and
-// node ports on every local address (as deploy/'s nodePortAddresses: []). It returns after kube-proxy's first
-// sync. Deploy one proxy only.
-func (c *Cluster) StartKubeProxy(ctx context.Context) (*kubeproxy.KubeProxy, error) {
-	kp, err := kubeproxy.StartIn(ctx, c.VM, kubeproxy.Options{
-		Log: c.logf, Kubeconfig: guestKubeconfig, NodeName: NodeName,
-		ClusterCIDR: ClusterCIDR, NodePortAddresses: []string{},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
+// StartKubeProxy runs upstream kube-proxy v1.36.3 in IPVS mode on every
+// node in place of ipvs-proxy's DaemonSet (the comparison row of the e2e
+// suite): as a process in each VM (e2e/framework/kubeproxy), with the
+// node's name, the kubelet's kubeconfig, the cluster's pod CIDR and node
+// ports on every local address (as deploy/'s nodePortAddresses: []). It
+// returns after every kube-proxy's first sync. Deploy one proxy only.
+func (c *Cluster) StartKubeProxy(ctx context.Context) ([]*kubeproxy.KubeProxy, error) {
+	var kps []*kubeproxy.KubeProxy
+	for _, n := range c.Nodes {
+		kp, err := kubeproxy.StartIn(ctx, n.VM, kubeproxy.Options{
+			Log: c.logf, Kubeconfig: guestKubeconfig, NodeName: n.Name,
+			ClusterCIDR: ClusterCIDR, NodePortAddresses: []string{},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("cluster: %s: %w", n.Name, err)
+		}
+		kps = append(kps, kp)
 	}
-	return kp, nil
+	return kps, nil
 }

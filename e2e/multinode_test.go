@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+)
+
+// Addresses of the two-node tests on the nodes' segment.
+const (
+	twoNodeExternalIP = "192.168.56.201"
+	twoNodeLBIP       = "192.168.56.202"
+)
+
+// TestTwoNodes: a cluster of two nodes (each a VM with kubelet,
+// containerd and ipvs-proxy's DaemonSet from deploy/ with the shipped
+// ConfigMap: no cluster CIDR) on a private segment, and a host outside the
+// cluster on that segment. The only backend runs on node-2; what each
+// client reaches, and which address the backend sees, is what a user of a
+// real cluster would check:
+//   - a pod on node-1 reaches the clusterIP, seen with its own address;
+//   - node-1's host reaches the clusterIP (the reply must come back to a
+//     node address, not to the VIP that node-2 also owns);
+//   - the outside host reaches a NodePort (externalTrafficPolicy Cluster)
+//     on node-1, masqueraded to node-1's address;
+//   - externalTrafficPolicy Local: the node port is not answered on
+//     node-1, answered on node-2 with the outside host's own address; the
+//     health-check node port says 503 on node-1 and 200 on node-2; a
+//     LoadBalancer IP routed to node-2 is answered with the client's
+//     address, routed to node-1 it is not;
+//   - with the agents told the pods' bridge (detectLocalMode
+//     BridgeInterface), a pod on node-1 reaches that Local Service's
+//     externalIP and LoadBalancer IP (in-cluster traffic is not
+//     "external"; without a way to tell pods' traffic, it is dropped as
+//     the ConfigMap says).
+func TestTwoNodes(t *testing.T) {
+	assets := vm.Require(t)
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf, Nodes: 2, Outside: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Logf("TIMING 2 nodes Ready: %s", c.NodeReady.Round(time.Millisecond))
+	if err := c.DeployIPVSProxyShipped(ctx, deployDir); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("TIMING ipvs-proxy ready on both nodes after %s", time.Since(began).Round(time.Millisecond))
+	cs := c.Client
+	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+
+	ns := "two-nodes"
+	clusterNamespace(ctx, t, cs, ns)
+	server := agentPod("server", []string{"/vmagent", "serve", "--name", "server", "--port", "8080", "--tcp"})
+	server.Labels = map[string]string{"app": "server"}
+	server.Spec.NodeName = nodeB.Name
+	client := agentPod("client", []string{"/vmagent", "serve", "--name", "client", "--port", "8081", "--tcp"})
+	client.Spec.NodeName = nodeA.Name
+	pods := map[string]*corev1.Pod{}
+	for _, p := range []*corev1.Pod{server, client} {
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"server", "client"} {
+		waitFor(ctx, t, "pod "+name+" Running", func() (bool, string) {
+			p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			pods[name] = p
+			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", cluster.PodSummary(p)
+		}, nodeA.KubeletLog, nodeB.KubeletLog)
+	}
+	serverIP, clientIP := pods["server"].Status.PodIP, pods["client"].Status.PodIP
+	t.Logf("server %s on %s, client %s on %s", serverIP, nodeB.Name, clientIP, nodeA.Name)
+
+	port := []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}
+	sel := map[string]string{"app": "server"}
+	mk := func(svc *corev1.Service) *corev1.Service {
+		svc.Spec.Selector, svc.Spec.Ports = sel, port
+		got, err := cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	clusterIP := mk(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "cluster-ip"}})
+	npCluster := mk(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "np-cluster"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort}})
+	lbLocal := mk(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "lb-local"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			ExternalIPs: []string{twoNodeExternalIP}}})
+	lbLocal.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: twoNodeLBIP}}
+	if lbLocal, err = cs.CoreV1().Services(ns).UpdateStatus(ctx, lbLocal, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	vip := clusterIP.Spec.ClusterIP + ":80"
+	npPort := strconv.Itoa(int(npCluster.Spec.Ports[0].NodePort))
+	localPort := strconv.Itoa(int(lbLocal.Spec.Ports[0].NodePort))
+	hcPort := strconv.Itoa(int(lbLocal.Spec.HealthCheckNodePort))
+
+	// Both agents programmed: the clusterIP and the LoadBalancer IP with
+	// the server on node-2 as their real server on both nodes (a Local
+	// Service keeps every endpoint for in-cluster clients).
+	for _, n := range c.Nodes {
+		for _, addr := range []string{vip, twoNodeLBIP + ":80"} {
+			waitFor(ctx, t, addr+" in IPVS on "+n.Name, func() (bool, string) {
+				out, err := n.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", addr)
+				return err == nil && strings.Contains(out, serverIP+":8080"), out + fmt.Sprint(err)
+			})
+		}
+	}
+
+	t.Run("pod to clusterIP on the other node", func(t *testing.T) {
+		hit := podHit(ctx, t, c, ns, "client", vip, 3)
+		if hit.Answers["server"] != 3 || hit.Clients[clientIP] != 3 {
+			t.Errorf("pod client on %s -> %s: %+v; want 3 answers, seen from the pod's own %s", nodeA.Name, vip, hit, clientIP)
+		}
+	})
+	t.Run("node to clusterIP whose only endpoint is on the other node", func(t *testing.T) {
+		hit := vmHit(ctx, t, nodeA.VM, vip, 3)
+		if hit.Answers["server"] != 3 {
+			t.Errorf("%s's host -> %s: %+v; want 3 answers (the shipped ConfigMap: no cluster CIDR)", nodeA.Name, vip, hit)
+		}
+		for addr := range hit.Clients {
+			if addr == clusterIP.Spec.ClusterIP {
+				t.Errorf("the server saw the clusterIP %s as the client: a reply to it stays on %s", addr, nodeB.Name)
+			}
+		}
+		t.Logf("%s's host -> %s: %+v", nodeA.Name, vip, hit)
+	})
+	t.Run("outside to NodePort with policy Cluster on the node without the endpoint", func(t *testing.T) {
+		hit := vmHit(ctx, t, c.Outside, nodeA.IP+":"+npPort, 3)
+		if hit.Answers["server"] != 3 || hit.Clients[nodeA.IP] != 3 {
+			t.Errorf("outside -> %s:%s: %+v; want 3 answers, masqueraded to %s", nodeA.IP, npPort, hit, nodeA.IP)
+		}
+	})
+	t.Run("outside to NodePort with policy Local", func(t *testing.T) {
+		if hit := vmHit(ctx, t, c.Outside, nodeA.IP+":"+localPort, 2, "--timeout", "2s"); hit.Total() != 0 {
+			t.Errorf("outside -> %s:%s (no local endpoint): %+v; want no answer", nodeA.IP, localPort, hit)
+		}
+		hit := vmHit(ctx, t, c.Outside, nodeB.IP+":"+localPort, 3)
+		if hit.Answers["server"] != 3 || hit.Clients[cluster.OutsideIP] != 3 {
+			t.Errorf("outside -> %s:%s: %+v; want 3 answers seen from the outside host's own %s", nodeB.IP, localPort, hit, cluster.OutsideIP)
+		}
+	})
+	t.Run("health-check node port", func(t *testing.T) {
+		for _, tc := range []struct {
+			node *cluster.Node
+			want int
+		}{{nodeA, 503}, {nodeB, 200}} {
+			url := "http://" + tc.node.IP + ":" + hcPort + "/"
+			out, err := c.Outside.RunOK(ctx, "vmagent", "http", url)
+			var res agentapi.HTTPResult
+			if err == nil {
+				err = json.Unmarshal([]byte(out), &res)
+			}
+			if err != nil || res.Status != tc.want {
+				t.Errorf("outside GET %s: %q, %v; want status %d", url, out, err, tc.want)
+			}
+		}
+	})
+	t.Run("outside to LoadBalancer IP with policy Local, routed to each node", func(t *testing.T) {
+		// The load balancer's part: the outside host routes the LB IP's
+		// traffic to one node, as a router fed by a BGP speaker would.
+		for _, tc := range []struct {
+			node   *cluster.Node
+			answer bool
+		}{{nodeA, false}, {nodeB, true}} {
+			if _, err := c.Outside.RunOK(ctx, "ip", "route", "replace", twoNodeLBIP+"/32", "via", tc.node.IP, "dev", cluster.SegmentIface); err != nil {
+				t.Fatal(err)
+			}
+			hit := vmHit(ctx, t, c.Outside, twoNodeLBIP+":80", 2, "--timeout", "2s")
+			switch {
+			case tc.answer && (hit.Answers["server"] != 2 || hit.Clients[cluster.OutsideIP] != 2):
+				t.Errorf("outside -> %s via %s: %+v; want 2 answers seen from %s", twoNodeLBIP, tc.node.Name, hit, cluster.OutsideIP)
+			case !tc.answer && hit.Total() != 0:
+				t.Errorf("outside -> %s via %s (no local endpoint): %+v; want no answer", twoNodeLBIP, tc.node.Name, hit)
+			}
+		}
+	})
+
+	// The agents learn how to tell pods' traffic (the ConfigMap as an
+	// operator changes it: detectLocalMode BridgeInterface, the CNI's
+	// bridge, still no cluster CIDR), restarted as a rollout would.
+	restartAgentsWithConfig(ctx, t, c, func(cfg string) string {
+		cfg = strings.Replace(cfg, "detectLocalMode: ClusterCIDR", "detectLocalMode: BridgeInterface", 1)
+		return strings.Replace(cfg, `podBridgeInterface: ""`, "podBridgeInterface: cni0", 1)
+	})
+	t.Run("pod to a Local Service's external addresses on the other node", func(t *testing.T) {
+		for _, addr := range []string{twoNodeExternalIP + ":80", twoNodeLBIP + ":80"} {
+			hit := podHit(ctx, t, c, ns, "client", addr, 2)
+			if hit.Answers["server"] != 2 {
+				t.Errorf("pod client on %s -> %s (Local, endpoint on %s): %+v; want 2 answers", nodeA.Name, addr, nodeB.Name, hit)
+			}
+		}
+	})
+	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// vmHit runs `vmagent hit` over TCP to addr n times in v's root namespace
+// (extra: more flags) and returns its result; failed attempts are in the
+// result, not an error.
+func vmHit(ctx context.Context, t *testing.T, v *vm.VM, addr string, n int, extra ...string) nettest.HitResult {
+	t.Helper()
+	out, err := v.RunOK(ctx, append([]string{"vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", strconv.Itoa(n)}, extra...)...)
+	if err != nil {
+		t.Fatalf("hit %s: %v: %s", addr, err, out)
+	}
+	var hit nettest.HitResult
+	if err := json.Unmarshal([]byte(out), &hit); err != nil {
+		t.Fatalf("hit %s: %q: %v", addr, out, err)
+	}
+	return hit
+}
+
+// restartAgentsWithConfig changes ipvs-proxy's ConfigMap's config.yaml
+// with edit, deletes the DaemonSet's pods and waits until a new pod is
+// ready on every node.
+func restartAgentsWithConfig(ctx context.Context, t *testing.T, c *cluster.Cluster, edit func(string) string) {
+	t.Helper()
+	cms := c.Client.CoreV1().ConfigMaps(metav1.NamespaceSystem)
+	cm, err := cms.Get(ctx, "ipvs-proxy", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := cm.Data["config.yaml"]
+	if cm.Data["config.yaml"] = edit(before); cm.Data["config.yaml"] == before {
+		t.Fatalf("the edit changed nothing in config.yaml:\n%s", before)
+	}
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const sel = "app.kubernetes.io/name=ipvs-proxy"
+	pods := c.Client.CoreV1().Pods(metav1.NamespaceSystem)
+	old, err := pods.List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := map[string]bool{}
+	for _, p := range old.Items {
+		gone[string(p.UID)] = true
+	}
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(ctx, t, "a new ipvs-proxy pod ready on every node", func() (bool, string) {
+		pl, err := pods.List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			return false, err.Error()
+		}
+		ready, last := 0, ""
+		for i := range pl.Items {
+			p := &pl.Items[i]
+			last += cluster.PodSummary(p) + "; "
+			if gone[string(p.UID)] {
+				continue
+			}
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		return ready == len(c.Nodes), last
+	})
+}
