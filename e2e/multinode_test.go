@@ -4,14 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
@@ -23,6 +27,7 @@ import (
 const (
 	twoNodeExternalIP = "192.168.56.201"
 	twoNodeLBIP       = "192.168.56.202"
+	twoNodeRangesLBIP = "192.168.56.203"
 )
 
 // TestTwoNodes: a cluster of two nodes (each a VM with kubelet,
@@ -41,6 +46,11 @@ const (
 //     health-check node port says 503 on node-1 and 200 on node-2; a
 //     LoadBalancer IP routed to node-2 is answered with the client's
 //     address, routed to node-1 it is not;
+//   - internalTrafficPolicy Local with the only endpoint on node-2: no
+//     connection from node-1 (pod or host), answered on node-2;
+//   - loadBalancerSourceRanges hold on both nodes, and follow a change;
+//   - ARP on the segment for the LoadBalancer IP: every node answers
+//     without strict ARP (as shipped), none with it (no announcer runs);
 //   - with the agents told the pods' bridge (detectLocalMode
 //     BridgeInterface), a pod on node-1 reaches that Local Service's
 //     externalIP and LoadBalancer IP (in-cluster traffic is not
@@ -110,6 +120,14 @@ func TestTwoNodes(t *testing.T) {
 	if lbLocal, err = cs.CoreV1().Services(ns).UpdateStatus(ctx, lbLocal, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	itpLocal := mk(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "itp-local"},
+		Spec: corev1.ServiceSpec{InternalTrafficPolicy: ptr.To(corev1.ServiceInternalTrafficPolicyLocal)}})
+	lbRanges := mk(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "lb-ranges"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerSourceRanges: []string{"192.168.56.99/32"}}})
+	lbRanges.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: twoNodeRangesLBIP}}
+	if lbRanges, err = cs.CoreV1().Services(ns).UpdateStatus(ctx, lbRanges, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	vip := clusterIP.Spec.ClusterIP + ":80"
 	npPort := strconv.Itoa(int(npCluster.Spec.Ports[0].NodePort))
 	localPort := strconv.Itoa(int(lbLocal.Spec.Ports[0].NodePort))
@@ -119,7 +137,7 @@ func TestTwoNodes(t *testing.T) {
 	// the server on node-2 as their real server on both nodes (a Local
 	// Service keeps every endpoint for in-cluster clients).
 	for _, n := range c.Nodes {
-		for _, addr := range []string{vip, twoNodeLBIP + ":80"} {
+		for _, addr := range []string{vip, twoNodeLBIP + ":80", twoNodeRangesLBIP + ":80"} {
 			waitFor(ctx, t, addr+" in IPVS on "+n.Name, func() (bool, string) {
 				out, err := n.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", addr)
 				return err == nil && strings.Contains(out, serverIP+":8080"), out + fmt.Sprint(err)
@@ -195,11 +213,55 @@ func TestTwoNodes(t *testing.T) {
 			}
 		}
 	})
+	t.Run("internalTrafficPolicy Local with the only endpoint on the other node", func(t *testing.T) {
+		addr := itpLocal.Spec.ClusterIP + ":80"
+		if hit := podHit(ctx, t, c, ns, "client", addr, 1); hit.Total() != 0 {
+			t.Errorf("pod client on %s -> %s: %+v; want no answer", nodeA.Name, addr, hit)
+		}
+		if hit := vmHit(ctx, t, nodeA.VM, addr, 1, "--timeout", "2s"); hit.Total() != 0 {
+			t.Errorf("%s's host -> %s: %+v; want no answer", nodeA.Name, addr, hit)
+		}
+		if hit := vmHit(ctx, t, nodeB.VM, addr, 2); hit.Answers["server"] != 2 {
+			t.Errorf("%s's host -> %s: %+v; want 2 answers from its local endpoint", nodeB.Name, addr, hit)
+		}
+	})
+	t.Run("loadBalancerSourceRanges on every node", func(t *testing.T) {
+		via := func(n *cluster.Node) nettest.HitResult {
+			t.Helper()
+			if _, err := c.Outside.RunOK(ctx, "ip", "route", "replace", twoNodeRangesLBIP+"/32", "via", n.IP, "dev", cluster.SegmentIface); err != nil {
+				t.Fatal(err)
+			}
+			return vmHit(ctx, t, c.Outside, twoNodeRangesLBIP+":80", 1, "--timeout", "2s")
+		}
+		for _, n := range c.Nodes {
+			if hit := via(n); hit.Total() != 0 {
+				t.Errorf("outside (%s) -> %s via %s, source ranges %v: %+v; want no answer", cluster.OutsideIP, twoNodeRangesLBIP, n.Name,
+					lbRanges.Spec.LoadBalancerSourceRanges, hit)
+			}
+		}
+		lbRanges.Spec.LoadBalancerSourceRanges = []string{"192.168.56.99/32", cluster.OutsideIP + "/32"}
+		var err error
+		if lbRanges, err = cs.CoreV1().Services(ns).Update(ctx, lbRanges, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range c.Nodes {
+			waitWithin(ctx, t, time.Minute, "outside -> "+twoNodeRangesLBIP+" via "+n.Name+" answered once the outside host is in the ranges", func() (bool, string) {
+				hit := via(n)
+				return hit.Answers["server"] == 1, fmt.Sprintf("%+v", hit)
+			})
+		}
+	})
+	t.Run("ARP for the LoadBalancer IP without strict ARP: every node answers", func(t *testing.T) {
+		if got := arpAnswers(ctx, t, c, twoNodeLBIP); len(got) != len(c.Nodes) {
+			t.Errorf("ARP answers for %s on the segment (strictARP: false, as shipped): from %v; want one from each of the %d nodes", twoNodeLBIP, got, len(c.Nodes))
+		}
+	})
 
 	// The agents learn how to tell pods' traffic (the ConfigMap as an
 	// operator changes it: detectLocalMode BridgeInterface, the CNI's
 	// bridge, still no cluster CIDR), restarted as a rollout would.
 	restartAgentsWithConfig(ctx, t, c, func(cfg string) string {
+		cfg = strings.Replace(cfg, "strictARP: false", "strictARP: true", 1)
 		cfg = strings.Replace(cfg, "detectLocalMode: ClusterCIDR", "detectLocalMode: BridgeInterface", 1)
 		return strings.Replace(cfg, `podBridgeInterface: ""`, "podBridgeInterface: cni0", 1)
 	})
@@ -211,7 +273,42 @@ func TestTwoNodes(t *testing.T) {
 			}
 		}
 	})
+	t.Run("ARP with strict ARP: no node answers for Service addresses", func(t *testing.T) {
+		for _, ip := range []string{twoNodeLBIP, twoNodeExternalIP, clusterIP.Spec.ClusterIP} {
+			if got := arpAnswers(ctx, t, c, ip); len(got) != 0 {
+				t.Errorf("ARP answers for %s on the segment (strictARP: true): from %v; want none (no announcer runs)", ip, got)
+			}
+		}
+	})
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// arpAnswers sends ARP requests for ip from the outside host and returns
+// the MACs that answered, as the segment's hub saw them.
+func arpAnswers(ctx context.Context, t *testing.T, c *cluster.Cluster, ip string) map[string]bool {
+	t.Helper()
+	target := net.ParseIP(ip).To4()
+	var mu sync.Mutex
+	macs := map[string]bool{}
+	stop := c.Hub.Watch(func(f []byte) {
+		// Ethernet type ARP, opcode 2 (reply), sender IP = ip.
+		if len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 && f[20] == 0 && f[21] == 2 && net.IP(f[28:32]).Equal(target) {
+			mu.Lock()
+			macs[net.HardwareAddr(f[22:28]).String()] = true
+			mu.Unlock()
+		}
+	})
+	defer stop()
+	// arping exits 1 when nothing answers: the hub's count is the result.
+	r, err := c.Outside.Run(ctx, "arping", "-c", "2", "-w", "3", "-I", cluster.SegmentIface, ip)
+	if err != nil {
+		t.Fatalf("arping %s: %v", ip, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the last answer through the hub
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("arping %s: answered by %v (%s)", ip, macs, strings.TrimSpace(r.Stdout))
+	return maps.Clone(macs)
 }
 
 // vmHit runs `vmagent hit` over TCP to addr n times in v's root namespace
