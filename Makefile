@@ -138,11 +138,11 @@ conformance:
 	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
 
 # CI's share (`make test`): every [Conformance] test of the focus, two at
-# a time, on the bed's own one-node cluster with ipvs-proxy's DaemonSet;
+# a time, on the bed's own cluster of two nodes with ipvs-proxy's DaemonSet;
 # a failed test gets a second attempt (the VM is emulated: a pod can
 # stall for seconds), and the closing line names any test that needed it.
 conformance-ci:
-	$(MAKE) --no-print-directory conformance KUBECONFIG= PROXY=ipvs-proxy CONFORMANCE_ONLY=1 CONFORMANCE_PROCS=2 CONFORMANCE_FLAKE_ATTEMPTS=2
+	$(MAKE) --no-print-directory conformance KUBECONFIG= PROXY=ipvs-proxy NODES=2 CONFORMANCE_ONLY=1 CONFORMANCE_PROCS=2 CONFORMANCE_FLAKE_ATTEMPTS=2
 
 conformance-list:
 	$(GO) run ./e2e/conformance --list
