@@ -27,6 +27,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -126,7 +127,7 @@ func run(ctx context.Context, o options) error {
 		return suite.List(ctx, p, os.Stdout)
 	case o.images:
 		t0 := time.Now()
-		archive, err := upstream.EnsureAgnhostImage(ctx, controlplane.CacheDir(), suite.Agnhost(), logf)
+		archives, err := upstream.EnsureTestImages(ctx, controlplane.CacheDir(), suite, logf)
 		if err != nil {
 			return err
 		}
@@ -137,7 +138,9 @@ func run(ctx context.Context, o options) error {
 				return err
 			}
 		}
-		fmt.Printf("%s\t%s\n", upstream.AgnhostImage, archive)
+		for _, name := range slices.Sorted(maps.Keys(archives)) {
+			fmt.Printf("%s\t%s\n", name, archives[name])
+		}
 		return nil
 	case o.bareControlPlane:
 		cp, err := controlplane.Start(ctx, controlplane.Options{WithControllerManager: true, Log: logf})
@@ -184,11 +187,11 @@ func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluste
 	if err != nil {
 		return nil, err
 	}
-	agnhost, err := upstream.EnsureAgnhostImage(ctx, controlplane.CacheDir(), suite.Agnhost(), logf)
+	images, err := upstream.EnsureTestImages(ctx, controlplane.CacheDir(), suite, logf)
 	if err != nil {
 		return nil, err
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: logf, Nodes: o.nodes, Images: map[string]string{"agnhost.tar": agnhost}})
+	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: logf, Nodes: o.nodes, Images: images})
 	if err != nil {
 		return nil, err
 	}

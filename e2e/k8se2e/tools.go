@@ -2,16 +2,18 @@
 
 // Package k8se2e pins Kubernetes' own end-to-end suite (test/e2e, built
 // with `go test -c` into e2e.test), the kubectl it runs for exec, and the
-// agnhost test image's command, at the version of the bed's other
-// Kubernetes binaries. It is a module of its own, apart from e2e/k8sbin, so
-// that the suite's many test-only dependencies do not change the cache key
-// of the control-plane binaries, and the main module's ./... never sees it.
+// commands of the agnhost and regression-issue-74839 test images, at the
+// version of the bed's other Kubernetes binaries. It is a module of its
+// own, apart from e2e/k8sbin, so that the suite's many test-only
+// dependencies do not change the cache key of the control-plane binaries,
+// and the main module's ./... never sees it.
 package k8se2e
 
 import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/test/e2e"
 	_ "k8s.io/kubernetes/test/images/agnhost"
+	_ "k8s.io/kubernetes/test/images/regression-issue-74839"
 
 	// What test/e2e's own e2e_test.go imports: go test -c needs it in the build list.
 	_ "github.com/onsi/ginkgo/v2"

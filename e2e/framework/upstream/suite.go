@@ -19,12 +19,22 @@ const (
 	BinE2ETest = "e2e.test"
 	BinKubectl = "kubectl"
 	BinAgnhost = "agnhost"
+	// BinRegressionIssue74839 is the boom-server of the Conntrack tests'
+	// regression-issue-74839 image.
+	BinRegressionIssue74839 = "regression-issue-74839"
 )
 
 var suitePackages = []controlplane.WrapperPackage{
 	{Path: "k8s.io/kubernetes/test/e2e", Binary: BinE2ETest},
 	{Path: "k8s.io/kubernetes/cmd/kubectl", Binary: BinKubectl},
 	{Path: "k8s.io/kubernetes/test/images/agnhost", Binary: BinAgnhost},
+}
+
+// imagePackages are the commands of the test images other than agnhost.
+// They are built apart from the suite, so that a new one leaves the
+// suite's cache key, and e2e.test's long build, alone.
+var imagePackages = []controlplane.WrapperPackage{
+	{Path: "k8s.io/kubernetes/test/images/regression-issue-74839", Binary: BinRegressionIssue74839},
 }
 
 // Suite is a directory of the suite's binaries.
@@ -55,4 +65,16 @@ func EnsureGinkgo(ctx context.Context, cacheDir string) (string, error) {
 func EnsureSuite(ctx context.Context, cacheDir string) (Suite, error) {
 	dir, err := controlplane.EnsureWrapperBinaries(ctx, cacheDir, module, suitePackages)
 	return Suite{Dir: dir}, err
+}
+
+// EnsureImageBinaries builds the commands of the test images other than
+// agnhost (the boom-server of regression-issue-74839) from e2e/k8se2e,
+// as EnsureSuite builds agnhost, into a directory of cacheDir of their
+// own, unless they are there, and returns it.
+func EnsureImageBinaries(ctx context.Context, cacheDir string) (string, error) {
+	dir, err := controlplane.EnsureWrapperBinaries(ctx, cacheDir, module, imagePackages)
+	if err != nil {
+		return "", fmt.Errorf("build the test images' binaries: %w", err)
+	}
+	return dir, nil
 }
