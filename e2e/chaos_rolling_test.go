@@ -159,23 +159,7 @@ func TestChaosRollingUpdate(t *testing.T) {
 
 	// Traffic from the node: a new connection every 100 ms (no retry) and
 	// a held one, and the same to the control.
-	startHit := func(addr string) *vm.Proc {
-		p, err := c.VM.Start(ctx, "vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", "1000000", "--interval", "100ms", "--timeout", "5s")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Stop() })
-		return p
-	}
-	hit, controlHit := startHit(vip), startHit(control)
-	hold, err := c.VM.Start(ctx, "vmagent", "hold", "--addr", vip, "--interval", "200ms", "--timeout", "10s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = hold.Stop() }()
-	if err := hold.WaitFor(ctx, "answer 1 "); err != nil {
-		t.Fatal(err)
-	}
+	hit, controlHit, hold := startTraffic(ctx, t, c.VM, vip, control)
 	heldPod := heldAnswer.FindStringSubmatch(hold.Output())[1]
 	if _, ok := oldIPs[heldPod]; !ok {
 		t.Fatalf("the held connection answers from %q, not one of the pods %v", heldPod, oldIPs)
@@ -208,22 +192,7 @@ func TestChaosRollingUpdate(t *testing.T) {
 	t.Logf("rolling update: rollout (and IPVS with exactly the new pods) %s; new connections %d, failed %d; answers by pod %v; old pods %v, new %v",
 		rollout.Round(time.Millisecond), res.Total()+len(failures), len(failures), res.Answers, oldIPs, newIPs)
 	t.Logf("control Service (unchanged): new connections %d, failed %d", controlRes.Total()+len(controlFailures), len(controlFailures))
-	// A failure is the rollout's unless the control failed within 6 s of
-	// it (a stalled VM fails both).
-	var unexcused []string
-	for i, at := range failures {
-		stalled := false
-		for _, cat := range controlFailures {
-			if d := at.at.Sub(cat.at); d > -6*time.Second && d < 6*time.Second {
-				stalled = true
-			}
-		}
-		if !stalled {
-			unexcused = append(unexcused, fmt.Sprintf("#%d %s", i, at))
-		} else {
-			t.Logf("failure during a stall (the control failed too): %s", at)
-		}
-	}
+	unexcused := unexcusedFailures(t, failures, controlFailures)
 	if len(unexcused) > 0 {
 		t.Errorf("%d new connections failed during the rolling update while the control Service answered: %v", len(unexcused), unexcused)
 	}
@@ -258,6 +227,54 @@ func TestChaosRollingUpdate(t *testing.T) {
 		Notes: fmt.Sprintf("2 pods replaced one by one in the cluster; converge = rollout until IPVS has exactly the new pods; held connection: %d answers on its old pod, %d while it terminated; %d failures during VM stalls (control failed too); writes not counted (the agent runs in its pod)",
 			total, total-answersAtTermination, len(failures)-len(unexcused)),
 	})
+}
+
+// startTraffic starts, in v's root namespace, a new TCP connection to vip
+// every 100 ms (no retry, 5 s timeout), the same to control, and a held
+// connection to vip that has had its first answer. All three are stopped
+// when the test ends.
+func startTraffic(ctx context.Context, t *testing.T, v *vm.VM, vip, control string) (hit, controlHit, hold *vm.Proc) {
+	t.Helper()
+	start := func(argv ...string) *vm.Proc {
+		p, err := v.Start(ctx, argv...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Stop() })
+		return p
+	}
+	hitArgs := func(addr string) []string {
+		return []string{"vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", "1000000", "--interval", "100ms", "--timeout", "5s"}
+	}
+	hit, controlHit = start(hitArgs(vip)...), start(hitArgs(control)...)
+	hold = start("vmagent", "hold", "--addr", vip, "--interval", "200ms", "--timeout", "10s")
+	if err := hold.WaitFor(ctx, "answer 1 "); err != nil {
+		t.Fatal(err)
+	}
+	return hit, controlHit, hold
+}
+
+// unexcusedFailures are the failures of a hit that a change under test
+// caused: a failure is the change's unless the control (a Service that
+// does not change) failed within 6 s of it (a stalled VM fails both).
+// The excused ones are logged.
+func unexcusedFailures(t *testing.T, failures, controlFailures []hitFailure) []string {
+	t.Helper()
+	var unexcused []string
+	for i, at := range failures {
+		stalled := false
+		for _, cat := range controlFailures {
+			if d := at.at.Sub(cat.at); d > -6*time.Second && d < 6*time.Second {
+				stalled = true
+			}
+		}
+		if !stalled {
+			unexcused = append(unexcused, fmt.Sprintf("#%d %s", i, at))
+		} else {
+			t.Logf("failure during a stall (the control failed too): %s", at)
+		}
+	}
+	return unexcused
 }
 
 // hitFailure is a failed attempt of a hit and when it began (the VM's

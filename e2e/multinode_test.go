@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -49,6 +50,9 @@ const (
 //   - internalTrafficPolicy Local with the only endpoint on node-2: no
 //     connection from node-1 (pod or host), answered on node-2;
 //   - loadBalancerSourceRanges hold on both nodes, and follow a change;
+//   - the only endpoint moves from node-1 to node-2 (new pod, old one
+//     deleted) under traffic from node-1: no new connection fails, a held
+//     connection stays on the old pod while it terminates;
 //   - ARP on the segment for the LoadBalancer IP: every node answers
 //     without strict ARP (as shipped), none with it (no announcer runs);
 //   - with the agents told the pods' bridge (detectLocalMode
@@ -80,6 +84,7 @@ func TestTwoNodes(t *testing.T) {
 	server.Labels = map[string]string{"app": "server"}
 	server.Spec.NodeName = nodeB.Name
 	client := agentPod("client", []string{"/vmagent", "serve", "--name", "client", "--port", "8081", "--tcp"})
+	client.Labels = map[string]string{"app": "client"}
 	client.Spec.NodeName = nodeA.Name
 	pods := map[string]*corev1.Pod{}
 	for _, p := range []*corev1.Pod{server, client} {
@@ -251,6 +256,9 @@ func TestTwoNodes(t *testing.T) {
 			})
 		}
 	})
+	t.Run("endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
+		moveEndpointAcrossNodes(ctx, t, c, ns)
+	})
 	t.Run("ARP for the LoadBalancer IP without strict ARP: every node answers", func(t *testing.T) {
 		if got := arpAnswers(ctx, t, c, twoNodeLBIP); len(got) != len(c.Nodes) {
 			t.Errorf("ARP answers for %s on the segment (strictARP: false, as shipped): from %v; want one from each of the %d nodes", twoNodeLBIP, got, len(c.Nodes))
@@ -377,4 +385,114 @@ func restartAgentsWithConfig(ctx context.Context, t *testing.T, c *cluster.Clust
 		}
 		return ready == len(c.Nodes), last
 	})
+}
+
+// moveEndpointAcrossNodes moves a Service's only endpoint from node-1 to
+// node-2, as a rescheduled pod does, while node-1's host opens a new
+// connection every 100 ms and holds one: no new connection may fail
+// (unless a control Service failed too: a stalled VM), the held one stays
+// on the old pod while it terminates (it serves 10 s after SIGTERM) and
+// ends with it, and new connections reach the new pod.
+func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) {
+	cs := c.Client
+	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+	pod := func(name string, on *cluster.Node) *corev1.Pod {
+		p := agentPod(name, []string{"/vmagent", "serve", "--name", name, "--port", "8080", "--tcp", "--drain", "10s"})
+		p.Labels = map[string]string{"app": "moving"}
+		p.Spec.NodeName = on.Name
+		p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](30)
+		return p
+	}
+	running := func(name string) string {
+		var ip string
+		waitFor(ctx, t, "pod "+name+" Running", func() (bool, string) {
+			p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			ip = p.Status.PodIP
+			return p.Status.Phase == corev1.PodRunning && ip != "", cluster.PodSummary(p)
+		}, nodeA.KubeletLog, nodeB.KubeletLog)
+		return ip
+	}
+	inIPVS := func(addr string, want, notWant []string) {
+		waitFor(ctx, t, addr+" in IPVS on "+nodeA.Name+" with "+strings.Join(want, ","), func() (bool, string) {
+			out, err := nodeA.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", addr)
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, w := range want {
+				if !strings.Contains(out, w+":") {
+					return false, out
+				}
+			}
+			for _, w := range notWant {
+				if strings.Contains(out, w+":") {
+					return false, out
+				}
+			}
+			return true, out
+		})
+	}
+	svc := func(name string, sel map[string]string, target int32) string {
+		s, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.ServiceSpec{Selector: sel, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(target), Protocol: corev1.ProtocolTCP}}}},
+			metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Spec.ClusterIP + ":80"
+	}
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod("old", nodeA), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	oldIP := running("old")
+	vip := svc("moving", map[string]string{"app": "moving"}, 8080)
+	// The control: the client pod on node-1, which does not change.
+	control := svc("control", map[string]string{"app": "client"}, 8081)
+	inIPVS(vip, []string{oldIP}, nil)
+	inIPVS(control, nil, nil)
+
+	hit, controlHit, hold := startTraffic(ctx, t, nodeA.VM, vip, control)
+	time.Sleep(2 * time.Second) // traffic before the move
+
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod("new", nodeB), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	newIP := running("new")
+	inIPVS(vip, []string{oldIP, newIP}, nil)
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	answersAtDelete := strings.Count(hold.Output(), "answer ")
+	waitWithin(ctx, t, 3*time.Minute, "pod old gone", func() (bool, string) {
+		_, err := cs.CoreV1().Pods(ns).Get(ctx, "old", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	inIPVS(vip, []string{newIP}, []string{oldIP})
+	time.Sleep(2 * time.Second) // traffic after the move
+
+	res, failures := stopHit(t, hit)
+	_, controlFailures := stopHit(t, controlHit)
+	t.Logf("endpoint moved from %s (%s) to %s (%s): new connections %d, failed %d; answers %v; control failed %d",
+		nodeA.Name, oldIP, nodeB.Name, newIP, res.Total()+len(failures), len(failures), res.Answers, len(controlFailures))
+	if unexcused := unexcusedFailures(t, failures, controlFailures); len(unexcused) > 0 {
+		t.Errorf("%d new connections failed while the endpoint moved across nodes and the control answered: %v", len(unexcused), unexcused)
+	}
+	if res.Answers["new"] == 0 || res.Answers["old"] == 0 {
+		t.Errorf("new connections answered by %v; want both the old pod (before) and the new one (after)", res.Answers)
+	}
+	if err := hold.WaitFor(ctx, "error "); err != nil {
+		t.Errorf("the held connection did not end with its pod: %v", err)
+	}
+	total := strings.Count(hold.Output(), "answer ")
+	for _, l := range strings.Split(strings.TrimSpace(hold.Output()), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == "answer" && f[2] != "old" {
+			t.Errorf("the held connection moved off the old pod: %q", l)
+		}
+	}
+	if total <= answersAtDelete {
+		t.Errorf("the held connection got no answer while the old pod terminated (%d answers, %d before its deletion)", total, answersAtDelete)
+	}
+	t.Logf("held connection: %d answers, %d after the old pod's deletion; ended with %q", total, total-answersAtDelete, lastLine(hold.Output()))
 }
