@@ -65,8 +65,9 @@ func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClus
 // chartDir (the repository's deploy/helm/ipvs-proxy) rendered for a
 // release in kube-system by Helm's Go SDK (the render tool of the module
 // deploy/helm, with `go run`), over values (the apiserver's address and
-// the cluster's pod CIDR are set here, as the chart asks; values may add
-// more), then server-side applied as DeployIPVSProxy does.
+// the cluster's pod CIDR are set here, as the chart asks, unless values'
+// config sets clusterCIDRs; values may add more), then server-side
+// applied as DeployIPVSProxy does.
 func (c *Cluster) DeployIPVSProxyChart(ctx context.Context, chartDir string, values map[string]any) error {
 	vals := map[string]any{"apiServer": "https://" + c.APIServerAddr()}
 	maps.Copy(vals, values)
@@ -75,7 +76,9 @@ func (c *Cluster) DeployIPVSProxyChart(ctx context.Context, chartDir string, val
 	if config == nil {
 		config = map[string]any{}
 	}
-	config["clusterCIDRs"] = []string{ClusterCIDR}
+	if _, set := config["clusterCIDRs"]; !set {
+		config["clusterCIDRs"] = []string{ClusterCIDR}
+	}
 	vals["config"] = config
 	chart, err := filepath.Abs(chartDir)
 	if err != nil {
