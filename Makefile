@@ -125,8 +125,9 @@ bench-go:
 # (ipvs-proxy or kube-proxy); CONFORMANCE_ONLY=1 runs only the
 # [Conformance] tests. Without KUBECONFIG it starts the bed's cluster of
 # NODES nodes (default 1; 2 or more run the tests that need several;
-# ipvs-proxy as its DaemonSet from deploy/, CoreDNS) and stops it after. CONFORMANCE_PROCS=N runs the tests on N parallel processes
-# (Ginkgo's runner; [Serial] ones alone at the end). `make
+# ipvs-proxy as its DaemonSet from deploy/, CoreDNS) and stops it after.
+# CONFORMANCE_PROCS=N runs the tests on N parallel processes (Ginkgo's
+# runner; [Serial] ones alone at the end). `make
 # conformance-list` lists the focus and the skips.
 # CONFORMANCE_FLAKE_ATTEMPTS=N gives a failed test up to N attempts in
 # all; the summary names each test that passed only after a failed one.

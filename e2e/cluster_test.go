@@ -63,23 +63,8 @@ func TestClusterNode(t *testing.T) {
 	server.Labels = map[string]string{"app": "server"}
 	client := agentPod("client", []string{"/vmagent", "serve", "--name", "client", "--port", "8081", "--tcp"})
 	podsStart := time.Now()
-	for _, p := range []*corev1.Pod{server, client} {
-		if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pods := map[string]*corev1.Pod{}
-	for _, name := range []string{"server", "client"} {
-		waitFor(ctx, t, "pod "+name+" Running", func() (bool, string) {
-			p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			pods[name] = p
-			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", cluster.PodSummary(p)
-		}, c.KubeletLog)
-		t.Logf("TIMING pod %s Running after %s (IP %s)", name, time.Since(podsStart).Round(time.Millisecond), pods[name].Status.PodIP)
-	}
+	pods := runPods(ctx, t, c, ns, server, client)
+	t.Logf("TIMING pods Running after %s", time.Since(podsStart).Round(time.Millisecond))
 
 	// exec through the apiserver (and its egress into the VM): this one
 	// has no fallback to ctr, it is the exec path under test.
@@ -228,6 +213,35 @@ func podHit(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod, addr
 		t.Fatalf("hit: %q: %v", out, err)
 	}
 	return hit
+}
+
+// runPods creates pods in ns and waits until each runs with an address
+// (its kubelet's log, every node's, in the failure); it returns them, as
+// they then were, by name.
+func runPods(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, pods ...*corev1.Pod) map[string]*corev1.Pod {
+	t.Helper()
+	for _, p := range pods {
+		if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var logs []func() string
+	for _, n := range c.Nodes {
+		logs = append(logs, n.KubeletLog)
+	}
+	running := map[string]*corev1.Pod{}
+	for _, want := range pods {
+		waitFor(ctx, t, "pod "+want.Name+" Running", func() (bool, string) {
+			p, err := c.Client.CoreV1().Pods(ns).Get(ctx, want.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			running[want.Name] = p
+			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", cluster.PodSummary(p)
+		}, logs...)
+		t.Logf("pod %s Running on %s (IP %s)", want.Name, running[want.Name].Spec.NodeName, running[want.Name].Status.PodIP)
+	}
+	return running
 }
 
 // agentPod is a pod of the test server image running argv.

@@ -24,10 +24,13 @@ import (
 )
 
 // Addresses of the two-node tests on the nodes' segment.
-const (
-	twoNodeExternalIP = "192.168.56.201"
-	twoNodeLBIP       = "192.168.56.202"
-	twoNodeRangesLBIP = "192.168.56.203"
+var (
+	twoNodeExternalIP = cluster.SegmentAddr(201)
+	twoNodeLBIP       = cluster.SegmentAddr(202)
+	twoNodeRangesLBIP = cluster.SegmentAddr(203)
+	// notOutside is an address on the segment that no host has: a
+	// source range that excludes the outside host.
+	notOutside = cluster.SegmentAddr(99) + "/32"
 )
 
 // TestTwoNodes: a real cluster of two nodes (each a VM with kubelet,
@@ -85,22 +88,7 @@ func TestTwoNodes(t *testing.T) {
 	client := agentPod("client", []string{"/vmagent", "serve", "--name", "client", "--port", "8081", "--tcp"})
 	client.Labels = map[string]string{"app": "client"}
 	client.Spec.NodeName = nodeA.Name
-	pods := map[string]*corev1.Pod{}
-	for _, p := range []*corev1.Pod{server, client} {
-		if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, name := range []string{"server", "client"} {
-		waitFor(ctx, t, "pod "+name+" Running", func() (bool, string) {
-			p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			pods[name] = p
-			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", cluster.PodSummary(p)
-		}, nodeA.KubeletLog, nodeB.KubeletLog)
-	}
+	pods := runPods(ctx, t, c, ns, server, client)
 	serverIP, clientIP := pods["server"].Status.PodIP, pods["client"].Status.PodIP
 	t.Logf("server %s on %s, client %s on %s", serverIP, nodeB.Name, clientIP, nodeA.Name)
 
@@ -127,7 +115,7 @@ func TestTwoNodes(t *testing.T) {
 	itpLocal := mk(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "itp-local"},
 		Spec: corev1.ServiceSpec{InternalTrafficPolicy: ptr.To(corev1.ServiceInternalTrafficPolicyLocal)}})
 	lbRanges := mk(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "lb-ranges"},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerSourceRanges: []string{"192.168.56.99/32"}}})
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerSourceRanges: []string{notOutside}}})
 	lbRanges.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: twoNodeRangesLBIP}}
 	if lbRanges, err = cs.CoreV1().Services(ns).UpdateStatus(ctx, lbRanges, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
@@ -269,7 +257,7 @@ func TestTwoNodes(t *testing.T) {
 					lbRanges.Spec.LoadBalancerSourceRanges, hit)
 			}
 		}
-		lbRanges.Spec.LoadBalancerSourceRanges = []string{"192.168.56.99/32", cluster.OutsideIP + "/32"}
+		lbRanges.Spec.LoadBalancerSourceRanges = []string{notOutside, cluster.OutsideIP + "/32"}
 		var err error
 		if lbRanges, err = cs.CoreV1().Services(ns).Update(ctx, lbRanges, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
@@ -290,11 +278,10 @@ func TestTwoNodes(t *testing.T) {
 	// The agents learn how to tell pods' traffic (the ConfigMap as an
 	// operator changes it: detectLocalMode BridgeInterface, the CNI's
 	// bridge, still no cluster CIDR), restarted as a rollout would.
-	restartAgentsWithConfig(ctx, t, c, func(cfg string) string {
-		cfg = strings.Replace(cfg, "strictARP: false", "strictARP: true", 1)
-		cfg = strings.Replace(cfg, "detectLocalMode: ClusterCIDR", "detectLocalMode: BridgeInterface", 1)
-		return strings.Replace(cfg, `podBridgeInterface: ""`, "podBridgeInterface: cni0", 1)
-	})
+	restartAgentsWithConfig(ctx, t, c,
+		"strictARP: false", "strictARP: true",
+		"detectLocalMode: ClusterCIDR", "detectLocalMode: BridgeInterface",
+		`podBridgeInterface: ""`, "podBridgeInterface: cni0")
 	t.Run("pod to a Local Service's external addresses on the other node", func(t *testing.T) {
 		for _, addr := range []string{twoNodeExternalIP + ":80", twoNodeLBIP + ":80"} {
 			hit := podHit(ctx, t, c, ns, "client", addr, 2)
@@ -358,19 +345,23 @@ func vmHit(ctx context.Context, t *testing.T, v *vm.VM, addr string, n int, extr
 }
 
 // restartAgentsWithConfig changes ipvs-proxy's ConfigMap's config.yaml
-// with edit, deletes the DaemonSet's pods and waits until a new pod is
-// ready on every node.
-func restartAgentsWithConfig(ctx context.Context, t *testing.T, c *cluster.Cluster, edit func(string) string) {
+// (oldNew: pairs of a text it holds and its replacement), deletes the
+// DaemonSet's pods and waits until a new pod is ready on every node.
+func restartAgentsWithConfig(ctx context.Context, t *testing.T, c *cluster.Cluster, oldNew ...string) {
 	t.Helper()
 	cms := c.Client.CoreV1().ConfigMaps(metav1.NamespaceSystem)
 	cm, err := cms.Get(ctx, "ipvs-proxy", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := cm.Data["config.yaml"]
-	if cm.Data["config.yaml"] = edit(before); cm.Data["config.yaml"] == before {
-		t.Fatalf("the edit changed nothing in config.yaml:\n%s", before)
+	cfg := cm.Data["config.yaml"]
+	for i := 0; i+1 < len(oldNew); i += 2 {
+		if !strings.Contains(cfg, oldNew[i]) {
+			t.Fatalf("no %q in ipvs-proxy's config.yaml to change:\n%s", oldNew[i], cfg)
+		}
+		cfg = strings.Replace(cfg, oldNew[i], oldNew[i+1], 1)
 	}
+	cm.Data["config.yaml"] = cfg
 	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -54,21 +54,27 @@ import (
 const (
 	NodeName     = "node-1"        // the first node's name; node k is "node-k"
 	NodeIP       = "10.0.2.15"     // the node's address on a one-node cluster: the VM's eth0
-	PodCIDR      = "10.244.0.0/24" // the first node's pods (node IPAM's first /24)
-	ClusterCIDR  = "10.244.0.0/16" // every pod
+	ClusterCIDR  = "10.244.0.0/16" // every pod (node IPAM gives each node a /24 of it)
 	ServiceCIDR  = "10.96.0.0/16"  // IPv4 only: the nodes are IPv4 only
 	KubernetesIP = "10.96.0.1"     // the `kubernetes` Service
 
 	// On several nodes, the nodes share a private segment (a vm.Hub)
-	// on their eth1: node k is 192.168.56.(10+k), the outside host
+	// on their eth1: node k is SegmentAddr(10+k), the outside host
 	// OutsideIP. Tests take their LoadBalancer and external addresses
-	// on the segment from SegmentFree.
-	SegmentCIDR = "192.168.56.0/24"
-	OutsideIP   = "192.168.56.100"
-	SegmentFree = "192.168.56.200/29"
+	// on the segment from SegmentAddr(200) to SegmentAddr(254).
+	SegmentCIDR = segmentPrefix + "0/24"
+	OutsideIP   = segmentPrefix + "100"
 	// SegmentIface is the segment's interface in every VM on it.
 	SegmentIface = "eth1"
+
+	segmentPrefix = "192.168.56."
 )
+
+// SegmentAddr is host number i of SegmentCIDR.
+func SegmentAddr(i int) string { return segmentPrefix + strconv.Itoa(i) }
+
+// segmentMAC is the MAC of the segment NIC of the VM at SegmentAddr(i).
+func segmentMAC(i int) string { return fmt.Sprintf("52:54:00:38:00:%02x", i) }
 
 // Options configure Start.
 type Options struct {
@@ -247,8 +253,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	for k := 1; k <= opts.Nodes; k++ {
 		n := &Node{Name: fmt.Sprintf("node-%d", k), IP: NodeIP}
 		if opts.Nodes > 1 {
-			n.IP = segmentAddr(10 + k)
-			n.mac = fmt.Sprintf("52:54:00:38:00:%02x", 10+k)
+			n.IP, n.mac = SegmentAddr(10+k), segmentMAC(10+k)
 		}
 		c.Nodes = append(c.Nodes, n)
 	}
@@ -282,9 +287,6 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	return c, nil
 }
-
-// segmentAddr is host number i of SegmentCIDR.
-func segmentAddr(i int) string { return "192.168.56." + strconv.Itoa(i) }
 
 // startNodeRetrying boots n's VM and makes it a node, booting again
 // while the VM is lost (nodeLostError), up to bootAttempts in all.
@@ -564,7 +566,7 @@ func (c *Cluster) startOutside(ctx context.Context, opts Options) error {
 		return errors.New("cluster: Options.Outside needs more than one node")
 	}
 	v, err := vm.Start(ctx, vm.Options{Assets: opts.Assets, MemoryMB: 512, CPUs: 1, Segment: c.Hub.Addr(),
-		SegmentMAC: "52:54:00:38:00:64", Log: c.logf})
+		SegmentMAC: segmentMAC(100), Log: c.logf})
 	if err != nil {
 		return fmt.Errorf("cluster: outside host: %w", err)
 	}

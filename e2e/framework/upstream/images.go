@@ -47,8 +47,8 @@ var imageEpoch = time.Unix(0, 0).UTC()
 // binDirs are where the images' commands are looked up (their PATH).
 var binDirs = []string{"usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin"}
 
-// imagePath is the images' PATH, binDirs as absolute paths.
-const imagePath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+// imagePath is the images' PATH: binDirs as absolute paths.
+var imagePath = "PATH=/" + strings.Join(binDirs, ":/")
 
 // The users and groups of every image; a recipe may add more.
 const (

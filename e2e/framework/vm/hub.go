@@ -55,6 +55,13 @@ func StartHub() (*Hub, error) {
 // Addr is the address for Options.Segment.
 func (h *Hub) Addr() string { return h.ln.Addr().String() }
 
+// Ports is how many VMs are connected.
+func (h *Hub) Ports() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ports)
+}
+
 // Watch calls f with every frame the hub carries (f must not keep the
 // slice nor block long), until the returned function is called.
 func (h *Hub) Watch(f func(frame []byte)) (stop func()) {

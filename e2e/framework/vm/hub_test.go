@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"strings"
@@ -38,7 +39,12 @@ func TestHubRepeats(t *testing.T) {
 		}
 		defer ports[i].Close()
 	}
-	time.Sleep(100 * time.Millisecond) // every port accepted
+	for deadline := time.Now().Add(5 * time.Second); h.Ports() < len(ports); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the hub accepted %d of %d ports", h.Ports(), len(ports))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	frame := []byte("\xff\xff\xff\xff\xff\xff\x52\x54\x00\x00\x00\x01\x08\x06an ARP request")
 	hdr := binary.BigEndian.AppendUint32(nil, uint32(len(frame)))
 	if _, err := ports[0].Write(append(hdr, frame...)); err != nil {
@@ -86,25 +92,38 @@ func TestSegmentBetweenVMs(t *testing.T) {
 	})()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	vms := make([]*vm.VM, 2)
+	// Both boot at once (t.Fatal may not be called from their goroutines:
+	// errors are collected).
+	macs := []string{"52:54:00:12:00:01", "52:54:00:12:00:02"}
+	vms, errs := make([]*vm.VM, 2), make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range vms {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			vms[i] = vm.Boot(t, vm.Options{Assets: a, Segment: h.Addr(), SegmentMAC: []string{"52:54:00:12:00:01", "52:54:00:12:00:02"}[i]})
+			vms[i], errs[i] = vm.Start(ctx, vm.Options{Assets: a, Segment: h.Addr(), SegmentMAC: macs[i], Log: t.Logf})
 		}()
 	}
 	wg.Wait()
-	if t.Failed() {
-		return
+	for _, v := range vms {
+		if v != nil {
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("guest console:\n%s", v.ConsoleLog())
+				}
+				_ = v.Shutdown()
+			})
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 	for i, v := range vms {
 		mac, err := v.RunOK(ctx, "cat", "/sys/class/net/eth1/address")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := []string{"52:54:00:12:00:01", "52:54:00:12:00:02"}[i]; strings.TrimSpace(mac) != want {
+		if want := macs[i]; strings.TrimSpace(mac) != want {
 			t.Fatalf("vm %d: eth1 has MAC %q, want %s", i, mac, want)
 		}
 		ip := []string{"192.168.56.11/24", "192.168.56.12/24"}[i]
