@@ -111,6 +111,9 @@ func run(ctx context.Context, o options) error {
 	if err := p.ForNodes(o.nodes); err != nil {
 		return err
 	}
+	if err := p.ForProxy(o.proxy); err != nil {
+		return err
+	}
 	if o.narrow != "" {
 		if err := p.Narrow(o.narrow); err != nil {
 			return err
@@ -200,7 +203,9 @@ func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluste
 		// A process in the VM: it ends with the VM.
 		_, err = c.StartKubeProxy(ctx)
 	default:
-		err = c.DeployIPVSProxy(ctx, o.deployDir)
+		// Labelled as kube-proxy's pods are, so that the suite's test of a
+		// proxy restart finds them (the skip list's [with kube-proxy]).
+		err = c.DeployIPVSProxyLabelled(ctx, o.deployDir, map[string]string{"k8s-app": "kube-proxy"})
 	}
 	if err != nil {
 		c.Close()

@@ -26,21 +26,43 @@ import (
 // as the ConfigMap's comments ask. It returns once the DaemonSet's pod is
 // ready (up to 5 minutes).
 func (c *Cluster) DeployIPVSProxy(ctx context.Context, deployDir string) error {
-	return c.deployIPVSProxy(ctx, deployDir, true)
+	return c.deployIPVSProxy(ctx, deployDir, true, nil)
+}
+
+// DeployIPVSProxyLabelled is DeployIPVSProxy with podLabels added to the
+// DaemonSet's pod template (its selector unchanged): for tests that find
+// the node proxy's pods by kube-proxy's label, k8s-app=kube-proxy. Not
+// shipped so: on a cluster that still runs kube-proxy's DaemonSet, whose
+// selector is that label, the two would overlap.
+func (c *Cluster) DeployIPVSProxyLabelled(ctx context.Context, deployDir string, podLabels map[string]string) error {
+	return c.deployIPVSProxy(ctx, deployDir, true, podLabels)
 }
 
 // DeployIPVSProxyShipped is DeployIPVSProxy with the ConfigMap's
 // clusterCIDRs left as shipped (empty): the agent knows no pod range.
 func (c *Cluster) DeployIPVSProxyShipped(ctx context.Context, deployDir string) error {
-	return c.deployIPVSProxy(ctx, deployDir, false)
+	return c.deployIPVSProxy(ctx, deployDir, false, nil)
 }
 
-func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClusterCIDR bool) error {
+func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClusterCIDR bool, podLabels map[string]string) error {
 	objs, err := manifest.ReadDir(deployDir)
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
 	for _, obj := range objs {
+		if obj.GetKind() == "DaemonSet" && obj.GetName() == "ipvs-proxy" && len(podLabels) > 0 {
+			labels, _, err := unstructured.NestedStringMap(obj.Object, "spec", "template", "metadata", "labels")
+			if err != nil {
+				return fmt.Errorf("cluster: DaemonSet ipvs-proxy in %s: %w", deployDir, err)
+			}
+			if labels == nil {
+				labels = map[string]string{}
+			}
+			maps.Copy(labels, podLabels)
+			if err := unstructured.SetNestedStringMap(obj.Object, labels, "spec", "template", "metadata", "labels"); err != nil {
+				return fmt.Errorf("cluster: DaemonSet ipvs-proxy in %s: %w", deployDir, err)
+			}
+		}
 		if obj.GetKind() != "ConfigMap" || obj.GetName() != "ipvs-proxy" {
 			continue
 		}

@@ -292,3 +292,53 @@ HealthCheckNodePort correctly when ExternalTrafficPolicy changes
 		t.Error("a malformed [below N nodes] was accepted")
 	}
 }
+
+// TestPlanForProxy: a "[with PROXY]" group skips its tests only in runs
+// with that proxy; it can be combined with "[below N nodes]".
+func TestPlanForProxy(t *testing.T) {
+	const skips = `## [with kube-proxy] [Disruptive]: kube-proxy is no pod here
+Services should work after restarting kube-proxy [Disruptive]
+## [with kube-proxy] [below 2 nodes] both
+Services should preserve source pod IP
+## [Disruptive]: the apiserver is no pod here
+Services should work after restarting apiserver [Disruptive]
+`
+	names := []string{
+		"[sig-network] Services should work after restarting kube-proxy [Disruptive]",
+		"[sig-network] Services should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]",
+		"[sig-network] Services should work after restarting apiserver [Disruptive]",
+	}
+	for _, tc := range []struct {
+		proxy string
+		nodes int
+		want  []bool // skipped, per name
+	}{
+		{"ipvs-proxy", 1, []bool{false, false, true}},
+		{"kube-proxy", 1, []bool{true, true, true}},
+		{"kube-proxy", 2, []bool{true, false, true}},
+	} {
+		p, err := newPlanFrom(skips, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.ForProxy(tc.proxy); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.ForNodes(tc.nodes); err != nil {
+			t.Fatal(err)
+		}
+		for i, name := range names {
+			if got := p.skipRE.MatchString(name); got != tc.want[i] {
+				t.Errorf("%s, %d nodes: %q skipped = %v, want %v", tc.proxy, tc.nodes, name, got, tc.want[i])
+			}
+		}
+		if g := p.SkipGroupOf(names[0]); tc.proxy == "kube-proxy" && (g == nil || g.Reason != "[Disruptive]: kube-proxy is no pod here" || g.Proxy != "kube-proxy") {
+			t.Errorf("%s: group of the kube-proxy restart: %+v", tc.proxy, g)
+		}
+	}
+	for _, bad := range []string{"## [with ] x\nname\n", "## [with kube proxy] x\nname\n", "## [with kube-proxy]x\nname\n"} {
+		if _, err := newPlanFrom(bad, false); err == nil {
+			t.Errorf("a malformed [with PROXY] was accepted: %q", bad)
+		}
+	}
+}

@@ -33,6 +33,9 @@ type SkipGroup struct {
 	// BelowNodes, if > 0, applies the group only to clusters of fewer
 	// nodes (its reason line starts "[below N nodes] ").
 	BelowNodes int
+	// Proxy, if set, applies the group only to runs with that proxy (its
+	// reason line starts "[with PROXY] ").
+	Proxy string
 }
 
 // Short is the reason up to its first colon (for table cells).
@@ -62,6 +65,13 @@ func parseSkips(text string) ([]SkipGroup, error) {
 		switch {
 		case strings.HasPrefix(line, "## "):
 			g := SkipGroup{Reason: strings.TrimSpace(line[3:])}
+			if rest, ok := strings.CutPrefix(g.Reason, "[with "); ok {
+				proxy, reason, ok := strings.Cut(rest, "] ")
+				if !ok || proxy == "" || strings.ContainsAny(proxy, " []") {
+					return nil, fmt.Errorf("skip list line %d: want \"## [with PROXY] reason\": %q", n, line)
+				}
+				g.Reason, g.Proxy = reason, proxy
+			}
 			if rest, ok := strings.CutPrefix(g.Reason, "[below "); ok {
 				num, reason, ok := strings.Cut(rest, " nodes] ")
 				below, err := strconv.Atoi(num)
@@ -124,6 +134,19 @@ func (p *Plan) ForNodes(n int) error {
 	kept := p.Groups[:0:0]
 	for _, g := range p.Groups {
 		if g.BelowNodes == 0 || n < g.BelowNodes {
+			kept = append(kept, g)
+		}
+	}
+	p.Groups = kept
+	return p.compileSkips()
+}
+
+// ForProxy fits the plan to a run with the named proxy: the groups that
+// apply only to another proxy are no longer skipped.
+func (p *Plan) ForProxy(proxy string) error {
+	kept := p.Groups[:0:0]
+	for _, g := range p.Groups {
+		if g.Proxy == "" || g.Proxy == proxy {
 			kept = append(kept, g)
 		}
 	}
