@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 
@@ -132,6 +133,11 @@ func prepareKernel(ctx context.Context, o *config.Options, cfg proxier.Config, t
 	}
 	g, closeSets, err = glue.Open(gcfg, o.IPTablesBackend, links, hook.Sets, log)
 	if err != nil {
+		return nil, nil, err
+	}
+	// After the glue, whose rules match on conntrack: nf_conntrack is loaded.
+	if err := sysctls.EnsureConntrack(log, o.Conntrack(), runtime.NumCPU()); err != nil {
+		closeSets()
 		return nil, nil, err
 	}
 	if timeouts != (netlinkutil.Timeouts{}) {

@@ -450,6 +450,9 @@ func (o *Options) validate() error {
 	if _, err := NewLogger(o.LogLevel, o.LogFormat); err != nil {
 		return err
 	}
+	if err := o.Conntrack().Validate(); err != nil {
+		return err
+	}
 	for _, a := range []struct{ flag, addr string }{
 		{"metrics-bind-address", o.MetricsBindAddress}, {"healthz-bind-address", o.HealthzBindAddress},
 	} {

@@ -242,6 +242,8 @@ func TestConfigEveryFlagReplays(t *testing.T) {
 					fv.SetString("from-file")
 				case fv.Kind() == reflect.Bool:
 					fv.SetBool(!fv.Bool())
+				case fv.Kind() == reflect.Int:
+					fv.SetInt(fv.Int() + 1000)
 				case fv.Kind() == reflect.Slice:
 					fv.Set(reflect.ValueOf([]string{"from-file"}))
 				}

@@ -107,6 +107,16 @@ func mapValue[T comparable](m *kubeProxyMapping, key, path string, v T, dst *T) 
 	}
 }
 
+// mapPtr is mapValue for a field that the file sets when it is not nil,
+// whatever its value.
+func mapPtr[T any](m *kubeProxyMapping, key, path string, v *T, set func(T)) {
+	m.handled[path] = true
+	if v != nil {
+		set(*v)
+		m.use(key, path)
+	}
+}
+
 // mapList is mapValue for a list.
 func mapList(m *kubeProxyMapping, key, path string, v []string, dst *[]string) {
 	m.handled[path] = true
@@ -142,6 +152,16 @@ func (cf *configFile) fromKubeProxy(kp *kubeproxyconfig.KubeProxyConfiguration, 
 	mapValue(m, "tcpTimeout", "ipvs.tcpTimeout", kp.IPVS.TCPTimeout.Duration, &o.TCPTimeout)
 	mapValue(m, "tcpFinTimeout", "ipvs.tcpFinTimeout", kp.IPVS.TCPFinTimeout.Duration, &o.TCPFinTimeout)
 	mapValue(m, "udpTimeout", "ipvs.udpTimeout", kp.IPVS.UDPTimeout.Duration, &o.UDPTimeout)
+	// Set, even to 0 (leave the kernel's), or not set at all.
+	mapPtr(m, "conntrackMaxPerCore", "conntrack.maxPerCore", kp.Conntrack.MaxPerCore, func(v int32) { o.ConntrackMaxPerCore = int(v) })
+	mapPtr(m, "conntrackMin", "conntrack.min", kp.Conntrack.Min, func(v int32) { o.ConntrackMin = int(v) })
+	mapPtr(m, "conntrackTCPEstablishedTimeout", "conntrack.tcpEstablishedTimeout", kp.Conntrack.TCPEstablishedTimeout,
+		func(v metav1.Duration) { o.ConntrackTCPEstablishedTimeout = v.Duration })
+	mapPtr(m, "conntrackTCPCloseWaitTimeout", "conntrack.tcpCloseWaitTimeout", kp.Conntrack.TCPCloseWaitTimeout,
+		func(v metav1.Duration) { o.ConntrackTCPCloseWaitTimeout = v.Duration })
+	mapValue(m, "conntrackTCPBeLiberal", "conntrack.tcpBeLiberal", kp.Conntrack.TCPBeLiberal, &o.ConntrackTCPBeLiberal)
+	mapValue(m, "conntrackUDPTimeout", "conntrack.udpTimeout", kp.Conntrack.UDPTimeout.Duration, &o.ConntrackUDPTimeout)
+	mapValue(m, "conntrackUDPStreamTimeout", "conntrack.udpStreamTimeout", kp.Conntrack.UDPStreamTimeout.Duration, &o.ConntrackUDPStreamTimeout)
 	// kube-proxy takes an IP alone and adds its default port.
 	mapValue(m, "metricsBindAddress", "metricsBindAddress", withDefaultPort(kp.MetricsBindAddress, "10249"), &o.MetricsBindAddress)
 	mapValue(m, "profiling", "enableProfiling", kp.EnableProfiling, &o.Profiling)

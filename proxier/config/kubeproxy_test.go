@@ -116,7 +116,15 @@ nodePortAddresses: []
 conntrack: {maxPerCore: null, min: 0, udpTimeout: 0s}
 oomScoreAdj: null
 featureGates: {}
-`, want: func(*Options) {}},
+`, want: func(o *Options) {
+			o.ConntrackMin = 0 // a pointer in kube-proxy's type: set, to 0
+		}},
+		{name: "conntrack", file: "conntrack: {maxPerCore: 0, min: 1000, tcpEstablishedTimeout: 2h, tcpCloseWaitTimeout: 0s, tcpBeLiberal: true, udpTimeout: 30s, udpStreamTimeout: 2m}\n",
+			want: func(o *Options) {
+				o.ConntrackMaxPerCore, o.ConntrackMin = 0, 1000 // 0: leave the kernel's limit
+				o.ConntrackTCPEstablishedTimeout, o.ConntrackTCPCloseWaitTimeout = 2*time.Hour, 0
+				o.ConntrackTCPBeLiberal, o.ConntrackUDPTimeout, o.ConntrackUDPStreamTimeout = true, 30*time.Second, 2*time.Minute
+			}},
 		{name: "addresses without a port get kube-proxy's", file: "metricsBindAddress: 0.0.0.0\nhealthzBindAddress: \"::\"\n",
 			want: func(o *Options) { o.MetricsBindAddress, o.HealthzBindAddress = "0.0.0.0:10249", "[::]:10256" }},
 		{name: "mode iptables is a warning", file: "mode: iptables\n", want: func(*Options) {},
@@ -152,8 +160,6 @@ ipvs: {scheduler: wrr}
 			"clientConnection.contentType: application/vnd.kubernetes.protobuf",
 			"clientConnection.qps: 5",
 			"configSyncPeriod: 15m",
-			"conntrack.maxPerCore: 32768",
-			"conntrack.tcpEstablishedTimeout: 24h",
 			"featureGates.SomeGate: true",
 			"iptables.localhostNodePorts: true",
 			"iptables.masqueradeBit: 14",

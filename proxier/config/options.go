@@ -19,6 +19,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -41,6 +42,15 @@ type Options struct {
 	UDPTimeout        time.Duration `json:"udpTimeout"`
 	LogLevel          string        `json:"logLevel"`
 	LogFormat         string        `json:"logFormat"`
+
+	// Connection tracking, as kube-proxy's conntrack settings.
+	ConntrackMaxPerCore            int           `json:"conntrackMaxPerCore"`
+	ConntrackMin                   int           `json:"conntrackMin"`
+	ConntrackTCPEstablishedTimeout time.Duration `json:"conntrackTCPEstablishedTimeout"`
+	ConntrackTCPCloseWaitTimeout   time.Duration `json:"conntrackTCPCloseWaitTimeout"`
+	ConntrackTCPBeLiberal          bool          `json:"conntrackTCPBeLiberal"`
+	ConntrackUDPTimeout            time.Duration `json:"conntrackUDPTimeout"`
+	ConntrackUDPStreamTimeout      time.Duration `json:"conntrackUDPStreamTimeout"`
 
 	// The iptables glue.
 	ClusterCIDRs  []string `json:"clusterCIDRs"`
@@ -73,6 +83,11 @@ func DefaultOptions() Options {
 		LogLevel:      "info",
 		LogFormat:     "json",
 
+		ConntrackMaxPerCore:            sysctls.DefaultConntrack.MaxPerCore,
+		ConntrackMin:                   sysctls.DefaultConntrack.Min,
+		ConntrackTCPEstablishedTimeout: sysctls.DefaultConntrack.TCPEstablishedTimeout,
+		ConntrackTCPCloseWaitTimeout:   sysctls.DefaultConntrack.TCPCloseWaitTimeout,
+
 		DetectLocalMode:    DetectClusterCIDR,
 		IPTablesBackend:    "auto",
 		MetricsBindAddress: "127.0.0.1:10249",
@@ -96,6 +111,13 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.TCPTimeout, "ipvs-tcp-timeout", o.TCPTimeout, "IPVS timeout of idle TCP connections (0: leave as is).")
 	fs.DurationVar(&o.TCPFinTimeout, "ipvs-tcpfin-timeout", o.TCPFinTimeout, "IPVS timeout of TCP connections after FIN (0: leave as is).")
 	fs.DurationVar(&o.UDPTimeout, "ipvs-udp-timeout", o.UDPTimeout, "IPVS timeout of UDP flows (0: leave as is).")
+	fs.IntVar(&o.ConntrackMaxPerCore, "conntrack-max-per-core", o.ConntrackMaxPerCore, "Connection-tracking entries per CPU (nf_conntrack_max, at least --conntrack-min; 0: leave the kernel's limit).")
+	fs.IntVar(&o.ConntrackMin, "conntrack-min", o.ConntrackMin, "Minimum of nf_conntrack_max, whatever the number of CPUs.")
+	fs.DurationVar(&o.ConntrackTCPEstablishedTimeout, "conntrack-tcp-timeout-established", o.ConntrackTCPEstablishedTimeout, "Conntrack timeout of idle established TCP connections (0: leave as is).")
+	fs.DurationVar(&o.ConntrackTCPCloseWaitTimeout, "conntrack-tcp-timeout-close-wait", o.ConntrackTCPCloseWaitTimeout, "Conntrack timeout of TCP connections in CLOSE_WAIT (0: leave as is).")
+	fs.BoolVar(&o.ConntrackTCPBeLiberal, "conntrack-tcp-be-liberal", o.ConntrackTCPBeLiberal, "Do not mark out-of-window TCP packets INVALID (nf_conntrack_tcp_be_liberal=1).")
+	fs.DurationVar(&o.ConntrackUDPTimeout, "conntrack-udp-timeout", o.ConntrackUDPTimeout, "Conntrack timeout of unreplied UDP flows (0: leave as is).")
+	fs.DurationVar(&o.ConntrackUDPStreamTimeout, "conntrack-udp-timeout-stream", o.ConntrackUDPStreamTimeout, "Conntrack timeout of replied UDP flows (0: leave as is).")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn, error.")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "Log format: json or console.")
 	fs.StringSliceVar(&o.ClusterCIDRs, "cluster-cidr", o.ClusterCIDRs, "The pods' CIDRs: traffic to clusterIPs from outside them is masqueraded.")
@@ -242,3 +264,13 @@ const (
 	DetectBridge      = "BridgeInterface"
 	DetectPrefix      = "InterfaceNamePrefix"
 )
+
+// Conntrack is the connection tracking the options ask for.
+func (o *Options) Conntrack() sysctls.Conntrack {
+	return sysctls.Conntrack{
+		MaxPerCore: o.ConntrackMaxPerCore, Min: o.ConntrackMin,
+		TCPEstablishedTimeout: o.ConntrackTCPEstablishedTimeout, TCPCloseWaitTimeout: o.ConntrackTCPCloseWaitTimeout,
+		TCPBeLiberal: o.ConntrackTCPBeLiberal,
+		UDPTimeout:   o.ConntrackUDPTimeout, UDPStreamTimeout: o.ConntrackUDPStreamTimeout,
+	}
+}
