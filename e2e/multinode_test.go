@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -42,6 +43,8 @@ var (
 // answers a pod. The only backend runs on node-2; what each client
 // reaches, and which address the backend sees, is what a user of a real
 // cluster would check:
+//   - connection tracking is set as kube-proxy sets it (table size,
+//     established and close-wait timeouts) on both nodes;
 //   - a pod on node-1 reaches the clusterIP, seen with its own address;
 //   - node-1's host reaches the clusterIP (the reply must come back to a
 //     node address, not to the VIP that node-2 also owns);
@@ -55,6 +58,11 @@ var (
 //   - internalTrafficPolicy Local with the only endpoint on node-2: no
 //     connection from node-1 (pod or host), answered on node-2;
 //   - loadBalancerSourceRanges hold on both nodes, and follow a change;
+//   - the only endpoint of another Service moves from node-1 to node-2
+//     (new pod, old one deleted) under traffic from node-1's host: no new
+//     connection fails, a held one stays on the old pod while it
+//     terminates; then, while node-2's only endpoint terminates, node-2's
+//     health check says 503 and its node port is still answered by it;
 //   - ARP on the segment for the LoadBalancer IP: every node answers
 //     without strict ARP (as shipped), none with it (no announcer runs);
 //   - with the agents told the pods' bridge (detectLocalMode
@@ -163,6 +171,23 @@ func TestTwoNodes(t *testing.T) {
 			t.Errorf("pod client -> https://%s/version: %q, %v", cluster.KubernetesIP, out, err)
 		}
 	})
+	t.Run("connection tracking set as kube-proxy sets it on every node", func(t *testing.T) {
+		// kube-proxy's defaults; the VMs have at most 4 CPUs, so the
+		// minimum is the table's size.
+		want := map[string]string{
+			"net/netfilter/nf_conntrack_max":                     "131072",
+			"net/netfilter/nf_conntrack_tcp_timeout_established": "86400",
+			"net/netfilter/nf_conntrack_tcp_timeout_close_wait":  "3600",
+		}
+		for _, n := range c.Nodes {
+			for name, w := range want {
+				out, err := n.VM.RunOK(ctx, "cat", "/proc/sys/"+name)
+				if got := strings.TrimSpace(out); err != nil || got != w {
+					t.Errorf("%s: %s = %q, %v; want %s", n.Name, name, got, err, w)
+				}
+			}
+		}
+	})
 	t.Run("pod to clusterIP on the other node", func(t *testing.T) {
 		hit := podHit(ctx, t, c, ns, "client", vip, 3)
 		if hit.Answers["server"] != 3 || hit.Clients[clientIP] != 3 {
@@ -201,14 +226,8 @@ func TestTwoNodes(t *testing.T) {
 			node *cluster.Node
 			want int
 		}{{nodeA, 503}, {nodeB, 200}} {
-			url := "http://" + tc.node.IP + ":" + hcPort + "/"
-			out, err := c.Outside.RunOK(ctx, "vmagent", "http", url)
-			var res agentapi.HTTPResult
-			if err == nil {
-				err = json.Unmarshal([]byte(out), &res)
-			}
-			if err != nil || res.Status != tc.want {
-				t.Errorf("outside GET %s: %q, %v; want status %d", url, out, err, tc.want)
+			if got, out := healthCheck(ctx, c, tc.node, hcPort); got != tc.want {
+				t.Errorf("outside GET %s:%s: %s; want status %d", tc.node.IP, hcPort, out, tc.want)
 			}
 		}
 	})
@@ -268,6 +287,16 @@ func TestTwoNodes(t *testing.T) {
 				return hit.Answers["server"] == 1, fmt.Sprintf("%+v", hit)
 			})
 		}
+	})
+	var moving *corev1.Service
+	t.Run("endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
+		moving = moveEndpointAcrossNodes(ctx, t, c, ns)
+	})
+	t.Run("health check while the only endpoint terminates", func(t *testing.T) {
+		if moving == nil {
+			t.Skip("the endpoint did not move") // the subtest above failed
+		}
+		onlyEndpointTerminating(ctx, t, c, ns, moving)
 	})
 	t.Run("ARP for the LoadBalancer IP without strict ARP: every node answers", func(t *testing.T) {
 		if got := arpAnswers(ctx, t, c, twoNodeLBIP); len(got) != len(c.Nodes) {
@@ -398,4 +427,182 @@ func restartAgentsWithConfig(ctx context.Context, t *testing.T, c *cluster.Clust
 		}
 		return ready == len(c.Nodes), last
 	})
+}
+
+// moveEndpointAcrossNodes moves a Service's only endpoint from node-1 to
+// node-2, as a rescheduled pod does, while node-1's host opens a new
+// connection every 100 ms and holds one: no new connection may fail
+// (unless a control Service failed too: a stalled VM), the held one stays
+// on the old pod while it terminates (it serves 10 s after SIGTERM) and
+// ends with it, and new connections reach the new pod. On a failure the
+// test shows the timeline: the EndpointSlice's changes, node-1's IPVS
+// table sampled every 300 ms, and its agent's log.
+func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) *corev1.Service {
+	cs := c.Client
+	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+	pod := func(name string, on *cluster.Node) *corev1.Pod {
+		p := agentPod(name, []string{"/vmagent", "serve", "--name", name, "--port", "8080", "--tcp", "--drain", "10s"})
+		p.Labels = map[string]string{"app": "moving"}
+		p.Spec.NodeName = on.Name
+		p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](30)
+		return p
+	}
+	svc := func(name string, sel map[string]string, target int32, spec corev1.ServiceSpec) *corev1.Service {
+		spec.Selector, spec.Ports = sel, []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(target), Protocol: corev1.ProtocolTCP}}
+		s, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// weightsOn waits until node-1's IPVS gives the virtual server addr's
+	// real servers (pod IPs) the weights in want, -1 for "absent or 0"
+	// (a real server that drains stays, at weight 0, while the kernel
+	// counts connections on it: up to 2 minutes of TIME_WAIT).
+	weightsOn := func(addr string, want map[string]int) {
+		waitFor(ctx, t, fmt.Sprintf("%s in IPVS on %s with weights %v", addr, nodeA.Name, want), func() (bool, string) {
+			out, err := nodeA.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", addr)
+			if err != nil {
+				return false, err.Error()
+			}
+			got := ipvsWeights(out)
+			for ip, w := range want {
+				if g, ok := got[ip]; w >= 0 && (!ok || g != w) || w < 0 && g != 0 {
+					return false, out
+				}
+			}
+			return true, out
+		})
+	}
+	oldIP := runPods(ctx, t, c, ns, pod("old", nodeA))["old"].Status.PodIP
+	// A LoadBalancer (no ingress IP: its node port and health-check node
+	// port are what is used) with externalTrafficPolicy Local, so that
+	// its health check follows the endpoint too.
+	moving := svc("moving", map[string]string{"app": "moving"}, 8080, corev1.ServiceSpec{
+		Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal})
+	vip := moving.Spec.ClusterIP + ":80"
+	// The control: the client pod on node-1, which does not change.
+	control := svc("control", map[string]string{"app": "client"}, 8081, corev1.ServiceSpec{}).Spec.ClusterIP + ":80"
+	weightsOn(vip, map[string]int{oldIP: 1})
+	weightsOn(control, map[string]int{})
+	timeline := watchMove(ctx, t, c, ns, "moving", nodeA, vip)
+
+	hit, controlHit, hold := startTraffic(ctx, t, nodeA.VM, vip, control)
+	time.Sleep(2 * time.Second) // traffic before the move
+
+	newIP := runPods(ctx, t, c, ns, pod("new", nodeB))["new"].Status.PodIP
+	weightsOn(vip, map[string]int{oldIP: 1, newIP: 1})
+	timeline.mark("deleting pod old")
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	answersAtDelete := strings.Count(hold.Output(), "answer ")
+	waitWithin(ctx, t, 3*time.Minute, "pod old gone", func() (bool, string) {
+		_, err := cs.CoreV1().Pods(ns).Get(ctx, "old", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	weightsOn(vip, map[string]int{newIP: 1, oldIP: -1})
+	time.Sleep(2 * time.Second) // traffic after the move
+
+	res, failures := stopHit(t, hit)
+	_, controlFailures := stopHit(t, controlHit)
+	t.Logf("endpoint moved from %s (%s) to %s (%s): new connections %d, failed %d; answers %v; control failed %d",
+		nodeA.Name, oldIP, nodeB.Name, newIP, res.Total()+len(failures), len(failures), res.Answers, len(controlFailures))
+	if unexcused := unexcusedFailures(t, failures, controlFailures); len(unexcused) > 0 {
+		t.Errorf("%d new connections failed while the endpoint moved across nodes and the control answered: %v", len(unexcused), unexcused)
+	}
+	if res.Answers["new"] == 0 || res.Answers["old"] == 0 {
+		t.Errorf("new connections answered by %v; want both the old pod (before) and the new one (after)", res.Answers)
+	}
+	if err := hold.WaitFor(ctx, "error "); err != nil {
+		t.Errorf("the held connection did not end with its pod: %v", err)
+	}
+	total := strings.Count(hold.Output(), "answer ")
+	for _, l := range strings.Split(strings.TrimSpace(hold.Output()), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == "answer" && f[2] != "old" {
+			t.Errorf("the held connection moved off the old pod: %q", l)
+		}
+	}
+	if total <= answersAtDelete {
+		t.Errorf("the held connection got no answer while the old pod terminated (%d answers, %d before its deletion)", total, answersAtDelete)
+	}
+	t.Logf("held connection: %d answers, %d after the old pod's deletion; ended with %q", total, total-answersAtDelete, lastLine(hold.Output()))
+	if t.Failed() {
+		timeline.show(t)
+	}
+	return moving
+}
+
+// onlyEndpointTerminating deletes the pod "new" on node-2, the only
+// endpoint of moving (a LoadBalancer with externalTrafficPolicy Local, its
+// server serves 10 s after SIGTERM): while it terminates, node-2's health
+// check node port says 503 (load balancers must drain the node: it has no
+// ready endpoint) and its node port is still answered by that pod (the
+// serving-terminating fallback); node-1 says 503 throughout.
+func onlyEndpointTerminating(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, moving *corev1.Service) {
+	cs := c.Client
+	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+	hcPort := strconv.Itoa(int(moving.Spec.HealthCheckNodePort))
+	npAddr := nodeB.IP + ":" + strconv.Itoa(int(moving.Spec.Ports[0].NodePort))
+	waitFor(ctx, t, "health check 200 on "+nodeB.Name, func() (bool, string) {
+		got, out := healthCheck(ctx, c, nodeB, hcPort)
+		return got == 200, out
+	})
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, "new", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	// The pod serves 10 s after its SIGTERM: the health check must turn
+	// well within that.
+	var out string
+	waitWithin(ctx, t, 10*time.Second, "health check 503 on "+nodeB.Name+" while its only endpoint terminates", func() (bool, string) {
+		var got int
+		got, out = healthCheck(ctx, c, nodeB, hcPort)
+		return got == 503, out
+	})
+	t.Logf("%s's health check said 503 %s after the deletion: %s", nodeB.Name, time.Since(deleted).Round(time.Millisecond), out)
+	if _, err := cs.CoreV1().Pods(ns).Get(ctx, "new", metav1.GetOptions{}); err != nil {
+		t.Fatalf("pod new already gone (%v): the check above did not see it terminating", err)
+	}
+	hit := vmHit(ctx, t, c.Outside, npAddr, 2)
+	if hit.Answers["new"] != 2 || hit.Clients[cluster.OutsideIP] != 2 {
+		t.Errorf("outside -> %s while its only endpoint terminates: %+v; want 2 answers from pod new (serving, terminating), seen from %s", npAddr, hit, cluster.OutsideIP)
+	}
+	if got, out := healthCheck(ctx, c, nodeA, hcPort); got != 503 {
+		t.Errorf("%s's health check: %s; want 503 (no endpoint there)", nodeA.Name, out)
+	}
+}
+
+// healthCheck GETs a node's health-check node port from the outside host
+// and returns the HTTP status (0 when there was no answer) and what it
+// printed.
+func healthCheck(ctx context.Context, c *cluster.Cluster, n *cluster.Node, port string) (int, string) {
+	out, err := c.Outside.RunOK(ctx, "vmagent", "http", "http://"+n.IP+":"+port+"/")
+	var res agentapi.HTTPResult
+	if err == nil {
+		err = json.Unmarshal([]byte(out), &res)
+	}
+	if err != nil {
+		return 0, fmt.Sprintf("%q, %v", out, err)
+	}
+	return res.Status, strings.TrimSpace(out)
+}
+
+// ipvsWeights reads the real servers of `ipvsadm -Ln` output: their
+// addresses (without the port) and weights.
+func ipvsWeights(out string) map[string]int {
+	got := map[string]int{}
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 4 || f[0] != "->" {
+			continue
+		}
+		host, _, err := net.SplitHostPort(f[1])
+		w, werr := strconv.Atoi(f[3])
+		if err != nil || werr != nil {
+			continue // the header: "-> RemoteAddress:Port Forward Weight ..."
+		}
+		got[host] = w
+	}
+	return got
 }
