@@ -42,6 +42,7 @@ func watchMove(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, servic
 		for ev := range w.ResultChan() {
 			s, ok := ev.Object.(*discoveryv1.EndpointSlice)
 			if !ok {
+				tl.mark(fmt.Sprintf("slice watch %s: %v", ev.Type, ev.Object))
 				continue
 			}
 			var eps []string
@@ -58,6 +59,13 @@ func watchMove(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, servic
 		t.Fatalf("sample IPVS on %s: %v", node.Name, err)
 	}
 	t.Cleanup(func() { _ = tl.sampler.Stop() })
+	// Cleanups run last first: this one while the sampler still runs,
+	// after a t.Fatal too.
+	t.Cleanup(func() {
+		if t.Failed() {
+			tl.show(t)
+		}
+	})
 	return tl
 }
 

@@ -135,8 +135,9 @@ func prepareKernel(ctx context.Context, o *config.Options, cfg proxier.Config, t
 	if err != nil {
 		return nil, nil, err
 	}
-	// After the glue, whose rules match on conntrack: nf_conntrack is loaded.
-	if err := sysctls.EnsureConntrack(log, o.Conntrack(), runtime.NumCPU()); err != nil {
+	// nf_conntrack is loaded by now: ip_vs depends on it (and preflight's
+	// --load-modules loads it). A setting the kernel refuses is a warning.
+	if _, err := sysctls.EnsureConntrack(log, o.Conntrack(), runtime.NumCPU()); err != nil {
 		closeSets()
 		return nil, nil, err
 	}

@@ -52,12 +52,22 @@ func (c Conntrack) Validate() error {
 	return nil
 }
 
-// Max is the table size for cpus CPUs (0: leave the kernel's).
+// maxLimit caps MaxPerCore × CPUs, as kube-proxy does: a table of more
+// than 1M entries costs memory that many-core nodes need elsewhere.
+const maxLimit = 1 << 20
+
+// Max is the table size for cpus CPUs (0: leave the kernel's): MaxPerCore
+// per CPU, at most 1M (whatever Min), at least Min, as kube-proxy computes
+// it.
 func (c Conntrack) Max(cpus int) int {
-	if c.MaxPerCore == 0 {
+	if c.MaxPerCore <= 0 {
 		return 0
 	}
-	return max(c.MaxPerCore*cpus, c.Min)
+	scaled := c.MaxPerCore * cpus
+	if c.MaxPerCore > maxLimit || scaled > maxLimit {
+		return maxLimit
+	}
+	return max(scaled, c.Min)
 }
 
 // Settings are the sysctls c sets on a node of cpus CPUs, in order.
@@ -83,40 +93,40 @@ func (c Conntrack) Settings(cpus int) []Setting {
 
 // EnsureConntrack sets c's sysctls on a node of cpus CPUs and logs each.
 // As kube-proxy does, the hash table grows to a quarter of the table's
-// size when it is smaller (nf_conntrack_buckets; never shrunk).
-func EnsureConntrack(log *zap.Logger, c Conntrack, cpus int) error {
+// size when it is smaller (nf_conntrack_buckets; never shrunk). A setting
+// the kernel refuses (nf_conntrack not loaded; the table's size is
+// read-only where the node itself runs in a network namespace, as kind's
+// nodes do: set conntrackMaxPerCore to 0 there) is logged as a warning
+// with the remedy and the others are still set: the Services are served
+// either way, with the kernel's limits. It returns how many were refused.
+func EnsureConntrack(log *zap.Logger, c Conntrack, cpus int) (refused int, err error) {
 	return ensureConntrack(log, netlinkutil.Sysctls{Root: Root()}, c, cpus)
 }
 
-func ensureConntrack(log *zap.Logger, s netlinkutil.Sysctls, c Conntrack, cpus int) error {
+func ensureConntrack(log *zap.Logger, s netlinkutil.Sysctls, c Conntrack, cpus int) (refused int, err error) {
 	if err := c.Validate(); err != nil {
-		return err
+		return 0, err
 	}
-	set := func(name, value string) error {
+	set := func(name, value string) {
 		old, err := s.Ensure(name, value)
 		if err != nil {
-			return fmt.Errorf("conntrack: %w", err)
+			refused++
+			log.Warn("connection tracking setting not applied; the kernel's stays (is nf_conntrack loaded? where the node's netfilter limits are read-only, set conntrackMaxPerCore: 0)",
+				zap.String("name", name), zap.String("value", value), zap.Error(err))
+			return
 		}
 		if old != value {
 			log.Info("set sysctl", zap.String("name", name), zap.String("value", value), zap.String("was", old))
 		}
-		return nil
 	}
 	if m := c.Max(cpus); m > 0 {
 		cur, err := s.Get(conntrackBuckets)
-		if err != nil {
-			return fmt.Errorf("conntrack: %w", err)
-		}
-		if n, err := strconv.Atoi(cur); err == nil && n < m/4 {
-			if err := set(conntrackBuckets, strconv.Itoa(m/4)); err != nil {
-				return err
-			}
+		if n, perr := strconv.Atoi(cur); err == nil && perr == nil && n < m/4 {
+			set(conntrackBuckets, strconv.Itoa(m/4))
 		}
 	}
 	for _, sc := range c.Settings(cpus) {
-		if err := set(sc.Name, sc.Value); err != nil {
-			return err
-		}
+		set(sc.Name, sc.Value)
 	}
-	return nil
+	return refused, nil
 }

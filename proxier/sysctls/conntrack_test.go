@@ -1,6 +1,7 @@
 package sysctls
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 )
@@ -30,6 +32,12 @@ func TestConntrackSettings(t *testing.T) {
 			{"net/netfilter/nf_conntrack_tcp_timeout_established", "86400"},
 			{"net/netfilter/nf_conntrack_tcp_timeout_close_wait", "3600"},
 		}},
+		{"kube-proxy's default, 64 CPUs: capped at 1M", DefaultConntrack, 64, []Setting{
+			{conntrackMax, "1048576"},
+			{"net/netfilter/nf_conntrack_tcp_timeout_established", "86400"},
+			{"net/netfilter/nf_conntrack_tcp_timeout_close_wait", "3600"},
+		}},
+		{"the cap wins over the minimum", Conntrack{MaxPerCore: 1 << 30, Min: 1 << 22}, 2, []Setting{{conntrackMax, "1048576"}}},
 		{"nothing set: nothing written", Conntrack{}, 4, nil},
 		{"the rest", Conntrack{TCPBeLiberal: true, UDPTimeout: 30 * time.Second, UDPStreamTimeout: 2 * time.Minute}, 4, []Setting{
 			{"net/netfilter/nf_conntrack_tcp_be_liberal", "1"},
@@ -77,8 +85,8 @@ func TestEnsureConntrack(t *testing.T) {
 		}
 	}
 	s := netlinkutil.Sysctls{Root: root}
-	if err := ensureConntrack(zap.NewNop(), s, DefaultConntrack, 2); err != nil {
-		t.Fatal(err)
+	if refused, err := ensureConntrack(zap.NewNop(), s, DefaultConntrack, 2); err != nil || refused != 0 {
+		t.Fatalf("refused %d, %v", refused, err)
 	}
 	want := map[string]string{
 		conntrackMax:     "131072",
@@ -95,14 +103,26 @@ func TestEnsureConntrack(t *testing.T) {
 	if _, err := s.Ensure(conntrackBuckets, "100000"); err != nil {
 		t.Fatal(err)
 	}
-	if err := ensureConntrack(zap.NewNop(), s, DefaultConntrack, 2); err != nil {
+	if _, err := ensureConntrack(zap.NewNop(), s, DefaultConntrack, 2); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := s.Get(conntrackBuckets); got != "100000" {
 		t.Errorf("buckets shrunk to %s", got)
 	}
-	err := ensureConntrack(zap.NewNop(), s, Conntrack{UDPTimeout: time.Minute}, 2)
-	if err == nil || !strings.Contains(err.Error(), "nf_conntrack_udp_timeout") {
-		t.Errorf("a missing sysctl: %v; want an error naming it", err)
+	// A sysctl the kernel lacks is a warning naming it; the others are
+	// still set.
+	core, logs := observer.New(zap.WarnLevel)
+	refused, err := ensureConntrack(zap.New(core), s, Conntrack{UDPTimeout: time.Minute, TCPCloseWaitTimeout: 2 * time.Hour}, 2)
+	if err != nil || refused != 1 {
+		t.Errorf("a missing sysctl: refused %d, %v; want 1, nil", refused, err)
+	}
+	if w := logs.All(); len(w) != 1 || !strings.Contains(fmt.Sprint(w[0].ContextMap()["name"]), "nf_conntrack_udp_timeout") {
+		t.Errorf("warnings %v; want one naming nf_conntrack_udp_timeout", w)
+	}
+	if got, _ := s.Get("net/netfilter/nf_conntrack_tcp_timeout_close_wait"); got != "7200" {
+		t.Errorf("close_wait = %s after another setting was refused; want 7200", got)
+	}
+	if _, err := ensureConntrack(zap.NewNop(), s, Conntrack{MaxPerCore: -1}, 2); err == nil {
+		t.Error("an invalid configuration: no error")
 	}
 }

@@ -298,7 +298,7 @@ HealthCheckNodePort correctly when ExternalTrafficPolicy changes
 func TestPlanForProxy(t *testing.T) {
 	const skips = `## [with kube-proxy] [Disruptive]: kube-proxy is no pod here
 Services should work after restarting kube-proxy [Disruptive]
-## [with kube-proxy] [below 2 nodes] both
+## [below 2 nodes] [with kube-proxy] both
 Services should preserve source pod IP
 ## [Disruptive]: the apiserver is no pod here
 Services should work after restarting apiserver [Disruptive]
@@ -336,7 +336,8 @@ Services should work after restarting apiserver [Disruptive]
 			t.Errorf("%s: group of the kube-proxy restart: %+v", tc.proxy, g)
 		}
 	}
-	for _, bad := range []string{"## [with ] x\nname\n", "## [with kube proxy] x\nname\n", "## [with kube-proxy]x\nname\n"} {
+	for _, bad := range []string{"## [with ] x\nname\n", "## [with kube proxy] x\nname\n", "## [with kube-proxy]x\nname\n",
+		"## [with a] [with b] x\nname\n", "## [below 2 nodes] [below 3 nodes] x\nname\n"} {
 		if _, err := newPlanFrom(bad, false); err == nil {
 			t.Errorf("a malformed [with PROXY] was accepted: %q", bad)
 		}

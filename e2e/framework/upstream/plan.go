@@ -65,20 +65,26 @@ func parseSkips(text string) ([]SkipGroup, error) {
 		switch {
 		case strings.HasPrefix(line, "## "):
 			g := SkipGroup{Reason: strings.TrimSpace(line[3:])}
-			if rest, ok := strings.CutPrefix(g.Reason, "[with "); ok {
-				proxy, reason, ok := strings.Cut(rest, "] ")
-				if !ok || proxy == "" || strings.ContainsAny(proxy, " []") {
-					return nil, fmt.Errorf("skip list line %d: want \"## [with PROXY] reason\": %q", n, line)
+			// "[with PROXY] " and "[below N nodes] ", in either order.
+			for {
+				if rest, ok := strings.CutPrefix(g.Reason, "[with "); ok {
+					proxy, reason, ok := strings.Cut(rest, "] ")
+					if !ok || proxy == "" || strings.ContainsAny(proxy, " []") || g.Proxy != "" {
+						return nil, fmt.Errorf("skip list line %d: want \"## [with PROXY] reason\" once: %q", n, line)
+					}
+					g.Reason, g.Proxy = reason, proxy
+					continue
 				}
-				g.Reason, g.Proxy = reason, proxy
-			}
-			if rest, ok := strings.CutPrefix(g.Reason, "[below "); ok {
-				num, reason, ok := strings.Cut(rest, " nodes] ")
-				below, err := strconv.Atoi(num)
-				if !ok || err != nil || below < 2 {
-					return nil, fmt.Errorf("skip list line %d: want \"## [below N nodes] reason\" with N >= 2: %q", n, line)
+				if rest, ok := strings.CutPrefix(g.Reason, "[below "); ok {
+					num, reason, ok := strings.Cut(rest, " nodes] ")
+					below, err := strconv.Atoi(num)
+					if !ok || err != nil || below < 2 || g.BelowNodes != 0 {
+						return nil, fmt.Errorf("skip list line %d: want \"## [below N nodes] reason\" once, with N >= 2: %q", n, line)
+					}
+					g.Reason, g.BelowNodes = reason, below
+					continue
 				}
-				g.Reason, g.BelowNodes = reason, below
+				break
 			}
 			groups = append(groups, g)
 		case line == "" || strings.HasPrefix(line, "#"):
