@@ -96,7 +96,7 @@ func (tl *moveTimeline) show(t *testing.T) {
 	}
 	t.Logf("IPVS on %s for the VIP, as it changed (node clock):\n%s", tl.node.Name, tl.sampler.Output())
 	pods, err := tl.c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/name=ipvs-proxy", FieldSelector: "spec.nodeName=" + tl.node.Name})
+		LabelSelector: cluster.IPVSProxyPods, FieldSelector: "spec.nodeName=" + tl.node.Name})
 	if err != nil || len(pods.Items) == 0 {
 		t.Logf("ipvs-proxy's pod on %s: %v", tl.node.Name, err)
 		return

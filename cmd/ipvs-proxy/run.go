@@ -137,7 +137,7 @@ func prepareKernel(ctx context.Context, o *config.Options, cfg proxier.Config, t
 	}
 	// nf_conntrack is loaded by now: ip_vs depends on it (and preflight's
 	// --load-modules loads it). A setting the kernel refuses is a warning.
-	if _, err := sysctls.EnsureConntrack(log, o.Conntrack(), runtime.NumCPU()); err != nil {
+	if err := sysctls.EnsureConntrack(log, o.Conntrack(), runtime.NumCPU()); err != nil {
 		closeSets()
 		return nil, nil, err
 	}

@@ -245,7 +245,7 @@ func saveClusterLogs(c *cluster.Cluster, dir string) {
 			files[prefix+"ipvsadm.txt"] = out
 		}
 	}
-	for _, sel := range []string{"app.kubernetes.io/name=ipvs-proxy", "k8s-app=kube-dns"} {
+	for _, sel := range []string{cluster.IPVSProxyPods, "k8s-app=kube-dns"} {
 		pl, err := c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
 			continue

@@ -98,19 +98,18 @@ func (c Conntrack) Settings(cpus int) []Setting {
 // read-only where the node itself runs in a network namespace, as kind's
 // nodes do: set conntrackMaxPerCore to 0 there) is logged as a warning
 // with the remedy and the others are still set: the Services are served
-// either way, with the kernel's limits. It returns how many were refused.
-func EnsureConntrack(log *zap.Logger, c Conntrack, cpus int) (refused int, err error) {
+// either way, with the kernel's limits. Only an invalid c is an error.
+func EnsureConntrack(log *zap.Logger, c Conntrack, cpus int) error {
 	return ensureConntrack(log, netlinkutil.Sysctls{Root: Root()}, c, cpus)
 }
 
-func ensureConntrack(log *zap.Logger, s netlinkutil.Sysctls, c Conntrack, cpus int) (refused int, err error) {
+func ensureConntrack(log *zap.Logger, s netlinkutil.Sysctls, c Conntrack, cpus int) error {
 	if err := c.Validate(); err != nil {
-		return 0, err
+		return err
 	}
 	set := func(name, value string) {
 		old, err := s.Ensure(name, value)
 		if err != nil {
-			refused++
 			log.Warn("connection tracking setting not applied; the kernel's stays (is nf_conntrack loaded? where the node's netfilter limits are read-only, set conntrackMaxPerCore: 0)",
 				zap.String("name", name), zap.String("value", value), zap.Error(err))
 			return
@@ -128,5 +127,5 @@ func ensureConntrack(log *zap.Logger, s netlinkutil.Sysctls, c Conntrack, cpus i
 	for _, sc := range c.Settings(cpus) {
 		set(sc.Name, sc.Value)
 	}
-	return refused, nil
+	return nil
 }

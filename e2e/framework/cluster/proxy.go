@@ -50,16 +50,8 @@ func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClus
 		return fmt.Errorf("cluster: %w", err)
 	}
 	for _, obj := range objs {
-		if obj.GetKind() == "DaemonSet" && obj.GetName() == "ipvs-proxy" && len(podLabels) > 0 {
-			labels, _, err := unstructured.NestedStringMap(obj.Object, "spec", "template", "metadata", "labels")
-			if err != nil {
-				return fmt.Errorf("cluster: DaemonSet ipvs-proxy in %s: %w", deployDir, err)
-			}
-			if labels == nil {
-				labels = map[string]string{}
-			}
-			maps.Copy(labels, podLabels)
-			if err := unstructured.SetNestedStringMap(obj.Object, labels, "spec", "template", "metadata", "labels"); err != nil {
+		if obj.GetKind() == "DaemonSet" && obj.GetName() == "ipvs-proxy" {
+			if err := addPodLabels(obj, podLabels); err != nil {
 				return fmt.Errorf("cluster: DaemonSet ipvs-proxy in %s: %w", deployDir, err)
 			}
 		}
@@ -81,6 +73,26 @@ func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClus
 		}
 	}
 	return c.applyIPVSProxy(ctx, objs)
+}
+
+// IPVSProxyPods selects ipvs-proxy's DaemonSet's pods.
+const IPVSProxyPods = "app.kubernetes.io/name=ipvs-proxy"
+
+// addPodLabels adds labels to a workload's pod template.
+func addPodLabels(obj *unstructured.Unstructured, labels map[string]string) error {
+	if len(labels) == 0 {
+		return nil
+	}
+	path := []string{"spec", "template", "metadata", "labels"}
+	have, _, err := unstructured.NestedStringMap(obj.Object, path...)
+	if err != nil {
+		return err
+	}
+	if have == nil {
+		have = map[string]string{}
+	}
+	maps.Copy(have, labels)
+	return unstructured.SetNestedStringMap(obj.Object, have, path...)
 }
 
 // DeployIPVSProxyChart installs ipvs-proxy as Helm users do: the chart in
@@ -146,7 +158,7 @@ func (c *Cluster) applyIPVSProxy(ctx context.Context, objs []*unstructured.Unstr
 	if err := a.ApplyAll(ctx, objs); err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	return c.WaitDaemonSet(ctx, metav1.NamespaceSystem, "ipvs-proxy", "app.kubernetes.io/name=ipvs-proxy")
+	return c.WaitDaemonSet(ctx, metav1.NamespaceSystem, "ipvs-proxy", IPVSProxyPods)
 }
 
 // WaitDaemonSet waits (up to 5 minutes) until the DaemonSet ns/name has
