@@ -456,6 +456,15 @@ func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Clust
 		p.Labels = map[string]string{"app": "moving"}
 		p.Spec.NodeName = on.Name
 		p.Spec.TerminationGracePeriodSeconds = ptr.To(int64(drain/time.Second) + 30)
+		// Ready only once it accepts connections: without a probe the
+		// kubelet calls a pod ready when its container starts, before
+		// the server listens, and the proxy rightly sends it traffic
+		// (one refused connection in five runs, at the moment the new
+		// real server was added).
+		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
+			PeriodSeconds: 1,
+		}
 		return p
 	}
 	svc := func(name string, sel map[string]string, target int32, spec corev1.ServiceSpec) *corev1.Service {
