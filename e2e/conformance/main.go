@@ -57,6 +57,7 @@ type options struct {
 	bareControlPlane bool
 	deployDir        string
 	narrow           string
+	part             string
 	out              string
 	timeout          time.Duration
 	procs            int
@@ -77,6 +78,7 @@ func main() {
 		"instead of --kubeconfig, start the bed's host control plane (no node): shows that e2e.test starts and connects, and fails for want of a node")
 	flag.StringVar(&o.deployDir, "deploy", "deploy", "ipvs-proxy's manifests, for a cluster of its own")
 	flag.StringVar(&o.narrow, "focus", "", "run only the tests of the focus that this regular expression matches")
+	flag.StringVar(&o.part, "part", "", "K/N: run only part K of N of the tests (dealt out by name), reported in <out>/<proxy>/part-K-of-N")
 	flag.StringVar(&o.out, "out", "bin/conformance", "report directory (a folder per proxy)")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "time limit of the suite (Ginkgo's)")
 	flag.DurationVar(&o.startupTimeout, "startup-timeout", 10*time.Minute, "how long the suite waits for schedulable nodes")
@@ -125,6 +127,19 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	logf("e2e.test, kubectl and agnhost in %s (%s)", suite.Dir, time.Since(t0).Round(time.Second))
+	outDir := filepath.Join(o.out, o.proxy)
+	if o.part != "" {
+		var k, n int
+		if _, err := fmt.Sscanf(o.part, "%d/%d", &k, &n); err != nil {
+			return fmt.Errorf("--part %q: want K/N", o.part)
+		}
+		names, err := suite.Part(ctx, p, k, n)
+		if err != nil {
+			return fmt.Errorf("--part %s: %w", o.part, err)
+		}
+		logf("part %d of %d: %d tests", k, n, len(names))
+		outDir = filepath.Join(outDir, fmt.Sprintf("part-%d-of-%d", k, n))
+	}
 	switch {
 	case o.list:
 		return suite.List(ctx, p, os.Stdout)
@@ -158,7 +173,7 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		defer func() {
-			saveClusterLogs(c, filepath.Join(o.out, o.proxy, "cluster"))
+			saveClusterLogs(c, filepath.Join(outDir, "cluster"))
 			c.Close()
 		}()
 		o.kubeconfig = c.Kubeconfig
@@ -170,7 +185,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	s, err := suite.Run(ctx, p, upstream.RunOptions{
-		Kubeconfig: o.kubeconfig, Proxy: o.proxy, OutDir: filepath.Join(o.out, o.proxy),
+		Kubeconfig: o.kubeconfig, Proxy: o.proxy, OutDir: outDir,
 		Timeout: o.timeout, StartupTimeout: o.startupTimeout, Extra: o.extra,
 		Procs: o.procs, Ginkgo: ginkgo, FlakeAttempts: o.flakeAttempts,
 		Output: os.Stdout, Logf: logf,

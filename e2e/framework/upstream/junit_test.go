@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -341,5 +342,53 @@ Services should work after restarting apiserver [Disruptive]
 		if _, err := newPlanFrom(bad, false); err == nil {
 			t.Errorf("a malformed [with PROXY] was accepted: %q", bad)
 		}
+	}
+}
+
+// TestPart deals the tests the plan runs into parts: every one in exactly
+// one part, a test whose name holds another's in the same part, skipped
+// and out-of-focus tests in none.
+func TestPart(t *testing.T) {
+	names := []string{
+		"[sig-network] Services should provide secure master service [Conformance]",
+		"[sig-network] Services should serve a basic endpoint from pods [Conformance]", // skipped
+		"[sig-network] Services should be able to up and down services",
+		"[sig-network] Services should work after the service has been recreated",
+		"[sig-network] Services should be able to up and down services again", // holds the one above
+		"[sig-network] Conntrack should drop INVALID conntrack entries",
+		"[sig-apps] Deployment should provide secure master service", // out of focus
+	}
+	seen := map[string]int{}
+	for k := 1; k <= 2; k++ {
+		p, err := newPlanFrom(testSkips, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		part, err := p.Part(names, k, 2)
+		if err != nil {
+			t.Fatalf("part %d: %v", k, err)
+		}
+		for _, n := range part {
+			seen[n]++
+			if !p.InFocus(n) {
+				t.Errorf("part %d: %q not in its narrowed focus", k, n)
+			}
+		}
+		up, again := slices.Contains(part, names[2]), slices.Contains(part, names[4])
+		if up != again {
+			t.Errorf("part %d: %q and %q, one holding the other, were dealt apart", k, names[2], names[4])
+		}
+	}
+	for _, n := range []string{names[0], names[2], names[3], names[4], names[5]} {
+		if seen[n] != 1 {
+			t.Errorf("%q in %d parts, want 1", n, seen[n])
+		}
+	}
+	if seen[names[1]]+seen[names[6]] != 0 {
+		t.Errorf("a skipped or out-of-focus test was dealt: %v", seen)
+	}
+	p, _ := newPlanFrom(testSkips, false)
+	if _, err := p.Part(names, 3, 2); err == nil {
+		t.Error("part 3 of 2 was accepted")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -225,3 +226,63 @@ func (p *Plan) selected(name string) bool {
 
 // IsConformance reports whether a test is tagged [Conformance].
 func IsConformance(name string) bool { return strings.Contains(name, "[Conformance]") }
+
+// Part narrows the plan to part k of n (1 <= k <= n) of the tests it
+// runs, among names (every test's full name: `e2e.test --list-tests`),
+// and returns that part's names: the whole focus is too long for one
+// sitting on the bed's two-node cluster (about 3 hours with ipvs-proxy at
+// two tests at a time), and each part writes its own report. The tests
+// are dealt out in name order; a test whose name holds another's goes
+// with it, since the focus expression (the names, quoted) matches by
+// substring as Ginkgo's does.
+func (p *Plan) Part(names []string, k, n int) ([]string, error) {
+	if n < 1 || k < 1 || k > n {
+		return nil, fmt.Errorf("part %d of %d: want 1 <= part <= parts", k, n)
+	}
+	var run []string
+	for _, name := range names {
+		if p.selected(name) {
+			run = append(run, name)
+		}
+	}
+	slices.Sort(run)
+	run = slices.Compact(run)
+	// Groups: a name joins the first group that has a name holding it or
+	// held by it.
+	var groups [][]string
+	for _, name := range run {
+		i := slices.IndexFunc(groups, func(g []string) bool {
+			return slices.ContainsFunc(g, func(o string) bool { return strings.Contains(o, name) || strings.Contains(name, o) })
+		})
+		if i < 0 {
+			groups = append(groups, []string{name})
+			continue
+		}
+		groups[i] = append(groups[i], name)
+	}
+	var part, quoted []string
+	for i, g := range groups {
+		if i%n == k-1 {
+			part = append(part, g...)
+		}
+	}
+	if len(part) == 0 {
+		return nil, fmt.Errorf("part %d of %d has no tests (%d to run)", k, n, len(run))
+	}
+	slices.Sort(part)
+	for _, name := range part {
+		quoted = append(quoted, regexp.QuoteMeta(name))
+	}
+	if err := p.Narrow(strings.Join(quoted, "|")); err != nil {
+		return nil, err
+	}
+	// Ginkgo runs what the expression matches and the skips do not:
+	// nothing outside the part may match.
+	for _, name := range names {
+		if p.narrowRE.MatchString(name) && !p.skipRE.MatchString(name) && (!p.conformanceOnly || IsConformance(name)) &&
+			!slices.Contains(part, name) {
+			return nil, fmt.Errorf("part %d of %d would also run %q", k, n, name)
+		}
+	}
+	return part, nil
+}

@@ -240,6 +240,16 @@ func tailString(s string, n int) string {
 	return s
 }
 
+// Part narrows p to part k of n of the tests it runs (Plan.Part) and
+// returns that part's names.
+func (s Suite) Part(ctx context.Context, p *Plan, k, n int) ([]string, error) {
+	names, err := s.listTests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return p.Part(names, k, n)
+}
+
 // listTests is e2e.test's list of every test's full name.
 func (s Suite) listTests(ctx context.Context) ([]string, error) {
 	cmd := exec.CommandContext(ctx, s.E2ETest(), "--list-tests")
