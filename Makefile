@@ -97,8 +97,9 @@ lint:
 demo:
 	$(GO) run ./e2e/demo
 
-# ipvs-proxy and kube-proxy side by side at 1,000 and 10,000 Services in
-# the bed (not a test: it prints); e.g. BENCH_ARGS="-proxies ipvs-proxy -sizes 1000".
+# ipvs-proxy and kube-proxy v1.36.3 in IPVS and nftables modes side by side
+# at 1,000 and 10,000 Services in the bed (not a test: it prints); e.g.
+# BENCH_ARGS="-proxies ipvs-proxy,kube-proxy-nftables -sizes 1000".
 bench:
 	$(GO) run ./e2e/bench $(BENCH_ARGS)
 
@@ -131,12 +132,14 @@ bench-go:
 # conformance-list` lists the focus and the skips.
 # CONFORMANCE_FLAKE_ATTEMPTS=N gives a failed test up to N attempts in
 # all; the summary names each test that passed only after a failed one.
+# CONFORMANCE_PART=K/N runs part K of N of the tests (the whole focus on
+# two nodes takes about 3 hours), reported in a folder of its own.
 PROXY ?= ipvs-proxy
 NODES ?= 1
 CONFORMANCE_PROCS ?= 1
 CONFORMANCE_FLAKE_ATTEMPTS ?= 1
 conformance:
-	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
+	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) $(if $(CONFORMANCE_PART),--part $(CONFORMANCE_PART)) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
 
 # CI's share (`make test`): every [Conformance] test of the focus, two at
 # a time, on the bed's own cluster of two nodes with ipvs-proxy's DaemonSet;
