@@ -1,14 +1,19 @@
 // Command bench compares ipvs-proxy with upstream kube-proxy v1.36.3 in
-// IPVS mode in the test bed (`make bench`). In one VM run, against the same
-// apiserver and the same objects (N Services with two endpoints each), it
-// runs each proxy in turn on a clean kernel and prints, per size, a table
-// with both proxies and the ratio kube-proxy / ipvs-proxy:
+// IPVS mode and in nftables mode (the mode upstream tells IPVS users to
+// move to) in the test bed (`make bench`). In one VM run, against the same
+// apiserver and the same objects (N Services with M endpoints each, per
+// shape), it runs each proxy in turn on a clean kernel and prints, per
+// shape, a table with the proxies and each kube-proxy mode's ratio to
+// ipvs-proxy:
 //
-//   - cold: the time from the proxy's start until every virtual server is in
-//     the kernel, and until everything is (virtual and real servers, VIPs on
-//     its interface, clusterIPs in its ipset, its nat rule on that set) and
-//     its CPU, with that of the processes it runs (iptables-restore, ipset),
-//     is idle; and that CPU time;
+//   - cold: the time from the proxy's start until every Service's VIP:port
+//     is in the kernel, and until everything is (IPVS: virtual and real
+//     servers, VIPs on its interface, clusterIPs in its ipset, its nat rule
+//     on that set; nftables: each VIP:port in the map service-ips and its
+//     chain's DNAT to exactly its endpoints) and its CPU, with that of the
+//     processes it runs (iptables-restore, ipset, nft), is idle; and that
+//     CPU time. A proxy not settled within -bound is reported as "> bound"
+//     and not measured further at that shape;
 //   - one EndpointSlice change through the apiserver to the kernel, timed in
 //     the VM (median and max of several rounds);
 //   - a burst of EndpointSlice changes, until the kernel has the last one;
@@ -49,39 +54,44 @@ import (
 // config is the command line.
 type config struct {
 	proxies      []string
-	sizes        []int
+	shapes       []shape
 	rounds       int
 	resyncRounds int
 	burst        int
 	quiet        time.Duration
 	floor        bool
+	bound        time.Duration
 }
 
 func main() {
 	var c config
-	proxies := flag.String("proxies", "ipvs-proxy,kube-proxy", "proxies to run, in this order: ipvs-proxy, kube-proxy")
-	sizes := flag.String("sizes", "1000,10000", "numbers of Services, ascending")
+	all := ipvsProxy + "," + kubeProxyIPVS + "," + kubeProxyNFTables
+	proxies := flag.String("proxies", all, "proxies to run, in this order, among "+all)
+	shapes := flag.String("shapes", "1000x2,10000x2,2000x50,5000x50",
+		"Services × endpoints each (N alone: N×2), in order; runs of the same endpoints ascending")
 	flag.IntVar(&c.rounds, "rounds", 5, "single EndpointSlice changes timed per proxy and size")
 	flag.IntVar(&c.resyncRounds, "resync-rounds", 3, "changes timed during a periodic full sync per proxy and size (0: none)")
 	flag.IntVar(&c.burst, "burst", 100, "EndpointSlices changed at once in the burst")
 	flag.DurationVar(&c.quiet, "quiet", 5*time.Second, "how long a proxy's CPU must not grow for it to be idle")
 	flag.BoolVar(&c.floor, "floor", true, "also compare ipvs-proxy's cold sync with the bare-netlink floor")
+	flag.DurationVar(&c.bound, "bound", 30*time.Minute, "how long a proxy may take to settle, or a change to land, before it is reported as more")
 	flag.Parse()
 	for _, p := range strings.Split(*proxies, ",") {
 		p = strings.TrimSpace(p)
 		if _, ok := proxyKinds[p]; !ok || slices.Contains(c.proxies, p) {
-			usage("-proxies %q: want ipvs-proxy and/or kube-proxy", *proxies)
+			usage("-proxies %q: want some of %s, each once", *proxies, all)
 		}
 		c.proxies = append(c.proxies, p)
 	}
-	for _, s := range strings.Split(*sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 || (len(c.sizes) > 0 && n <= c.sizes[len(c.sizes)-1]) {
-			usage("-sizes %q: want ascending positive numbers", *sizes)
-		}
-		c.sizes = append(c.sizes, n)
+	var err error
+	if c.shapes, err = parseShapes(*shapes); err != nil {
+		usage("-shapes %q: %v", *shapes, err)
 	}
-	if c.rounds < 1 || c.resyncRounds < 0 || c.burst < 1 || c.burst*2 > c.sizes[0] {
+	if c.bound <= 0 || c.bound > helperTimeout-time.Minute {
+		usage("-bound must be positive and below %v", helperTimeout-time.Minute)
+	}
+	smallest := slices.MinFunc(c.shapes, func(a, b shape) int { return a.services - b.services }).services
+	if c.rounds < 1 || c.resyncRounds < 0 || c.burst < 1 || c.burst*2 > smallest {
 		usage("-rounds must be positive, -resync-rounds not negative, -burst positive and at most half the smallest size")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -90,6 +100,36 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// shape is one size of the bench: Services, each with endpoints.
+type shape struct{ services, endpoints int }
+
+func (s shape) String() string {
+	return fmt.Sprintf("%d Services × %d endpoints", s.services, s.endpoints)
+}
+
+// parseShapes reads -shapes: "N" or "NxM", comma-separated; consecutive
+// shapes of the same endpoints must grow (the Services of the smaller
+// stay), a change of endpoints starts again from none.
+func parseShapes(arg string) ([]shape, error) {
+	var out []shape
+	for _, f := range strings.Split(arg, ",") {
+		ns, ms, found := strings.Cut(strings.TrimSpace(f), "x")
+		n, err := strconv.Atoi(ns)
+		m := 2
+		if found && err == nil {
+			m, err = strconv.Atoi(ms)
+		}
+		if err != nil || n <= 0 || m <= 0 || m > min(1000, workload.MaxEndpoints(n)) {
+			return nil, fmt.Errorf("%q: want N or NxM, N Services of M endpoints (M at most 1,000, N×M at most %d)", f, workload.MaxEndpoints(1))
+		}
+		if len(out) > 0 && out[len(out)-1].endpoints == m && n <= out[len(out)-1].services {
+			return nil, fmt.Errorf("%q after %v: sizes of the same endpoints must grow", f, out[len(out)-1])
+		}
+		out = append(out, shape{n, m})
+	}
+	return out, nil
 }
 
 func usage(format string, args ...any) {
@@ -135,15 +175,24 @@ func run(ctx context.Context, c config) error {
 	}
 	bn := &bench{bed: b, client: client, cfg: c}
 	var tables []sizeResult
-	have := 0
-	for _, n := range c.sizes {
+	have, per := 0, 0
+	for _, sh := range c.shapes {
+		n := sh.services
 		t0 := time.Now()
-		if err := workload.CreateServices(ctx, client, have, n); err != nil {
+		if per != sh.endpoints && have > 0 {
+			if err := workload.DeleteServices(ctx, client); err != nil {
+				return err
+			}
+			logf("deleted the %d Services of %d endpoints in %v", have, per, time.Since(t0).Round(time.Millisecond))
+			have, t0 = 0, time.Now()
+		}
+		per = sh.endpoints
+		if err := workload.CreateServicesWith(ctx, client, have, n, per); err != nil {
 			return err
 		}
-		logf("created Services %d..%d and their EndpointSlices in %v", have, n-1, time.Since(t0).Round(time.Millisecond))
+		logf("created Services %d..%d and their EndpointSlices (%d endpoints each) in %v", have, n-1, per, time.Since(t0).Round(time.Millisecond))
 		have = n
-		sr := sizeResult{services: n}
+		sr := sizeResult{shape: sh}
 		for _, p := range c.proxies {
 			r, err := bn.measure(ctx, proxyKinds[p], n)
 			sr.proxies = append(sr.proxies, r)
@@ -154,12 +203,12 @@ func run(ctx context.Context, c config) error {
 				for _, t := range append(tables, sr) {
 					printSize(os.Stdout, t)
 				}
-				return fmt.Errorf("%s at %d Services: %w", p, n, err)
+				return fmt.Errorf("%s at %v: %w", p, sh, err)
 			}
 		}
-		if c.floor && slices.Contains(c.proxies, "ipvs-proxy") {
+		if c.floor && slices.Contains(c.proxies, ipvsProxy) {
 			if sr.floor, err = bn.floor(ctx, n); err != nil {
-				return fmt.Errorf("floor at %d Services: %w", n, err)
+				return fmt.Errorf("floor at %v: %w", sh, err)
 			}
 		}
 		tables = append(tables, sr)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,5 +47,53 @@ func TestFullSyncLines(t *testing.T) {
 	if len(got) != 4 || !strings.Contains(got[0], `"kind":"full"`) || !strings.Contains(got[1], `"full":true`) ||
 		!strings.Contains(got[2], "checked") || !strings.Contains(got[3], "resync complete") {
 		t.Errorf("fullSyncLines = %q", got)
+	}
+}
+
+// TestNFTLines: the same table listed with its elements in another order
+// (a set made again draws a new hash seed) gives the same lines.
+func TestNFTLines(t *testing.T) {
+	a := `table ip kube-proxy {
+	map service-ips {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 10.96.0.10 . tcp . 80 : goto service-A-bench/svc-00000/tcp/,
+			     10.96.0.11 . tcp . 80 : goto service-B-bench/svc-00001/tcp/ }
+	}
+	set cluster-ips {
+		type ipv4_addr
+		elements = { 10.96.0.10, 10.96.0.11 }
+	}
+	chain service-A-bench/svc-00000/tcp/ {
+		meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.176.0.1 . 8080, 1 : 10.176.0.17 . 8080 }
+		counter packets 3 bytes 180 drop
+	}
+}`
+	b := strings.NewReplacer(
+		"10.96.0.10 . tcp . 80 : goto service-A-bench/svc-00000/tcp/,\n\t\t\t     10.96.0.11 . tcp . 80 : goto service-B-bench/svc-00001/tcp/",
+		"10.96.0.11 . tcp . 80 : goto service-B-bench/svc-00001/tcp/,\n\t\t\t     10.96.0.10 . tcp . 80 : goto service-A-bench/svc-00000/tcp/",
+		"10.96.0.10, 10.96.0.11", "10.96.0.11, 10.96.0.10",
+		"counter packets 3 bytes 180", "counter packets 9 bytes 540").Replace(a)
+	if a == b {
+		t.Fatal("the reordering changed nothing")
+	}
+	if n := diffCount(nftLines(a), nftLines(b)); n != 0 {
+		t.Errorf("reordered elements and other counters: %d lines differ, want 0\n%q\n%q", n, nftLines(a), nftLines(b))
+	}
+	c := strings.Replace(a, "10.176.0.17 . 8080", "10.176.0.16 . 8080", 1)
+	if n := diffCount(nftLines(a), nftLines(c)); n != 2 {
+		t.Errorf("one endpoint changed: %d lines differ, want 2", n)
+	}
+}
+
+func TestParseShapes(t *testing.T) {
+	got, err := parseShapes("1000, 10000x2,2000x50,5000x50")
+	want := []shape{{1000, 2}, {10000, 2}, {2000, 50}, {5000, 50}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("parseShapes = %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"", "x2", "1000x0", "1000,1000", "2000x50,1000x50", "5000x1001", "1000000x50", "10x2y"} {
+		if got, err := parseShapes(bad); err == nil {
+			t.Errorf("parseShapes(%q) = %v, want an error", bad, got)
+		}
 	}
 }

@@ -10,9 +10,9 @@ import (
 
 // sizeResult is one size's figures.
 type sizeResult struct {
-	services int
-	proxies  []proxyResult
-	floor    floorResult
+	shape
+	proxies []proxyResult
+	floor   floorResult
 }
 
 // row is one line of a size's table: a label and a figure per proxy, and
@@ -53,11 +53,11 @@ func maxOf(v []float64) float64 {
 }
 
 var rows = []row{
-	{"cold: every virtual server in the kernel",
-		func(r proxyResult) string { return secs(r.cold.VirtualServers) },
+	{"cold: every Service's VIP:port in the kernel",
+		func(r proxyResult) string { return orBound(r, secs(r.cold.VirtualServers)) },
 		func(r proxyResult) []float64 { return []float64{r.cold.VirtualServers} }},
 	{"cold: everything programmed, CPU idle",
-		func(r proxyResult) string { return secs(r.cold.Idle) },
+		func(r proxyResult) string { return orBound(r, secs(r.cold.Idle)) },
 		func(r proxyResult) []float64 { return []float64{r.cold.Idle} }},
 	{"cold: CPU, proxy + processes it runs",
 		func(r proxyResult) string {
@@ -107,13 +107,13 @@ var rows = []row{
 	{"restart, nothing changed: programmed, idle",
 		func(r proxyResult) string { return secs(r.restart.Idle) },
 		func(r proxyResult) []float64 { return []float64{r.restart.Idle} }},
-	{"restart: kernel lines changed (IPVS/VIPs/ipset/iptables)",
+	{"restart: kernel lines changed (IPVS/VIPs/ipset/iptables/nftables)",
 		func(r proxyResult) string {
 			d := r.restartDiff
 			if d == nil {
 				return "-"
 			}
-			return fmt.Sprintf("%d/%d/%d/%d", d["IPVS"], d["VIPs"], d["ipset"], d["iptables"])
+			return fmt.Sprintf("%d/%d/%d/%d/%d", d["IPVS"], d["VIPs"], d["ipset"], d["iptables"], d["nftables"])
 		}, nil},
 	{"restart: kernel writes it counted",
 		func(r proxyResult) string {
@@ -124,26 +124,36 @@ var rows = []row{
 		}, nil},
 }
 
+// orBound is v, or "> bound" for a proxy that did not settle within it.
+func orBound(r proxyResult, v string) string {
+	if r.overBound {
+		return "> " + r.bound.String()
+	}
+	return v
+}
+
 // printSize prints one size's table in Markdown: a column per proxy, and
-// the ratio kube-proxy / ipvs-proxy when both ran.
+// each kube-proxy mode's ratio to ipvs-proxy when both ran.
 func printSize(w io.Writer, sr sizeResult) {
-	var kp, ip *proxyResult
-	head := "| " + fmt.Sprintf("%d Services × 2 endpoints", sr.services) + " |"
+	var ip *proxyResult
+	var others []*proxyResult
+	head := "| " + sr.shape.String() + " |"
 	sep := "|---|"
 	for i := range sr.proxies {
 		p := &sr.proxies[i]
 		head += " " + p.proxy + " |"
 		sep += "---|"
-		switch p.proxy {
-		case "kube-proxy":
-			kp = p
-		case "ipvs-proxy":
+		if p.proxy == ipvsProxy {
 			ip = p
+		} else {
+			others = append(others, p)
 		}
 	}
-	both := kp != nil && ip != nil
-	if both {
-		head += " kube-proxy / ipvs-proxy |"
+	if ip == nil {
+		others = nil
+	}
+	for _, o := range others {
+		head += " " + o.proxy + " / ipvs-proxy |"
 		sep += "---|"
 	}
 	fmt.Fprintln(w, head)
@@ -153,8 +163,8 @@ func printSize(w io.Writer, sr sizeResult) {
 		for _, p := range sr.proxies {
 			line += " " + r.value(p) + " |"
 		}
-		if both {
-			line += " " + ratio(r, *kp, *ip) + " |"
+		for _, o := range others {
+			line += " " + ratio(r, *o, *ip) + " |"
 		}
 		fmt.Fprintln(w, line)
 	}
@@ -173,6 +183,10 @@ func ratio(r row, kp, ip proxyResult) string {
 	if r.ratio == nil {
 		return ""
 	}
+	if strings.HasPrefix(r.value(kp), "> ") && !ip.overBound && r.ratio(ip)[0] > 0 {
+		// At least the bound over ipvs-proxy's figure.
+		return fmt.Sprintf("> %.1f", kp.bound.Seconds()/r.ratio(ip)[0])
+	}
 	a, b := r.ratio(kp), r.ratio(ip)
 	var parts []string
 	for i := range a {
@@ -186,20 +200,25 @@ func ratio(r row, kp, ip proxyResult) string {
 }
 
 func printNotes(w io.Writer, c config) {
-	fmt.Fprintf(w, `Both proxies in turn in one VM (software emulation), on a clean kernel, against the same apiserver and objects;
-a change is synced 100 ms after the last, a full sync every 30 s. Times from the proxy's start (its process start time
-in the VM), or from the change's update through the apiserver, until the kernel shows it, timed in the VM.
-- cold: every virtual server: polled one GET per missing virtual server; everything programmed: virtual and real
-  servers, VIPs on the proxy's interface, clusterIPs in its ipset and its nat rule on that set, checked when the CPU of
-  the proxy and of the processes it runs (iptables-restore, ipset: live ones and waited-for ones) grew by less than
-  50 ms in %v; the time is the start of that quiet period, the CPU is up to then.
-- one change: an endpoint of one EndpointSlice moved, %d rounds; burst: %d EndpointSlices changed at once (every
-  update in flight together), until the kernel has the last; during a full sync: the change made once the proxy's CPU
-  starts again after 1 s of quiet (its periodic sync), %d rounds (for ipvs-proxy, only those its log shows inside a full sync;
-  tries: all that were made).
+	fmt.Fprintf(w, `The proxies in turn in one VM (software emulation), on a clean kernel, against the same apiserver and objects;
+a change is synced 100 ms after the last, a periodic sync every 30 s. Times from the proxy's start (its process start
+time in the VM), or from the change's update through the apiserver, until the kernel shows it, timed in the VM.
+- cold: every VIP:port: polled one look per missing one (IPVS: a GET of the virtual server; nftables: its element of
+  the map service-ips); everything programmed (IPVS: virtual and real servers, VIPs on the proxy's interface,
+  clusterIPs in its ipset and its nat rule on that set; nftables: each VIP:port's element in service-ips and its
+  chain's DNAT to exactly its endpoints), checked when the CPU of the proxy and of the processes it runs
+  (iptables-restore, ipset, nft: live ones and waited-for ones) grew by less than 50 ms in %v; the time is the start
+  of that quiet period, the CPU is up to then. "> %v": not done within the bound; nothing else measured.
+- one change: an endpoint of one EndpointSlice moved, %d rounds, until new connections go to the new endpoint and not
+  the old (IPVS: the real servers; nftables: the Service chain's DNAT map); burst: %d EndpointSlices changed at once
+  (every update in flight together), until the kernel has the last; during a full sync: the change made once the
+  proxy's CPU starts again after 1 s of quiet (its periodic sync), %d rounds (for ipvs-proxy, only those its log shows
+  inside a full sync; kube-proxy's IPVS mode syncs everything every time; its nftables mode is not timed so: its
+  periodic sync is partial, its full sync comes once an hour; tries: all that were made).
 - restart: the proxy stopped and started again with nothing changed; the kernel's lines compared before and after
-  (ipvsadm -Sn, the interface's addresses, ipset save, iptables-save and ip6tables-save without counters) count
-  what changed, not what was rewritten unchanged; ipvs-proxy also counts its own writes.
+  (ipvsadm -Sn, the interface's addresses, ipset save, iptables-save and ip6tables-save without counters, nft list
+  table ip kube-proxy with one line per set element) count what changed, not what was rewritten unchanged;
+  ipvs-proxy also counts its own writes.
 - floor: the same virtual servers, real servers and VIPs created with bare netlink calls, one at a time.
-`, c.quiet, c.rounds, c.burst, c.resyncRounds)
+`, c.quiet, c.bound, c.rounds, c.burst, c.resyncRounds)
 }

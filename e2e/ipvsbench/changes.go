@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,25 +16,24 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
-
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // changeFlags are the flags of latency and burst.
 type changeFlags struct {
 	kubeconfig, namespace string
 	timeout               time.Duration
+	dataplane             dataplaneFlags
 }
 
 func (c *changeFlags) register(fs *flag.FlagSet) {
+	c.dataplane.register(fs, false)
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig of the apiserver")
 	fs.StringVar(&c.namespace, "namespace", "", "namespace of the EndpointSlices")
 	fs.DurationVar(&c.timeout, "timeout", 20*time.Minute, "how long one change may take to reach the kernel")
 }
 
-// open makes an apiserver client (not throttled) and opens IPVS.
-func (c *changeFlags) open() (kubernetes.Interface, netlinkutil.IPVS, error) {
+// open makes an apiserver client (not throttled) and opens the dataplane.
+func (c *changeFlags) open() (kubernetes.Interface, dataplane, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubeconfig: %w", err)
@@ -43,8 +43,8 @@ func (c *changeFlags) open() (kubernetes.Interface, netlinkutil.IPVS, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	k, err := netlinkutil.NewIPVS()
-	return cs, k, err
+	d, err := c.dataplane.open()
+	return cs, d, err
 }
 
 // change is one EndpointSlice's first endpoint moved to a neighbour
@@ -52,7 +52,7 @@ func (c *changeFlags) open() (kubernetes.Interface, netlinkutil.IPVS, error) {
 // meets the slice's other endpoint), and where the kernel shows it.
 type change struct {
 	slice    *discoveryv1.EndpointSlice
-	key      model.VSKey
+	vs       netip.AddrPort
 	old, new netip.Addr
 }
 
@@ -70,7 +70,7 @@ func prepare(ctx context.Context, cs kubernetes.Interface, ns, name string, vs n
 	}
 	b := old.As4()
 	b[3] ^= 1
-	c := change{slice: eps, key: model.VSKey{Address: vs.Addr(), Protocol: model.TCP, Port: vs.Port()}, old: old, new: netip.AddrFrom4(b)}
+	c := change{slice: eps, vs: vs, old: old, new: netip.AddrFrom4(b)}
 	c.slice.Endpoints[0].Addresses[0] = c.new.String()
 	return c, nil
 }
@@ -82,19 +82,14 @@ func (c change) apply(ctx context.Context, cs kubernetes.Interface) error {
 	return nil
 }
 
-// landed reports whether the kernel has the change: the new real server
-// and not the old one.
-func (c change) landed(k netlinkutil.IPVS) (bool, error) {
-	rss, err := k.ListRealServers(c.key)
+// landed reports whether the kernel has the change: new connections go
+// to the new endpoint and not to the old one (endpoints: dataplane's).
+func (c change) landed(endpoints func(netip.AddrPort) ([]netip.Addr, error)) (bool, error) {
+	eps, err := endpoints(c.vs)
 	if err != nil {
 		return false, err
 	}
-	hasNew, hasOld := false, false
-	for _, r := range rss {
-		hasNew = hasNew || r.Address == c.new
-		hasOld = hasOld || r.Address == c.old
-	}
-	return hasNew && !hasOld, nil
+	return slices.Contains(eps, c.new) && !slices.Contains(eps, c.old), nil
 }
 
 // latency times single changes of one EndpointSlice, each from its update
@@ -132,6 +127,9 @@ func latency(args []string) error {
 		// when each change was made (Unix seconds, this VM's clock).
 		Waited []float64 `json:"waited,omitempty"`
 		At     []float64 `json:"at"`
+		// Poll: how long the read that saw each change took (the
+		// figure's resolution: a run of nft under emulation is slow).
+		Poll []float64 `json:"poll"`
 	}
 	for i := 0; i < *rounds; i++ {
 		c, err := prepare(ctx, cs, cf.namespace, *name, vs)
@@ -150,11 +148,13 @@ func latency(args []string) error {
 			return err
 		}
 		for {
-			ok, err := c.landed(k)
+			t0 := time.Now()
+			ok, err := c.landed(k.endpoints)
 			if err != nil {
 				return err
 			}
 			if ok {
+				out.Poll = append(out.Poll, time.Since(t0).Seconds())
 				break
 			}
 			if time.Since(start) > cf.timeout {
@@ -254,8 +254,12 @@ func burst(args []string) error {
 	pending := changes
 	for len(pending) > 0 {
 		var still []change
+		look, err := k.reader()
+		if err != nil {
+			return err
+		}
 		for _, c := range pending {
-			ok, err := c.landed(k)
+			ok, err := c.landed(look)
 			if err != nil {
 				return err
 			}

@@ -11,18 +11,20 @@
 //	    writes and reads of a cold sync and a full resync both ways: one
 //	    netlink request at a time and batched (netlinkutil's IPVS.Apply,
 //	    ListAllRealServers; ipset entries in bulk). Prints JSON.
-//	ipvsbench settle -comm NAME -expect FILE -iface IF -set SET [-quiet 5s]
+//	ipvsbench settle -comm NAME -expect FILE [-dataplane ipvs -iface IF -set SET | -dataplane nftables] [-quiet 5s]
 //	    follows the proxy NAME from its start (its process start time) until
-//	    every virtual server in FILE (same form) is in the kernel, and until
-//	    everything is (real servers, VIPs on IF, clusterIPs in SET, a nat rule
-//	    on SET) and its CPU, with that of the processes it runs, is idle.
-//	ipvsbench latency -kubeconfig K -namespace NS -slice NAME -vs VIP:PORT [-rounds 5] [-during-sync-of NAME]
+//	    every VIP:port in FILE (same form) is in the kernel, and until
+//	    everything is (IPVS: real servers, VIPs on IF, clusterIPs in SET, a
+//	    nat rule on SET; nftables: kube-proxy's map service-ips and each
+//	    Service chain's DNAT) and its CPU, with that of the processes it runs,
+//	    is idle.
+//	ipvsbench latency -kubeconfig K -namespace NS -slice NAME -vs VIP:PORT [-dataplane D] [-rounds 5] [-during-sync-of NAME]
 //	    moves the first endpoint of an EndpointSlice through the apiserver
-//	    and polls the kernel (destination dumps of that virtual server) until
-//	    the change has landed; prints each round's latency as JSON. With
-//	    -during-sync-of, each change is made once that process has begun a
-//	    sync of its own (CPU after a quiet period).
-//	ipvsbench burst -kubeconfig K -namespace NS -changes FILE
+//	    and polls the kernel (destination dumps of that virtual server, or
+//	    its nftables chain) until the change has landed; prints each round's
+//	    latency as JSON. With -during-sync-of, each change is made once that
+//	    process has begun a sync of its own (CPU after a quiet period).
+//	ipvsbench burst -kubeconfig K -namespace NS -changes FILE [-dataplane D]
 //	    makes the changes in FILE ([{"slice":NAME,"vs":VIP:PORT},...]) at
 //	    once and times them until the kernel has the last one.
 //

@@ -41,8 +41,8 @@ func settle(args []string) error {
 	fs := flag.NewFlagSet("settle", flag.ContinueOnError)
 	comm := fs.String("comm", "", "the proxy's process name")
 	expectFile := fs.String("expect", "", "JSON file of the expected virtual servers and real servers")
-	iface := fs.String("iface", "", "the proxy's dummy interface, which must hold every VIP")
-	set := fs.String("set", "", "the proxy's ipset of clusterIP,proto:port entries; the nat table must match it")
+	var dp dataplaneFlags
+	dp.register(fs, true)
 	quiet := fs.Duration("quiet", 5*time.Second, "how long the proxy's CPU must not grow to be idle")
 	slack := fs.Duration("slack", 50*time.Millisecond, "CPU time a quiet period may still use")
 	interval := fs.Duration("interval", 100*time.Millisecond, "sampling interval")
@@ -50,8 +50,8 @@ func settle(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *comm == "" || *expectFile == "" || *iface == "" || *set == "" {
-		return errors.New("settle: -comm, -expect, -iface and -set are required")
+	if *comm == "" || *expectFile == "" {
+		return errors.New("settle: -comm and -expect are required")
 	}
 	want, err := readServices(*expectFile)
 	if err != nil {
@@ -61,20 +61,11 @@ func settle(args []string) error {
 	if err != nil {
 		return err
 	}
-	h, err := ipvs.New("")
-	if err != nil {
-		return fmt.Errorf("ipvs handle: %w", err)
-	}
-	defer h.Close()
-	k, err := netlinkutil.NewIPVS()
+	d, err := dp.open()
 	if err != nil {
 		return err
 	}
-	defer k.Close()
-	links, err := netlinkutil.NewLinks()
-	if err != nil {
-		return err
-	}
+	defer d.Close()
 	res := settleResult{PID: pid, VirtualServers: -1}
 	since := func(at time.Duration) float64 { return (at - st.startTime).Seconds() }
 	missing := slices.Clone(want)
@@ -84,20 +75,16 @@ func settle(args []string) error {
 	var problem error
 	for start := time.Now(); ; time.Sleep(*interval) {
 		if time.Since(start) > *timeout {
-			return fmt.Errorf("settle: not done after %v (virtual servers: %d missing; last check: %v)", *timeout, len(missing), problem)
+			return fmt.Errorf("settle: %w after %v (virtual servers: %d missing; last check: %v)", errNotSettled, *timeout, len(missing), problem)
 		}
 		if _, err := log.sample(); err != nil {
 			return err
 		}
 		if res.VirtualServers < 0 {
-			// One GET per virtual server until it is there: a
-			// virtual server is asked about until found, and only
-			// the first missing one each round.
-			for len(missing) > 0 {
-				if _, err := h.GetService(ipvsService(missing[len(missing)-1])); err != nil {
-					break
-				}
-				missing = missing[:len(missing)-1]
+			// The virtual servers not seen yet, looked at as
+			// cheaply as the dataplane allows (dataplane.missing).
+			if missing, err = d.missing(missing); err != nil {
+				return err
 			}
 			if len(missing) > 0 {
 				continue
@@ -110,13 +97,17 @@ func settle(args []string) error {
 		}
 		checked = idle.at
 		res.Checks++
-		if problem = check(k, links, want, *iface, *set); problem != nil {
+		if problem = d.check(want); problem != nil {
 			continue
 		}
 		res.Idle, res.CPUSelf, res.CPUChildren = since(idle.at), idle.self.Seconds(), idle.children.Seconds()
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
 }
+
+// errNotSettled: the proxy did not settle within settle's -timeout (its
+// message is how the bench tells "> bound" from a failure).
+var errNotSettled = errors.New("not settled")
 
 func readServices(file string) ([]Service, error) {
 	data, err := os.ReadFile(file)

@@ -34,7 +34,30 @@ const (
 	// only (kube-proxy's default ports, bound to 127.0.0.1).
 	HealthzURL = "http://127.0.0.1:10256/healthz"
 	MetricsURL = "http://127.0.0.1:10249/metrics"
+
+	// The proxy modes Options.Mode takes.
+	ModeIPVS     = "ipvs"
+	ModeNFTables = "nftables"
+	// NFTablesTable is the table nftables mode programs, in the ip and
+	// ip6 families.
+	NFTablesTable = "kube-proxy"
 )
+
+// NFTablesModules are the kernel modules nftables mode's rules need
+// beyond the bed's boot modules (the VM loads the others at boot; these
+// are in its initramfs, loaded by LoadNFTablesModules).
+var NFTablesModules = []string{"nft_fib_ipv4", "nft_fib_ipv6", "nft_fib_inet", "nft_numgen",
+	"nft_reject_ipv4", "nft_reject_ipv6", "nft_limit"}
+
+// LoadNFTablesModules loads NFTablesModules in the VM.
+func LoadNFTablesModules(ctx context.Context, v *vm.VM) error {
+	for _, m := range NFTablesModules {
+		if _, err := v.RunOK(ctx, "modprobe", m); err != nil {
+			return fmt.Errorf("kubeproxy: nftables mode: %w", err)
+		}
+	}
+	return nil
+}
 
 // Options configure Start. The zero value runs kube-proxy like the bed's
 // agent: the bed's cluster CIDR, node ports on eth0, a change synced
@@ -42,19 +65,24 @@ const (
 type Options struct {
 	// Log receives progress (nil: none).
 	Log func(format string, args ...any)
+	// Mode is kube-proxy's proxy mode: ModeIPVS (the default) or
+	// ModeNFTables. SyncPeriod, MinSyncPeriod and Scheduler go to that
+	// mode's section of the configuration.
+	Mode string
 	// ClusterCIDR tells pod traffic from the rest (default
 	// bed.ClusterCIDR).
 	ClusterCIDR string
 	// NodePortAddresses (default bed.NodePortCIDR).
 	NodePortAddresses []string
-	// SyncPeriod is ipvs.syncPeriod, the resync without changes (default
+	// SyncPeriod is <mode>.syncPeriod, the resync without changes (default
 	// kube-proxy's 30s: each sync execs iptables and ipset several times
 	// per family, and under emulation takes 3-10 s, so a shorter period
-	// keeps the VM busy); MinSyncPeriod is ipvs.minSyncPeriod (default
+	// keeps the VM busy); MinSyncPeriod is <mode>.minSyncPeriod (default
 	// 100ms). Changes are synced after MinSyncPeriod, whatever SyncPeriod.
 	SyncPeriod    time.Duration
 	MinSyncPeriod time.Duration
-	// Scheduler is ipvs.scheduler ("": kube-proxy's default, rr).
+	// Scheduler is ipvs.scheduler ("": kube-proxy's default, rr; IPVS
+	// mode only).
 	Scheduler string
 	// Verbosity is kube-proxy's -v (default 2).
 	Verbosity int
@@ -188,9 +216,17 @@ func (o Options) config() string {
 	for i, a := range nodePorts {
 		quoted[i] = fmt.Sprintf("%q", a)
 	}
+	mode := o.Mode
+	if mode == "" {
+		mode = ModeIPVS
+	}
+	section := fmt.Sprintf("%s:\n  syncPeriod: %s\n  minSyncPeriod: %s\n", mode, syncPeriod, minSyncPeriod)
+	if mode == ModeIPVS {
+		section += fmt.Sprintf("  scheduler: %q\n", o.Scheduler)
+	}
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: ipvs
+mode: %s
 clientConnection:
   kubeconfig: %q
 hostnameOverride: %q
@@ -198,18 +234,14 @@ clusterCIDR: %q
 nodePortAddresses: [%s]
 healthzBindAddress: "127.0.0.1:10256"
 metricsBindAddress: "127.0.0.1:10249"
-ipvs:
-  syncPeriod: %s
-  minSyncPeriod: %s
-  scheduler: %q
-conntrack:
+%sconntrack:
   maxPerCore: 0
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
   udpTimeout: 0s
   udpStreamTimeout: 0s
-`, kubeconfig, nodeName, clusterCIDR, strings.Join(quoted, ", "), syncPeriod, minSyncPeriod, o.Scheduler)
+`, mode, kubeconfig, nodeName, clusterCIDR, strings.Join(quoted, ", "), section)
 }
 
 // syncedMetric is set at the end of each successful sync, per IP family.
@@ -321,6 +353,27 @@ func (k *KubeProxy) Output() string { return k.proc.Output() }
 // kernel, other tools' too.) It returns the command's report.
 func Cleanup(ctx context.Context, b *bed.Bed) (string, error) {
 	return b.VM.RunOK(ctx, bed.GuestBinary, "cleanup", "--kube-proxy")
+}
+
+// CleanupNFTables removes nftables mode's tables (NFTablesTable in the ip
+// and ip6 families) from the VM, if there, and returns what it removed.
+func CleanupNFTables(ctx context.Context, v *vm.VM) ([]string, error) {
+	out, err := v.RunOK(ctx, "nft", "list", "tables")
+	if err != nil {
+		return nil, fmt.Errorf("kubeproxy: %w", err)
+	}
+	var removed []string
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l) // table <family> <name>
+		if len(f) != 3 || f[0] != "table" || f[2] != NFTablesTable || (f[1] != "ip" && f[1] != "ip6") {
+			continue
+		}
+		if _, err := v.RunOK(ctx, "nft", "delete", "table", f[1], f[2]); err != nil {
+			return removed, fmt.Errorf("kubeproxy: %w", err)
+		}
+		removed = append(removed, f[1]+" "+f[2])
+	}
+	return removed, nil
 }
 
 func tail(s string, n int) string {

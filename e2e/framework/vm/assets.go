@@ -41,9 +41,11 @@ var (
 	// libraries actually copied are found from the binaries' ELF headers.
 	guestPackages = []string{"libc6", "libxtables12", "libip4tc2", "libip6tc2", "libmnl0", "libnl-3-200",
 		"libnl-genl-3-200", "libpopt0", "libipset13", "libnftnl11", "libnetfilter-conntrack3", "libnfnetlink0",
-		"ipvsadm", "ipset", "iptables", "netbase"}
+		"ipvsadm", "ipset", "iptables", "netbase",
+		// nft, for kube-proxy's nftables mode in `make bench`.
+		"nftables", "libnftables1", "libgmp10", "libjansson4", "libedit2", "libbsd0", "libmd0", "libtinfo6"}
 	// guestBinaries are copied from guestPackages into the guest.
-	guestBinaries = []string{"ipvsadm", "ipset", "xtables-nft-multi", "xtables-legacy-multi"}
+	guestBinaries = []string{"ipvsadm", "ipset", "xtables-nft-multi", "xtables-legacy-multi", "nft"}
 	// guestLinks are the iptables front ends: name -> multi-call binary.
 	// The unsuffixed names are the nft ones, as on a default Debian.
 	guestLinks = func() map[string]string {
@@ -79,7 +81,9 @@ var (
 	// extraModules are in the initramfs but loaded only on demand (by a
 	// test, or by the kernel through /sbin/modprobe).
 	extraModules = []string{"bridge", "br_netfilter", "sctp", "xt_physdev", "xt_recent", "xt_limit",
-		"nft_fib_inet", "nft_limit", "ip_vs_ftp", "overlay"}
+		"nft_fib_inet", "nft_limit", "ip_vs_ftp", "overlay",
+		// kube-proxy's nftables mode (NFTablesModules) beyond bootModules.
+		"nft_fib_ipv4", "nft_fib_ipv6", "nft_numgen", "nft_reject_ipv4", "nft_reject_ipv6"}
 )
 
 // recipe is the asset recipe's version: the revision and a hash of the

@@ -1,12 +1,15 @@
 // Package workload creates the benchmarks' Services: N Services, each with
-// one port and an EndpointSlice of two ready endpoints, as the bench in the
-// VM (e2e/bench) and the host's memory bench (e2e/heapbench) both need.
+// one port and an EndpointSlice of two ready endpoints (or more), as the
+// bench in the VM (e2e/bench) and the host's memory bench (e2e/heapbench)
+// both need.
 package workload
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -23,18 +26,37 @@ const Namespace = "bench"
 // ServiceName names Service i (and its EndpointSlice).
 func ServiceName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 
-// EndpointAddr is endpoint k (0 or 1) of Service i, in 10.176.0.0/12. The
-// two endpoints of a Service are 16 addresses apart, so that a change can
-// move an endpoint to its neighbour (the last bit flipped) and back.
-func EndpointAddr(i, k int) string {
-	j := (i*2+k)*16 + 16
+// EndpointAddr is endpoint k of Service i when each has per endpoints, in
+// 10.176.0.0/12. Endpoints are at even addresses, so that a change can
+// move one to its neighbour (the last bit flipped) and back; with two per
+// Service they are 16 addresses apart (the bench's first layout, kept),
+// with more, 2 (5,000 Services × 50 endpoints fit: 500,000 addresses).
+func EndpointAddr(i, k, per int) string {
+	stride := 2
+	if per <= 2 {
+		stride = 16
+	}
+	j := (i*per+k)*stride + 16
 	return fmt.Sprintf("10.%d.%d.%d", 176+j>>16, (j>>8)&255, j&255)
 }
+
+// MaxEndpoints is the most endpoints per Service that EndpointAddr keeps
+// inside 10.176.0.0/12 at n Services.
+func MaxEndpoints(n int) int { return (1<<20 - 32) / 2 / max(n, 1) }
 
 // CreateServices creates Services from..to-1 in Namespace, each with an
 // EndpointSlice of two ready endpoints, with 16 workers. The namespace
 // must exist.
 func CreateServices(ctx context.Context, c kubernetes.Interface, from, to int) error {
+	return CreateServicesWith(ctx, c, from, to, 2)
+}
+
+// CreateServicesWith is CreateServices with per endpoints per Service
+// (one EndpointSlice: at most 1,000).
+func CreateServicesWith(ctx context.Context, c kubernetes.Interface, from, to, per int) error {
+	if per < 1 || per > 1000 || per > MaxEndpoints(to) {
+		return fmt.Errorf("workload: %d endpoints per Service at %d Services: want 1..%d", per, to, min(1000, MaxEndpoints(to)))
+	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var firstErr error
@@ -44,7 +66,7 @@ func CreateServices(ctx context.Context, c kubernetes.Interface, from, to int) e
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				err := createService(ctx, c, i)
+				err := createService(ctx, c, i, per)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
@@ -67,7 +89,7 @@ func CreateServices(ctx context.Context, c kubernetes.Interface, from, to int) e
 	return firstErr
 }
 
-func createService(ctx context.Context, c kubernetes.Interface, i int) error {
+func createService(ctx context.Context, c kubernetes.Interface, i, per int) error {
 	name := ServiceName(i)
 	_, err := c.CoreV1().Services(Namespace).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -81,12 +103,57 @@ func createService(ctx context.Context, c kubernetes.Interface, i int) error {
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(bed.BackendPort))}},
 	}
-	for k := 0; k < 2; k++ {
-		eps.Endpoints = append(eps.Endpoints, discoveryv1.Endpoint{Addresses: []string{EndpointAddr(i, k)},
+	for k := 0; k < per; k++ {
+		eps.Endpoints = append(eps.Endpoints, discoveryv1.Endpoint{Addresses: []string{EndpointAddr(i, k, per)},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
 	}
 	if _, err := c.DiscoveryV1().EndpointSlices(Namespace).Create(ctx, eps, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create endpointslice %s/%s: %w", Namespace, name, err)
 	}
 	return nil
+}
+
+// DeleteServices deletes every Service and EndpointSlice in Namespace and
+// waits until none is left.
+func DeleteServices(ctx context.Context, c kubernetes.Interface) error {
+	// Services have no delete-collection: one delete each, 16 at a time.
+	list, err := c.CoreV1().Services(Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list services in %s: %w", Namespace, err)
+	}
+	errs := make([]error, len(list.Items))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range list.Items {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = c.CoreV1().Services(Namespace).Delete(ctx, list.Items[i].Name, metav1.DeleteOptions{})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete services in %s: %w", Namespace, err)
+	}
+	if err := c.DiscoveryV1().EndpointSlices(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		return fmt.Errorf("delete endpointslices in %s: %w", Namespace, err)
+	}
+	for {
+		svcs, err := c.CoreV1().Services(Namespace).List(ctx, metav1.ListOptions{Limit: 1})
+		if err != nil {
+			return err
+		}
+		eps, err := c.DiscoveryV1().EndpointSlices(Namespace).List(ctx, metav1.ListOptions{Limit: 1})
+		if err != nil {
+			return err
+		}
+		if len(svcs.Items) == 0 && len(eps.Items) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
