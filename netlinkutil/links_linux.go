@@ -184,3 +184,85 @@ func (l *kernelLinks) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// localRoute is the netlink route of r through link.
+func localRoute(link netlink.Link, r LocalRoute) *netlink.Route {
+	p := r.Prefix.Masked()
+	nr := &netlink.Route{
+		LinkIndex: link.Attrs().Index,
+		Dst:       &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
+		Table:     unix.RT_TABLE_LOCAL,
+		Type:      unix.RTN_LOCAL,
+		Scope:     netlink.SCOPE_HOST,
+		Protocol:  RouteProtocol,
+	}
+	if r.Src.IsValid() {
+		nr.Src = net.IP(r.Src.AsSlice())
+	}
+	return nr
+}
+
+func (l *kernelLinks) ListLocalRoutes(name string) ([]LocalRoute, error) {
+	link, err := l.h.LinkByName(name)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up interface %s: %w", name, err)
+	}
+	filter := &netlink.Route{LinkIndex: link.Attrs().Index, Table: unix.RT_TABLE_LOCAL, Type: unix.RTN_LOCAL,
+		Protocol: RouteProtocol}
+	var out []LocalRoute
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := l.h.RouteListFiltered(fam, filter,
+			netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TYPE|netlink.RT_FILTER_PROTOCOL)
+		if err != nil {
+			return nil, fmt.Errorf("list local routes of %s: %w", name, err)
+		}
+		for _, r := range routes {
+			if r.Dst == nil {
+				continue
+			}
+			a, ok := netip.AddrFromSlice(r.Dst.IP)
+			if !ok {
+				continue
+			}
+			ones, _ := r.Dst.Mask.Size()
+			lr := LocalRoute{Prefix: netip.PrefixFrom(a.Unmap(), ones)}
+			if src, ok := netip.AddrFromSlice(r.Src); ok {
+				lr.Src = src.Unmap()
+			}
+			out = append(out, lr)
+		}
+	}
+	return out, nil
+}
+
+func (l *kernelLinks) AddLocalRoute(name string, r LocalRoute) error {
+	link, err := l.link(name)
+	if err != nil {
+		return fmt.Errorf("look up interface %s: %w", name, err)
+	}
+	if err := l.h.RouteReplace(localRoute(link, r)); err != nil {
+		delete(l.cache, name)
+		return fmt.Errorf("route %s as local through %s: %w", r, name, err)
+	}
+	return nil
+}
+
+func (l *kernelLinks) DeleteLocalRoute(name string, r LocalRoute) error {
+	link, err := l.link(name)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up interface %s: %w", name, err)
+	}
+	nr := localRoute(link, LocalRoute{Prefix: r.Prefix}) // any source
+	err = l.h.RouteDel(nr)
+	if err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
+		delete(l.cache, name)
+		return fmt.Errorf("delete local route %s through %s: %w", r.Prefix, name, err)
+	}
+	return nil
+}

@@ -1,12 +1,16 @@
 package netlinkutil
 
 import (
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
 )
@@ -134,5 +138,113 @@ func TestDummy(t *testing.T) {
 	}
 	if _, err := netlink.LinkByName("ipvs-test0"); err == nil {
 		t.Errorf("link still there after DeleteLink")
+	}
+}
+
+// TestLocalRoutes routes Service ranges as local through a link: every
+// address in them is the node's own (a host socket on the wildcard
+// address answers a connection to one), none is bound, the node's own
+// connections come from the route's source (without one, IPv4 uses the
+// destination itself), and only the routes ipvs-proxy added are listed
+// (not the kernel's own for a bound address).
+func TestLocalRoutes(t *testing.T) {
+	nltest.InFreshNetns(t)
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = "vips0"
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "vips0-peer"}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	for _, name := range []string{"vips0", "lo"} {
+		link, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The node's addresses, on the other link.
+	peer, err := netlink.LinkByName("vips0-peer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"192.168.5.1", "fd00:1::1"} {
+		if err := netlink.AddrAdd(peer, &netlink.Addr{IPNet: netlink.NewIPNet(netip.MustParseAddr(a).AsSlice()), Flags: unix.IFA_F_NODAD}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := newLinks(t)
+	if err := l.AddAddress("vips0", netip.MustParseAddr("10.97.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	want := []LocalRoute{
+		{Prefix: netip.MustParsePrefix("10.96.0.0/16")},
+		{Prefix: netip.MustParsePrefix("10.98.0.0/16"), Src: netip.MustParseAddr("192.168.5.1")},
+		{Prefix: netip.MustParsePrefix("fd00:10:96::/112"), Src: netip.MustParseAddr("fd00:1::1")},
+	}
+	for _, r := range append(want, want[0]) { // the second add is a no-op
+		if err := l.AddLocalRoute("vips0", r); err != nil {
+			t.Fatalf("add %s: %v", r, err)
+		}
+	}
+	got, err := l.ListLocalRoutes("vips0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b LocalRoute) bool { return a == b })); diff != "" {
+		t.Errorf("local routes (-want +got):\n%s", diff)
+	}
+	bound, _ := l.ListAddresses("vips0")
+	bound = slices.DeleteFunc(bound, netip.Addr.IsLinkLocalUnicast)
+	if len(bound) != 1 {
+		t.Errorf("addresses on vips0: %v, want only 10.97.0.1", bound)
+	}
+
+	// An address of a range is local: a listener on the wildcard address
+	// answers it.
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	for dst, src := range map[string]string{"10.96.5.5": "10.96.5.5", "10.98.5.5": "192.168.5.1", "fd00:10:96::55": "fd00:1::1"} {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst, port), 2*time.Second)
+		if err != nil {
+			t.Errorf("connect to %s in a routed range: %v", dst, err)
+			continue
+		}
+		if local := c.LocalAddr().(*net.TCPAddr).IP.String(); local != src {
+			t.Errorf("connection to %s comes from %s, want %s", dst, local, src)
+		}
+		c.Close()
+	}
+
+	// A changed source replaces the route.
+	moved := LocalRoute{Prefix: want[0].Prefix, Src: netip.MustParseAddr("192.168.5.1")}
+	if err := l.AddLocalRoute("vips0", moved); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := l.ListLocalRoutes("vips0"); len(got) != 3 || got[0] != moved {
+		t.Errorf("after replacing: %v, want %v first of 3", got, moved)
+	}
+	for _, r := range append(want, want[0]) { // the second delete is a no-op
+		if err := l.DeleteLocalRoute("vips0", r); err != nil {
+			t.Fatalf("delete %s: %v", r, err)
+		}
+	}
+	if got, err := l.ListLocalRoutes("vips0"); err != nil || len(got) != 0 {
+		t.Errorf("after deleting: %v, %v; want none", got, err)
+	}
+	if c, err := net.DialTimeout("tcp", net.JoinHostPort("10.96.5.5", port), time.Second); err == nil {
+		c.Close()
+		t.Errorf("10.96.5.5 still answered after its range's route was deleted")
+	}
+	// A missing link has no routes, and deleting from it is fine.
+	if got, err := l.ListLocalRoutes("nosuch0"); err != nil || got != nil {
+		t.Errorf("ListLocalRoutes(nosuch0) = %v, %v", got, err)
+	}
+	if err := l.DeleteLocalRoute("nosuch0", want[0]); err != nil {
+		t.Errorf("DeleteLocalRoute(nosuch0) = %v", err)
 	}
 }

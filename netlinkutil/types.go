@@ -105,7 +105,40 @@ type Links interface {
 	// NodeAddresses lists the unicast addresses of every link but loopback
 	// and the links named in exclude.
 	NodeAddresses(exclude ...string) ([]netip.Addr, error)
+	// ListLocalRoutes lists the local routes that ipvs-proxy added
+	// through a link (type local in the local table, tagged
+	// RouteProtocol; nil if the link does not exist). Every address of
+	// such a prefix is the node's own, as if bound, without one address
+	// each.
+	ListLocalRoutes(link string) ([]LocalRoute, error)
+	// AddLocalRoute adds or replaces such a route.
+	AddLocalRoute(link string, r LocalRoute) error
+	// DeleteLocalRoute removes the route of r's prefix; a missing one is
+	// not an error.
+	DeleteLocalRoute(link string, r LocalRoute) error
 }
+
+// LocalRoute makes a prefix local.
+type LocalRoute struct {
+	Prefix netip.Prefix
+	// Src is the source address of the node's own connections to the
+	// prefix (the route's preferred source), which must be an address of
+	// the node; invalid: none, and then IPv4 uses the destination itself
+	// and IPv6 the loopback address (which cannot leave the node).
+	Src netip.Addr
+}
+
+func (r LocalRoute) String() string {
+	if r.Src.IsValid() {
+		return r.Prefix.String() + " src " + r.Src.String()
+	}
+	return r.Prefix.String()
+}
+
+// RouteProtocol tags the local routes ipvs-proxy adds (rtm_protocol), so
+// that they are told from the kernel's own routes for bound addresses and
+// anyone else's (`ip route show table local proto 120`).
+const RouteProtocol = 120
 
 // KubeProxyInterface is kube-proxy's IPVS dummy interface.
 const KubeProxyInterface = "kube-ipvs0"

@@ -34,6 +34,8 @@ const (
 	callDeleteRS      = "DeleteRealServer %s %s"
 	callAddAddress    = "AddAddress %s %s"
 	callDeleteAddress = "DeleteAddress %s %s"
+	callAddRoute      = "AddLocalRoute %s %s"
+	callDeleteRoute   = "DeleteLocalRoute %s %s"
 	callEnsureDummy   = "EnsureDummy %s"
 	callDeleteLink    = "DeleteLink %s"
 	callSetTimeouts   = "SetTimeouts tcp=%s tcpfin=%s udp=%s"
@@ -477,8 +479,9 @@ func (f *IPVS) Close() {}
 // Links is a fake of netlinkutil.Links.
 type Links struct {
 	mu     sync.Mutex
-	links  map[string]map[netip.Addr]bool // dummy links and their addresses
-	node   []netip.Addr                   // addresses of the node's other links
+	links  map[string]map[netip.Addr]bool                     // dummy links and their addresses
+	routes map[string]map[netip.Prefix]netlinkutil.LocalRoute // local routes through each link
+	node   []netip.Addr                                       // addresses of the node's other links
 	calls  []Call
 	counts counts
 	inject ErrorFunc
@@ -560,7 +563,7 @@ func (l *Links) Deliver() int {
 
 // NewLinks returns a fake whose node has the given addresses.
 func NewLinks(nodeAddrs ...netip.Addr) *Links {
-	return &Links{links: map[string]map[netip.Addr]bool{}, node: nodeAddrs}
+	return &Links{links: map[string]map[netip.Addr]bool{}, routes: map[string]map[netip.Prefix]netlinkutil.LocalRoute{}, node: nodeAddrs}
 }
 
 // InjectErrors installs f; nil removes it.
@@ -588,6 +591,67 @@ func (l *Links) ResetCalls() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.calls = nil
+}
+
+// Routes returns the local routes through a link, sorted by prefix.
+func (l *Links) Routes(name string) []netlinkutil.LocalRoute {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sortedRoutes(name)
+}
+
+func (l *Links) sortedRoutes(name string) []netlinkutil.LocalRoute {
+	var out []netlinkutil.LocalRoute
+	for _, r := range l.routes[name] {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b netlinkutil.LocalRoute) int {
+		if c := a.Prefix.Addr().Compare(b.Prefix.Addr()); c != 0 {
+			return c
+		}
+		return a.Prefix.Bits() - b.Prefix.Bits()
+	})
+	return out
+}
+
+// ListLocalRoutes implements netlinkutil.Links.
+func (l *Links) ListLocalRoutes(name string) ([]netlinkutil.LocalRoute, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record("ListLocalRoutes %s", name); err != nil {
+		return nil, err
+	}
+	return l.sortedRoutes(name), nil
+}
+
+// AddLocalRoute implements netlinkutil.Links: it adds or replaces the
+// route of r's prefix.
+func (l *Links) AddLocalRoute(name string, r netlinkutil.LocalRoute) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record(callAddRoute, name, r); err != nil {
+		return err
+	}
+	if _, ok := l.links[name]; !ok {
+		return fmt.Errorf("link %s not found", name)
+	}
+	if l.routes[name] == nil {
+		l.routes[name] = map[netip.Prefix]netlinkutil.LocalRoute{}
+	}
+	r.Prefix = r.Prefix.Masked()
+	l.routes[name][r.Prefix] = r
+	return nil
+}
+
+// DeleteLocalRoute implements netlinkutil.Links.
+func (l *Links) DeleteLocalRoute(name string, r netlinkutil.LocalRoute) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record(callDeleteRoute, name, r.Prefix); err != nil {
+		return err
+	}
+	delete(l.routes[name], r.Prefix.Masked())
+	return nil
 }
 
 // Addresses returns the addresses of a link, sorted.
@@ -657,6 +721,7 @@ func (l *Links) DeleteLink(name string) error {
 		l.announceLocked(netlinkutil.Removal{Link: name})
 	}
 	delete(l.links, name)
+	delete(l.routes, name) // the kernel drops a link's routes with it
 	return nil
 }
 

@@ -199,3 +199,19 @@ func (l *FaultyLinks) DeleteAddress(link string, a netip.Addr) error {
 	}
 	return l.Links.DeleteAddress(link, a)
 }
+
+// AddLocalRoute implements netlinkutil.Links.
+func (l *FaultyLinks) AddLocalRoute(link string, r netlinkutil.LocalRoute) error {
+	if err := l.injected(callAddRoute, link, r); err != nil {
+		return err
+	}
+	return l.Links.AddLocalRoute(link, r)
+}
+
+// DeleteLocalRoute implements netlinkutil.Links.
+func (l *FaultyLinks) DeleteLocalRoute(link string, r netlinkutil.LocalRoute) error {
+	if err := l.injected(callDeleteRoute, link, r.Prefix); err != nil {
+		return err
+	}
+	return l.Links.DeleteLocalRoute(link, r)
+}
