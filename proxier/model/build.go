@@ -602,6 +602,9 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 	if a.kind == KindExternalIP || a.kind == KindLoadBalancer {
 		b.vss[len(b.vss)-1].NodeAddress = b.isNodeAddress(a.addr)
 	}
+	if a.kind == KindClusterIP {
+		b.vss[len(b.vss)-1].Routed = InRanges(b.cfg.ServiceRanges, a.addr)
+	}
 	if local && a.kind.External() && !inClusterOnly {
 		// The health check counts ready endpoints only (kube-proxy's
 		// rule): the serving-terminating fallback still routes here, but
@@ -612,6 +615,16 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 			}
 		}
 	}
+}
+
+// InRanges reports whether one of the prefixes holds a.
+func InRanges(ranges []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ranges {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // isNodeAddress reports whether a is one of the node's own addresses.

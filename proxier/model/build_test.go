@@ -1010,3 +1010,31 @@ func TestBuildUnavailableScheduler(t *testing.T) {
 		t.Errorf("an available scheduler: %s, warnings %q", got.VirtualServers[0].Scheduler, got.Warnings)
 	}
 }
+
+// TestBuildRoutedClusterIPs: a clusterIP inside a routed Service range is
+// Routed (held, not bound); one outside every range, and externalIPs, are
+// bound as before.
+func TestBuildRoutedClusterIPs(t *testing.T) {
+	cfg := model.BuildConfig{ServiceRanges: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}}
+	for _, tc := range []struct {
+		name   string
+		svc    *corev1.Service
+		routed map[string]bool // address -> Routed
+	}{
+		{"in the range", svc(externalIPs("192.0.2.7")), map[string]bool{"10.96.0.10": true, "192.0.2.7": false}},
+		{"outside it", svc(clusterIPs("10.97.0.10")), map[string]bool{"10.97.0.10": false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := model.Build(tc.svc, nil, testNode, cfg)
+			if len(p.VirtualServers) != len(tc.routed) {
+				t.Fatalf("virtual servers %v, want one per address of %v", p.VirtualServers, tc.routed)
+			}
+			for _, vs := range p.VirtualServers {
+				want := tc.routed[vs.Address.String()]
+				if vs.Routed != want || vs.Bound() == want || !vs.Held() {
+					t.Errorf("%s (%s): Routed %v Bound %v Held %v; want Routed %v, Bound %v, Held", vs.VSKey, vs.Kind, vs.Routed, vs.Bound(), vs.Held(), want, !want)
+				}
+			}
+		})
+	}
+}

@@ -42,17 +42,31 @@ type Want struct {
 }
 
 // Desired is what the kernel should hold: the virtual servers (each with
-// its one holder) and the addresses to bind to the proxy's interface.
+// its one holder), the addresses to bind to the proxy's interface and the
+// Service ranges to route as local through it.
 type Desired struct {
 	VirtualServers map[VSKey]Want
 	Addresses      map[netip.Addr]bool
+	Routes         map[netip.Prefix]bool
+}
+
+// Routed reports whether one of the wanted routes holds a.
+func (d Desired) Routed(a netip.Addr) bool { return routed(d.Routes, a) }
+
+func routed(routes map[netip.Prefix]bool, a netip.Addr) bool {
+	for p := range routes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // Assign decides who holds each virtual server that plans want, by
 // Precedes, and lists the conflicts (sorted by virtual server, then
 // loser). Virtual servers on excluded addresses are left out.
 func Assign(plans []*ServicePlan, own Ownership) (Desired, []Conflict) {
-	d := Desired{VirtualServers: map[VSKey]Want{}, Addresses: map[netip.Addr]bool{}}
+	d := Desired{VirtualServers: map[VSKey]Want{}, Addresses: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{}}
 	holder := map[VSKey]*ServicePlan{}
 	var conflicts []Conflict
 	for _, p := range plans {
@@ -90,22 +104,27 @@ func Assign(plans []*ServicePlan, own Ownership) (Desired, []Conflict) {
 }
 
 // Kernel is a view of the part of the kernel that ipvs-proxy owns: its
-// virtual servers, the real servers of those that were read, and the
-// addresses bound to its interface. The reconciler keeps one current with
-// its own writes; `ipvs-proxy status` reads one whole.
+// virtual servers, the real servers of those that were read, the
+// addresses bound to its interface and the ranges routed as local through
+// it. The reconciler keeps one current with its own writes; `ipvs-proxy
+// status` reads one whole.
 type Kernel struct {
 	VirtualServers map[VSKey]VirtualServer
 	// RealServers holds the destinations of the virtual servers that were
 	// read; Diff reads it only for virtual servers in its scope.
 	RealServers map[VSKey][]RealServer
 	Bound       map[netip.Addr]bool
+	Routes      map[netip.Prefix]bool
 	perAddr     map[netip.Addr]int // virtual servers on each address
 }
 
-// NewKernel returns a view holding vss and bound.
+// Routed reports whether one of the kernel's routes holds a.
+func (k *Kernel) Routed(a netip.Addr) bool { return routed(k.Routes, a) }
+
+// NewKernel returns a view holding vss and bound (and no routes).
 func NewKernel(vss []VirtualServer, bound []netip.Addr) *Kernel {
 	k := &Kernel{VirtualServers: map[VSKey]VirtualServer{}, RealServers: map[VSKey][]RealServer{},
-		Bound: map[netip.Addr]bool{}, perAddr: map[netip.Addr]int{}}
+		Bound: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{}, perAddr: map[netip.Addr]int{}}
 	for _, vs := range vss {
 		k.PutVirtualServer(vs)
 	}
@@ -161,10 +180,14 @@ const (
 	OpDeleteRealServer
 	OpDeleteVirtualServer
 	OpUnbind
+	// OpRoute comes before every bind and OpUnroute after every unbind
+	// (Diff orders them so; the values are kept for the kinds above).
+	OpRoute
+	OpUnroute
 )
 
 var opNames = [...]string{"bind", "add-virtual-server", "update-virtual-server", "add-real-server",
-	"update-real-server", "delete-real-server", "delete-virtual-server", "unbind"}
+	"update-real-server", "delete-real-server", "delete-virtual-server", "unbind", "route", "unroute"}
 
 func (k OpKind) String() string {
 	if int(k) < len(opNames) {
@@ -184,6 +207,8 @@ type Op struct {
 	// RealServer is the wanted one (add, update), or the kernel's.
 	RealServer RealServer
 	Address    netip.Addr
+	// Prefix is a route's (OpRoute, OpUnroute).
+	Prefix netip.Prefix
 	// Was is what the kernel held before an update: its virtual server's
 	// settings or its real server's weight.
 	WasVirtualServer VirtualServer
@@ -194,6 +219,8 @@ func (o Op) String() string {
 	switch o.Kind {
 	case OpBind, OpUnbind:
 		return fmt.Sprintf("%s %s", o.Kind, o.Address)
+	case OpRoute, OpUnroute:
+		return fmt.Sprintf("%s %s", o.Kind, o.Prefix)
 	case OpAddVirtualServer:
 		return fmt.Sprintf("%s %s", o.Kind, o.VirtualServer)
 	case OpUpdateVirtualServer:
@@ -209,13 +236,17 @@ func (o Op) String() string {
 }
 
 // Diff returns the operations that make the kernel (have) hold want, within
-// scope, in the order they must be applied: binds, then each virtual server
-// in key order (added or updated with its real servers, or deleted), then
-// unbinds. An unwanted address is unbound only when no virtual server of
-// the kernel's stays on it. A virtual server in have whose real servers
-// were not read is treated as having none. A wanted real server marked
-// Drain is never added: it is kept at weight 0 while have counts
-// connections on it, and deleted once it counts none (see Draining).
+// scope, in the order they must be applied: routes (a full scope only),
+// binds, then each virtual server in key order (added or updated with its
+// real servers, or deleted), then unbinds, then unroutes. An unwanted
+// address is unbound only when no virtual server of the kernel's stays on
+// it or a wanted route holds it (the virtual servers stay owned through
+// the route); an unwanted route is deleted only when every virtual server
+// of the kernel's that stays in it is on a bound address. A virtual server
+// in have whose real servers were not read is treated as having none. A
+// wanted real server marked Drain is never added: it is kept at weight 0
+// while have counts connections on it, and deleted once it counts none
+// (see Draining).
 func Diff(want Desired, have *Kernel, scope Scope) []Op {
 	keys, addrs := scope.Keys, scope.Addresses
 	if scope.All {
@@ -265,6 +296,19 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 	if n > 0 {
 		ops = make([]Op, 0, n)
 	}
+	var unroutes []netip.Prefix
+	if scope.All {
+		for _, p := range sortedPrefixes(want.Routes) {
+			if !have.Routes[p] {
+				ops = append(ops, Op{Kind: OpRoute, Prefix: p})
+			}
+		}
+		for _, p := range sortedPrefixes(have.Routes) {
+			if !want.Routes[p] {
+				unroutes = append(unroutes, p)
+			}
+		}
+	}
 	for _, a := range addrs {
 		if want.Addresses[a] && !have.Bound[a] {
 			ops = append(ops, Op{Kind: OpBind, Address: a})
@@ -283,11 +327,43 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 		}
 	}
 	for _, a := range addrs {
-		if !want.Addresses[a] && have.Bound[a] && have.OnAddress(a) == deleted[a] {
+		if !want.Addresses[a] && have.Bound[a] && (have.OnAddress(a) == deleted[a] || want.Routed(a)) {
 			ops = append(ops, Op{Kind: OpUnbind, Address: a})
 		}
 	}
+	for _, p := range unroutes {
+		if !strandedIn(p, want, have, deleted) {
+			ops = append(ops, Op{Kind: OpUnroute, Prefix: p})
+		}
+	}
 	return ops
+}
+
+// strandedIn reports whether a virtual server of the kernel that is not
+// deleted stays in p on an address that will not be bound: deleting the
+// route would leave it unowned.
+func strandedIn(p netip.Prefix, want Desired, have *Kernel, deleted map[netip.Addr]int) bool {
+	for k := range have.VirtualServers {
+		a := k.Address
+		if p.Contains(a) && have.OnAddress(a) > deleted[a] && !want.Addresses[a] && !have.Bound[a] {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedPrefixes(m map[netip.Prefix]bool) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(m))
+	for p := range m {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return out
 }
 
 // diffVirtualServer appends the operations for one wanted virtual server.

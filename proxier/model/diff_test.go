@@ -347,3 +347,77 @@ func TestDraining(t *testing.T) {
 		})
 	}
 }
+
+// TestDiffRoutes: a Service range routed as local through the interface
+// replaces its clusterIPs' addresses, in an order that never leaves a
+// virtual server unowned: the route before the unbinds, binds before the
+// route goes, and a route kept while a virtual server in it is on no
+// bound address.
+func TestDiffRoutes(t *testing.T) {
+	routes := func(ps ...string) map[netip.Prefix]bool {
+		m := map[netip.Prefix]bool{}
+		for _, p := range ps {
+			m[netip.MustParsePrefix(p)] = true
+		}
+		return m
+	}
+	a := want("default/a", model.KindClusterIP, dvs("10.96.0.10:80", "rr"), "10.244.1.5:8080")
+	b := want("default/b", model.KindClusterIP, dvs("10.96.0.11:80", "rr"), "10.244.1.6:8080")
+	kvsA := kvs{dvs("10.96.0.10:80", "rr"), []string{"10.244.1.5:8080"}}
+	kvsB := kvs{dvs("10.96.0.11:80", "rr"), []string{"10.244.1.6:8080"}}
+	for _, tc := range []struct {
+		name  string
+		want  model.Desired
+		have  *model.Kernel
+		scope model.Scope
+		ops   []string
+	}{{
+		name: "cold: the route first, nothing bound",
+		want: func() model.Desired { d := desired(nil, a); d.Routes = routes("10.96.0.0/16"); return d }(),
+		have: kernel(nil), scope: model.Scope{All: true},
+		ops: []string{"route 10.96.0.0/16", "add-virtual-server 10.96.0.10:80/TCP rr [default/a]",
+			"add-real-server 10.96.0.10:80/TCP 10.244.1.5:8080 w=1 [default/a]"},
+	}, {
+		name: "from one address per clusterIP to the range: routed, then unbound with the virtual servers kept",
+		want: func() model.Desired { d := desired(nil, a, b); d.Routes = routes("10.96.0.0/16"); return d }(),
+		have: kernel([]string{"10.96.0.10", "10.96.0.11"}, kvsA, kvsB), scope: model.Scope{All: true},
+		ops: []string{"route 10.96.0.0/16", "unbind 10.96.0.10", "unbind 10.96.0.11"},
+	}, {
+		name: "a partial sync unbinds an address the kernel's route holds; it never touches routes",
+		want: func() model.Desired { d := desired(nil, a); d.Routes = routes("10.96.0.0/16"); return d }(),
+		have: func() *model.Kernel {
+			k := kernel([]string{"10.96.0.10"}, kvsA)
+			k.Routes = routes("10.96.0.0/16")
+			return k
+		}(),
+		scope: model.Scope{Keys: []model.VSKey{a.VSKey}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}},
+		ops:   []string{"unbind 10.96.0.10"},
+	}, {
+		name:  "back to one address per clusterIP: bound, then the route goes",
+		want:  desired([]string{"10.96.0.10", "10.96.0.11"}, a, b),
+		have:  func() *model.Kernel { k := kernel(nil, kvsA, kvsB); k.Routes = routes("10.96.0.0/16"); return k }(),
+		scope: model.Scope{All: true},
+		ops:   []string{"bind 10.96.0.10", "bind 10.96.0.11", "unroute 10.96.0.0/16"},
+	}, {
+		name:  "an unwanted route stays while a virtual server in it is on no bound address",
+		want:  func() model.Desired { d := desired(nil, a); d.Routes = routes("10.97.0.0/16"); return d }(),
+		have:  func() *model.Kernel { k := kernel(nil, kvsA); k.Routes = routes("10.96.0.0/16"); return k }(),
+		scope: model.Scope{All: true},
+		ops:   []string{"route 10.97.0.0/16"},
+	}, {
+		name:  "an unwanted route goes with the last virtual server in it",
+		want:  desired(nil),
+		have:  func() *model.Kernel { k := kernel(nil, kvsA); k.Routes = routes("10.96.0.0/16"); return k }(),
+		scope: model.Scope{All: true},
+		ops:   []string{"delete-virtual-server 10.96.0.10:80/TCP", "unroute 10.96.0.0/16"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.want.Routes == nil {
+				tc.want.Routes = map[netip.Prefix]bool{}
+			}
+			if diff := cmp.Diff(tc.ops, opStrings(model.Diff(tc.want, tc.have, tc.scope))); diff != "" {
+				t.Errorf("ops (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -61,6 +61,11 @@ type VSPlan struct {
 	// It is programmed, but its address is neither bound to the proxy's
 	// interface nor protected (see Bound).
 	NodeAddress bool
+	// Routed is set on a clusterIP virtual server whose address lies in
+	// one of the Service ranges that the node routes as local through
+	// the proxy's interface (BuildConfig.ServiceRanges): the address is
+	// the node's own without being bound, and protected as a bound one.
+	Routed bool
 }
 
 // Bound reports whether the virtual server's address is bound to the
@@ -70,7 +75,12 @@ type VSPlan struct {
 // binding one would move the node's address to the dummy interface, and
 // the protection would refuse sshd, the kubelet and every other port of
 // it).
-func (v VSPlan) Bound() bool { return v.Kind.Bound() && !v.NodeAddress }
+func (v VSPlan) Bound() bool { return v.Kind.Bound() && !v.NodeAddress && !v.Routed }
+
+// Held reports whether the virtual server's address is the node's own
+// through the proxy, bound or in a routed range: such addresses are
+// protected, and the node's own connections from one are masqueraded.
+func (v VSPlan) Held() bool { return v.Bound() || v.Routed }
 
 // ServicePlan is everything one Kubernetes Service asks of the kernel. It is
 // plain data, built by Build, compared with go-cmp in tests and diffed
@@ -121,4 +131,8 @@ type BuildConfig struct {
 	// Unavailable are schedulers the node's kernel refused: a Service
 	// asking for one gets the default, with a warning.
 	Unavailable map[string]bool
+	// ServiceRanges are the Service ranges (IPv4) that the node routes as
+	// local through the proxy's interface: clusterIPs inside one are not
+	// bound (VSPlan.Routed).
+	ServiceRanges []netip.Prefix
 }
