@@ -104,7 +104,8 @@ func (c *claimIndex) conflicts(n types.NamespacedName) []model.Conflict {
 
 // desired is the part of the desired state that the scope looks at.
 func (r *Reconciler) desired(keys []model.VSKey, addrs []netip.Addr) model.Desired {
-	d := model.Desired{VirtualServers: make(map[model.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{}}
+	d := model.Desired{VirtualServers: make(map[model.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{},
+		Routes: r.routes}
 	for _, k := range keys {
 		if w, ok := r.claims.holder(k); ok {
 			d.VirtualServers[k] = w
@@ -126,7 +127,8 @@ func planEqual(a, b model.ServicePlan) bool {
 	for i := range a.VirtualServers {
 		x, y := a.VirtualServers[i], b.VirtualServers[i]
 		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
-			x.Local != y.Local || x.NodeAddress != y.NodeAddress || x.InClusterOnly != y.InClusterOnly || !slices.Equal(x.SourceRanges, y.SourceRanges) ||
+			x.Local != y.Local || x.NodeAddress != y.NodeAddress || x.Routed != y.Routed || x.InClusterOnly != y.InClusterOnly ||
+			!slices.Equal(x.SourceRanges, y.SourceRanges) ||
 			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q model.RealServer) bool {
 				return p.RSKey == q.RSKey && p.Weight == q.Weight && p.Drain == q.Drain
 			}) {

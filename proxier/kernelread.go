@@ -101,6 +101,7 @@ func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Owners
 type rawKernel struct {
 	vss                  []model.VirtualServer
 	bound, adopted, node []netip.Addr
+	routes               []netip.Prefix // Service ranges routed through the interface
 }
 
 // readRaw makes ReadKernel's reads. It uses no state of a Reconciler, so
@@ -120,6 +121,14 @@ func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership
 	var err error
 	if raw.bound, err = addresses(own.Interface); err != nil {
 		return raw, reads, err
+	}
+	reads++
+	routes, err := links.ListLocalRoutes(own.Interface)
+	if err != nil {
+		return raw, reads, fmt.Errorf("list local routes of %s: %w", own.Interface, err)
+	}
+	for _, r := range routes {
+		raw.routes = append(raw.routes, r.Prefix)
 	}
 	if own.Adopt != "" {
 		if raw.adopted, err = addresses(own.Adopt); err != nil {
@@ -152,13 +161,18 @@ func (raw rawKernel) view(own model.Ownership, wanted func(model.VSKey) bool) (*
 	for _, a := range raw.node {
 		node[a] = true
 	}
+	routed := func(a netip.Addr) bool { return model.InRanges(raw.routes, a) }
 	mine := make([]model.VirtualServer, 0, len(raw.vss))
 	for _, vs := range raw.vss {
-		if own.Owns(vs.VSKey, owned[vs.Address], node[vs.Address]) || wanted(vs.VSKey) {
+		if own.Owns(vs.VSKey, owned[vs.Address] || routed(vs.Address), node[vs.Address]) || wanted(vs.VSKey) {
 			mine = append(mine, vs)
 		}
 	}
-	return model.NewKernel(mine, raw.bound), len(raw.vss) - len(mine)
+	k := model.NewKernel(mine, raw.bound)
+	for _, p := range raw.routes {
+		k.Routes[p] = true
+	}
+	return k, len(raw.vss) - len(mine)
 }
 
 // AddressesRemoved takes the addresses that the kernel reports removed

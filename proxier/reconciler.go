@@ -3,6 +3,7 @@ package proxier
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -105,6 +106,12 @@ type Reconciler struct {
 	// unavailable holds the schedulers the kernel refused (ENOENT on add
 	// or update: no module ip_vs_<name>).
 	unavailable map[string]bool
+
+	// routes are the Service ranges to route as local (SetRoutes);
+	// routeFailed: a route write failed, a full sync (the only kind that
+	// writes routes) is due again.
+	routes      map[netip.Prefix]bool
+	routeFailed bool
 }
 
 // orphans are the writes no Service is answerable for (a virtual server
@@ -142,6 +149,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		dirtyAddrs:    map[netip.Addr]bool{},
 		dirtyServices: map[types.NamespacedName]bool{},
 		statuses:      newServiceStatuses(),
+		routes:        map[netip.Prefix]bool{},
 		orphan:        orphans{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
 		resync:        resyncState{read: NewOffLoop[*KernelRead](cfg.Clock)},
 		draining:      drains{keys: map[model.VSKey]bool{}},
@@ -183,6 +191,21 @@ func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign
 			r.statuses.conflictChanged[n] = true
 		}
 	}, func(a netip.Addr) { r.dirtyAddrs[a] = true })
+}
+
+// SetRoutes sets the Service ranges to route as local through the
+// interface (the plans' BuildConfig.ServiceRanges); a change makes the
+// next sync full, which writes the routes (a partial one does not).
+func (r *Reconciler) SetRoutes(ranges []netip.Prefix) {
+	routes := make(map[netip.Prefix]bool, len(ranges))
+	for _, p := range ranges {
+		routes[p.Masked()] = true
+	}
+	if maps.Equal(routes, r.routes) {
+		return
+	}
+	r.routes = routes
+	r.RequestFull()
 }
 
 // RequestFull makes the next sync full and whole (the interface was
@@ -291,7 +314,7 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 		st.Failed[w.Service] = errors.Join(st.Failed[w.Service], err)
 	}
 
-	ops := model.Diff(want, r.kernel, model.Scope{Keys: keys, Addresses: addrs})
+	ops := model.Diff(want, r.kernel, model.Scope{Keys: keys, Addresses: addrs, Routes: full})
 	r.noteDraining(keys, want, now)
 	orphanErrs := r.apply(&st, ops)
 	r.kernel.RealServers = map[model.VSKey][]model.RealServer{} // no copy of the dump outlives the sync
@@ -302,9 +325,9 @@ func (r *Reconciler) Sync(full bool) (SyncStats, error) {
 	case len(r.orphan.keys) == 0 && len(r.orphan.addrs) == 0:
 		r.orphan.backoff = backoff{} // nothing left to retry
 	}
-	if len(readFailed) > 0 || r.lost {
+	if len(readFailed) > 0 || r.lost || r.routeFailed {
 		r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
-		r.lost = false
+		r.lost, r.routeFailed = false, false
 	} else if full {
 		r.full = backoff{}
 		r.synced = true
@@ -462,10 +485,24 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 	}
 	// The three groups are indexes into ops, not copies: a cold sync at
 	// 10,000 Services has 10,000s of ops of 240 bytes.
-	var vsOps, rest, unbinds []int
+	var vsOps, rest, unbinds, unroutes []int
+	unrouted := map[netip.Prefix]error{} // routes that failed
 	for i := range ops {
 		op := &ops[i]
 		switch op.Kind {
+		case model.OpRoute:
+			err := r.write(st, *op, func() error {
+				return r.links.AddLocalRoute(r.own.Interface, netlinkutil.LocalRoute{Prefix: op.Prefix})
+			})
+			if err != nil {
+				unrouted[op.Prefix] = err
+				orphan = append(orphan, fmt.Errorf("%s: %w", op, err))
+				r.routeFailed = true
+				continue
+			}
+			r.kernel.Routes[op.Prefix] = true
+		case model.OpUnroute:
+			unroutes = append(unroutes, i)
 		case model.OpBind:
 			bindStart := r.clock.Now()
 			err := r.write(st, *op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) })
@@ -481,6 +518,11 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 				// Not on an owned address: a crash would leak it.
 				skip[k] = true
 				fail(*op, fmt.Errorf("%s: address not bound: %w", op, berr))
+				continue
+			}
+			if p, rerr := routeFailure(unrouted, k.Address); rerr != nil && !r.kernel.Bound[k.Address] {
+				skip[k] = true
+				fail(*op, fmt.Errorf("%s: range %s not routed: %w", op, p, rerr))
 				continue
 			}
 			vsOps = append(vsOps, i)
@@ -520,7 +562,7 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 	}
 	for _, i := range unbinds {
 		op := &ops[i]
-		if r.kernel.OnAddress(op.Address) > 0 {
+		if r.kernel.OnAddress(op.Address) > 0 && !r.kernel.Routed(op.Address) {
 			// A failed delete left a virtual server on it: it stays
 			// bound, so that the virtual server stays owned.
 			continue
@@ -531,6 +573,23 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		}
 		delete(r.kernel.Bound, op.Address)
 	}
+	for _, i := range unroutes {
+		op := &ops[i]
+		if r.stranded(op.Prefix) {
+			// A failed write left a virtual server in it on no bound
+			// address: the route stays, so that it stays owned.
+			continue
+		}
+		err := r.write(st, *op, func() error {
+			return r.links.DeleteLocalRoute(r.own.Interface, netlinkutil.LocalRoute{Prefix: op.Prefix})
+		})
+		if err != nil {
+			orphan = append(orphan, fmt.Errorf("%s: %w", op, err))
+			r.routeFailed = true
+			continue
+		}
+		delete(r.kernel.Routes, op.Prefix)
+	}
 	for a, err := range unbound {
 		if !slices.ContainsFunc(ops, func(op model.Op) bool {
 			return op.Service != (types.NamespacedName{}) && op.VirtualServer.Address == a
@@ -539,6 +598,28 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 		}
 	}
 	return orphan
+}
+
+// routeFailure returns a range of failed routes that holds a, and its
+// error (nil if none).
+func routeFailure(failed map[netip.Prefix]error, a netip.Addr) (netip.Prefix, error) {
+	for p, err := range failed {
+		if p.Contains(a) {
+			return p, err
+		}
+	}
+	return netip.Prefix{}, nil
+}
+
+// stranded reports whether a virtual server of the view lies in p on an
+// address that is not bound: without p's route nothing would own it.
+func (r *Reconciler) stranded(p netip.Prefix) bool {
+	for k := range r.kernel.VirtualServers {
+		if p.Contains(k.Address) && !r.kernel.Bound[k.Address] {
+			return true
+		}
+	}
+	return false
 }
 
 // applyIPVS makes the IPVS writes of ops[idx...] in one batch, counting

@@ -910,3 +910,97 @@ func TestReconcilerTimesBinding(t *testing.T) {
 		t.Errorf("bind %v of %v, want 6ms for two addresses and more in all", st.Bind, st.Duration)
 	}
 }
+
+// routedPlan is modeltest.Plan with its clusterIP virtual servers marked
+// Routed, as Build marks those inside BuildConfig.ServiceRanges.
+func routedPlan(name types.NamespacedName, vss ...model.VSPlan) *model.ServicePlan {
+	p := modeltest.Plan(name, vss...)
+	for i := range p.VirtualServers {
+		p.VirtualServers[i].Routed = p.VirtualServers[i].Kind == model.KindClusterIP
+	}
+	return p
+}
+
+// TestReconcilerRoutes: with a Service range routed, a clusterIP inside
+// it is programmed without being bound; moving a node from one address
+// per clusterIP to the range and back keeps the virtual servers (no
+// delete, no add) and never leaves one unowned; a failed route keeps the
+// clusterIPs in it out of IPVS and is retried by the next full sync.
+func TestReconcilerRoutes(t *testing.T) {
+	rng := netip.MustParsePrefix("10.96.0.0/16")
+	vs := modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")
+
+	t.Run("cold", func(t *testing.T) {
+		r, ipvs, links := newTestReconciler(t)
+		r.SetRoutes([]netip.Prefix{rng})
+		r.SetPlan(svcA, routedPlan(svcA, vs))
+		mustSync(t, r, false)
+		callsDiff(t, "link writes", []string{"EnsureDummy ipvs-proxy0", "AddLocalRoute ipvs-proxy0 10.96.0.0/16"}, links.Writes())
+		callsDiff(t, "ipvs writes", []string{"AddVirtualServer 10.96.0.10:80/TCP rr", "AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1"}, ipvs.Writes())
+		// A restart reads the route back and owns what is in it.
+		r2 := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+		r2.SetRoutes([]netip.Prefix{rng})
+		resetCalls(ipvs, links)
+		mustSync(t, r2, false) // no plans yet: the virtual server is owned through the route, and deleted
+		callsDiff(t, "ipvs writes after a restart without the Service", []string{"DeleteVirtualServer 10.96.0.10:80/TCP"}, ipvs.Writes())
+		callsDiff(t, "link writes after it (the route is still wanted)", nil, links.Writes())
+	})
+
+	t.Run("from addresses to the range and back", func(t *testing.T) {
+		r, ipvs, links := newTestReconciler(t)
+		r.SetPlan(svcA, modeltest.Plan(svcA, vs))
+		mustSync(t, r, false)
+		resetCalls(ipvs, links)
+
+		r.SetRoutes([]netip.Prefix{rng})
+		r.SetPlan(svcA, routedPlan(svcA, vs))
+		if st := mustSync(t, r, false); !st.Full {
+			t.Errorf("the sync after SetRoutes was not full")
+		}
+		callsDiff(t, "link writes, to the range", []string{"AddLocalRoute ipvs-proxy0 10.96.0.0/16", "DeleteAddress ipvs-proxy0 10.96.0.10"}, links.Writes())
+		callsDiff(t, "ipvs writes, to the range", nil, ipvs.Writes())
+		if got := links.Addresses(testIface); len(got) != 0 {
+			t.Errorf("addresses left bound: %v", got)
+		}
+		resetCalls(ipvs, links)
+
+		r.SetRoutes(nil)
+		r.SetPlan(svcA, modeltest.Plan(svcA, vs))
+		mustSync(t, r, false)
+		callsDiff(t, "link writes, back", []string{"AddAddress ipvs-proxy0 10.96.0.10", "DeleteLocalRoute ipvs-proxy0 10.96.0.0/16"}, links.Writes())
+		callsDiff(t, "ipvs writes, back", nil, ipvs.Writes())
+	})
+
+	t.Run("a failed route", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
+		ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+		r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), Clock: clk}, zap.NewNop())
+		failing := true
+		links.InjectErrors(func(c fake.Call) error {
+			if failing && strings.HasPrefix(string(c), "AddLocalRoute") {
+				return errors.New("no route for you")
+			}
+			return nil
+		})
+		r.SetRoutes([]netip.Prefix{rng})
+		r.SetPlan(svcA, routedPlan(svcA, vs))
+		st, err := r.Sync(false)
+		if err == nil || !strings.Contains(err.Error(), "no route for you") || st.Failed[svcA] == nil {
+			t.Fatalf("Sync = %v, failed %v; want the route's error, and default/a failed", err, st.Failed)
+		}
+		callsDiff(t, "ipvs writes with the route failed", nil, ipvs.Writes())
+		if !r.FullDue() && r.NextRetry().IsZero() {
+			t.Errorf("no full sync due or scheduled after the route failed")
+		}
+		failing = false
+		resetCalls(ipvs, links)
+		for i := 0; i < 3 && len(ipvs.Writes()) == 0; i++ {
+			clk.Step(time.Minute)
+			_, _ = r.Sync(false)
+		}
+		callsDiff(t, "ipvs writes on the retry", []string{"AddVirtualServer 10.96.0.10:80/TCP rr", "AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1"}, ipvs.Writes())
+		if got := links.Routes(testIface); len(got) != 1 || got[0].Prefix != rng {
+			t.Errorf("routes after the retry: %v", got)
+		}
+	})
+}

@@ -157,11 +157,13 @@ func (k *Kernel) DeleteVirtualServer(key VSKey) {
 // OnAddress counts the virtual servers on an address.
 func (k *Kernel) OnAddress(a netip.Addr) int { return k.perAddr[a] }
 
-// Scope limits a diff: All, or the listed virtual servers and addresses.
+// Scope limits a diff: All, or the listed virtual servers and addresses,
+// and the routes when Routes (All includes them).
 type Scope struct {
 	All       bool
 	Keys      []VSKey
 	Addresses []netip.Addr
+	Routes    bool
 }
 
 // OpKind is the kind of a kernel operation.
@@ -297,7 +299,7 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 		ops = make([]Op, 0, n)
 	}
 	var unroutes []netip.Prefix
-	if scope.All {
+	if scope.All || scope.Routes {
 		for _, p := range sortedPrefixes(want.Routes) {
 			if !have.Routes[p] {
 				ops = append(ops, Op{Kind: OpRoute, Prefix: p})
