@@ -82,6 +82,7 @@ type Glue struct {
 	// the set was last synced.
 	dirty     map[setID]map[ipset.Entry]struct{}
 	nodeAddrs []netip.Addr
+	ranges    []netip.Prefix // SetServiceRanges
 
 	synced bool // a full sync has succeeded
 	failed bool // the last sync failed: the next full one runs whole in the loop
@@ -118,6 +119,20 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		}
 	}
 	return g
+}
+
+// SetServiceRanges sets the Service ranges routed as local through the
+// interface, whose addresses are protected: written by the next sync.
+func (g *Glue) SetServiceRanges(ranges []netip.Prefix) {
+	for _, fam := range g.families() {
+		for _, e := range cidrEntries(g.ranges, fam) {
+			g.ref(setID{setServiceRange, fam}, e, -1)
+		}
+		for _, e := range cidrEntries(ranges, fam) {
+			g.ref(setID{setServiceRange, fam}, e, 1)
+		}
+	}
+	g.ranges = slices.Clone(ranges)
 }
 
 // Name implements proxier.Consumer.

@@ -480,3 +480,34 @@ func TestLocalWithoutLocalEndpointServesInCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceRanges: the routed Service ranges fill IPVSP-SERVICE-RANGE of
+// their family and follow a change; a clusterIP in one is in IPVSP-VIP
+// like a bound one (protected, its node's own connections masqueraded
+// when nothing tells pods' traffic).
+func TestServiceRanges(t *testing.T) {
+	b := newBed(t, dualStack)
+	b.g.SetServiceRanges([]netip.Prefix{pfx("10.96.0.0/16"), pfx("fd00:10:96::/112")})
+	routed := vs(model.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080")
+	routed.Routed = true
+	p := &model.ServicePlan{Service: name("a"), VirtualServers: []model.VSPlan{routed}}
+	b.g.SetPlan(p.Service, p)
+	b.sync(t, true)
+	for set, want := range map[string][]string{
+		"IPVSP-SERVICE-RANGE":   {"10.96.0.0/16"},
+		"IPVSP-6-SERVICE-RANGE": {"fd00:10:96::/112"},
+		"IPVSP-VIP":             {"10.96.0.10"},
+	} {
+		if got := b.sets.Entries(set); !slices.Equal(got, want) {
+			t.Errorf("%s = %v, want %v", set, got, want)
+		}
+	}
+	b.g.SetServiceRanges([]netip.Prefix{pfx("10.97.0.0/16")})
+	b.sync(t, false)
+	if got := b.sets.Entries("IPVSP-SERVICE-RANGE"); !slices.Equal(got, []string{"10.97.0.0/16"}) {
+		t.Errorf("after the change: IPVSP-SERVICE-RANGE = %v", got)
+	}
+	if got := b.sets.Entries("IPVSP-6-SERVICE-RANGE"); len(got) != 0 {
+		t.Errorf("after the change: IPVSP-6-SERVICE-RANGE = %v, want empty", got)
+	}
+}

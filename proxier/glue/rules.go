@@ -189,6 +189,10 @@ func Rules(c RuleConfig) []Table {
 	// port unreachable for the rest.
 	add(&filter, chainInput, "-p tcp -m set --match-set", set(setVIP), "dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset")
 	add(&filter, chainInput, "-m set --match-set", set(setVIP), "dst -m conntrack --ctstate NEW -j REJECT --reject-with", reject)
+	// The addresses of a routed Service range are local too, Services'
+	// or not.
+	add(&filter, chainInput, "-p tcp -m set --match-set", set(setServiceRange), "dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset")
+	add(&filter, chainInput, "-m set --match-set", set(setServiceRange), "dst -m conntrack --ctstate NEW -j REJECT --reject-with", reject)
 	add(&filter, chainForward, "-m mark --mark", MarkMasq+"/"+MarkMasq, "-j ACCEPT")
 	add(&filter, chainForward, "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
 	add(&filter, chainOutput, "-m mark --mark", MarkDrop+"/"+MarkDrop, "-j DROP")

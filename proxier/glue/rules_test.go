@@ -48,6 +48,8 @@ COMMIT
 -A IPVSP-INPUT -p tcp -m set --match-set IPVSP-HC-NODE-PORT dst -j ACCEPT
 -A IPVSP-INPUT -p tcp -m set --match-set IPVSP-VIP dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset
 -A IPVSP-INPUT -m set --match-set IPVSP-VIP dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
+-A IPVSP-INPUT -p tcp -m set --match-set IPVSP-SERVICE-RANGE dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset
+-A IPVSP-INPUT -m set --match-set IPVSP-SERVICE-RANGE dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
 -A IPVSP-FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A IPVSP-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 -A IPVSP-OUTPUT -m mark --mark 0x8000/0x8000 -j DROP

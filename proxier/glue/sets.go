@@ -25,8 +25,14 @@ const (
 	setInClusterOnly = "IN-CLUSTER-ONLY"
 	// setService: every virtual server, accepted in filter INPUT.
 	setService = "SERVICE"
-	// setVIP: every address on the dummy interface (VIP protection).
+	// setVIP: every address on the dummy interface and every clusterIP in
+	// a routed Service range (VIP protection; the node's own connections
+	// from one are masqueraded).
 	setVIP = "VIP"
+	// setServiceRange: the Service ranges routed as local through the
+	// dummy interface (protection of their addresses that are no
+	// Service's).
+	setServiceRange = "SERVICE-RANGE"
 	// setLBFirewall: LoadBalancer virtual servers with source ranges.
 	setLBFirewall = "LB-FW"
 	// setLBSource: lbIP,proto:port,range for each allowed range.
@@ -54,6 +60,7 @@ var setTypes = []struct {
 	{setInClusterOnly, ipset.HashIPPort},
 	{setService, ipset.HashIPPort},
 	{setVIP, ipset.HashIP},
+	{setServiceRange, ipset.HashNet},
 	{setLBFirewall, ipset.HashIPPort},
 	{setLBSource, ipset.HashIPPortNet},
 	{setLBSourceIP, ipset.HashIPPortIP},
@@ -158,7 +165,7 @@ func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 		if vs.InClusterOnly {
 			out.add(setInClusterOnly, fam, key)
 		}
-		if vs.Bound() {
+		if vs.Held() {
 			out.add(setVIP, fam, ipset.Entry{Addr: vs.Address})
 		}
 		if vs.Kind == model.KindLoadBalancer {
