@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
@@ -596,4 +597,42 @@ func TestLoopServiceWithSeveralSlices(t *testing.T) {
 	if vss, _ := b.ipvs.ListVirtualServers(); !slices.ContainsFunc(vss, func(v model.VirtualServer) bool { return v.VSKey == vs }) {
 		t.Errorf("virtual server %s gone with its last slice; want it kept with no real servers (connections refused)", vs)
 	}
+}
+
+// TestLoopServiceCIDRRanges: with --route-service-cidrs and no ranges
+// given, the cluster's ServiceCIDR objects are routed as local (IPv4
+// only), the clusterIPs inside them are programmed without being bound,
+// and a new ServiceCIDR is routed at once.
+func TestLoopServiceCIDRRanges(t *testing.T) {
+	b := newLoopBedWith(t, func(c *Config) { c.RouteServiceRanges = true }, testService("a", "10.96.0.10", "rr"))
+	ctx := context.Background()
+	scAPI := b.client.NetworkingV1().ServiceCIDRs()
+	if _, err := scAPI.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16", "fd00:10:96::/112"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.run()
+	routes := func() string {
+		var out []string
+		for _, r := range b.links.Routes(testIface) {
+			out = append(out, r.String())
+		}
+		return strings.Join(out, " ")
+	}
+	b.eventually("the ServiceCIDR routed", func() bool { return routes() == "10.96.0.0/16" })
+	b.eventually("the Service programmed", func() bool { return len(b.calls("AddRealServer 10.96.0.10:80/TCP")) > 0 })
+	if got := b.links.Addresses(testIface); len(got) != 0 {
+		t.Errorf("addresses bound under a routed range: %v", got)
+	}
+	if _, err := scAPI.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "more"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.97.0.0/16"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.eventually("the informer's delivery of the new ServiceCIDR", func() bool {
+		b.p.mu.Lock()
+		defer b.p.mu.Unlock()
+		return len(b.p.ranges) == 2
+	})
+	b.clk.Step(time.Second)
+	b.eventually("the new ServiceCIDR routed", func() bool { return routes() == "10.96.0.0/16 10.97.0.0/16" })
 }

@@ -1,6 +1,8 @@
 package proxier
 
 import (
+	"net/netip"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,6 +27,13 @@ type Planner struct{ bcfg model.BuildConfig }
 func (c Config) Planner(unavailable map[string]bool) Planner {
 	return Planner{bcfg: model.BuildConfig{Scheduler: c.Scheduler, IPv4: c.IPv4, IPv6: c.IPv6, ExcludeCIDRs: c.ExcludeCIDRs,
 		Unavailable: unavailable}}
+}
+
+// WithRanges is the planner with the Service ranges routed as local
+// (model.BuildConfig.ServiceRanges).
+func (pl Planner) WithRanges(ranges []netip.Prefix) Planner {
+	pl.bcfg.ServiceRanges = ranges
+	return pl
 }
 
 // Plan is svc's plan on node; nil when svc is gone (nil) or is one the

@@ -56,6 +56,12 @@ type Config struct {
 	// AdoptInterface is kube-proxy's interface when taking a node over from
 	// it (model.Ownership.Adopt); empty otherwise.
 	AdoptInterface string
+	// RouteServiceRanges routes the Service ranges as local through the
+	// interface instead of binding one address per clusterIP (IPv4; see
+	// RoutableRanges): ServiceRanges when given, else the cluster's
+	// ServiceCIDR objects, watched.
+	RouteServiceRanges bool
+	ServiceRanges      []netip.Prefix
 }
 
 // Consumer is another part of the node's data plane driven by the same
@@ -116,9 +122,13 @@ type Proxier struct {
 	nodeAll   []netip.Addr                       // every node address (model.NodeInfo.Addresses)
 	dirty     map[types.NamespacedName]time.Time // first unsynced change
 	rebuild   bool                               // every Service must be rebuilt
-	warnings  map[types.NamespacedName]string
-	lastOK    time.Time
-	lastErr   error
+	// ranges are the Service ranges routed as local (setRanges);
+	// rangesKnown once they are, rangesChanged until a sync applies them.
+	ranges                     []netip.Prefix
+	rangesKnown, rangesChanged bool
+	warnings                   map[types.NamespacedName]string
+	lastOK                     time.Time
+	lastErr                    error
 	// pendingSince is when the oldest change not yet synced was received,
 	// or when node-wide failures (a kernel read, a consumer) began; zero
 	// when all is applied. A Service whose own writes fail does not count
@@ -151,7 +161,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	}
 	rcfg := ReconcilerConfig{Ownership: cfg.Ownership(), RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock,
 		ResyncSlice: cfg.ResyncSlice}
-	return &Proxier{
+	p := &Proxier{
 		cfg: cfg, clock: cfg.Clock, client: client, links: links, log: log, recorder: recorder, metrics: metrics,
 		rec:           NewReconciler(ipvs, links, rcfg, log),
 		consumerRetry: map[int]*backoff{},
@@ -163,6 +173,10 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		warnings:      map[types.NamespacedName]string{},
 		rebuild:       true,
 	}
+	if cfg.RouteServiceRanges && len(cfg.ServiceRanges) > 0 {
+		p.ranges, p.rangesKnown, p.rangesChanged = RoutableRanges(cfg.ServiceRanges), true, true
+	}
+	return p
 }
 
 // SetResyncReader gives the periodic full resync handles of its own to
@@ -425,6 +439,15 @@ func (p *Proxier) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch node: %w", err)
 	}
+	synced := []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced, nodeReg.HasSynced}
+	if p.cfg.RouteServiceRanges && len(p.cfg.ServiceRanges) == 0 {
+		if has, err := p.watchServiceCIDRs(ctx); err != nil {
+			p.log.Warn("cannot read the cluster's ServiceCIDRs (networking.k8s.io/v1, Kubernetes 1.33 and later; the ClusterRole must allow list and watch): binding one address per clusterIP; --service-cidrs names the ranges instead",
+				zap.Error(err))
+		} else {
+			synced = append(synced, has)
+		}
+	}
 	f.Start(ctx.Done())
 	nf.Start(ctx.Done())
 	defer f.Shutdown()
@@ -433,7 +456,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	// existing object: a first full sync on part of the Services would
 	// delete the others' virtual servers and cut their connections.
 	p.log.Info("waiting for the initial list of Services, EndpointSlices and the Node")
-	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced, nodeReg.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("initial list of Services, EndpointSlices and the Node: %w", ctx.Err())
 	}
 	p.mu.Lock()
@@ -611,10 +634,14 @@ func (p *Proxier) nextRetry() time.Time {
 
 // syncInputs is what one sync works from, taken under the lock.
 type syncInputs struct {
-	full     bool
-	node     model.NodeInfo
-	services map[types.NamespacedName]syncInput
-	changed  map[types.NamespacedName]time.Time
+	full bool
+	node model.NodeInfo
+	// ranges are the Service ranges routed as local; rangesChanged: they
+	// changed since the last sync.
+	ranges        []netip.Prefix
+	rangesChanged bool
+	services      map[types.NamespacedName]syncInput
+	changed       map[types.NamespacedName]time.Time
 }
 
 type syncInput struct {
@@ -678,8 +705,9 @@ func (p *Proxier) snapshot(full bool) (syncInputs, error) {
 	// schedulers the kernel refused), which set rebuild.
 	rebuild := p.rebuild
 	p.rebuild = false
-	in := syncInputs{full: full, changed: p.dirty,
+	in := syncInputs{full: full, changed: p.dirty, ranges: p.ranges, rangesChanged: p.rangesChanged,
 		node: model.NodeInfo{Name: p.cfg.NodeName, Zone: p.zone, NodePortAddresses: p.nodeAddrs, Addresses: p.nodeAll}}
+	p.rangesChanged = false
 	p.dirty = map[types.NamespacedName]time.Time{}
 	names := make([]types.NamespacedName, 0, len(in.changed))
 	for n := range in.changed {
@@ -714,7 +742,10 @@ func (p *Proxier) unavailable() map[string]bool {
 func (p *Proxier) build(in syncInputs) {
 	// Schedulers the kernel refused: the next sync rebuilds every Service,
 	// with the default in their place.
-	planner := p.cfg.Planner(p.unavailable())
+	planner := p.cfg.Planner(p.unavailable()).WithRanges(in.ranges)
+	if in.rangesChanged {
+		p.applyRanges(in.ranges)
+	}
 	for n, si := range in.services {
 		plan := planner.Plan(si.svc, si.slices, in.node)
 		if plan != nil {

@@ -35,6 +35,8 @@ type Options struct {
 	NodePortRange     string        `json:"nodePortRange"`
 	ExcludeCIDRs      []string      `json:"excludeCIDRs"`
 	IPFamilies        []string      `json:"ipFamilies"`
+	RouteServiceCIDRs bool          `json:"routeServiceCIDRs"`
+	ServiceCIDRs      []string      `json:"serviceCIDRs"`
 	MinSyncPeriod     time.Duration `json:"minSyncPeriod"`
 	SyncPeriod        time.Duration `json:"syncPeriod"`
 	TCPTimeout        time.Duration `json:"tcpTimeout"`
@@ -106,6 +108,8 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.TakeoverKubeProxy, "takeover-kube-proxy", o.TakeoverKubeProxy, "Take the node over from a stopped kube-proxy in IPVS mode, in place: adopt the virtual servers on kube-ipvs0's addresses (kept as they are when wanted), then, once the node is fully programmed, remove kube-proxy's KUBE-* chains and sets and kube-ipvs0. Harmless where kube-proxy left nothing; never while kube-proxy runs.")
 	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers ipvs-proxy never touches.")
 	fs.StringSliceVar(&o.IPFamilies, "ip-families", o.IPFamilies, "IP families to program: IPv4, IPv6 or both.")
+	fs.BoolVar(&o.RouteServiceCIDRs, "route-service-cidrs", o.RouteServiceCIDRs, "Route the IPv4 Service ranges as local through the interface (one route each) instead of binding one address per clusterIP: the ranges of --service-cidrs, else of the cluster's ServiceCIDR objects (Kubernetes 1.33+).")
+	fs.StringSliceVar(&o.ServiceCIDRs, "service-cidrs", o.ServiceCIDRs, "With --route-service-cidrs: the Service ranges to route, instead of the cluster's ServiceCIDR objects.")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", o.MinSyncPeriod, "Minimum time between syncs; bursts of changes are coalesced.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Period of the full resync that reads the kernel and repairs drift.")
 	fs.DurationVar(&o.TCPTimeout, "ipvs-tcp-timeout", o.TCPTimeout, "IPVS timeout of idle TCP connections (0: leave as is).")
@@ -214,6 +218,18 @@ func (o *Options) ProxierConfig() (proxier.Config, netlinkutil.Timeouts, error) 
 		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--min-sync-period (%s) must be between 0 and --sync-period (%s)", o.MinSyncPeriod, o.SyncPeriod)
 	}
 	cfg.MinSyncPeriod, cfg.SyncPeriod = o.MinSyncPeriod, o.SyncPeriod
+	cfg.RouteServiceRanges = o.RouteServiceCIDRs
+	if cfg.ServiceRanges, err = ParsePrefixes("service-cidrs", o.ServiceCIDRs); err != nil {
+		return cfg, netlinkutil.Timeouts{}, err
+	}
+	if len(cfg.ServiceRanges) > 0 && !cfg.RouteServiceRanges {
+		return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--service-cidrs needs --route-service-cidrs")
+	}
+	for _, p := range cfg.ServiceRanges {
+		if p.Bits() == 0 {
+			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--service-cidrs: %s would make every address local", p)
+		}
+	}
 	for name, d := range map[string]time.Duration{"ipvs-tcp-timeout": o.TCPTimeout, "ipvs-tcpfin-timeout": o.TCPFinTimeout, "ipvs-udp-timeout": o.UDPTimeout} {
 		if d < 0 || (d > 0 && d < time.Second) {
 			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--%s: %s must be 0 or at least 1s", name, d)

@@ -40,6 +40,8 @@ const (
 	driftWeight       = "different-weight"
 	driftMissingAddr  = "missing-address"  // wanted, not bound to the interface
 	driftUnwantedAddr = "unwanted-address" // bound, wanted by no Service
+	driftMissingRoute = "missing-route"    // a Service range wanted, not routed
+	driftExtraRoute   = "unwanted-route"   // routed, not wanted
 )
 
 // driftKinds names the drift of each kind of operation that a sync would
@@ -49,6 +51,7 @@ var driftKinds = map[model.OpKind]string{
 	model.OpUpdateVirtualServer: driftDifferentVS, model.OpAddRealServer: driftMissingRS,
 	model.OpDeleteRealServer: driftExtraRS, model.OpUpdateRealServer: driftWeight,
 	model.OpBind: driftMissingAddr, model.OpUnbind: driftUnwantedAddr,
+	model.OpRoute: driftMissingRoute, model.OpUnroute: driftExtraRoute,
 }
 
 // statusRealServer is one real server of a virtual server.
@@ -195,7 +198,15 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 			}
 		}
 	}
-	want, conflicts, plans := proxier.DesiredState(cfg, cfg.Planner(unavailable), services, slicesOf, node)
+	ranges, err := proxier.ListServiceRanges(ctx, client, cfg)
+	if err != nil {
+		// run falls back to binding one address per clusterIP.
+		warnings = append(warnings, fmt.Sprintf("cannot read the Service ranges to route (%v): comparing with one address per clusterIP, as run does then", err))
+	}
+	want, conflicts, plans := proxier.DesiredState(cfg, cfg.Planner(unavailable).WithRanges(ranges), services, slicesOf, node)
+	for _, p := range ranges {
+		want.Routes[p] = true
+	}
 	for _, plan := range plans {
 		for _, w := range plan.Warnings {
 			warnings = append(warnings, plan.Service.String()+": "+w)
@@ -368,6 +379,14 @@ func (r *Report) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.O
 			detail = "bound to the interface, wanted by no Service (run unbinds it on its next full sync)"
 		}
 		r.Drift = append(r.Drift, statusDrift{Kind: kind, Address: op.Address.String(), Detail: detail})
+		return
+	}
+	if op.Kind == model.OpRoute || op.Kind == model.OpUnroute {
+		detail := "a Service range, not routed as local through the interface"
+		if op.Kind == model.OpUnroute {
+			detail = "routed as local through the interface, not a Service range to route (run deletes the route on its next full sync)"
+		}
+		r.Drift = append(r.Drift, statusDrift{Kind: kind, Address: op.Prefix.String(), Detail: detail})
 		return
 	}
 	k := op.VirtualServer.VSKey

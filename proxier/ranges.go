@@ -1,0 +1,149 @@
+package proxier
+
+// Service ranges routed as local: where they come from (the flag, or the
+// cluster's ServiceCIDR objects) and how a change reaches the plans, the
+// reconciler and the consumers.
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"go.uber.org/zap"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// RangeConsumer is a Consumer that must know the Service ranges routed as
+// local (the iptables glue protects their addresses).
+type RangeConsumer interface {
+	SetServiceRanges(ranges []netip.Prefix)
+}
+
+// RoutableRanges keeps the prefixes that can be routed as local through
+// the interface: IPv4 ones. Without a preferred source on the route, the
+// node's own connections to an IPv6 range would come from ::1, which
+// cannot leave the node (netlinkutil.LocalRoute): IPv6 clusterIPs are
+// bound one by one, as before. Sorted, each once.
+func RoutableRanges(ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if p.Addr().Is4() && p.Bits() > 0 {
+			out = append(out, p.Masked())
+		}
+	}
+	slices.SortFunc(out, comparePrefix)
+	return slices.Compact(out)
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// serviceCIDRPrefixes reads the prefixes of ServiceCIDR objects; a
+// malformed one is skipped (the apiserver validates them).
+func serviceCIDRPrefixes(objs []*networkingv1.ServiceCIDR) []netip.Prefix {
+	var out []netip.Prefix
+	for _, o := range objs {
+		for _, s := range o.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// ListServiceRanges is the Service ranges to route under cfg, as run
+// finds them: cfg.ServiceRanges when given, else the cluster's ServiceCIDR
+// objects (networking.k8s.io/v1); none unless cfg.RouteServiceRanges.
+// `ipvs-proxy status` builds its desired state with them.
+func ListServiceRanges(ctx context.Context, client kubernetes.Interface, cfg Config) ([]netip.Prefix, error) {
+	if !cfg.RouteServiceRanges {
+		return nil, nil
+	}
+	if len(cfg.ServiceRanges) > 0 {
+		return RoutableRanges(cfg.ServiceRanges), nil
+	}
+	list, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list ServiceCIDRs: %w", err)
+	}
+	objs := make([]*networkingv1.ServiceCIDR, len(list.Items))
+	for i := range list.Items {
+		objs[i] = &list.Items[i]
+	}
+	return RoutableRanges(serviceCIDRPrefixes(objs)), nil
+}
+
+// setRanges records the Service ranges to route: a change rebuilds every
+// plan and reaches the reconciler and the consumers at the next sync.
+func (p *Proxier) setRanges(ranges []netip.Prefix) {
+	ranges = RoutableRanges(ranges)
+	p.mu.Lock()
+	changed := !slices.Equal(ranges, p.ranges) || !p.rangesKnown
+	if changed {
+		p.ranges, p.rangesKnown, p.rangesChanged = ranges, true, true
+		p.rebuild = true
+		p.queuedLocked()
+	}
+	p.mu.Unlock()
+	if changed {
+		p.log.Info("Service ranges routed as local", zap.Stringers("ranges", ranges))
+		p.kick()
+	}
+}
+
+// applyRanges hands a change of the ranges to the reconciler and the
+// consumers, before the plans built with them.
+func (p *Proxier) applyRanges(ranges []netip.Prefix) {
+	p.rec.SetRoutes(ranges)
+	for _, c := range p.consumers {
+		if rc, ok := c.(RangeConsumer); ok {
+			rc.SetServiceRanges(ranges)
+		}
+	}
+}
+
+// watchServiceCIDRs follows the cluster's ServiceCIDR objects into the
+// ranges (setRanges). An API that cannot be listed (a cluster before
+// Kubernetes 1.33, a ClusterRole without the right) is an error, and the
+// caller binds one address per clusterIP instead. The returned func tells
+// when the first list has been handled.
+func (p *Proxier) watchServiceCIDRs(ctx context.Context) (cache.InformerSynced, error) {
+	if _, err := p.client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+		return nil, fmt.Errorf("list ServiceCIDRs: %w", err)
+	}
+	f := informers.NewSharedInformerFactory(p.client, 0)
+	inf := f.Networking().V1().ServiceCIDRs().Informer()
+	update := func() {
+		var objs []*networkingv1.ServiceCIDR
+		for _, o := range inf.GetStore().List() {
+			if sc, ok := o.(*networkingv1.ServiceCIDR); ok {
+				objs = append(objs, sc)
+			}
+		}
+		p.setRanges(serviceCIDRPrefixes(objs))
+	}
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { update() },
+		UpdateFunc: func(any, any) { update() },
+		DeleteFunc: func(any) { update() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watch ServiceCIDRs: %w", err)
+	}
+	f.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		f.Shutdown()
+	}()
+	return reg.HasSynced, nil
+}
