@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+)
+
+// TestServiceRangesRouted: under --route-service-cidrs the agent routes
+// the bed's IPv4 Service range (from the apiserver's ServiceCIDR object,
+// 10.96.0.0/16) as local through its interface and binds no IPv4
+// clusterIP, while the IPv6 clusterIP is bound as before. Every client
+// still reaches the Service and is seen as before (masqueraded from
+// outside the cluster CIDR, its own address from inside, the node's
+// own connections masqueraded); an address of the range that is no
+// Service's does not reach a host listener (refused at once); status sees
+// no drift; and the agent's restart in the default mode binds the address
+// again and deletes the route, the virtual server kept.
+func TestServiceRangesRouted(t *testing.T) {
+	e := setup(t)
+	e.logGlueState(t)
+	e.inClusterClient(t)
+	ctx := context.Background()
+	ns := e.namespace(t)
+	bes := e.backends(t, 1, otherNode)
+	v4, v6 := e.dualStackService(t, ns, "ranged", 80, bes)
+	ip4, _, _ := strings.Cut(v4, ":")
+	ip6 := strings.TrimPrefix(strings.Split(v6, "]")[0], "[")
+
+	args := append(append([]string(nil), agentArgs...), "--route-service-cidrs")
+	p := e.runAgentWith(t, args)
+	routes := func() string {
+		out, err := e.VM.RunOK(ctx, "ip", "-4", "route", "show", "table", "local", "proto", fmt.Sprint(netlinkutil.RouteProtocol))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(out)
+	}
+	bound := func() string {
+		out, err := e.VM.RunOK(ctx, "ip", "addr", "show", "dev", bed.Interface)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	eventually(t, 30*time.Second, func() error {
+		if r := routes(); !strings.Contains(r, "local 10.96.0.0/16 dev "+bed.Interface) {
+			return fmt.Errorf("local routes of protocol %d: %q, want 10.96.0.0/16 through %s", netlinkutil.RouteProtocol, r, bed.Interface)
+		}
+		if b := bound(); strings.Contains(b, " "+ip4+"/32") || !strings.Contains(b, " "+ip6+"/128") {
+			return fmt.Errorf("%s holds\n%s\nwant %s (IPv6) and not %s (IPv4, routed)", bed.Interface, b, ip6, ip4)
+		}
+		return nil
+	})
+	if !strings.Contains(p.Output(), "Service ranges routed as local") {
+		t.Errorf("the agent does not log the ranges it routes")
+	}
+
+	e.expectClients(t, bed.ClientNetns, v4, gateway(bes[0]))
+	e.expectClients(t, inClusterNetns, v4, inClusterAddr)
+	e.expectClients(t, "", v4, gateway(bes[0]))
+	e.expectClients(t, bed.ClientNetns, v6, gateway6(bes[0]))
+
+	// An address of the range that no Service has: local, yet a host
+	// listener on every address does not answer on it.
+	const hostPortNum = 2223
+	host, err := e.VM.Start(ctx, "vmagent", "serve", "--name", "host", "--port", fmt.Sprint(hostPortNum))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = host.Stop() })
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := host.WaitFor(wctx, "READY"); err != nil {
+		t.Fatal(err)
+	}
+	free := netip.MustParseAddr("10.96.255.254")
+	for _, from := range []string{bed.ClientNetns, ""} {
+		start := time.Now()
+		res := e.hitFrom(t, from, "tcp", hostPort(free.String(), hostPortNum), 3, 3*time.Second)
+		if res.ErrorCount(nettest.ErrRefused) != 3 || time.Since(start) > 2*time.Second {
+			t.Errorf("from %q to %s:%d, in the range and no Service's: answers %v errors %v; want 3 refusals at once",
+				from, free, hostPortNum, res.Answers, res.Errors)
+		}
+	}
+
+	// status builds its desired state with the same ranges: no drift.
+	out, err := e.VM.RunOK(ctx, append([]string{bed.GuestBinary, "status", "--kubeconfig", guestKubecfg, "--hostname-override", nodeName,
+		"--output", "json"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st statusJSON
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --output json: %v\n%s", err, out)
+	}
+	if !st.DriftKnown || len(st.Drift) != 0 {
+		t.Errorf("status under routed ranges: drift known %v, drift %+v; want none", st.DriftKnown, st.Drift)
+	}
+
+	// Back to one address per clusterIP: bound again, the route gone, the
+	// Service still answering.
+	e.runAgentWith(t, agentArgs)
+	eventually(t, 30*time.Second, func() error {
+		if r := routes(); r != "" {
+			return fmt.Errorf("local routes of protocol %d left: %q", netlinkutil.RouteProtocol, r)
+		}
+		if b := bound(); !strings.Contains(b, " "+ip4+"/32") {
+			return fmt.Errorf("%s holds\n%s\nwant %s bound again", bed.Interface, b, ip4)
+		}
+		return nil
+	})
+	e.expectClients(t, bed.ClientNetns, v4, gateway(bes[0]))
+}
