@@ -193,9 +193,12 @@ func (r *Reconciler) touched(ops []model.Op) {
 		return
 	}
 	for _, op := range ops {
-		if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
+		switch op.Kind {
+		case model.OpBind, model.OpUnbind:
 			r.resync.offLoop.addrs[op.Address] = true
-		} else {
+		case model.OpRoute, model.OpUnroute:
+			// Written by full syncs only, which drop a read off the loop.
+		default:
 			r.resync.offLoop.keys[op.VirtualServer.VSKey] = true
 		}
 	}
