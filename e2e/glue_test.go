@@ -552,7 +552,6 @@ func withoutFlag(args []string, flag string) []string {
 // The bed's agent is restored after the test.
 func (e env) runAgentWith(t *testing.T, args []string) *vm.Proc {
 	t.Helper()
-	ctx := context.Background()
 	if err := e.StopAgent(); err != nil {
 		t.Fatal(err)
 	}
@@ -561,6 +560,15 @@ func (e env) runAgentWith(t *testing.T, args []string) *vm.Proc {
 			t.Errorf("restart the bed's agent: %v", err)
 		}
 	})
+	return e.startAgentProc(t, args)
+}
+
+// startAgentProc starts an agent of its own with args (the bed's must be
+// stopped), stopped when the test ends, and waits for its first full
+// sync.
+func (e env) startAgentProc(t *testing.T, args []string) *vm.Proc {
+	t.Helper()
+	ctx := context.Background()
 	argv := append([]string{bed.GuestBinary, "run", "--kubeconfig", guestKubecfg, "--hostname-override", nodeName}, args...)
 	p, err := e.VM.Start(ctx, argv...)
 	if err != nil {

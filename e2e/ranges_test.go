@@ -121,16 +121,7 @@ func TestServiceRangesRouted(t *testing.T) {
 	}
 	// Not runAgentWith again: its cleanup, which starts the bed's agent,
 	// must run once.
-	p2, err := e.VM.Start(ctx, append([]string{bed.GuestBinary, "run", "--kubeconfig", guestKubecfg, "--hostname-override", nodeName}, agentArgs...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p2.Stop() })
-	wctx2, cancel2 := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel2()
-	if err := p2.WaitFor(wctx2, `"kind":"full"`); err != nil {
-		t.Fatalf("the agent in its default mode did not sync: %v\n%s", err, p2.Output())
-	}
+	e.startAgentProc(t, agentArgs)
 	eventually(t, 30*time.Second, func() error {
 		if r := routes(); r != "" {
 			return fmt.Errorf("local routes of prefixes through %s left: %q", bed.Interface, r)
