@@ -185,7 +185,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	s, err := suite.Run(ctx, p, upstream.RunOptions{
-		Kubeconfig: o.kubeconfig, Proxy: o.proxy, OutDir: outDir,
+		Kubeconfig: o.kubeconfig, Proxy: o.proxy, OutDir: outDir, Nodes: o.nodes,
 		Timeout: o.timeout, StartupTimeout: o.startupTimeout, Extra: o.extra,
 		Procs: o.procs, Ginkgo: ginkgo, FlakeAttempts: o.flakeAttempts,
 		Output: os.Stdout, Logf: logf,

@@ -27,6 +27,10 @@ type RunOptions struct {
 	// Timeout is Ginkgo's time limit of the suite; StartupTimeout how long
 	// the suite waits for schedulable nodes.
 	Timeout, StartupTimeout time.Duration
+	// Nodes is the cluster's number of nodes, told to e2e.test
+	// (--num-nodes): without it the tests that call
+	// SkipUnlessNodeCountIsAtLeast skip themselves ("not -1"). 0: not told.
+	Nodes int
 	// Extra are more arguments of e2e.test.
 	Extra []string
 	// Procs > 1 runs the tests on that many parallel processes through
@@ -78,6 +82,9 @@ func (s Suite) Run(ctx context.Context, p *Plan, o RunOptions) (Summary, error) 
 		"--e2e-output-dir=" + out,
 		"--disable-log-dump",
 		"--node-schedulable-timeout=" + o.StartupTimeout.String(),
+	}
+	if o.Nodes > 0 {
+		args = append(args, fmt.Sprintf("--num-nodes=%d", o.Nodes))
 	}
 	args = append(args, p.ginkgoArgs()...)
 	args = append(args, o.Extra...)
