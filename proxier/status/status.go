@@ -369,24 +369,24 @@ func newStatusVS(k model.VSKey, vs model.VirtualServer) *statusVirtualServer {
 	return s
 }
 
+// addressDrift explains the drift of the interface's addresses and routes.
+var addressDrift = map[model.OpKind]string{
+	model.OpBind:    "wanted, not bound to the interface",
+	model.OpUnbind:  "bound to the interface, wanted by no Service (run unbinds it on its next full sync)",
+	model.OpRoute:   "a Service range, not routed as local through the interface",
+	model.OpUnroute: "routed as local through the interface, not a Service range to route (run deletes the route on its next full sync)",
+}
+
 // addDrift records one operation of the diff as drift, on the report and
 // on its virtual server and real server rows.
 func (r *Report) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.Op) {
 	kind := driftKinds[op.Kind]
-	if op.Kind == model.OpBind || op.Kind == model.OpUnbind {
-		detail := "wanted, not bound to the interface"
-		if op.Kind == model.OpUnbind {
-			detail = "bound to the interface, wanted by no Service (run unbinds it on its next full sync)"
+	if detail, ok := addressDrift[op.Kind]; ok {
+		where := op.Address.String()
+		if op.Kind == model.OpRoute || op.Kind == model.OpUnroute {
+			where = op.Prefix.String()
 		}
-		r.Drift = append(r.Drift, statusDrift{Kind: kind, Address: op.Address.String(), Detail: detail})
-		return
-	}
-	if op.Kind == model.OpRoute || op.Kind == model.OpUnroute {
-		detail := "a Service range, not routed as local through the interface"
-		if op.Kind == model.OpUnroute {
-			detail = "routed as local through the interface, not a Service range to route (run deletes the route on its next full sync)"
-		}
-		r.Drift = append(r.Drift, statusDrift{Kind: kind, Address: op.Prefix.String(), Detail: detail})
+		r.Drift = append(r.Drift, statusDrift{Kind: kind, Address: where, Detail: detail})
 		return
 	}
 	k := op.VirtualServer.VSKey
