@@ -186,7 +186,7 @@ func TestKernelSyncer10k(t *testing.T) {
 	contents := func(from, n int) Contents {
 		c := Contents{}
 		for i := from; i < from+n; i++ {
-			c[Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+			c[Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
 		}
 		return c
 	}
@@ -209,7 +209,7 @@ func TestKernelSyncer10k(t *testing.T) {
 			t.Fatalf("%s: the kernel holds %d entries (%v), want %d", what, len(got.Entries), err, len(want))
 		}
 		for _, e := range got.Entries {
-			if _, ok := want[e]; !ok {
+			if _, ok := want[e.Key()]; !ok {
 				t.Fatalf("%s: unexpected entry %s", what, e)
 			}
 		}

@@ -10,24 +10,33 @@ import (
 )
 
 // Contents is a set of entries: what a set should hold, or holds.
-type Contents map[Entry]struct{}
+type Contents map[Key]struct{}
+
+// ContentsOf returns the entries as Contents.
+func ContentsOf(es ...Entry) Contents {
+	c := make(Contents, len(es))
+	for _, e := range es {
+		c[e.Key()] = struct{}{}
+	}
+	return c
+}
 
 // Wanted is what a set should hold: Contents, or any other set of entries
 // (the glue passes its reference counts rather than keep a copy).
 type Wanted interface {
-	Has(Entry) bool
+	Has(Key) bool
 	Len() int
-	All() iter.Seq[Entry]
+	All() iter.Seq[Key]
 }
 
-// Has reports whether e is in c.
-func (c Contents) Has(e Entry) bool { _, ok := c[e]; return ok }
+// Has reports whether k is in c.
+func (c Contents) Has(k Key) bool { _, ok := c[k]; return ok }
 
 // Len is the number of entries.
 func (c Contents) Len() int { return len(c) }
 
 // All yields the entries in no order.
-func (c Contents) All() iter.Seq[Entry] { return maps.Keys(c) }
+func (c Contents) All() iter.Seq[Key] { return maps.Keys(c) }
 
 // Stats count what a Syncer did.
 type Stats struct {
@@ -60,7 +69,7 @@ type Syncer struct {
 
 // written is what a Syncer wrote to a set since Track.
 type written struct {
-	entries map[Entry]struct{}
+	entries map[Key]struct{}
 	all     bool // the set was rebuilt, created or forgotten
 }
 
@@ -80,7 +89,7 @@ func NewSyncer(sets Interface) *Syncer {
 // read them while this one writes).
 func (s *Syncer) Track(names ...string) {
 	for _, n := range names {
-		s.track[n] = &written{entries: map[Entry]struct{}{}}
+		s.track[n] = &written{entries: map[Key]struct{}{}}
 	}
 }
 
@@ -88,10 +97,10 @@ func (s *Syncer) Track(names ...string) {
 func (s *Syncer) Untrack() { clear(s.track) }
 
 // wrote records writes of entries to a tracked set.
-func (s *Syncer) wrote(name string, entries []Entry) {
+func (s *Syncer) wrote(name string, entries []Key) {
 	if w := s.track[name]; w != nil {
-		for _, e := range entries {
-			w.entries[e] = struct{}{}
+		for _, k := range entries {
+			w.entries[k] = struct{}{}
 		}
 	}
 }
@@ -130,7 +139,7 @@ func (s *Syncer) SyncRead(spec Spec, want Wanted, cur Set, readErr error) (Stats
 	}
 	nv := &viewed{spec: cur.Spec.Normalized(), entries: make(Contents, len(cur.Entries))}
 	for _, e := range cur.Entries {
-		nv.entries[e] = struct{}{}
+		nv.entries[e.Key()] = struct{}{}
 	}
 	for e := range w.entries {
 		if _, ok := v.entries[e]; ok {
@@ -171,8 +180,8 @@ func (s *Syncer) Sync(spec Spec, want Wanted, reread bool) (Stats, error) {
 	if !s.sets.Owns(spec.Name) {
 		return st, fmt.Errorf("ipset: sync %s: %w", spec.Name, ErrNotOwned)
 	}
-	for e := range want.All() {
-		if err := spec.Type.Check(spec.Family, e); err != nil {
+	for k := range want.All() {
+		if err := spec.Type.Check(spec.Family, k.Entry()); err != nil {
 			return st, fmt.Errorf("ipset: set %s: %w", spec.Name, err)
 		}
 	}
@@ -205,7 +214,7 @@ func (s *Syncer) Sync(spec Spec, want Wanted, reread bool) (Stats, error) {
 
 // difference is what to add to have, and what to delete from it, to get
 // want.
-func difference(want Wanted, have Contents) (add, del []Entry) {
+func difference(want Wanted, have Contents) (add, del []Key) {
 	for e := range want.All() {
 		if _, ok := have[e]; !ok {
 			add = append(add, e)
@@ -223,20 +232,20 @@ func difference(want Wanted, have Contents) (add, del []Entry) {
 // differ between want and the set, so only they are looked at, and the cost
 // is that of the change, not of the set. Without a current view of the set
 // it falls back to Sync.
-func (s *Syncer) SyncChanged(spec Spec, want Wanted, changed []Entry) (Stats, error) {
+func (s *Syncer) SyncChanged(spec Spec, want Wanted, changed []Key) (Stats, error) {
 	spec = spec.Normalized()
 	v := s.view[spec.Name]
 	if v == nil || v.entries == nil || v.spec != spec || !s.sets.Owns(spec.Name) {
 		return s.Sync(spec, want, false)
 	}
 	var st Stats
-	var add, del []Entry
+	var add, del []Key
 	for _, e := range changed {
 		wanted := want.Has(e)
 		_, have := v.entries[e]
 		switch {
 		case wanted && !have:
-			if err := spec.Type.Check(spec.Family, e); err != nil {
+			if err := spec.Type.Check(spec.Family, e.Entry()); err != nil {
 				return st, fmt.Errorf("ipset: set %s: %w", spec.Name, err)
 			}
 			add = append(add, e)
@@ -251,13 +260,11 @@ func (s *Syncer) SyncChanged(spec Spec, want Wanted, changed []Entry) (Stats, er
 }
 
 // apply adds, then deletes, entries of a live set and keeps the view.
-func (s *Syncer) apply(name string, v *viewed, add, del []Entry, st *Stats) error {
-	slices.SortFunc(add, Entry.Compare)
-	slices.SortFunc(del, Entry.Compare)
+func (s *Syncer) apply(name string, v *viewed, add, del []Key, st *Stats) error {
 	// Additions first: for a moment the set holds old and new entries,
 	// never neither.
 	s.wrote(name, add)
-	if err := s.sets.Add(name, add...); err != nil {
+	if err := s.sets.Add(name, entries(add)...); err != nil {
 		v.entries = nil
 		s.wroteAll(name)
 		return err
@@ -267,7 +274,7 @@ func (s *Syncer) apply(name string, v *viewed, add, del []Entry, st *Stats) erro
 		v.entries[e] = struct{}{}
 	}
 	s.wrote(name, del)
-	if err := s.sets.Del(name, del...); err != nil {
+	if err := s.sets.Del(name, entries(del)...); err != nil {
 		v.entries = nil
 		s.wroteAll(name)
 		return err
@@ -304,9 +311,20 @@ func (s *Syncer) read(spec Spec, st *Stats) (*viewed, error) {
 	}
 	v := &viewed{spec: cur.Spec.Normalized(), entries: make(Contents, len(cur.Entries))}
 	for _, e := range cur.Entries {
-		v.entries[e] = struct{}{}
+		v.entries[e.Key()] = struct{}{}
 	}
 	return v, nil
+}
+
+// entries returns keys as entries in Entry.Compare's order, the order they
+// are written in.
+func entries(keys []Key) []Entry {
+	out := make([]Entry, len(keys))
+	for i, k := range keys {
+		out[i] = k.Entry()
+	}
+	slices.SortFunc(out, Entry.Compare)
+	return out
 }
 
 func mismatch(spec Spec, cur Set) error {

@@ -21,13 +21,7 @@ func ep(ip string, port uint16) ipset.Entry {
 	return ipset.Entry{Addr: netip.MustParseAddr(ip), Proto: model.TCP, Port: port}
 }
 
-func contents(es ...ipset.Entry) ipset.Contents {
-	c := ipset.Contents{}
-	for _, e := range es {
-		c[e] = struct{}{}
-	}
-	return c
-}
+func contents(es ...ipset.Entry) ipset.Contents { return ipset.ContentsOf(es...) }
 
 func sync(t *testing.T, s *ipset.Syncer, want ipset.Contents, reread bool) ipset.Stats {
 	t.Helper()
@@ -91,7 +85,7 @@ func TestSyncerRebuild(t *testing.T) {
 	s := ipset.NewSyncer(f)
 	old := ipset.Contents{}
 	for i := range 300 {
-		old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, 1, byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+		old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, 1, byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
 	}
 	sync(t, s, old, false)
 	f.ResetCalls()
@@ -135,12 +129,12 @@ func TestSyncerRebuildResumes(t *testing.T) {
 			s := ipset.NewSyncer(f)
 			old := ipset.Contents{}
 			for i := range 300 {
-				old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+				old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
 			}
 			sync(t, s, old, false)
 			want := ipset.Contents{}
 			for i := range 300 {
-				want[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+				want[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
 			}
 			// Half the writes fail, whatever they are (a fixed seed): no
 			// attempt can do everything, but each does about half of
@@ -198,10 +192,10 @@ func TestSyncerRebuildResumes(t *testing.T) {
 func TestSyncerRebuildLeavesNoTemp(t *testing.T) {
 	a, b := ipset.Contents{}, ipset.Contents{}
 	for i := range 300 {
-		a[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+		a[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
 	}
 	for i := range 10 {
-		b[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, 0, byte(i)}), Proto: model.TCP, Port: 80}] = struct{}{}
+		b[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, 0, byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
 	}
 	small, big := spec, spec
 	small.MaxElem, big.MaxElem = 4096, 8192
@@ -349,7 +343,7 @@ func TestSyncerChanged(t *testing.T) {
 	s := ipset.NewSyncer(f)
 	changed := func(want ipset.Contents, es ...ipset.Entry) ipset.Stats {
 		t.Helper()
-		st, err := s.SyncChanged(spec, want, es)
+		st, err := s.SyncChanged(spec, want, ipset.Keys(es...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -396,7 +390,7 @@ func TestSyncerSyncRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Meanwhile: c added, b deleted.
-	if _, err := s.SyncChanged(spec, contents(a, c), []ipset.Entry{b, c}); err != nil {
+	if _, err := s.SyncChanged(spec, contents(a, c), ipset.Keys(b, c)); err != nil {
 		t.Fatal(err)
 	}
 	_ = f.Add(spec.Name, d) // more drift, after the read: for the next one

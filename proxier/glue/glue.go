@@ -80,7 +80,7 @@ type Glue struct {
 	refs map[setID]refCounts
 	// dirty holds, per set, the entries whose membership changed since
 	// the set was last synced.
-	dirty     map[setID]map[ipset.Entry]struct{}
+	dirty     map[setID]map[ipset.Key]struct{}
 	nodeAddrs []netip.Addr
 	ranges    []netip.Prefix // SetServiceRanges
 
@@ -106,16 +106,16 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		plans:   map[types.NamespacedName]*model.ServicePlan{},
 		contrib: map[types.NamespacedName]held{},
 		refs:    map[setID]refCounts{},
-		dirty:   map[setID]map[ipset.Entry]struct{}{},
+		dirty:   map[setID]map[ipset.Key]struct{}{},
 		check:   proxier.NewOffLoop[checkResult](cfg.Clock),
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
 		g.refs[id] = refCounts{}
-		g.dirty[id] = map[ipset.Entry]struct{}{}
+		g.dirty[id] = map[ipset.Key]struct{}{}
 	}
 	for _, fam := range g.families() {
 		for _, e := range cidrEntries(cfg.ClusterCIDRs, fam) {
-			g.ref(setID{setClusterCIDR, fam}, e, 1)
+			g.ref(setID{setClusterCIDR, fam}, e.Key(), 1)
 		}
 	}
 	return g
@@ -126,10 +126,10 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 func (g *Glue) SetServiceRanges(ranges []netip.Prefix) {
 	for _, fam := range g.families() {
 		for _, e := range cidrEntries(g.ranges, fam) {
-			g.ref(setID{setServiceRange, fam}, e, -1)
+			g.ref(setID{setServiceRange, fam}, e.Key(), -1)
 		}
 		for _, e := range cidrEntries(ranges, fam) {
-			g.ref(setID{setServiceRange, fam}, e, 1)
+			g.ref(setID{setServiceRange, fam}, e.Key(), 1)
 		}
 	}
 	g.ranges = slices.Clone(ranges)
@@ -167,7 +167,7 @@ func (g *Glue) ruleConfig(fam ipset.Family) RuleConfig {
 
 // ref changes the count of an entry and marks its set dirty when the entry
 // appears or disappears.
-func (g *Glue) ref(id setID, e ipset.Entry, delta int) {
+func (g *Glue) ref(id setID, e ipset.Key, delta int32) {
 	refs, ok := g.refs[id]
 	if !ok {
 		return // a family that is not served
@@ -186,22 +186,22 @@ func (g *Glue) ref(id setID, e ipset.Entry, delta int) {
 
 // refCounts counts how many Services want each entry; it is what the set
 // should hold.
-type refCounts map[ipset.Entry]int
+type refCounts map[ipset.Key]int32
 
-func (r refCounts) Has(e ipset.Entry) bool     { return r[e] > 0 }
-func (r refCounts) Len() int                   { return len(r) }
-func (r refCounts) All() iter.Seq[ipset.Entry] { return maps.Keys(r) }
+func (r refCounts) Has(k ipset.Key) bool     { return r[k] > 0 }
+func (r refCounts) Len() int                 { return len(r) }
+func (r refCounts) All() iter.Seq[ipset.Key] { return maps.Keys(r) }
 
 // changed records that an entry's membership changed since the last sync,
 // so that a partial sync looks at just those entries. Until a full sync
 // has succeeded every sync is full and reads every set whole: nothing is
 // recorded (at start-up that would be a second copy of every entry).
-func (g *Glue) changed(id setID, e ipset.Entry) {
+func (g *Glue) changed(id setID, e ipset.Key) {
 	if !g.synced {
 		return
 	}
 	if g.dirty[id] == nil {
-		g.dirty[id] = map[ipset.Entry]struct{}{}
+		g.dirty[id] = map[ipset.Key]struct{}{}
 	}
 	g.dirty[id][e] = struct{}{}
 }
@@ -221,10 +221,10 @@ func (g *Glue) recompute(name types.NamespacedName) {
 	next := ServiceEntries(g.plans[name], g.nodeAddrs)
 	prev := g.contrib[name]
 	for _, se := range next {
-		g.ref(se.id, se.e, 1)
+		g.ref(se.set.id(), se.k, 1)
 	}
 	for _, se := range prev {
-		g.ref(se.id, se.e, -1)
+		g.ref(se.set.id(), se.k, -1)
 	}
 	if len(next) == 0 {
 		delete(g.contrib, name)
@@ -382,8 +382,9 @@ func (st *Stats) add(s ipset.Stats) {
 // setError names the Services whose entries a failed set write concerned.
 func (g *Glue) setError(id setID, err error) error {
 	var services []string
+	ref := refOf(id)
 	for name, c := range g.contrib {
-		if slices.ContainsFunc(c, func(se setEntry) bool { return se.id == id }) {
+		if slices.ContainsFunc(c, func(se setEntry) bool { return se.set == ref }) {
 			services = append(services, name.String())
 			if len(services) == 5 {
 				services = append(services, "...")

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -50,11 +49,13 @@ const (
 	setHealthCheck = "HC-NODE-PORT"
 )
 
-// setTypes gives each base name its type, in a fixed order.
-var setTypes = []struct {
+type setType struct {
 	base string
 	typ  ipset.Type
-}{
+}
+
+// setTypes gives each base name its type, in a fixed order.
+var setTypes = []setType{
 	{setClusterIP, ipset.HashIPPort},
 	{setExternal, ipset.HashIPPort},
 	{setInClusterOnly, ipset.HashIPPort},
@@ -117,28 +118,48 @@ func setIDs(ipv4, ipv6 bool) []setID {
 }
 
 // entries is one Service's contribution to the sets.
+// setRef is a setID in one byte: the base's index in setTypes times
+// three, plus the family's index (None, IPv4, IPv6).
+type setRef uint8
+
+func refOf(id setID) setRef {
+	i := slices.IndexFunc(setTypes, func(st setType) bool { return st.base == id.base })
+	if i < 0 {
+		panic("glue: unknown set " + id.base)
+	}
+	f := 0
+	switch id.fam {
+	case ipset.IPv4:
+		f = 1
+	case ipset.IPv6:
+		f = 2
+	}
+	return setRef(3*i + f)
+}
+
+func (r setRef) id() setID {
+	return setID{setTypes[r/3].base, [...]ipset.Family{ipset.None, ipset.IPv4, ipset.IPv6}[r%3]}
+}
+
 // held is a Service's set entries, sorted by set and entry, each once: a
-// list, not a map per set (a small map of 96-byte entries costs most of a
+// list of 40-byte items, not a map per set (a small map costs most of a
 // kilobyte, and a Service has entries in about five sets).
 type held []setEntry
 
 type setEntry struct {
-	id setID
-	e  ipset.Entry
+	set setRef
+	k   ipset.Key
 }
 
 func (a setEntry) compare(b setEntry) int {
-	if c := strings.Compare(a.id.base, b.id.base); c != 0 {
+	if c := cmp.Compare(a.set, b.set); c != 0 {
 		return c
 	}
-	if c := cmp.Compare(a.id.fam, b.id.fam); c != 0 {
-		return c
-	}
-	return a.e.Compare(b.e)
+	return a.k.Compare(b.k)
 }
 
 func (h *held) add(base string, fam ipset.Family, en ipset.Entry) {
-	*h = append(*h, setEntry{setID{base, fam}, en})
+	*h = append(*h, setEntry{refOf(setID{base, fam}), en.Key()})
 }
 
 // ServiceEntries computes the set entries of one Service's plan: a pure

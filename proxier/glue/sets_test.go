@@ -32,7 +32,7 @@ func vs(kind model.AddressKind, a string, proto model.Protocol, port uint16, rss
 func (h held) render() []string {
 	by := map[setID][]ipset.Entry{}
 	for _, se := range h {
-		by[se.id] = append(by[se.id], se.e)
+		by[se.set.id()] = append(by[se.set.id()], se.k.Entry())
 	}
 	var out []string
 	for id, es := range by {
