@@ -21,7 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
+	corev1informers "k8s.io/client-go/informers/core/v1"
+	discoveryv1informers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -406,6 +407,30 @@ func (p *Proxier) onNode(obj any, deleted bool) {
 	}
 }
 
+// informerSet runs informers until the context ends, and waits for them.
+type informerSet struct {
+	infs []cache.SharedIndexInformer
+	wg   sync.WaitGroup
+}
+
+// add sets the informer's transform (model.Trim) and handler.
+func (s *informerSet) add(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error) {
+	if err := inf.SetTransform(model.Trim); err != nil {
+		return nil, err
+	}
+	s.infs = append(s.infs, inf)
+	return inf.AddEventHandler(h)
+}
+
+func (s *informerSet) start(ctx context.Context) {
+	for _, inf := range s.infs {
+		s.wg.Go(func() { inf.RunWithContext(ctx) })
+	}
+}
+
+// wait waits until every started informer has stopped.
+func (s *informerSet) wait() { s.wg.Wait() }
+
 func handler(add func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { add(o, false) },
@@ -421,21 +446,24 @@ func (p *Proxier) Run(ctx context.Context) error {
 	notOurs := func(o *metav1.ListOptions) {
 		o.LabelSelector = ServiceSelector
 	}
-	// model.Trim keeps in the caches only what the agent reads.
-	f := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(notOurs),
-		informers.WithTransform(model.Trim))
-	svcReg, err := f.Core().V1().Services().Informer().AddEventHandler(handler(p.onService))
+	// The informers keep no index (the factory's would index every object
+	// by namespace, which the agent never asks), and model.Trim keeps in
+	// their caches only what the agent reads.
+	var infs informerSet
+	defer infs.wait()
+	svcReg, err := infs.add(corev1informers.NewFilteredServiceInformer(p.client, metav1.NamespaceAll, 0, cache.Indexers{}, notOurs),
+		handler(p.onService))
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	sliceReg, err := f.Discovery().V1().EndpointSlices().Informer().AddEventHandler(p.sliceHandler())
+	sliceReg, err := infs.add(discoveryv1informers.NewFilteredEndpointSliceInformer(p.client, metav1.NamespaceAll, 0, cache.Indexers{}, notOurs),
+		p.sliceHandler())
 	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
-	nf := informers.NewSharedInformerFactoryWithOptions(p.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	nodeReg, err := infs.add(corev1informers.NewFilteredNodeInformer(p.client, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.cfg.NodeName).String()
-	}), informers.WithTransform(model.Trim))
-	nodeReg, err := nf.Core().V1().Nodes().Informer().AddEventHandler(handler(p.onNode))
+	}), handler(p.onNode))
 	if err != nil {
 		return fmt.Errorf("watch node: %w", err)
 	}
@@ -448,10 +476,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 			synced = append(synced, has)
 		}
 	}
-	f.Start(ctx.Done())
-	nf.Start(ctx.Done())
-	defer f.Shutdown()
-	defer nf.Shutdown()
+	infs.start(ctx)
 	// Wait until the handlers, not only the caches, have seen every
 	// existing object: a first full sync on part of the Services would
 	// delete the others' virtual servers and cut their connections.
