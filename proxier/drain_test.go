@@ -58,7 +58,7 @@ func (b *drainBed) setEndpoints(eps ...discoveryv1.Endpoint) {
 			{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To[int32](5353)},
 		},
 	}
-	p := model.Build(b.svc, []*discoveryv1.EndpointSlice{slice}, model.NodeInfo{Name: "node-a"},
+	p := model.Build(model.ServiceOf(b.svc), []*model.EndpointSlice{model.SliceOf(slice)}, model.NodeInfo{Name: "node-a"},
 		model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}})
 	b.r.SetPlan(types.NamespacedName{Namespace: "default", Name: "a"}, &p)
 }

@@ -38,7 +38,7 @@ func (pl Planner) WithRanges(ranges []netip.Prefix) Planner {
 
 // Plan is svc's plan on node; nil when svc is gone (nil) or is one the
 // proxier leaves out (model.Skip).
-func (pl Planner) Plan(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node model.NodeInfo) *model.ServicePlan {
+func (pl Planner) Plan(svc *model.Service, slices []*model.EndpointSlice, node model.NodeInfo) *model.ServicePlan {
 	if svc == nil || model.Skip(svc) {
 		return nil
 	}
@@ -57,7 +57,8 @@ func DesiredState(cfg Config, pl Planner, services []corev1.Service, slicesOf ma
 	var plans []*model.ServicePlan
 	for i := range services {
 		svc := &services[i]
-		if plan := pl.Plan(svc, slicesOf[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}], node); plan != nil {
+		sl := slicesOf[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}]
+		if plan := pl.Plan(model.ServiceOf(svc), model.SlicesOf(sl), node); plan != nil {
 			plans = append(plans, plan)
 		}
 	}

@@ -17,7 +17,6 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -116,8 +115,8 @@ type Proxier struct {
 	trigger chan struct{}
 
 	mu        sync.Mutex // guards the fields below
-	services  map[types.NamespacedName]*corev1.Service
-	slices    map[types.NamespacedName][]*discoveryv1.EndpointSlice
+	services  map[types.NamespacedName]*model.Service
+	slices    map[types.NamespacedName][]*model.EndpointSlice
 	zone      string
 	nodeAddrs []netip.Addr                       // node-port addresses
 	nodeAll   []netip.Addr                       // every node address (model.NodeInfo.Addresses)
@@ -168,8 +167,8 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		consumerRetry: map[int]*backoff{},
 		changes:       map[types.NamespacedName]time.Time{},
 		trigger:       make(chan struct{}, 1),
-		services:      map[types.NamespacedName]*corev1.Service{},
-		slices:        map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
+		services:      map[types.NamespacedName]*model.Service{},
+		slices:        map[types.NamespacedName][]*model.EndpointSlice{},
 		dirty:         map[types.NamespacedName]time.Time{},
 		warnings:      map[types.NamespacedName]string{},
 		rebuild:       true,
@@ -298,36 +297,34 @@ func (p *Proxier) markDirty(name types.NamespacedName, at time.Time) {
 
 // changeTime is when an EndpointSlice change was triggered, from the
 // annotation the EndpointSlice controller sets, else now.
-func changeTime(obj metav1.Object, now time.Time) time.Time {
-	if v, ok := obj.GetAnnotations()[corev1.EndpointsLastChangeTriggerTime]; ok {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-			return t
-		}
+func changeTime(s *model.EndpointSlice, now time.Time) time.Time {
+	if !s.Triggered.IsZero() {
+		return s.Triggered
 	}
 	return now
 }
 
-func serviceName(obj any) (*corev1.Service, bool) {
+// serviceName is the Service an informer delivered (model.Compact made
+// it, or makes it here; a tombstone holds the last one the cache had).
+func serviceName(obj any) (*model.Service, bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	s, ok := obj.(*corev1.Service)
-	return s, ok
+	obj, _ = model.Compact(obj)
+	s, ok := obj.(*model.Service)
+	return s, ok && s != nil
 }
 
-func sliceOf(obj any) (*discoveryv1.EndpointSlice, types.NamespacedName, bool) {
+func sliceOf(obj any) (*model.EndpointSlice, types.NamespacedName, bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	s, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
+	obj, _ = model.Compact(obj)
+	s, ok := obj.(*model.EndpointSlice)
+	if !ok || s == nil || s.Service == "" {
 		return nil, types.NamespacedName{}, false
 	}
-	svc := s.Labels[discoveryv1.LabelServiceName]
-	if svc == "" {
-		return nil, types.NamespacedName{}, false
-	}
-	return s, types.NamespacedName{Namespace: s.Namespace, Name: svc}, true
+	return s, types.NamespacedName{Namespace: s.Namespace, Name: s.Service}, true
 }
 
 func (p *Proxier) onService(obj any, deleted bool) {
@@ -353,7 +350,7 @@ func (p *Proxier) onSlice(obj any, deleted bool) {
 	}
 	p.mu.Lock()
 	// A Service's slices, most often one: a list, not a map each.
-	have := slices.DeleteFunc(p.slices[name], func(o *discoveryv1.EndpointSlice) bool { return o.Name == s.Name })
+	have := slices.DeleteFunc(p.slices[name], func(o *model.EndpointSlice) bool { return o.Name == s.Name })
 	if !deleted {
 		have = append(have, s)
 	}
@@ -413,9 +410,9 @@ type informerSet struct {
 	wg   sync.WaitGroup
 }
 
-// add sets the informer's transform (model.Trim) and handler.
+// add sets the informer's transform (model.Compact) and handler.
 func (s *informerSet) add(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error) {
-	if err := inf.SetTransform(model.Trim); err != nil {
+	if err := inf.SetTransform(model.Compact); err != nil {
 		return nil, err
 	}
 	s.infs = append(s.infs, inf)
@@ -447,8 +444,8 @@ func (p *Proxier) Run(ctx context.Context) error {
 		o.LabelSelector = ServiceSelector
 	}
 	// The informers keep no index (the factory's would index every object
-	// by namespace, which the agent never asks), and model.Trim keeps in
-	// their caches only what the agent reads.
+	// by namespace, which the agent never asks), and model.Compact keeps
+	// in their caches only what the agent reads, in the agent's own types.
 	var infs informerSet
 	defer infs.wait()
 	svcReg, err := infs.add(corev1informers.NewFilteredServiceInformer(p.client, metav1.NamespaceAll, 0, cache.Indexers{}, notOurs),
@@ -670,8 +667,8 @@ type syncInputs struct {
 }
 
 type syncInput struct {
-	svc    *corev1.Service
-	slices []*discoveryv1.EndpointSlice
+	svc    *model.Service
+	slices []*model.EndpointSlice
 }
 
 // SyncOnce is one sync, in steps: snapshot the inputs, build the plans of
@@ -805,7 +802,7 @@ func (p *Proxier) reportConflicts(name types.NamespacedName) {
 	if len(st.Conflicts) == 0 {
 		p.log.Info("service no longer in conflict", zap.String("service", name.String()))
 		if p.recorder != nil && svc != nil {
-			p.recorder.Event(svc, corev1.EventTypeNormal, "VirtualServerConflictResolved", "the Service holds every virtual server it wants")
+			p.recorder.Event(svc.Ref(), corev1.EventTypeNormal, "VirtualServerConflictResolved", "the Service holds every virtual server it wants")
 		}
 		return
 	}
@@ -816,7 +813,7 @@ func (p *Proxier) reportConflicts(name types.NamespacedName) {
 	msg := strings.Join(msgs, "; ") + "; this Service gets no traffic there"
 	p.log.Warn("virtual servers held by an older Service", zap.String("service", name.String()), zap.Strings("conflicts", msgs))
 	if p.recorder != nil && svc != nil {
-		p.recorder.Event(svc, corev1.EventTypeWarning, "VirtualServerConflict", msg)
+		p.recorder.Event(svc.Ref(), corev1.EventTypeWarning, "VirtualServerConflict", msg)
 	}
 }
 
@@ -996,7 +993,7 @@ func FilterNodePortAddresses(addrs []netip.Addr, prefixes []netip.Prefix) []neti
 }
 
 // report logs a Service's warnings and raises an Event when they change.
-func (p *Proxier) report(name types.NamespacedName, svc *corev1.Service, warnings []string) {
+func (p *Proxier) report(name types.NamespacedName, svc *model.Service, warnings []string) {
 	msg := strings.Join(warnings, "; ")
 	p.mu.Lock()
 	old := p.warnings[name]
@@ -1013,6 +1010,6 @@ func (p *Proxier) report(name types.NamespacedName, svc *corev1.Service, warning
 	}
 	p.log.Warn("service has problems; programmed what could be", zap.String("service", name.String()), zap.Strings("problems", warnings))
 	if p.recorder != nil && svc != nil {
-		p.recorder.Event(svc, corev1.EventTypeWarning, "IPVSProxyConfig", msg)
+		p.recorder.Event(svc.Ref(), corev1.EventTypeWarning, "IPVSProxyConfig", msg)
 	}
 }

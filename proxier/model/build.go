@@ -25,7 +25,7 @@ const buildAffinityMax = 86400
 // Skip reports whether a proxy leaves the Service alone: headless Services
 // (clusterIP "None"), ExternalName Services, Services that have no cluster IP
 // yet, and nil.
-func Skip(svc *corev1.Service) bool {
+func Skip(svc *Service) bool {
 	if svc == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return true
 	}
@@ -41,12 +41,12 @@ func Skip(svc *corev1.Service) bool {
 // node needs. It does no I/O, its output is sorted, and it never fails:
 // problems with the data become Warnings and the rest of the Service is built.
 // The caller passes the EndpointSlices labelled for the Service.
-func Build(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, node NodeInfo, cfg BuildConfig) ServicePlan {
+func Build(svc *Service, endpointSlices []*EndpointSlice, node NodeInfo, cfg BuildConfig) ServicePlan {
 	if svc == nil {
 		return ServicePlan{}
 	}
 	plan := ServicePlan{Service: types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name},
-		Created: svc.CreationTimestamp.Time}
+		Created: svc.Created}
 	if Skip(svc) {
 		return plan
 	}
@@ -130,7 +130,7 @@ type buildAddr struct {
 type buildAddrs struct{ service, node []buildAddr }
 
 type planBuilder struct {
-	svc  *corev1.Service
+	svc  *Service
 	node NodeInfo
 	cfg  BuildConfig
 
@@ -157,7 +157,7 @@ func (b *planBuilder) warn(format string, args ...any) {
 	}
 }
 
-func (b *planBuilder) build(endpointSlices []*discoveryv1.EndpointSlice) {
+func (b *planBuilder) build(endpointSlices []*EndpointSlice) {
 	b.schedule()
 	b.parseSlices(endpointSlices)
 	addrs := b.addresses()
@@ -216,8 +216,8 @@ func (b *planBuilder) schedule() {
 	}
 	b.flags |= FlagPersistent
 	b.timeout = buildAffinityDefault
-	if c := b.svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
-		t := *c.ClientIP.TimeoutSeconds
+	if tp := b.svc.Spec.AffinityTimeout; tp != nil {
+		t := *tp
 		if t <= 0 || t > buildAffinityMax {
 			b.warn("sessionAffinityConfig.clientIP.timeoutSeconds %d is out of range (1-%d); using %d",
 				t, buildAffinityMax, buildAffinityDefault)
@@ -363,10 +363,10 @@ func (b *planBuilder) addresses() (addrs buildAddrs) {
 
 // parseSlices validates the EndpointSlices once, in name order, so that
 // warnings are reported once per slice rather than once per port.
-func (b *planBuilder) parseSlices(in []*discoveryv1.EndpointSlice) {
+func (b *planBuilder) parseSlices(in []*EndpointSlice) {
 	sorted := slices.Clone(in)
-	sorted = slices.DeleteFunc(sorted, func(s *discoveryv1.EndpointSlice) bool { return s == nil })
-	slices.SortStableFunc(sorted, func(x, y *discoveryv1.EndpointSlice) int { return cmp.Compare(x.Name, y.Name) })
+	sorted = slices.DeleteFunc(sorted, func(s *EndpointSlice) bool { return s == nil })
+	slices.SortStableFunc(sorted, func(x, y *EndpointSlice) int { return cmp.Compare(x.Name, y.Name) })
 
 	for _, s := range sorted {
 		var info buildSlice
@@ -416,21 +416,10 @@ func (b *planBuilder) parseSlices(in []*discoveryv1.EndpointSlice) {
 				b.warn("EndpointSlice %q: endpoint address %q is not an %s address", s.Name, e.Addresses[0], info.family)
 				continue
 			}
-			ep := &buildEndpoint{
-				addr:        a,
-				ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
-				serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
-				terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
-				nodeName:    buildDeref(e.NodeName),
-				zone:        buildDeref(e.Zone),
-			}
+			ep := &buildEndpoint{addr: a, ready: e.Ready, serving: e.Serving, terminating: e.Terminating,
+				nodeName: e.NodeName, zone: e.Zone}
 			if e.Hints != nil {
-				for _, n := range e.Hints.ForNodes {
-					ep.forNodes = append(ep.forNodes, n.Name)
-				}
-				for _, z := range e.Hints.ForZones {
-					ep.forZones = append(ep.forZones, z.Name)
-				}
+				ep.forNodes, ep.forZones = e.Hints.ForNodes, e.Hints.ForZones
 			}
 			info.endpoints = append(info.endpoints, ep)
 		}
@@ -446,7 +435,7 @@ func buildDeref[T any](p *T) T {
 	return *p
 }
 
-func buildPortLabel(p *corev1.ServicePort) string {
+func buildPortLabel(p *ServicePort) string {
 	if p.Name != "" {
 		return strconv.Quote(p.Name)
 	}
@@ -454,7 +443,7 @@ func buildPortLabel(p *corev1.ServicePort) string {
 }
 
 // buildPort adds the virtual servers of one Service port.
-func (b *planBuilder) buildPort(p *corev1.ServicePort, addrs buildAddrs) {
+func (b *planBuilder) buildPort(p *ServicePort, addrs buildAddrs) {
 	label := buildPortLabel(p)
 	proto := TCP
 	if p.Protocol != "" {

@@ -865,7 +865,7 @@ func TestBuild(t *testing.T) {
 				cfg = *tc.cfg
 			}
 			svcBefore, slicesBefore := tc.svc.DeepCopy(), deepCopySlices(tc.slices)
-			got := model.Build(tc.svc, tc.slices, node, cfg)
+			got := build(tc.svc, tc.slices, node, cfg)
 			if !reflect.DeepEqual(svcBefore, tc.svc) || !reflect.DeepEqual(slicesBefore, tc.slices) {
 				t.Error("Build modified its input")
 			}
@@ -880,26 +880,14 @@ func TestBuild(t *testing.T) {
 			if diff := cmp.Diff(want, got, planCmp...); diff != "" {
 				t.Errorf("Build() mismatch (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(got, buildTrimmed(tc.svc, tc.slices, node, cfg), planCmp...); diff != "" {
-				t.Errorf("Build() of the trimmed objects differs (-full +trimmed):\n%s", diff)
-			}
 		})
 	}
 }
 
-// buildTrimmed builds from trimmed copies of the objects, as the agent's
-// informers hold them.
-func buildTrimmed(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node model.NodeInfo, cfg model.BuildConfig) model.ServicePlan {
-	var s *corev1.Service
-	if svc != nil {
-		s = svc.DeepCopy()
-		_, _ = model.Trim(s)
-	}
-	in := deepCopySlices(slices)
-	for _, sl := range in {
-		_, _ = model.Trim(sl)
-	}
-	return model.Build(s, in, node, cfg)
+// build is Build of the API objects, made into what the informers hold
+// (model.ServiceOf, model.SlicesOf); the objects are left unchanged.
+func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node model.NodeInfo, cfg model.BuildConfig) model.ServicePlan {
+	return model.Build(model.ServiceOf(svc), model.SlicesOf(slices), node, cfg)
 }
 
 func deepCopySlices(in []*discoveryv1.EndpointSlice) []*discoveryv1.EndpointSlice {
@@ -917,22 +905,22 @@ func TestBuildSliceOrderIrrelevant(t *testing.T) {
 		slice4("web-b", http8080, ep("10.1.0.2"), ep("10.1.0.1", terminating)),
 		slice6("web-c", http8080, ep("fd01::2"), ep("fd01::1")),
 	)
-	want := model.Build(s, in, testNode, testCfg)
+	want := build(s, in, testNode, testCfg)
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 20 {
 		r.Shuffle(len(in), func(i, j int) { in[i], in[j] = in[j], in[i] })
-		if diff := cmp.Diff(want, model.Build(s, in, testNode, testCfg), planCmp...); diff != "" {
+		if diff := cmp.Diff(want, build(s, in, testNode, testCfg), planCmp...); diff != "" {
 			t.Fatalf("Build depends on slice order (-first +now):\n%s", diff)
 		}
 	}
 }
 
 func TestBuildNilInput(t *testing.T) {
-	if got := model.Build(nil, nil, model.NodeInfo{}, model.BuildConfig{}); !cmp.Equal(got, model.ServicePlan{}, planCmp...) {
+	if got := build(nil, nil, model.NodeInfo{}, model.BuildConfig{}); !cmp.Equal(got, model.ServicePlan{}, planCmp...) {
 		t.Errorf("Build(nil) = %+v, want an empty plan", got)
 	}
 	// A zero configuration and node still build, with the default scheduler.
-	got := model.Build(svc(typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
+	got := build(svc(typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
 		slices(slice4("web-1", http8080, ep("10.1.0.1", conds(nil, nil, nil), on("")))), model.NodeInfo{}, model.BuildConfig{})
 	want := vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080"))
 	want[0].Scheduler = scheduler.Default
@@ -955,7 +943,7 @@ func TestBuildSkip(t *testing.T) {
 		{"NodePort", svc(typ(corev1.ServiceTypeNodePort)), false},
 	}
 	for _, tc := range tests {
-		if got := model.Skip(tc.svc); got != tc.want {
+		if got := model.Skip(model.ServiceOf(tc.svc)); got != tc.want {
 			t.Errorf("Skip(%s) = %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -987,7 +975,7 @@ func TestBuildOddInputNoPanic(t *testing.T) {
 	)
 	for i, s := range odd {
 		for _, node := range []model.NodeInfo{testNode, {NodePortAddresses: []netip.Addr{{}}}} {
-			p := model.Build(s, odd4, node, testCfg)
+			p := build(s, odd4, node, testCfg)
 			t.Logf("case %d: %d virtual servers, warnings %q", i, len(p.VirtualServers), p.Warnings)
 		}
 	}
@@ -999,14 +987,14 @@ func TestBuildOddInputNoPanic(t *testing.T) {
 func TestBuildUnavailableScheduler(t *testing.T) {
 	cfg := testCfg
 	cfg.Unavailable = map[string]bool{"mh": true, "rr": true}
-	got := model.Build(svc(annotate(scheduler.AnnotationScheduler, "mh", scheduler.AnnotationFlags, "mh-port")), nil, testNode, cfg)
+	got := build(svc(annotate(scheduler.AnnotationScheduler, "mh", scheduler.AnnotationFlags, "mh-port")), nil, testNode, cfg)
 	if diff := cmp.Diff(vss(vs(ci, "10.96.0.10:80", tcp, "http")), got.VirtualServers, planCmp...); diff != "" {
 		t.Errorf("virtual servers (-want +got):\n%s", diff)
 	}
 	if len(got.Warnings) != 1 || !strings.Contains(got.Warnings[0], `"mh" is not available in this node's kernel (module ip_vs_mh); using the default "rr"`) {
 		t.Errorf("warnings %q, want one about ip_vs_mh", got.Warnings)
 	}
-	if got := model.Build(svc(annotate(scheduler.AnnotationScheduler, "sh")), nil, testNode, cfg); len(got.Warnings) != 0 || got.VirtualServers[0].Scheduler != "sh" {
+	if got := build(svc(annotate(scheduler.AnnotationScheduler, "sh")), nil, testNode, cfg); len(got.Warnings) != 0 || got.VirtualServers[0].Scheduler != "sh" {
 		t.Errorf("an available scheduler: %s, warnings %q", got.VirtualServers[0].Scheduler, got.Warnings)
 	}
 }
@@ -1025,7 +1013,7 @@ func TestBuildRoutedClusterIPs(t *testing.T) {
 		{"outside it", svc(clusterIPs("10.97.0.10")), map[string]bool{"10.97.0.10": false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := model.Build(tc.svc, nil, testNode, cfg)
+			p := build(tc.svc, nil, testNode, cfg)
 			if len(p.VirtualServers) != len(tc.routed) {
 				t.Fatalf("virtual servers %v, want one per address of %v", p.VirtualServers, tc.routed)
 			}

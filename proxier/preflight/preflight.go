@@ -201,7 +201,7 @@ func schedulersInUse(ctx context.Context, newClient func() (kubernetes.Interface
 	n := 0
 	for i := range services {
 		svc := &services[i]
-		if model.Skip(svc) {
+		if model.Skip(model.ServiceOf(svc)) {
 			continue
 		}
 		n++

@@ -108,7 +108,7 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 	}
 	for _, o := range objs {
 		if svc, ok := o.(*corev1.Service); ok {
-			plan := model.Build(svc, slicesOf[svc.Name], node, bcfg)
+			plan := model.Build(model.ServiceOf(svc), model.SlicesOf(slicesOf[svc.Name]), node, bcfg)
 			rec.SetPlan(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, &plan)
 		}
 	}

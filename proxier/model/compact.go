@@ -1,0 +1,61 @@
+package model
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Compact is the informers' transform (cache.TransformFunc): it turns
+// every object into what the agent reads of it before the informer stores
+// it. A Service becomes a *Service (ServiceOf), an EndpointSlice an
+// *EndpointSlice (SliceOf): the handlers and the caches never see the API
+// objects, whose maps, pointers and unread strings (managed fields,
+// kubectl's last-applied-configuration, the selector, the endpoints'
+// target references) the collector then frees. A Node is trimmed in place
+// to its identity, zone label and taints (its status, with the image list,
+// can be kilobytes). Objects already compact, tombstones and other types
+// pass unchanged, so Compact may run twice.
+func Compact(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		if o != nil {
+			return ServiceOf(o), nil
+		}
+	case *discoveryv1.EndpointSlice:
+		if o != nil {
+			return SliceOf(o), nil
+		}
+	case *corev1.Node:
+		if o != nil {
+			trimMeta(&o.ObjectMeta, nil, func(k string) bool { return k == corev1.LabelTopologyZone })
+			o.Status = corev1.NodeStatus{}
+			o.Spec.PodCIDR, o.Spec.PodCIDRs, o.Spec.ConfigSource = "", nil, nil
+		}
+	}
+	return obj, nil
+}
+
+// trimMeta keeps the identity and the annotations and labels whose keys
+// keepAnnotation and keepLabel accept (nil: none).
+func trimMeta(m *metav1.ObjectMeta, keepAnnotation, keepLabel func(string) bool) {
+	m.ManagedFields, m.OwnerReferences, m.Finalizers, m.GenerateName = nil, nil, nil, ""
+	m.Annotations = keepKeys(m.Annotations, keepAnnotation)
+	m.Labels = keepKeys(m.Labels, keepLabel)
+}
+
+func keepKeys(in map[string]string, keep func(string) bool) map[string]string {
+	if keep == nil {
+		return nil
+	}
+	var out map[string]string
+	for k, v := range in {
+		if keep(k) {
+			if out == nil {
+				out = make(map[string]string, 1)
+			}
+			out[k] = v
+		}
+	}
+	return out
+}

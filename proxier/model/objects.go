@@ -1,0 +1,216 @@
+package model
+
+import (
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
+)
+
+// Service is what the agent reads of a Service, and all that its informer
+// keeps (Compact makes it from the API object). Its fields are named as
+// the API's are, so that Build reads the same paths; the API object is
+// about three times its size, with maps, pointers and strings the agent
+// never reads.
+type Service struct {
+	Namespace, Name string
+	UID             types.UID
+	ResourceVersion string
+	Created         time.Time
+	// Annotations holds the scheduler's annotations only (nil without).
+	Annotations map[string]string
+	Spec        ServiceSpec
+	Status      ServiceStatus
+}
+
+// ServiceSpec is what Build reads of a Service's spec.
+type ServiceSpec struct {
+	Type                     corev1.ServiceType
+	ClusterIP                string
+	ClusterIPs               []string
+	IPFamilies               []corev1.IPFamily
+	ExternalIPs              []string
+	LoadBalancerSourceRanges []string
+	ExternalTrafficPolicy    corev1.ServiceExternalTrafficPolicy
+	InternalTrafficPolicy    *corev1.ServiceInternalTrafficPolicy
+	HealthCheckNodePort      int32
+	SessionAffinity          corev1.ServiceAffinity
+	// AffinityTimeout is sessionAffinityConfig.clientIP.timeoutSeconds.
+	AffinityTimeout *int32
+	Ports           []ServicePort
+}
+
+// ServicePort is one port of a Service.
+type ServicePort struct {
+	Name     string
+	Protocol corev1.Protocol
+	Port     int32
+	NodePort int32
+}
+
+// ServiceStatus holds the Service's load-balancer ingress points.
+type ServiceStatus struct {
+	LoadBalancer LoadBalancerStatus
+}
+
+// LoadBalancerStatus holds the ingress points.
+type LoadBalancerStatus struct {
+	Ingress []LoadBalancerIngress
+}
+
+// LoadBalancerIngress is one ingress point (hostname-only ones are left
+// out: a proxy has nothing to do for them).
+type LoadBalancerIngress struct {
+	IP     string
+	IPMode *corev1.LoadBalancerIPMode
+}
+
+// EndpointSlice is what the agent reads of an EndpointSlice, and all that
+// its informer keeps (Compact makes it).
+type EndpointSlice struct {
+	Namespace, Name string
+	ResourceVersion string
+	// Service is the kubernetes.io/service-name label: the Service the
+	// slice serves ("" for none).
+	Service string
+	// Triggered is the endpoints.kubernetes.io/last-change-trigger-time
+	// annotation (zero without, or when it does not parse).
+	Triggered   time.Time
+	AddressType discoveryv1.AddressType
+	Ports       []discoveryv1.EndpointPort
+	Endpoints   []Endpoint
+}
+
+// Endpoint is one endpoint of a slice.
+type Endpoint struct {
+	// Addresses holds the first address only: the one a proxy uses.
+	Addresses []string
+	// The conditions as a consumer reads them: an unset ready or serving
+	// is true, an unset terminating false.
+	Ready, Serving, Terminating bool
+	NodeName, Zone              string
+	Hints                       *EndpointHints
+}
+
+// EndpointHints are the topology hints: node names and zone names.
+type EndpointHints struct {
+	ForNodes, ForZones []string
+}
+
+// objectMeta is the metadata the informer's store reads (its key and the
+// resource version); it is made when asked, not kept.
+type objectMeta struct {
+	namespace, name, rv string
+	uid                 types.UID
+}
+
+func (m objectMeta) get() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: m.namespace, Name: m.name, ResourceVersion: m.rv, UID: m.uid}
+}
+
+// GetObjectMeta makes the Service usable in an informer's store
+// (metav1.ObjectMetaAccessor).
+func (s *Service) GetObjectMeta() metav1.Object {
+	return objectMeta{s.Namespace, s.Name, s.ResourceVersion, s.UID}.get()
+}
+
+// GetObjectMeta makes the slice usable in an informer's store.
+func (s *EndpointSlice) GetObjectMeta() metav1.Object {
+	return objectMeta{s.Namespace, s.Name, s.ResourceVersion, ""}.get()
+}
+
+// Ref is the Service's object reference, for Events.
+func (s *Service) Ref() *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: s.Namespace, Name: s.Name,
+		UID: s.UID, ResourceVersion: s.ResourceVersion}
+}
+
+// ServiceOf returns what the agent reads of svc (nil for nil). It shares
+// svc's strings and leaves svc unchanged.
+func ServiceOf(svc *corev1.Service) *Service {
+	if svc == nil {
+		return nil
+	}
+	sp := &svc.Spec
+	out := &Service{Namespace: svc.Namespace, Name: svc.Name, UID: svc.UID, ResourceVersion: svc.ResourceVersion,
+		Created: svc.CreationTimestamp.Time,
+		Annotations: keepKeys(svc.Annotations, func(k string) bool {
+			return k == scheduler.AnnotationScheduler || k == scheduler.AnnotationFlags
+		}),
+		Spec: ServiceSpec{Type: sp.Type, ClusterIP: sp.ClusterIP, ClusterIPs: sp.ClusterIPs, IPFamilies: sp.IPFamilies,
+			ExternalIPs: sp.ExternalIPs, LoadBalancerSourceRanges: sp.LoadBalancerSourceRanges,
+			ExternalTrafficPolicy: sp.ExternalTrafficPolicy, InternalTrafficPolicy: sp.InternalTrafficPolicy,
+			HealthCheckNodePort: sp.HealthCheckNodePort, SessionAffinity: sp.SessionAffinity},
+	}
+	if len(sp.ClusterIPs) > 0 && sp.ClusterIP == sp.ClusterIPs[0] {
+		out.Spec.ClusterIP = sp.ClusterIPs[0] // one string, not two equal ones
+	}
+	if c := sp.SessionAffinityConfig; c != nil && c.ClientIP != nil {
+		out.Spec.AffinityTimeout = c.ClientIP.TimeoutSeconds
+	}
+	if len(sp.Ports) > 0 {
+		out.Spec.Ports = make([]ServicePort, len(sp.Ports))
+		for i, p := range sp.Ports {
+			out.Spec.Ports[i] = ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, NodePort: p.NodePort}
+		}
+	}
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IP != "" {
+			out.Status.LoadBalancer.Ingress = append(out.Status.LoadBalancer.Ingress, LoadBalancerIngress{IP: ing.IP, IPMode: ing.IPMode})
+		}
+	}
+	return out
+}
+
+// SliceOf returns what the agent reads of s (nil for nil). It shares s's
+// strings and leaves s unchanged.
+func SliceOf(s *discoveryv1.EndpointSlice) *EndpointSlice {
+	if s == nil {
+		return nil
+	}
+	out := &EndpointSlice{Namespace: s.Namespace, Name: s.Name, ResourceVersion: s.ResourceVersion,
+		Service: s.Labels[discoveryv1.LabelServiceName], AddressType: s.AddressType, Ports: s.Ports}
+	if v, ok := s.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			out.Triggered = t
+		}
+	}
+	if len(s.Endpoints) > 0 {
+		out.Endpoints = make([]Endpoint, len(s.Endpoints))
+	}
+	for i, e := range s.Endpoints {
+		c := e.Conditions
+		o := Endpoint{Addresses: e.Addresses, Ready: c.Ready == nil || *c.Ready, Serving: c.Serving == nil || *c.Serving,
+			Terminating: c.Terminating != nil && *c.Terminating, NodeName: buildDeref(e.NodeName), Zone: buildDeref(e.Zone)}
+		if len(o.Addresses) > 1 {
+			o.Addresses = []string{o.Addresses[0]} // not the others' array
+		}
+		if h := e.Hints; h != nil && (len(h.ForNodes) > 0 || len(h.ForZones) > 0) {
+			o.Hints = &EndpointHints{}
+			for _, n := range h.ForNodes {
+				o.Hints.ForNodes = append(o.Hints.ForNodes, n.Name)
+			}
+			for _, z := range h.ForZones {
+				o.Hints.ForZones = append(o.Hints.ForZones, z.Name)
+			}
+		}
+		out.Endpoints[i] = o
+	}
+	return out
+}
+
+// SlicesOf returns SliceOf of each slice.
+func SlicesOf(in []*discoveryv1.EndpointSlice) []*EndpointSlice {
+	if in == nil {
+		return nil
+	}
+	out := make([]*EndpointSlice, len(in))
+	for i, s := range in {
+		out[i] = SliceOf(s)
+	}
+	return out
+}
