@@ -36,6 +36,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -388,6 +389,9 @@ func waitContainerd(ctx context.Context, n *Node) error {
 // bootNode starts n's VM and makes it a node (containerd, images,
 // kubelet, CNI), returning once the Node is Ready.
 func (c *Cluster) bootNode(ctx context.Context, n *Node, opts vm.Options) error {
+	// The VM's host name is the Node's name, as on a real node (upstream
+	// tests compare a host-network pod's hostname with its node's name).
+	opts.KernelArgs = append(slices.Clone(opts.KernelArgs), "vm.hostname="+n.Name)
 	v, err := vm.Start(ctx, opts)
 	if err != nil {
 		return err

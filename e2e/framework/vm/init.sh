@@ -30,7 +30,14 @@ if ! modprobe -a $(cat /etc/vm/modules) 2>/dev/null; then
 fi
 echo "vm-init: modules loaded, uptime $(uptime)s"
 
-hostname ipvs-proxy-vm
+# the host name: vm.hostname= on the kernel command line (a cluster names
+# each node's VM after its Node: upstream tests compare a host-network
+# pod's hostname with its node's name), else ipvs-proxy-vm
+name=ipvs-proxy-vm
+for arg in $(cat /proc/cmdline); do
+	case "$arg" in vm.hostname=?*) name=${arg#vm.hostname=} ;; esac
+done
+hostname "$name" || fail "hostname $name"
 ip link set lo up || fail "lo up"
 # QEMU user networking, restrict=on. No default route on purpose: only the
 # host's forwards (agent, apiserver at 10.0.2.100) are reachable.
