@@ -18,8 +18,10 @@ import (
 // A key holds every field of an entry that some set type accepts. Of an
 // entry that none accepts it keeps the fault, not the value: a zone comes
 // back as the zone "?", and Net beside Addr2 (no type holds both) comes
-// back as a prefix of Addr2's address. Such a key's Entry is as invalid as
-// the entry it was made from, so Type.Check still refuses it.
+// back as a valid prefix of Addr2's address. Such a key's Entry is as
+// invalid as the entry it was made from, so Type.Check still refuses it.
+// (A Net that is not a valid prefix counts as none, in a key as in
+// Type.Check.)
 type Key struct {
 	a, b  [16]byte // Addr; Addr2, or else Net's address
 	port  uint16
@@ -50,7 +52,10 @@ func (e Entry) Key() Key {
 			k.flags |= keyA4
 		}
 	}
-	b := e.Net.Addr()
+	var b netip.Addr
+	if e.Net.IsValid() {
+		b = e.Net.Addr()
+	}
 	if e.Addr2.IsValid() {
 		b = e.Addr2
 		k.flags |= keyAddr2
@@ -86,7 +91,10 @@ func (k Key) Entry() Entry {
 		e.Addr2 = b
 	}
 	if k.flags&keyNet != 0 {
-		e.Net = netip.PrefixFrom(b, int(k.bits))
+		// Beside Addr2 the prefix is Addr2's address: with bits of
+		// another family it would be invalid, and the entry would lose
+		// its fault.
+		e.Net = netip.PrefixFrom(b, min(int(k.bits), b.BitLen()))
 	}
 	if k.flags&keyZone != 0 {
 		switch {

@@ -69,6 +69,8 @@ func TestKey(t *testing.T) {
 		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: b4, Proto: model.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("10.0.0.0/8")}},
 		{ipset.HashIPPortNet, ipset.IPv4, ipset.Entry{Addr: b4, Proto: model.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("10.0.0.0/8")}},
 		{ipset.HashIP, ipset.IPv4, mapped},
+		// Net of the other family beside Addr2.
+		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: b4, Proto: model.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("fd00::/64")}},
 	}
 	for _, tc := range invalid {
 		if err := tc.typ.Check(tc.fam, tc.e); err == nil {
@@ -77,6 +79,13 @@ func TestKey(t *testing.T) {
 		if err := tc.typ.Check(tc.fam, tc.e.Key().Entry()); err == nil {
 			t.Errorf("%s %s: %s is refused, its key's entry %s is not", tc.typ, tc.fam, tc.e, tc.e.Key().Entry())
 		}
+	}
+
+	// A Net that is no valid prefix is none, as Type.Check reads it: the
+	// key equals that of the entry without it.
+	bad := ipset.Entry{Addr: a4, Proto: model.TCP, Port: 80, Net: netip.PrefixFrom(a4, 99)}
+	if bad.Key() != (ipset.Entry{Addr: a4, Proto: model.TCP, Port: 80}).Key() {
+		t.Errorf("%s: an invalid Net is kept in the key", bad)
 	}
 
 	if n := unsafe.Sizeof(ipset.Key{}); n != 38 {

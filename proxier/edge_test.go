@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
@@ -157,4 +159,47 @@ func newEdgeProxier(ipvs *fake.IPVS, links *fake.Links, syncPeriod time.Duration
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: syncPeriod,
 		AdoptInterface: adopt},
 		nil, ipvs, links, nil, nil, zap.NewNop())
+}
+
+// TestTombstones: a deletion the informer missed comes as a tombstone,
+// with the last object the cache held or only its key; either way the
+// Service's and the slice's virtual servers go, and the other Service's
+// stay.
+func TestTombstones(t *testing.T) {
+	for _, withObj := range []bool{true, false} {
+		t.Run(fmt.Sprintf("object=%v", withObj), func(t *testing.T) {
+			ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+			p := newEdgeProxier(ipvs, links, time.Minute, "")
+			web, sl := testService("web", "10.96.0.10", "rr"), testSlice("web", "10.0.1.2")
+			p.onService(web, false)
+			p.onSlice(sl, false)
+			p.onService(testService("db", "10.96.0.11", "rr"), false)
+			p.onSlice(testSlice("db", "10.0.1.3"), false)
+			if err := p.SyncOnce(true); err != nil {
+				t.Fatal(err)
+			}
+			tomb := func(key string, obj any) cache.DeletedFinalStateUnknown {
+				if !withObj {
+					obj = nil
+				}
+				return cache.DeletedFinalStateUnknown{Key: key, Obj: obj}
+			}
+			p.onSlice(tomb(sl.Namespace+"/"+sl.Name, model.SliceOf(sl)), true)
+			if err := p.SyncOnce(false); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"10.96.0.10:80/TCP rr", "10.96.0.11:80/TCP rr", "  -> 10.0.1.3:8080 w=1"}
+			if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
+				t.Errorf("after the slice's tombstone (-want +got):\n%s", diff)
+			}
+			p.onService(tomb(web.Namespace+"/"+web.Name, model.ServiceOf(web)), true)
+			if err := p.SyncOnce(false); err != nil {
+				t.Fatal(err)
+			}
+			want = []string{"10.96.0.11:80/TCP rr", "  -> 10.0.1.3:8080 w=1"}
+			if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
+				t.Errorf("after the Service's tombstone (-want +got):\n%s", diff)
+			}
+		})
+	}
 }

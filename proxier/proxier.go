@@ -305,9 +305,14 @@ func changeTime(s *model.EndpointSlice, now time.Time) time.Time {
 }
 
 // serviceName is the Service an informer delivered (model.Compact made
-// it, or makes it here; a tombstone holds the last one the cache had).
+// it, or makes it here; a tombstone holds the last one the cache had, or
+// only its key).
 func serviceName(obj any) (*model.Service, bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		if d.Obj == nil {
+			ns, name, err := cache.SplitMetaNamespaceKey(d.Key)
+			return &model.Service{Namespace: ns, Name: name}, err == nil && name != ""
+		}
 		obj = d.Obj
 	}
 	obj, _ = model.Compact(obj)
@@ -345,6 +350,9 @@ func (p *Proxier) onService(obj any, deleted bool) {
 
 func (p *Proxier) onSlice(obj any, deleted bool) {
 	s, name, ok := sliceOf(obj)
+	if d, tomb := obj.(cache.DeletedFinalStateUnknown); tomb && d.Obj == nil {
+		s, name, ok = p.sliceByKey(d.Key)
+	}
 	if !ok {
 		return
 	}
@@ -361,6 +369,28 @@ func (p *Proxier) onSlice(obj any, deleted bool) {
 	}
 	p.mu.Unlock()
 	p.markDirty(name, changeTime(s, p.clock.Now()))
+}
+
+// sliceByKey finds a slice the agent holds by its informer key
+// (namespace/name): a tombstone may carry only that.
+func (p *Proxier) sliceByKey(key string) (*model.EndpointSlice, types.NamespacedName, bool) {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil, types.NamespacedName{}, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for svc, have := range p.slices {
+		if svc.Namespace != ns {
+			continue
+		}
+		for _, s := range have {
+			if s.Name == name {
+				return s, svc, true
+			}
+		}
+	}
+	return nil, types.NamespacedName{}, false
 }
 
 // sliceHandler is handler(p.onSlice), except that a slice whose

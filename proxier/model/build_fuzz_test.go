@@ -294,7 +294,7 @@ func FuzzBuild(f *testing.F) {
 		w := parseFuzzWorld(in)
 		svcBefore, slicesBefore := w.svc.DeepCopy(), deepCopySlices(w.slices)
 
-		plan := build(w.svc, w.slices, w.node, w.cfg)
+		plan := buildUnchanged(t, w.svc, w.slices, w.node, w.cfg)
 		checkFuzzPlan(t, &w, w.svc, &plan)
 
 		if !reflect.DeepEqual(w.svc, svcBefore) || !reflect.DeepEqual(w.slices, slicesBefore) {

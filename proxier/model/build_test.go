@@ -865,7 +865,7 @@ func TestBuild(t *testing.T) {
 				cfg = *tc.cfg
 			}
 			svcBefore, slicesBefore := tc.svc.DeepCopy(), deepCopySlices(tc.slices)
-			got := build(tc.svc, tc.slices, node, cfg)
+			got := buildUnchanged(t, tc.svc, tc.slices, node, cfg)
 			if !reflect.DeepEqual(svcBefore, tc.svc) || !reflect.DeepEqual(slicesBefore, tc.slices) {
 				t.Error("Build modified its input")
 			}
@@ -888,6 +888,21 @@ func TestBuild(t *testing.T) {
 // (model.ServiceOf, model.SlicesOf); the objects are left unchanged.
 func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node model.NodeInfo, cfg model.BuildConfig) model.ServicePlan {
 	return model.Build(model.ServiceOf(svc), model.SlicesOf(slices), node, cfg)
+}
+
+// buildUnchanged is build, checking that Build leaves the compact objects
+// (those the informers' caches hold) as they were.
+func buildUnchanged(t testing.TB, svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node model.NodeInfo, cfg model.BuildConfig) model.ServicePlan {
+	t.Helper()
+	s, in := model.ServiceOf(svc), model.SlicesOf(slices)
+	plan := model.Build(s, in, node, cfg)
+	if diff := cmp.Diff(model.ServiceOf(svc), s); diff != "" {
+		t.Errorf("Build changed the Service (-before +after):\n%s", diff)
+	}
+	if diff := cmp.Diff(model.SlicesOf(slices), in); diff != "" {
+		t.Errorf("Build changed the EndpointSlices (-before +after):\n%s", diff)
+	}
+	return plan
 }
 
 func deepCopySlices(in []*discoveryv1.EndpointSlice) []*discoveryv1.EndpointSlice {

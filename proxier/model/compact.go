@@ -15,7 +15,12 @@ import (
 // target references) the collector then frees. A Node is trimmed in place
 // to its identity, zone label and taints (its status, with the image list,
 // can be kilobytes). Objects already compact, tombstones and other types
-// pass unchanged, so Compact may run twice.
+// pass unchanged, so Compact may run twice (a watch-list runs it twice).
+//
+// The compact types are not runtime.Objects: client-go keys and versions
+// them through GetObjectMeta, which is all its informers ask; its
+// watch-list consistency detector (KUBE_WATCHLIST_INCONSISTENCY_DETECTOR,
+// a switch for client-go's own CI) would not accept them.
 func Compact(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
