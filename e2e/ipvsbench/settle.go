@@ -147,18 +147,8 @@ func check(k netlinkutil.IPVS, links netlinkutil.Links, want []Service, iface, s
 			return fmt.Errorf("virtual server %s:%d has real servers %v, want %v", s.VIP, s.Port, got, w)
 		}
 	}
-	addrs, err := links.ListAddresses(iface)
-	if err != nil {
+	if err := held(links, iface, want); err != nil {
 		return err
-	}
-	bound := map[netip.Addr]bool{}
-	for _, a := range addrs {
-		bound[a] = true
-	}
-	for _, s := range want {
-		if !bound[netip.MustParseAddr(s.VIP)] {
-			return fmt.Errorf("%s is not on %s", s.VIP, iface)
-		}
 	}
 	out, err := exec.Command("ipset", "list", set).Output()
 	if err != nil {
@@ -180,6 +170,35 @@ func check(k netlinkutil.IPVS, links netlinkutil.Links, want []Service, iface, s
 	}
 	if !strings.Contains(string(out), "--match-set "+set+" dst,dst") {
 		return fmt.Errorf("no nat rule matches the set %s", set)
+	}
+	return nil
+}
+
+// held checks that every VIP is the node's own through iface: bound to
+// it, or in a range routed as local through it (ipvs-proxy's
+// --route-service-cidrs: one route for the whole Service range, no
+// address per clusterIP).
+func held(links netlinkutil.Links, iface string, want []Service) error {
+	addrs, err := links.ListAddresses(iface)
+	if err != nil {
+		return err
+	}
+	routes, err := links.ListLocalRoutes(iface)
+	if err != nil {
+		return err
+	}
+	bound := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		bound[a] = true
+	}
+	for _, s := range want {
+		a, err := netip.ParseAddr(s.VIP)
+		if err != nil {
+			return fmt.Errorf("VIP %q: %w", s.VIP, err)
+		}
+		if !bound[a] && !slices.ContainsFunc(routes, func(r netlinkutil.LocalRoute) bool { return r.Prefix.Contains(a) }) {
+			return fmt.Errorf("%s is neither on %s nor in a range routed through it", s.VIP, iface)
+		}
 	}
 	return nil
 }
