@@ -34,7 +34,11 @@ var kubeProxyOptions = kubeproxy.Options{MinSyncPeriod: 100 * time.Millisecond, 
 
 // The proxies compared, by the names -proxies takes.
 const (
-	ipvsProxy         = "ipvs-proxy"
+	ipvsProxy = "ipvs-proxy"
+	// ipvsProxyRouted is ipvs-proxy with its Service range routed as
+	// local through its interface (--route-service-cidrs): one route, no
+	// address per clusterIP.
+	ipvsProxyRouted   = "ipvs-proxy-routed"
 	kubeProxyIPVS     = "kube-proxy-ipvs"
 	kubeProxyNFTables = "kube-proxy-nftables"
 )
@@ -66,20 +70,18 @@ type proxyKind struct {
 	// kubeProxy: upstream's, whose every periodic sync is counted as one
 	// (kube-proxy's IPVS mode: all full; nftables mode: see printNotes).
 	kubeProxy bool
+	// ours: ipvs-proxy, whose log tells each sync's parts and which
+	// serves its heap profile.
+	ours bool
 	// start starts it; it may return before or after its first sync.
 	start func(ctx context.Context, b *bed.Bed) (running, error)
 }
 
 var proxyKinds = map[string]proxyKind{
 	ipvsProxy: {name: ipvsProxy, comm: "ipvs-proxy", dataplane: "ipvs", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
-		start: func(ctx context.Context, b *bed.Bed) (running, error) {
-			// --profiling: the bench saves its heap profile after the
-			// cold start (heapProfile).
-			if err := b.StartAgent(ctx, "--log-level", "info", "--profiling"); err != nil {
-				return nil, err
-			}
-			return agent{b}, nil
-		}},
+		ours: true, start: startAgent()},
+	ipvsProxyRouted: {name: ipvsProxyRouted, comm: "ipvs-proxy", dataplane: "ipvs", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
+		ours: true, start: startAgent("--route-service-cidrs", "--service-cidrs", benchServiceRange)},
 	kubeProxyIPVS: {name: kubeProxyIPVS, comm: "kube-proxy", dataplane: "ipvs", iface: kubeproxy.Interface, set: "KUBE-CLUSTER-IP",
 		kubeProxy: true,
 		start: func(ctx context.Context, b *bed.Bed) (running, error) {
@@ -96,6 +98,21 @@ var proxyKinds = map[string]proxyKind{
 			o.Log, o.Mode = logf, kubeproxy.ModeNFTables
 			return kubeproxy.Start(ctx, b, o)
 		}},
+}
+
+// benchServiceRange is the bed's IPv4 Service range, where every bench
+// Service's clusterIP is.
+const benchServiceRange = "10.96.0.0/16"
+
+// startAgent starts the bed's ipvs-proxy with extra flags. --profiling:
+// the bench saves its heap profile after the cold start (heapProfile).
+func startAgent(extra ...string) func(ctx context.Context, b *bed.Bed) (running, error) {
+	return func(ctx context.Context, b *bed.Bed) (running, error) {
+		if err := b.StartAgent(ctx, append([]string{"--log-level", "info", "--profiling"}, extra...)...); err != nil {
+			return nil, err
+		}
+		return agent{b}, nil
+	}
 }
 
 // agent is the bed's ipvs-proxy as a running proxy.
@@ -276,7 +293,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	}()
 	r.cold = cold
 	coldLines := 0
-	if p.name == ipvsProxy {
+	if p.ours {
 		r.coldSync = syncs(proc.Output())
 		// The first sync's parts, as soon as they are there.
 		lines := fullSyncLines(proc.Output())
@@ -284,7 +301,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 			logf("%s, %d Services, cold: %s", p.name, n, l)
 		}
 		coldLines = len(lines)
-		if path, err := bn.heapProfile(ctx, n); err != nil {
+		if path, err := bn.heapProfile(ctx, p.name, n); err != nil {
 			logf("%s, %d Services: no heap profile: %v", p.name, n, err)
 		} else {
 			logf("%s, %d Services: heap profile after the cold start: go tool pprof -sample_index=inuse_space %s", p.name, n, path)
@@ -365,7 +382,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	for kind := range before {
 		r.restartDiff[kind] = diffCount(before[kind], after[kind])
 	}
-	if p.name == ipvsProxy {
+	if p.ours {
 		if s := syncs(proc.Output()); len(s) > 0 {
 			r.restartWrites = s[0].writes
 		}
@@ -378,7 +395,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 		"-during-sync-of", p.comm}, changeArgs...)); err != nil {
 		return r, err
 	}
-	if p.name == ipvsProxy {
+	if p.ours {
 		// Where the full syncs' time went: the proxy's own account.
 		for _, l := range fullSyncLines(proc.Output())[coldLines:] {
 			logf("%s, %d Services: %s", p.name, n, l)
@@ -620,9 +637,9 @@ func tailLines(s string, n int) string {
 
 // heapProfile saves ipvs-proxy's heap profile (its --profiling endpoint on
 // the VM's 127.0.0.1:10249, reached through the VM agent's dial) to
-// bin/bench/heap-ipvs-proxy-<n>.pb.gz: what it keeps once idle
+// bin/bench/heap-<proxy>-<n>.pb.gz: what it keeps once idle
 // (inuse_space) and what its start allocated (alloc_space).
-func (bn *bench) heapProfile(ctx context.Context, n int) (string, error) {
+func (bn *bench) heapProfile(ctx context.Context, proxy string, n int) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -647,6 +664,6 @@ func (bn *bench) heapProfile(ctx context.Context, n int) (string, error) {
 	if err := os.MkdirAll("bin/bench", 0o755); err != nil {
 		return "", err
 	}
-	path := fmt.Sprintf("bin/bench/heap-ipvs-proxy-%d.pb.gz", n)
+	path := fmt.Sprintf("bin/bench/heap-%s-%d.pb.gz", proxy, n)
 	return path, os.WriteFile(path, body, 0o644)
 }
