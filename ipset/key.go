@@ -137,12 +137,3 @@ func (k Key) Compare(o Key) int {
 	}
 	return cmp.Compare(k.flags, o.flags)
 }
-
-// Keys returns the entries as keys.
-func Keys(es ...Entry) []Key {
-	out := make([]Key, len(es))
-	for i, e := range es {
-		out[i] = e.Key()
-	}
-	return out
-}

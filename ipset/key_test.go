@@ -101,7 +101,7 @@ func TestKey(t *testing.T) {
 
 // TestKeysCompare: Compare is a total order that agrees with ==.
 func TestKeysCompare(t *testing.T) {
-	ks := ipset.Keys(
+	ks := keys(
 		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.2"), Proto: model.TCP, Port: 80},
 		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: model.TCP, Port: 80},
 		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: model.UDP, Port: 80},

@@ -23,6 +23,14 @@ func ep(ip string, port uint16) ipset.Entry {
 
 func contents(es ...ipset.Entry) ipset.Contents { return ipset.ContentsOf(es...) }
 
+func keys(es ...ipset.Entry) []ipset.Key {
+	out := make([]ipset.Key, len(es))
+	for i, e := range es {
+		out[i] = e.Key()
+	}
+	return out
+}
+
 func sync(t *testing.T, s *ipset.Syncer, want ipset.Contents, reread bool) ipset.Stats {
 	t.Helper()
 	st, err := s.Sync(spec, want, reread)
@@ -343,7 +351,7 @@ func TestSyncerChanged(t *testing.T) {
 	s := ipset.NewSyncer(f)
 	changed := func(want ipset.Contents, es ...ipset.Entry) ipset.Stats {
 		t.Helper()
-		st, err := s.SyncChanged(spec, want, ipset.Keys(es...))
+		st, err := s.SyncChanged(spec, want, keys(es...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,7 +398,7 @@ func TestSyncerSyncRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Meanwhile: c added, b deleted.
-	if _, err := s.SyncChanged(spec, contents(a, c), ipset.Keys(b, c)); err != nil {
+	if _, err := s.SyncChanged(spec, contents(a, c), keys(b, c)); err != nil {
 		t.Fatal(err)
 	}
 	_ = f.Add(spec.Name, d) // more drift, after the read: for the next one

@@ -101,26 +101,16 @@ type EndpointHints struct {
 	ForNodes, ForZones []string
 }
 
-// objectMeta is the metadata the informer's store reads (its key and the
-// resource version); it is made when asked, not kept.
-type objectMeta struct {
-	namespace, name, rv string
-	uid                 types.UID
-}
-
-func (m objectMeta) get() metav1.Object {
-	return &metav1.ObjectMeta{Namespace: m.namespace, Name: m.name, ResourceVersion: m.rv, UID: m.uid}
-}
-
 // GetObjectMeta makes the Service usable in an informer's store
-// (metav1.ObjectMetaAccessor).
+// (metav1.ObjectMetaAccessor: its key and resource version); the metadata
+// is made when asked, not kept.
 func (s *Service) GetObjectMeta() metav1.Object {
-	return objectMeta{s.Namespace, s.Name, s.ResourceVersion, s.UID}.get()
+	return &metav1.ObjectMeta{Namespace: s.Namespace, Name: s.Name, ResourceVersion: s.ResourceVersion, UID: s.UID}
 }
 
 // GetObjectMeta makes the slice usable in an informer's store.
 func (s *EndpointSlice) GetObjectMeta() metav1.Object {
-	return objectMeta{s.Namespace, s.Name, s.ResourceVersion, ""}.get()
+	return &metav1.ObjectMeta{Namespace: s.Namespace, Name: s.Name, ResourceVersion: s.ResourceVersion}
 }
 
 // Ref is the Service's object reference, for Events.
