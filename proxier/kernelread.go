@@ -102,6 +102,11 @@ type rawKernel struct {
 	vss                  []model.VirtualServer
 	bound, adopted, node []netip.Addr
 	routes               []netip.Prefix // Service ranges routed through the interface
+	// kubeProxy: the addresses on kube-proxy's interface when it is not
+	// adopted and a range is routed. A virtual server in a routed range
+	// on one of them is kube-proxy's, left for a takeover or `cleanup
+	// --kube-proxy`.
+	kubeProxy []netip.Addr
 }
 
 // readRaw makes ReadKernel's reads. It uses no state of a Reconciler, so
@@ -134,6 +139,10 @@ func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership
 		if raw.adopted, err = addresses(own.Adopt); err != nil {
 			return raw, reads, err
 		}
+	} else if len(raw.routes) > 0 && own.Interface != netlinkutil.KubeProxyInterface {
+		if raw.kubeProxy, err = addresses(netlinkutil.KubeProxyInterface); err != nil {
+			return raw, reads, err
+		}
 	}
 	reads++
 	if raw.node, err = links.NodeAddresses(netlinkutil.ProxyInterfaces(own.Interface)...); err != nil {
@@ -161,7 +170,14 @@ func (raw rawKernel) view(own model.Ownership, wanted func(model.VSKey) bool) (*
 	for _, a := range raw.node {
 		node[a] = true
 	}
-	routed := func(a netip.Addr) bool { return model.InRanges(raw.routes, a) }
+	elsewhere := map[netip.Addr]bool{}
+	for _, a := range raw.kubeProxy {
+		elsewhere[a] = true
+	}
+	// An address of a routed range is ours unless it is configured on
+	// another interface: one of the node's (its virtual servers are ours
+	// as node ports only) or kube-proxy's dummy (they are kube-proxy's).
+	routed := func(a netip.Addr) bool { return model.InRanges(raw.routes, a) && !node[a] && !elsewhere[a] }
 	mine := make([]model.VirtualServer, 0, len(raw.vss))
 	for _, vs := range raw.vss {
 		if own.Owns(vs.VSKey, owned[vs.Address] || routed(vs.Address), node[vs.Address]) || wanted(vs.VSKey) {

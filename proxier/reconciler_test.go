@@ -971,6 +971,34 @@ func TestReconcilerRoutes(t *testing.T) {
 		callsDiff(t, "ipvs writes, back", nil, ipvs.Writes())
 	})
 
+	// A virtual server in the range on an address configured elsewhere is
+	// not the agent's: kube-proxy's on kube-ipvs0 (no takeover) stays for
+	// `cleanup --kube-proxy`, one on a node address is a node port or
+	// nobody's; one on an address configured nowhere is the agent's.
+	t.Run("kube-proxy's and the node's addresses in the range", func(t *testing.T) {
+		ipvs, links := fake.NewIPVS(), fake.NewLinks(node, netip.MustParseAddr("10.96.0.40"))
+		r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+		for _, err := range []error{
+			links.EnsureDummy(netlinkutil.KubeProxyInterface),
+			links.AddAddress(netlinkutil.KubeProxyInterface, netip.MustParseAddr("10.96.0.20")),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.SetRoutes([]netip.Prefix{rng})
+		r.SetPlan(svcA, routedPlan(svcA, vs))
+		mustSync(t, r, false)
+		for _, v := range []string{"10.96.0.20:443", "10.96.0.40:8443", "10.96.0.30:80"} {
+			if err := ipvs.AddVirtualServer(modeltest.VS(model.KindClusterIP, v, "rr").VirtualServer); err != nil {
+				t.Fatal(err)
+			}
+		}
+		resetCalls(ipvs, links)
+		mustSync(t, r, true) // reads the kernel again
+		callsDiff(t, "ipvs writes", []string{"DeleteVirtualServer 10.96.0.30:80/TCP"}, ipvs.Writes())
+	})
+
 	t.Run("a failed route", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
 		ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
