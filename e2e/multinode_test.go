@@ -64,7 +64,9 @@ var (
 //     terminates; then, while node-2's only endpoint terminates, node-2's
 //     health check says 503 and its node port is still answered by it;
 //   - ARP on the segment for the LoadBalancer IP: every node answers
-//     without strict ARP (as shipped), none with it (no announcer runs);
+//     without strict ARP (as shipped), none with it (no announcer runs),
+//     nor for the addresses of the Service range, routed as local
+//     through the agent's interface as shipped;
 //   - with the agents told the pods' bridge (detectLocalMode
 //     BridgeInterface), a pod on node-1 reaches that Local Service's
 //     externalIP and LoadBalancer IP (in-cluster traffic is not
@@ -330,7 +332,20 @@ func TestTwoNodes(t *testing.T) {
 		}
 	})
 	t.Run("ARP with strict ARP: no node answers for Service addresses", func(t *testing.T) {
-		for _, ip := range []string{twoNodeLBIP, twoNodeExternalIP, clusterIP.Spec.ClusterIP} {
+		// As shipped, the Service range is one local route through the
+		// agent's interface on each node, no clusterIP bound: the
+		// clusterIP and an address of the range that is no Service's
+		// are local yet configured on no interface.
+		for _, n := range c.Nodes {
+			out, err := n.VM.RunOK(ctx, "ip", "-4", "route", "show", "table", "local", "dev", proxyIface)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "local "+cluster.ServiceCIDR+" ") {
+				t.Errorf("%s: local routes through %s:\n%s\nwant %s (routeServiceCIDRs: true, as shipped)", n.Name, proxyIface, out, cluster.ServiceCIDR)
+			}
+		}
+		for _, ip := range []string{twoNodeLBIP, twoNodeExternalIP, clusterIP.Spec.ClusterIP, "10.96.255.254"} {
 			if got := arpAnswers(ctx, t, c, ip); len(got) != 0 {
 				t.Errorf("ARP answers for %s on the segment (strictARP: true): from %v; want none (no announcer runs)", ip, got)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"slices"
 	"sort"
@@ -141,6 +142,46 @@ func (e env) vipsBound(t *testing.T) string {
 		t.Fatalf("ip addr: %v", err)
 	}
 	return out
+}
+
+// routedRanges returns the local routes of prefixes through the proxy's
+// interface ("local 10.96.0.0/16 proto 120 scope host"); its bound
+// addresses' routes are single addresses. The VM's busybox ip ignores a
+// "proto" filter.
+func (e env) routedRanges(t *testing.T) []string {
+	t.Helper()
+	out, err := e.VM.RunOK(context.Background(), "ip", "-4", "route", "show", "table", "local", "dev", proxyIface)
+	if err != nil {
+		t.Fatalf("ip route: %v", err)
+	}
+	var ranges []string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "local" && strings.Contains(f[1], "/") {
+			ranges = append(ranges, strings.Join(f, " "))
+		}
+	}
+	return ranges
+}
+
+// expectRouted fails t unless the IPv4 clusterIP ip is held as the
+// default holds it: inside a Service range routed as local through the
+// proxy's interface, and not bound to it.
+func (e env) expectRouted(t *testing.T, ip string) {
+	t.Helper()
+	a := netip.MustParseAddr(ip)
+	ranges := e.routedRanges(t)
+	in := false
+	for _, r := range ranges {
+		if p, err := netip.ParsePrefix(strings.Fields(r)[1]); err == nil && p.Contains(a) {
+			in = true
+		}
+	}
+	if !in {
+		t.Errorf("clusterIP %s is in no range routed through %s: %q", ip, proxyIface, ranges)
+	}
+	if b := e.vipsBound(t); strings.Contains(b, " "+ip+"/32") {
+		t.Errorf("clusterIP %s is bound to %s although its range is routed:\n%s", ip, proxyIface, b)
+	}
 }
 
 // expectEvent waits for a Warning Event from ipvs-proxy on svc whose

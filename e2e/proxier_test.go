@@ -32,9 +32,7 @@ func TestClusterIPMultiPortTCPAndUDP(t *testing.T) {
 	}, nil)
 	e.expectBackends(t, "tcp", hostPort(ip, 80), names(bes))
 	e.expectBackends(t, "udp", hostPort(ip, 53), names(bes))
-	if !strings.Contains(e.vipsBound(t), ip+"/32") {
-		t.Errorf("clusterIP %s is not bound to %s:\n%s", ip, proxyIface, e.vipsBound(t))
-	}
+	e.expectRouted(t, ip)
 }
 
 // TestNodePortExternalIPAndLoadBalancer: the external addresses of a
@@ -203,7 +201,8 @@ func TestSchedulerModuleMissing(t *testing.T) {
 }
 
 // TestScaleEndpointsAndDelete: endpoints added and removed show in
-// traffic; a deleted Service leaves the kernel and its VIP the interface.
+// traffic; a deleted Service leaves the kernel, and its address, still in
+// the routed Service range, refuses connections at once.
 func TestScaleEndpointsAndDelete(t *testing.T) {
 	e := setup(t)
 	ns := e.namespace(t)
@@ -240,12 +239,13 @@ func TestScaleEndpointsAndDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.expectTable(t, nil, []string{addr})
-	eventually(t, 30*time.Second, func() error {
-		if b := e.vipsBound(t); strings.Contains(b, svc.Spec.ClusterIP+"/32") {
-			return fmt.Errorf("VIP %s still bound:\n%s", svc.Spec.ClusterIP, b)
-		}
-		return nil
-	})
+	// Its address stays in the routed range, which refuses it at once
+	// like any other address of the range that is no Service's.
+	e.expectRouted(t, svc.Spec.ClusterIP)
+	start := time.Now()
+	if res = e.hit(t, "tcp", addr, 2); len(res.Answers) != 0 || res.ErrorCount("refused") != 2 || time.Since(start) > 3*time.Second {
+		t.Errorf("deleted Service's %s: answers %v errors %v in %s; want two refusals at once", addr, res.Answers, res.Errors, time.Since(start))
+	}
 }
 
 // TestTerminatingEndpointDrains: an endpoint whose pod is terminating but

@@ -13,16 +13,18 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 )
 
-// TestServiceRangesRouted: under --route-service-cidrs the agent routes
-// the bed's IPv4 Service range (from the apiserver's ServiceCIDR object,
-// 10.96.0.0/16) as local through its interface and binds no IPv4
+// TestServiceRangesRouted: by default (--route-service-cidrs) the agent
+// routes the bed's IPv4 Service range (from the apiserver's ServiceCIDR
+// object, 10.96.0.0/16) as local through its interface and binds no IPv4
 // clusterIP, while the IPv6 clusterIP is bound as before. Every client
 // still reaches the Service and is seen as before (masqueraded from
 // outside the cluster CIDR, its own address from inside, the node's
 // own connections masqueraded); an address of the range that is no
 // Service's does not reach a host listener (refused at once); status sees
-// no drift; and the agent's restart in the default mode binds the address
-// again and deletes the route, the virtual server kept.
+// no drift. The agent's restart with --route-service-cidrs=false binds
+// the address and deletes the route, and back in the default mode the
+// route returns and the address goes, the virtual server kept and
+// answering throughout.
 func TestServiceRangesRouted(t *testing.T) {
 	e := setup(t)
 	e.logGlueState(t)
@@ -34,32 +36,11 @@ func TestServiceRangesRouted(t *testing.T) {
 	ip4, _, _ := strings.Cut(v4, ":")
 	ip6 := strings.TrimPrefix(strings.Split(v6, "]")[0], "[")
 
-	args := append(append([]string(nil), agentArgs...), "--route-service-cidrs")
+	args := append([]string(nil), agentArgs...)
 	p := e.runAgentWith(t, args)
-	// The local routes of prefixes through the interface (its bound
-	// addresses' routes are single addresses; the VM's busybox ip
-	// ignores a "proto" filter).
-	routes := func() string {
-		out, err := e.VM.RunOK(ctx, "ip", "-4", "route", "show", "table", "local", "dev", bed.Interface)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ranges []string
-		for _, l := range strings.Split(out, "\n") {
-			if f := strings.Fields(l); len(f) > 1 && f[0] == "local" && strings.Contains(f[1], "/") {
-				ranges = append(ranges, strings.Join(f, " "))
-			}
-		}
-		return strings.Join(ranges, "; ")
-	}
-	bound := func() string {
-		out, err := e.VM.RunOK(ctx, "ip", "addr", "show", "dev", bed.Interface)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	eventually(t, 30*time.Second, func() error {
+	routes := func() string { return strings.Join(e.routedRanges(t), "; ") }
+	bound := func() string { return e.vipsBound(t) }
+	routed := func() error {
 		if r := routes(); !strings.HasPrefix(r, "local 10.96.0.0/16 ") || strings.Contains(r, ";") {
 			return fmt.Errorf("local routes of prefixes through %s: %q, want 10.96.0.0/16 alone", bed.Interface, r)
 		}
@@ -67,7 +48,8 @@ func TestServiceRangesRouted(t *testing.T) {
 			return fmt.Errorf("%s holds\n%s\nwant %s (IPv6) and not %s (IPv4, routed)", bed.Interface, b, ip6, ip4)
 		}
 		return nil
-	})
+	}
+	eventually(t, 30*time.Second, routed)
 	if !strings.Contains(p.Output(), "Service ranges routed as local") {
 		t.Errorf("the agent does not log the ranges it routes")
 	}
@@ -114,22 +96,30 @@ func TestServiceRangesRouted(t *testing.T) {
 		t.Errorf("status under routed ranges: drift known %v, drift %+v; want none", st.DriftKnown, st.Drift)
 	}
 
-	// Back to one address per clusterIP: bound again, the route gone, the
-	// Service still answering.
+	// One address per clusterIP (--route-service-cidrs=false): bound,
+	// the route gone, the Service still answering.
 	if err := p.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	// Not runAgentWith again: its cleanup, which starts the bed's agent,
 	// must run once.
-	e.startAgentProc(t, agentArgs)
+	b := e.startAgentProc(t, append(append([]string(nil), agentArgs...), "--route-service-cidrs=false"))
 	eventually(t, 30*time.Second, func() error {
 		if r := routes(); r != "" {
 			return fmt.Errorf("local routes of prefixes through %s left: %q", bed.Interface, r)
 		}
 		if b := bound(); !strings.Contains(b, " "+ip4+"/32") {
-			return fmt.Errorf("%s holds\n%s\nwant %s bound again", bed.Interface, b, ip4)
+			return fmt.Errorf("%s holds\n%s\nwant %s bound", bed.Interface, b, ip4)
 		}
 		return nil
 	})
+	e.expectClients(t, bed.ClientNetns, v4, gateway(bes[0]))
+
+	// And back to the default: the route first, then the address goes.
+	if err := b.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.startAgentProc(t, args)
+	eventually(t, 30*time.Second, routed)
 	e.expectClients(t, bed.ClientNetns, v4, gateway(bes[0]))
 }

@@ -65,7 +65,7 @@ type config struct {
 
 func main() {
 	var c config
-	all := ipvsProxy + "," + ipvsProxyRouted + "," + kubeProxyIPVS + "," + kubeProxyNFTables
+	all := ipvsProxy + "," + ipvsProxyBound + "," + kubeProxyIPVS + "," + kubeProxyNFTables
 	proxies := flag.String("proxies", all, "proxies to run, in this order, among "+all)
 	shapes := flag.String("shapes", "1000x2,10000x2,2000x50,5000x50",
 		"Services × endpoints each (N alone: N×2), in order; runs of the same endpoints ascending")

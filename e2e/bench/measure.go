@@ -35,10 +35,11 @@ var kubeProxyOptions = kubeproxy.Options{MinSyncPeriod: 100 * time.Millisecond, 
 // The proxies compared, by the names -proxies takes.
 const (
 	ipvsProxy = "ipvs-proxy"
-	// ipvsProxyRouted is ipvs-proxy with its Service range routed as
-	// local through its interface (--route-service-cidrs): one route, no
-	// address per clusterIP.
-	ipvsProxyRouted   = "ipvs-proxy-routed"
+	// ipvsProxyBound is ipvs-proxy binding one address per clusterIP
+	// to its interface (--route-service-cidrs=false), as kube-proxy's
+	// IPVS mode does; ipvs-proxy routes the Service range of the
+	// cluster's ServiceCIDR as local through it (the default).
+	ipvsProxyBound    = "ipvs-proxy-bound"
 	kubeProxyIPVS     = "kube-proxy-ipvs"
 	kubeProxyNFTables = "kube-proxy-nftables"
 )
@@ -80,8 +81,8 @@ type proxyKind struct {
 var proxyKinds = map[string]proxyKind{
 	ipvsProxy: {name: ipvsProxy, comm: "ipvs-proxy", dataplane: "ipvs", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
 		ours: true, start: startAgent()},
-	ipvsProxyRouted: {name: ipvsProxyRouted, comm: "ipvs-proxy", dataplane: "ipvs", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
-		ours: true, start: startAgent("--route-service-cidrs", "--service-cidrs", benchServiceRange)},
+	ipvsProxyBound: {name: ipvsProxyBound, comm: "ipvs-proxy", dataplane: "ipvs", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
+		ours: true, start: startAgent("--route-service-cidrs=false")},
 	kubeProxyIPVS: {name: kubeProxyIPVS, comm: "kube-proxy", dataplane: "ipvs", iface: kubeproxy.Interface, set: "KUBE-CLUSTER-IP",
 		kubeProxy: true,
 		start: func(ctx context.Context, b *bed.Bed) (running, error) {
@@ -99,10 +100,6 @@ var proxyKinds = map[string]proxyKind{
 			return kubeproxy.Start(ctx, b, o)
 		}},
 }
-
-// benchServiceRange is the bed's IPv4 Service range, where every bench
-// Service's clusterIP is.
-const benchServiceRange = "10.96.0.0/16"
 
 // startAgent starts the bed's ipvs-proxy with extra flags. --profiling:
 // the bench saves its heap profile after the cold start (heapProfile).

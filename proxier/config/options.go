@@ -80,10 +80,13 @@ func DefaultOptions() Options {
 		Scheduler:     scheduler.Default,
 		NodePortRange: "30000-32767",
 		IPFamilies:    []string{"IPv4", "IPv6"},
-		MinSyncPeriod: time.Second,
-		SyncPeriod:    30 * time.Second,
-		LogLevel:      "info",
-		LogFormat:     "json",
+		// One local route per IPv4 Service range, not one address per
+		// clusterIP (proxier/README.md, "Service ranges as local routes").
+		RouteServiceCIDRs: true,
+		MinSyncPeriod:     time.Second,
+		SyncPeriod:        30 * time.Second,
+		LogLevel:          "info",
+		LogFormat:         "json",
 
 		ConntrackMaxPerCore:            sysctls.DefaultConntrack.MaxPerCore,
 		ConntrackMin:                   sysctls.DefaultConntrack.Min,
@@ -108,7 +111,7 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.TakeoverKubeProxy, "takeover-kube-proxy", o.TakeoverKubeProxy, "Take the node over from a stopped kube-proxy in IPVS mode, in place: adopt the virtual servers on kube-ipvs0's addresses (kept as they are when wanted), then, once the node is fully programmed, remove kube-proxy's KUBE-* chains and sets and kube-ipvs0. Harmless where kube-proxy left nothing; never while kube-proxy runs.")
 	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers ipvs-proxy never touches.")
 	fs.StringSliceVar(&o.IPFamilies, "ip-families", o.IPFamilies, "IP families to program: IPv4, IPv6 or both.")
-	fs.BoolVar(&o.RouteServiceCIDRs, "route-service-cidrs", o.RouteServiceCIDRs, "Route the IPv4 Service ranges as local through the interface (one route each) instead of binding one address per clusterIP: the ranges of --service-cidrs, else of the cluster's ServiceCIDR objects (Kubernetes 1.33+).")
+	fs.BoolVar(&o.RouteServiceCIDRs, "route-service-cidrs", o.RouteServiceCIDRs, "Route the IPv4 Service ranges as local through the interface (one route each) instead of binding one address per clusterIP: the ranges of --service-cidrs, else of the cluster's ServiceCIDR objects (Kubernetes 1.33+). --route-service-cidrs=false binds one address per clusterIP, as kube-proxy's IPVS mode does, for tooling that reads the interface's addresses.")
 	fs.StringSliceVar(&o.ServiceCIDRs, "service-cidrs", o.ServiceCIDRs, "With --route-service-cidrs: the Service ranges to route, instead of the cluster's ServiceCIDR objects.")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", o.MinSyncPeriod, "Minimum time between syncs; bursts of changes are coalesced.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Period of the full resync that reads the kernel and repairs drift.")
