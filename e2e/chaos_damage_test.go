@@ -71,8 +71,8 @@ func TestChaosManualDamage(t *testing.T) {
 			c.vmRun(t, "ipvsadm", "-C")
 			c.vmRun(t, "sh", "-c", addForeignVS) // the other tool puts its own back
 		}},
-		{"ip addr del " + live.svc.Spec.ClusterIP, func() {
-			c.vmRun(t, "ip", "addr", "del", live.svc.Spec.ClusterIP+"/32", "dev", proxyIface)
+		{"ip route del local " + routedRanges()[0].String(), func() {
+			c.vmRun(t, "ip", "route", "del", "local", routedRanges()[0].String(), "dev", proxyIface, "table", "local")
 		}},
 		{"ip link del " + proxyIface, func() { c.vmRun(t, "ip", "link", "del", proxyIface) }},
 		{"ipset destroy IPVSP-SERVICE", func() {

@@ -263,6 +263,7 @@ func (c chaosEnv) expected(t *testing.T, scope ...string) chaos.Expected {
 	for _, p := range strings.Split(controlplane.DefaultServiceCIDR, ",") {
 		exp.ServiceCIDRs = append(exp.ServiceCIDRs, netip.MustParsePrefix(p))
 	}
+	exp.Routed = routedRanges()
 	svcs, err := c.fast.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatalf("list services: %v", err)
@@ -332,16 +333,30 @@ func (c chaosEnv) expected(t *testing.T, scope ...string) chaos.Expected {
 func (c chaosEnv) kernelState(t *testing.T) chaos.State {
 	t.Helper()
 	const sep = "=====chaos====="
-	out := c.vmRun(t, "sh", "-c", "ipvsadm -Ln; echo "+sep+"; ip -o addr show dev "+proxyIface+" 2>/dev/null || echo NO-INTERFACE; echo "+sep+"; ipset save")
+	out := c.vmRun(t, "sh", "-c", "ipvsadm -Ln; echo "+sep+"; ip -o addr show dev "+proxyIface+" 2>/dev/null || echo NO-INTERFACE; echo "+sep+"; ipset save; echo "+sep+
+		"; ip -4 route show table local dev "+proxyIface+" 2>/dev/null; true")
 	parts := strings.Split(out, sep+"\n")
-	if len(parts) != 3 {
+	if len(parts) != 4 {
 		t.Fatalf("kernel state: %d parts:\n%s", len(parts), out)
 	}
-	st := chaos.State{Virtual: chaos.ParseIPVS(parts[0]), Sets: chaos.ParseIPSets(parts[2])}
+	st := chaos.State{Virtual: chaos.ParseIPVS(parts[0]), Sets: chaos.ParseIPSets(parts[2]), Routes: chaos.ParseRoutes(parts[3])}
 	if !strings.Contains(parts[1], "NO-INTERFACE") {
 		st.Addrs = chaos.ParseAddrs(parts[1])
 	}
 	return st
+}
+
+// routedRanges are the Service ranges the bed's agent routes as local
+// (routeServiceCIDRs is on by default): the IPv4 range of the apiserver's
+// ServiceCIDR; IPv6 clusterIPs stay bound.
+func routedRanges() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range strings.Split(controlplane.DefaultServiceCIDR, ",") {
+		if pfx := netip.MustParsePrefix(p); pfx.Addr().Is4() {
+			out = append(out, pfx)
+		}
+	}
+	return out
 }
 
 // converge waits until the kernel equals exp (nothing missing, nothing

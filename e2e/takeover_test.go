@@ -115,6 +115,7 @@ func (e env) programmedState(t *testing.T) map[string][]string {
 			st["addresses"] = append(st["addresses"], f[2]+" "+f[3])
 		}
 	}
+	st["routes"] = e.routedRanges(t)
 	for _, tool := range []string{"iptables-save", "ip6tables-save"} {
 		for _, l := range strings.Split(e.iptablesSave(t, tool), "\n") {
 			if strings.Contains(l, "IPVSP") {

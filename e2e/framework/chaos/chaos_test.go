@@ -109,6 +109,41 @@ func TestParse(t *testing.T) {
 	if !reflect.DeepEqual(sets, map[string][]string{"IPVSP-SERVICE": {"10.96.0.10,tcp:80"}, "IPVSP-VIP": {}}) {
 		t.Errorf("ParseIPSets = %v", sets)
 	}
+	routes := ParseRoutes("local 10.96.0.0/16 proto 120 scope host \nlocal 10.251.0.10 proto kernel scope host src 10.251.0.10 \n")
+	if !reflect.DeepEqual(routes, []string{"10.96.0.0/16"}) {
+		t.Errorf("ParseRoutes = %v", routes)
+	}
+}
+
+// TestCompareRouted: with the Service range routed, a clusterIP is held
+// by the route and must not be bound; the route must be there, and no
+// other.
+func TestCompareRouted(t *testing.T) {
+	exp := Expected{
+		Virtual:       map[string][]string{"TCP 10.96.0.10:80": {"10.100.1.2:8080"}},
+		Addrs:         map[string]bool{"10.96.0.10": true, "10.251.0.10": true},
+		ServiceCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+		Routed:        []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+		NodePortRange: [2]int{30000, 32767},
+	}
+	k := State{
+		Virtual: map[string][]string{"TCP 10.96.0.10:80": {"10.100.1.2:8080"}},
+		Addrs:   []string{"10.251.0.10"},
+		Routes:  []string{"10.96.0.0/16"},
+		Sets:    map[string][]string{"IPVSP-VIP": {"10.96.0.10", "10.251.0.10"}, "IPVSP-SERVICE": {"10.96.0.10,tcp:80"}},
+	}
+	if d := Compare(k, exp); !d.Converged() {
+		t.Fatalf("Compare = %s, want converged", d)
+	}
+	k.Addrs = []string{"10.251.0.10", "10.96.0.10"}
+	k.Routes = []string{"10.97.0.0/16"}
+	d := Compare(k, exp)
+	if want := []string{"route 10.96.0.0/16"}; !reflect.DeepEqual(d.Missing, want) {
+		t.Errorf("missing %q, want %q", d.Missing, want)
+	}
+	if want := []string{"address 10.96.0.10 bound inside a routed range", "route 10.97.0.0/16"}; !reflect.DeepEqual(d.Leaks, want) {
+		t.Errorf("leaks %q, want %q", d.Leaks, want)
+	}
 }
 
 func TestCompare(t *testing.T) {

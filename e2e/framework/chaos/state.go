@@ -18,6 +18,9 @@ type State struct {
 	// Addrs are the addresses bound to the proxy's interface; nil when
 	// the interface is missing.
 	Addrs []string
+	// Routes are the prefixes routed as local through the proxy's
+	// interface ("10.96.0.0/16"), sorted.
+	Routes []string
 	// Sets maps each IPVSP-* set to its entries as `ipset save` writes
 	// them; a missing set has no key.
 	Sets map[string][]string
@@ -66,6 +69,20 @@ func ParseAddrs(out string) []string {
 	return addrs
 }
 
+// ParseRoutes reads `ip -4 route show table local dev IFACE` into the
+// prefixes routed as local through it; its bound addresses' routes, single
+// addresses, are left out.
+func ParseRoutes(out string) []string {
+	routes := []string{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "local" && strings.Contains(f[1], "/") {
+			routes = append(routes, f[1])
+		}
+	}
+	sort.Strings(routes)
+	return routes
+}
+
 // ParseIPSets reads `ipset save` into State.Sets' form (IPVSP-* sets only).
 func ParseIPSets(out string) map[string][]string {
 	sets := map[string][]string{}
@@ -97,9 +114,14 @@ type Expected struct {
 	// Known are the virtual servers of every other Service: allowed, their
 	// real servers not checked.
 	Known map[string]bool
-	// Addrs must be bound (the addresses of Virtual); KnownAddrs may be.
+	// Addrs must be held (the addresses of Virtual): bound, or inside a
+	// range of Routed and then not bound; KnownAddrs may be bound.
 	Addrs      map[string]bool
 	KnownAddrs map[string]bool
+	// Routed are the Service ranges that must be routed as local through
+	// the proxy's interface (routeServiceCIDRs, the default), and the
+	// only ones.
+	Routed []netip.Prefix
 	// Ownership, as the README states it: a virtual server on a bound
 	// address, on a Service range address, or on a node address with a
 	// port in the node-port range is ipvs-proxy's; any other one is
@@ -214,9 +236,34 @@ func Compare(k State, e Expected) Diff {
 	if k.Addrs == nil {
 		missing("the proxy's interface")
 	}
+	routed := func(a string) bool {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return false
+		}
+		for _, p := range e.Routed {
+			if p.Contains(ip) {
+				return true
+			}
+		}
+		return false
+	}
 	for a := range e.Addrs {
-		if !bound[a] {
+		switch {
+		case routed(a) && bound[a]:
+			leak("address %s bound inside a routed range", a)
+		case !routed(a) && !bound[a]:
 			missing("address %s", a)
+		}
+	}
+	for _, p := range e.Routed {
+		if !slices.Contains(k.Routes, p.String()) {
+			missing("route %s", p)
+		}
+	}
+	for _, r := range k.Routes {
+		if !slices.ContainsFunc(e.Routed, func(p netip.Prefix) bool { return p.String() == r }) {
+			leak("route %s", r)
 		}
 	}
 	for a := range bound {
