@@ -16,9 +16,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
@@ -635,4 +638,52 @@ func TestLoopServiceCIDRRanges(t *testing.T) {
 	})
 	b.clk.Step(time.Second)
 	b.eventually("the new ServiceCIDR routed", func() bool { return routes() == "10.96.0.0/16 10.97.0.0/16" })
+}
+
+// TestLoopServiceCIDRProbe: the ServiceCIDR API decides routing once it
+// answers. An error of the apiserver not reachable yet is retried, and the
+// range is then routed; an API not allowed (Forbidden) means binding, at
+// once.
+func TestLoopServiceCIDRProbe(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		errs   []error
+		routed bool
+	}{
+		{"unreachable twice, then served", []error{errors.New("connection refused"), apierrors.NewServiceUnavailable("starting")}, true},
+		{"forbidden", []error{apierrors.NewForbidden(networkingv1.Resource("servicecidrs"), "", errors.New("no rule"))}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newLoopBedWith(t, func(c *Config) { c.RouteServiceRanges = true }, testService("a", "10.96.0.10", "rr"))
+			if _, err := b.client.NetworkingV1().ServiceCIDRs().Create(context.Background(), &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
+				Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16"}}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			errs, probes := slices.Clone(tc.errs), 0
+			b.client.PrependReactor("list", "servicecidrs", func(k8stesting.Action) (bool, runtime.Object, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				probes++
+				if len(errs) == 0 {
+					return false, nil, nil
+				}
+				err := errs[0]
+				errs = errs[1:]
+				return true, nil, err
+			})
+			b.run()
+			b.eventually("the Service programmed", func() bool { return len(b.calls("AddRealServer 10.96.0.10:80/TCP")) > 0 })
+			routed := len(b.links.Routes(testIface)) > 0
+			bound := slices.Contains(b.links.Addresses(testIface), netip.MustParseAddr("10.96.0.10"))
+			mu.Lock()
+			defer mu.Unlock()
+			if routed != tc.routed || bound == tc.routed {
+				t.Errorf("routed %v, clusterIP bound %v after %d lists; want routed %v", routed, bound, probes, tc.routed)
+			}
+			if tc.routed && probes < len(tc.errs)+1 {
+				t.Errorf("%d lists, want the %d failures retried", probes, len(tc.errs))
+			}
+		})
+	}
 }

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -96,7 +98,11 @@ func (p *Proxier) setRanges(ranges []netip.Prefix) {
 	}
 	p.mu.Unlock()
 	if changed {
-		p.log.Info("Service ranges routed as local", zap.Stringers("ranges", ranges))
+		if len(ranges) == 0 {
+			p.log.Info("no IPv4 Service range to route as local: every clusterIP is bound")
+		} else {
+			p.log.Info("Service ranges routed as local", zap.Stringers("ranges", ranges))
+		}
 		p.kick()
 	}
 }
@@ -112,14 +118,42 @@ func (p *Proxier) applyRanges(ranges []netip.Prefix) {
 	}
 }
 
+// probeServiceCIDRs lists the ServiceCIDR API once it answers: an error
+// when the API is not served or not allowed (absent before Kubernetes
+// 1.33, a ClusterRole without the right), which decides binding for the
+// life of the process. Any other error (the apiserver not reachable yet,
+// a timeout) is retried with backoff, logged, until ctx ends: the first
+// full sync waits for the apiserver anyway, and a node that booted before
+// its apiserver answered must not bind for good.
+func (p *Proxier) probeServiceCIDRs(ctx context.Context) error {
+	delay := 500 * time.Millisecond
+	for {
+		_, err := p.client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
+		switch {
+		case err == nil:
+			return nil
+		case apierrors.IsNotFound(err), apierrors.IsForbidden(err), apierrors.IsUnauthorized(err),
+			apierrors.IsMethodNotSupported(err):
+			return fmt.Errorf("list ServiceCIDRs: %w", err)
+		}
+		p.log.Warn("cannot list the cluster's ServiceCIDRs yet; retrying", zap.Duration("in", delay), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("list ServiceCIDRs: %w", ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
 // watchServiceCIDRs follows the cluster's ServiceCIDR objects into the
 // ranges (setRanges). An API that cannot be listed (a cluster before
 // Kubernetes 1.33, a ClusterRole without the right) is an error, and the
 // caller binds one address per clusterIP instead. The returned func tells
 // when the first list has been handled.
 func (p *Proxier) watchServiceCIDRs(ctx context.Context) (cache.InformerSynced, error) {
-	if _, err := p.client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
-		return nil, fmt.Errorf("list ServiceCIDRs: %w", err)
+	if err := p.probeServiceCIDRs(ctx); err != nil {
+		return nil, err
 	}
 	f := informers.NewSharedInformerFactory(p.client, 0)
 	inf := f.Networking().V1().ServiceCIDRs().Informer()

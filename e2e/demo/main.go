@@ -125,11 +125,21 @@ func run(ctx context.Context) error {
 	}
 	step("the kernel's IPVS table (ipvsadm -Ln in the VM)")
 	fmt.Print(indent(table))
+	ranges, err := b.VM.RunOK(ctx, "ip", "-4", "route", "show", "table", "local", "dev", bed.Interface)
+	if err != nil {
+		return err
+	}
+	step("Service ranges routed as local through %s, every clusterIP in them (ip route show table local dev %s)", bed.Interface, bed.Interface)
+	for _, l := range strings.Split(ranges, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && strings.Contains(f[1], "/") {
+			fmt.Printf("    %s\n", f[1])
+		}
+	}
 	vips, err := b.VM.RunOK(ctx, "ip", "-4", "-o", "addr", "show", "dev", bed.Interface)
 	if err != nil {
 		return err
 	}
-	step("virtual IPs bound to %s (ip addr show dev %s)", bed.Interface, bed.Interface)
+	step("virtual IPs bound to %s: externalIPs, LoadBalancer IPs (ip addr show dev %s)", bed.Interface, bed.Interface)
 	for _, l := range strings.Split(vips, "\n") {
 		if f := strings.Fields(l); len(f) >= 4 {
 			fmt.Printf("    %s\n", f[3])

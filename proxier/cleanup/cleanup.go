@@ -160,8 +160,9 @@ func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own m
 // kube-ipvs0's addresses were adopted (kept when wanted, deleted when not),
 // ipvs-proxy0 holds every wanted address and the glue's rules come first
 // in every hook. It removes kube-proxy's chains with the jumps to them,
-// then its sets, then kube-ipvs0: the same addresses stay bound on
-// ipvs-proxy0, so no VIP is ever unbound.
+// then its sets, then kube-ipvs0: ipvs-proxy0 already holds the same
+// addresses (bound, or in a Service range routed through it), so no VIP
+// is ever without a local route.
 func KubeProxyLeftovers(links netlinkutil.Links, log *zap.Logger) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
 		var removed []string
