@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 )
@@ -22,7 +26,8 @@ import (
 // own connections masqueraded); an address of the range that is no
 // Service's does not reach a host listener (refused at once); status sees
 // no drift. The agent's restart with --route-service-cidrs=false binds
-// the address and deletes the route, and back in the default mode the
+// the address and deletes the route (a Service deleted then unbinds
+// its own), and back in the default mode the
 // route returns and the address goes, the virtual server kept and
 // answering throughout.
 func TestServiceRangesRouted(t *testing.T) {
@@ -33,6 +38,9 @@ func TestServiceRangesRouted(t *testing.T) {
 	ns := e.namespace(t)
 	bes := e.backends(t, 1, otherNode)
 	v4, v6 := e.dualStackService(t, ns, "ranged", 80, bes)
+	// Deleted while the agent binds, below: its address must go.
+	gone := e.createService(t, ns, "gone", []corev1.ServicePort{tcpPort("http", 80)})
+	e.setSlice(t, gone, discoveryv1.AddressTypeIPv4, bes)
 	ip4, _, _ := strings.Cut(v4, ":")
 	ip6 := strings.TrimPrefix(strings.Split(v6, "]")[0], "[")
 
@@ -114,6 +122,18 @@ func TestServiceRangesRouted(t *testing.T) {
 		return nil
 	})
 	e.expectClients(t, bed.ClientNetns, v4, gateway(bes[0]))
+	if !strings.Contains(bound(), " "+gone.Spec.ClusterIP+"/32") {
+		t.Errorf("%s not bound in binding mode:\n%s", gone.Spec.ClusterIP, bound())
+	}
+	if err := e.Client.CoreV1().Services(ns).Delete(ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		if b := bound(); strings.Contains(b, " "+gone.Spec.ClusterIP+"/32") {
+			return fmt.Errorf("the deleted Service's %s still bound:\n%s", gone.Spec.ClusterIP, b)
+		}
+		return nil
+	})
 
 	// And back to the default: the route first, then the address goes.
 	if err := b.Stop(); err != nil {
