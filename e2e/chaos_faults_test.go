@@ -100,7 +100,13 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 		t.Fatal(err)
 	}
 	mark("agent stopped")
-	if err := e.StartAgentBinary(ctx, bin, "--inject-write-failures", fmt.Sprint(fc.rate), "--inject-seed", fmt.Sprint(fc.seed)); err != nil {
+	// It binds one address per clusterIP (--route-service-cidrs=false):
+	// hundreds of address writes fail at the rate, where the Service
+	// range's route would be one write. Its start moves the node from the
+	// bed agent's routed range to bound addresses, and the bed agent's
+	// restart after the case moves it back.
+	if err := e.StartAgentBinary(ctx, bin, "--inject-write-failures", fmt.Sprint(fc.rate), "--inject-seed", fmt.Sprint(fc.seed),
+		"--route-service-cidrs=false"); err != nil {
 		t.Fatal(err)
 	}
 	mark("test build's first sync done")
@@ -406,10 +412,7 @@ func (c *churn) diff(st kernelState) string {
 		mine[ip] = true
 		vs := "TCP " + ip + ":80"
 		want.ipvs = append(want.ipvs, vs+" "+scheduler.Default)
-		// Held by the routed range, not bound.
-		if !slices.ContainsFunc(routedRanges(), func(p netip.Prefix) bool { return p.Contains(netip.MustParseAddr(ip)) }) {
-			want.addrs = append(want.addrs, ip)
-		}
+		want.addrs = append(want.addrs, ip)
 		want.sets = append(want.sets, "IPVSP-CLUSTER-IP "+ip+",tcp:80", "IPVSP-SERVICE "+ip+",tcp:80", "IPVSP-VIP "+ip)
 		for _, a := range c.eps[i] {
 			mine[a] = true
@@ -446,10 +449,8 @@ func (c *churn) diff(st kernelState) string {
 			out = append(out, fmt.Sprintf("%s extra %d: %s", part.what, len(extra), sample(extra)))
 		}
 	}
-	for _, p := range routedRanges() {
-		if !slices.Contains(st.routes, p.String()) {
-			out = append(out, fmt.Sprintf("route %s missing (routes %v)", p, st.routes))
-		}
+	if len(st.routes) > 0 {
+		out = append(out, fmt.Sprintf("routes left while binding: %v", st.routes))
 	}
 	return strings.Join(out, "\n")
 }
