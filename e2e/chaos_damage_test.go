@@ -71,8 +71,8 @@ func TestChaosManualDamage(t *testing.T) {
 			c.vmRun(t, "ipvsadm", "-C")
 			c.vmRun(t, "sh", "-c", addForeignVS) // the other tool puts its own back
 		}},
-		{"ip route del local " + routedRanges()[0].String(), func() {
-			c.vmRun(t, "ip", "route", "del", "local", routedRanges()[0].String(), "dev", proxyIface, "table", "local")
+		{"ip route del local " + bedRoutedRanges()[0].String(), func() {
+			c.vmRun(t, "ip", "route", "del", "local", bedRoutedRanges()[0].String(), "dev", proxyIface, "table", "local")
 		}},
 		{"ip link del " + proxyIface, func() { c.vmRun(t, "ip", "link", "del", proxyIface) }},
 		{"ipset destroy IPVSP-SERVICE", func() {

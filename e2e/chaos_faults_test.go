@@ -405,7 +405,7 @@ func (e env) kernelState(t *testing.T) kernelState {
 			st.sets = append(st.sets, f[1]+" "+f[2])
 		}
 	}
-	st.routes = chaos.ParseRoutes(e.vmRun(t, "ip", "-4", "route", "show", "table", "local", "dev", proxyIface))
+	st.routes = e.routedRanges(t)
 	return st
 }
 

@@ -263,7 +263,7 @@ func (c chaosEnv) expected(t *testing.T, scope ...string) chaos.Expected {
 	for _, p := range strings.Split(controlplane.DefaultServiceCIDR, ",") {
 		exp.ServiceCIDRs = append(exp.ServiceCIDRs, netip.MustParsePrefix(p))
 	}
-	exp.Routed = routedRanges()
+	exp.Routed = bedRoutedRanges()
 	svcs, err := c.fast.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatalf("list services: %v", err)
@@ -346,10 +346,10 @@ func (c chaosEnv) kernelState(t *testing.T) chaos.State {
 	return st
 }
 
-// routedRanges are the Service ranges the bed's agent routes as local
+// bedRoutedRanges are the Service ranges the bed's agent routes as local
 // (routeServiceCIDRs is on by default): the IPv4 range of the apiserver's
 // ServiceCIDR; IPv6 clusterIPs stay bound.
-func routedRanges() []netip.Prefix {
+func bedRoutedRanges() []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range strings.Split(controlplane.DefaultServiceCIDR, ",") {
 		if pfx := netip.MustParsePrefix(p); pfx.Addr().Is4() {

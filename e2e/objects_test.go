@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
@@ -144,23 +145,16 @@ func (e env) vipsBound(t *testing.T) string {
 	return out
 }
 
-// routedRanges returns the local routes of prefixes through the proxy's
-// interface ("local 10.96.0.0/16 proto 120 scope host"); its bound
-// addresses' routes are single addresses. The VM's busybox ip ignores a
-// "proto" filter.
+// routedRanges returns the prefixes routed as local through the proxy's
+// interface ("10.96.0.0/16"; its bound addresses' routes are single
+// addresses).
 func (e env) routedRanges(t *testing.T) []string {
 	t.Helper()
 	out, err := e.VM.RunOK(context.Background(), "ip", "-4", "route", "show", "table", "local", "dev", proxyIface)
 	if err != nil {
 		t.Fatalf("ip route: %v", err)
 	}
-	var ranges []string
-	for _, l := range strings.Split(out, "\n") {
-		if f := strings.Fields(l); len(f) > 1 && f[0] == "local" && strings.Contains(f[1], "/") {
-			ranges = append(ranges, strings.Join(f, " "))
-		}
-	}
-	return ranges
+	return chaos.ParseRoutes(out)
 }
 
 // expectRouted fails t unless the IPv4 clusterIP ip is held as the
@@ -170,13 +164,7 @@ func (e env) expectRouted(t *testing.T, ip string) {
 	t.Helper()
 	a := netip.MustParseAddr(ip)
 	ranges := e.routedRanges(t)
-	in := false
-	for _, r := range ranges {
-		if p, err := netip.ParsePrefix(strings.Fields(r)[1]); err == nil && p.Contains(a) {
-			in = true
-		}
-	}
-	if !in {
+	if !slices.ContainsFunc(ranges, func(r string) bool { p, err := netip.ParsePrefix(r); return err == nil && p.Contains(a) }) {
 		t.Errorf("clusterIP %s is in no range routed through %s: %q", ip, proxyIface, ranges)
 	}
 	if b := e.vipsBound(t); strings.Contains(b, " "+ip+"/32") {
