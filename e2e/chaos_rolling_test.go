@@ -25,8 +25,8 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
-// TestChaosRollingUpdate: in the bed's one-node cluster (kubelet, the
-// EndpointSlice controller, ipvs-proxy as its DaemonSet), a Deployment of
+// TestChaosRollingUpdate: in the shared one-node cluster (oneNodeCluster:
+// kubelet, the EndpointSlice controller, ipvs-proxy as its DaemonSet), a Deployment of
 // two pods (Burstable) behind a ClusterIP Service is rolled out (maxSurge 1,
 // maxUnavailable 0; the pods drain 15 s after SIGTERM, as a well-behaved
 // server does) while the node opens a new connection every 100 ms, with no
@@ -35,18 +35,10 @@ import (
 // when the pod closes it; afterwards IPVS has exactly the new pods as real
 // servers.
 func TestChaosRollingUpdate(t *testing.T) {
-	assets := vm.Require(t)
+	c := oneNodeCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	defer foreignVirtualServer(t, c.VM)() // checked before c.Close, while the VM runs
-	if err := c.DeployIPVSProxy(ctx, deployDir); err != nil {
-		t.Fatal(err)
-	}
+	defer foreignVirtualServer(t, c.VM)()
 	cs := c.Client
 	const ns = "rolling"
 	clusterNamespace(ctx, t, cs, ns)

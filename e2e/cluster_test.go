@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,36 +28,83 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
-// TestClusterNode: a real one-node cluster in the bed (kubelet, containerd
-// and runc in the VM, the control plane on the host) runs ipvs-proxy as
-// its DaemonSet from the Helm chart (deploy/helm), with no kube-proxy: the Node gets Ready, the
-// DaemonSet's pod runs and programs the `kubernetes` Service into IPVS,
-// pods run, exec through the apiserver works, and pods reach a ClusterIP
-// Service's pod and the `kubernetes` Service, and resolve Services' names
-// through the cluster's DNS (CoreDNS behind the kube-dns Service).
-func TestClusterNode(t *testing.T) {
+// oneNode is the package's one-node cluster (kubelet, containerd and crun
+// in the VM, the control plane on the host) with ipvs-proxy as its
+// DaemonSet from the Helm chart (deploy/helm), with no kube-proxy. The
+// tests that need real pods on one node share it (each in namespaces of
+// its own): booting it costs about 1m50s warm. The first test that needs
+// it starts it; the last of them in the package's order (TestClusterNode)
+// stops it, so that its VM does not run beside the tests after it, and
+// TestMain stops it if that test did not run.
+var oneNode struct {
+	once   sync.Once
+	c      *cluster.Cluster
+	err    error
+	ready  time.Duration // from the start until ipvs-proxy was ready
+	closed bool
+}
+
+// closeOneNode stops the shared one-node cluster, if it runs.
+func closeOneNode() {
+	if oneNode.c != nil {
+		oneNode.c.Close()
+		oneNode.c, oneNode.closed = nil, true
+	}
+}
+
+// oneNodeCluster returns the shared one-node cluster, starting it on first
+// use. ipvs-proxy comes from the chart as Helm users install it: rendered
+// with Helm's SDK, with the apiserver's address and the pod CIDR set, and a
+// default scheduler other than the default (wrr: with equal weights it
+// balances as rr does) that must reach the kernel. (The conformance run
+// installs deploy/'s manifests, which the chart's default rendering
+// equals: deploy/helm's unit test; TestTwoNodes installs them as shipped.)
+func oneNodeCluster(t *testing.T) *cluster.Cluster {
+	t.Helper()
 	assets := vm.Require(t)
+	oneNode.once.Do(func() {
+		began := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		// The cluster outlives the test that starts it: it logs to stderr.
+		logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+		c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: logf})
+		if err != nil {
+			oneNode.err = err
+			return
+		}
+		logf("cluster: TIMING node Ready: %s", c.NodeReady.Round(time.Millisecond))
+		if err := c.DeployIPVSProxyChart(ctx, chartDir, map[string]any{"config": map[string]any{"scheduler": "wrr"}}); err != nil {
+			c.Close()
+			oneNode.err = err
+			return
+		}
+		oneNode.c, oneNode.ready = c, time.Since(began)
+		logf("cluster: TIMING ipvs-proxy ready after %s", oneNode.ready.Round(time.Millisecond))
+	})
+	if oneNode.err != nil {
+		t.Fatalf("start the one-node cluster: %v", oneNode.err)
+	}
+	if oneNode.closed {
+		t.Fatal("the one-node cluster was stopped by the last of its users in the package's order (TestClusterNode): a new user runs before it")
+	}
+	return oneNode.c
+}
+
+// TestClusterNode: in the shared one-node cluster (oneNodeCluster) the
+// Node is Ready, the DaemonSet's pod runs and programs the `kubernetes`
+// Service into IPVS with the chart's scheduler, pods run, exec through the
+// apiserver works, and pods reach a ClusterIP Service's pod and the
+// `kubernetes` Service, and resolve Services' names through the cluster's
+// DNS (CoreDNS behind the kube-dns Service).
+func TestClusterNode(t *testing.T) {
 	began := time.Now()
+	c := oneNodeCluster(t)
+	defer closeOneNode() // its last user
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	t.Logf("TIMING node Ready: %s", c.NodeReady.Round(time.Millisecond))
+	t.Logf("TIMING cluster with ipvs-proxy ready: %s after its start (shared)", oneNode.ready.Round(time.Millisecond))
 	cs := c.Client
-
-	// ipvs-proxy as Helm users install it: the chart rendered with Helm's
-	// SDK, with the apiserver's address and the pod CIDR set, and a
-	// default scheduler other than the default (wrr: with equal weights it
-	// balances as rr does) that must reach the kernel. (The conformance
-	// run and TestChaosRollingUpdate install deploy/'s manifests, which
-	// the chart's default rendering equals: deploy/helm's unit test.)
-	if err := c.DeployIPVSProxyChart(ctx, chartDir, map[string]any{"config": map[string]any{"scheduler": "wrr"}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("TIMING ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
 
 	ns := "cluster-node"
 	clusterNamespace(ctx, t, cs, ns)
@@ -381,6 +430,9 @@ func clusterNamespace(ctx context.Context, t *testing.T, cs kubernetes.Interface
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Deleted after the test (the namespace controller removes its pods,
+	// in the background): the cluster may be shared with later tests.
+	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
 	waitFor(ctx, t, "ServiceAccount default in "+ns, func() (bool, string) {
 		_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, fmt.Sprint(err)

@@ -54,6 +54,7 @@ func TestMain(m *testing.M) {
 	if shared.bed != nil {
 		shared.bed.Close()
 	}
+	closeOneNode()
 	undo()
 	os.Exit(code)
 }
