@@ -7,15 +7,27 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
-// runtimeLayer is the node's runtime: Debian 12's containerd, runc and CNI
+// runtimeLayer is the node's runtime: Debian 12's containerd, crun and CNI
 // plugins, unpacked into an extra initramfs layer that only the cluster's
-// VM boots with.
+// VM boots with. The packages after crun are the libraries crun and
+// libsystemd0 link (the layer takes each ELF file's libraries from the
+// unpacked packages).
+//
+// The OCI runtime is crun, not runc: containerd's shim runs the runtime
+// two or three times per container and once per exec, and runc is a Go
+// binary that also re-executes itself to set up the container (runc init);
+// under the bed's software emulation each of those starts costs seconds.
+// crun is a small C program with the same command line.
 var runtimeLayer = vm.LayerSpec{
-	Name:     "cluster-runtime",
-	Packages: []string{"containerd", "runc", "containernetworking-plugins", "libseccomp2", "libc6"},
-	Files: []string{"usr/bin/containerd", "usr/bin/containerd-shim-runc-v2", "usr/bin/ctr", "usr/sbin/runc",
+	Name: "cluster-runtime",
+	Packages: []string{"containerd", "crun", "containernetworking-plugins", "libc6", "libseccomp2", "libcap2",
+		"libyajl2", "libsystemd0", "liblzma5", "libzstd1", "liblz4-1", "libgcrypt20", "libgpg-error0"},
+	Files: []string{"usr/bin/containerd", "usr/bin/containerd-shim-runc-v2", "usr/bin/ctr", guestOCIRuntime,
 		"usr/lib/cni/bridge", "usr/lib/cni/host-local", "usr/lib/cni/loopback", "usr/lib/cni/portmap"},
 }
+
+// guestOCIRuntime is the OCI runtime's path, in the layer and in the guest.
+const guestOCIRuntime = "usr/bin/crun"
 
 // Guest paths of the node's files.
 const (
@@ -38,9 +50,12 @@ var nodeSetup []byte
 
 // containerdConfig is containerd 1.6's configuration for the node.
 //
-// runc cannot pivot_root out of the initramfs (the root file system is
-// rootfs, which cannot be unmounted or moved), so it runs with
-// NoPivotRoot (it moves the container's root over / and chroots).
+// The OCI runtime cannot pivot_root out of the initramfs (the root file
+// system is rootfs, which cannot be unmounted or moved), so it runs with
+// NoPivotRoot (--no-pivot: it moves the container's root over / and
+// chroots). containerd's runc shim drives crun as it would runc
+// (BinaryName); the runtime stays named "runc" in the CRI configuration,
+// as the shim's type is.
 // Containers' root file systems are overlays (the overlayfs snapshotter,
 // the overlay module loaded first): the native snapshotter copied the
 // whole image for every container, 50 MiB for the e2e suite's agnhost,
@@ -65,13 +80,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "/usr/sbin/runc"
+        BinaryName = "/%s"
         NoPivotRoot = true
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "/etc/cni/net.d"
-`, containerdSock, pauseImage)
+`, containerdSock, pauseImage, guestOCIRuntime)
 }
 
 // cniConfig gives pods addresses of podCIDR on the bridge cni0, with the
