@@ -35,7 +35,7 @@ var (
 )
 
 // TestTwoNodes: a real cluster of two nodes (each a VM with kubelet,
-// containerd, runc and the CNI bridge; the control plane on the host) on
+// containerd, crun and the CNI bridge; the control plane on the host) on
 // a private segment, and a host outside the cluster on that segment, with
 // no kube-proxy: ipvs-proxy's DaemonSet from deploy/ with the shipped
 // ConfigMap (no cluster CIDR). Exec and logs go through the apiserver to

@@ -1,6 +1,6 @@
 // Package cluster runs a real one-node Kubernetes cluster in the test bed:
 // the node is the bed's VM (Debian's kernel under QEMU) with kubelet
-// v1.36.3, containerd and runc (Debian 12's) and the CNI bridge plugins;
+// v1.36.3, containerd and crun (Debian 12's) and the CNI bridge plugins;
 // the control plane (etcd, kube-apiserver, kube-controller-manager with its
 // default controllers, kube-scheduler) runs on the host on 127.0.0.1.
 //
