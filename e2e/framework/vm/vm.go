@@ -177,10 +177,20 @@ func Start(ctx context.Context, o Options) (*VM, error) {
 
 	for attempt := 1; ; attempt++ {
 		err = v.boot(ctx, accel, initrd)
-		if err == nil || !errors.Is(err, errPortTaken) || attempt == 3 {
+		if err == nil || attempt == 3 || ctx.Err() != nil {
 			break
 		}
-		logf("vm: %v; trying another port", err)
+		if errors.Is(err, errPortTaken) {
+			logf("vm: %v; trying another port", err)
+			continue
+		}
+		if !errors.Is(err, errBootHung) {
+			break
+		}
+		// A guest that neither answers nor exits within the boot timeout
+		// (a boot takes seconds) hung under emulation: one CI run's VM
+		// wrote nothing to its console in 3 minutes. A new QEMU boots.
+		logf("vm: WARNING: boot attempt %d hung; booting again: %v", attempt, err)
 	}
 	if err != nil {
 		return nil, err
@@ -266,6 +276,10 @@ func removeStaleTempDirs() {
 // errPortTaken: QEMU could not bind the agent's host port (another process
 // took it after freePort picked it).
 var errPortTaken = errors.New("host port for the agent was taken")
+
+// errBootHung: QEMU ran for the whole boot timeout and the guest's agent
+// never answered.
+var errBootHung = errors.New("the guest hung while booting")
 
 func (v *VM) boot(ctx context.Context, accel []string, initrd string) error {
 	port, err := freePort()
@@ -356,8 +370,8 @@ func (v *VM) boot(ctx context.Context, accel []string, initrd string) error {
 	return nil
 }
 
-func (v *VM) waitReady(ctx context.Context, start time.Time) error {
-	ctx, cancel := context.WithTimeout(ctx, v.opts.BootTimeout)
+func (v *VM) waitReady(parent context.Context, start time.Time) error {
+	ctx, cancel := context.WithTimeout(parent, v.opts.BootTimeout)
 	defer cancel()
 	for {
 		// Short attempts: a connection made before the guest listens can
@@ -378,6 +392,9 @@ func (v *VM) waitReady(ctx context.Context, start time.Time) error {
 		case <-v.exited:
 			return fmt.Errorf("qemu exited before the agent answered: %v", v.waitErr)
 		case <-ctx.Done():
+			if parent.Err() == nil {
+				return fmt.Errorf("%w: agent did not answer within %v (last error: %v)", errBootHung, v.opts.BootTimeout, err)
+			}
 			return fmt.Errorf("agent did not answer within %v: %w (last error: %v)", v.opts.BootTimeout, ctx.Err(), err)
 		case <-time.After(100 * time.Millisecond):
 		}
