@@ -15,7 +15,10 @@
 //     per Service, split by who allocated it (informer caches, the
 //     proxier's own state, the fake kernel, which is not the agent's);
 //   - and writes the heap profile (bin/heapbench/heap-N.pb.gz, for `go tool
-//     pprof`).
+//     pprof`), and one taken just before the proxier starts
+//     (heap-N-before.pb.gz): with it as the base, pprof's alloc_space is
+//     what the informers' initial list and the first sync allocated, by
+//     call site.
 //
 // The iptables glue is in it, on the fake ipsets (ipset/fake) and on
 // iptables tools that save empty tables and take every restore, so that it
@@ -95,14 +98,15 @@ func logf(format string, args ...any) {
 
 // result is one size's figures.
 type result struct {
-	services  int
-	sync      time.Duration
-	peakHeap  uint64 // heap objects, live or not yet collected
-	peakRSS   uint64 // VmHWM
-	retained  uint64 // live heap after the sync, above the baseline
-	byOwner   map[string]uint64
-	profile   string
-	allocated uint64 // bytes allocated during the first sync
+	services    int
+	sync        time.Duration
+	peakHeap    uint64 // heap objects, live or not yet collected
+	peakRSS     uint64 // VmHWM
+	retained    uint64 // live heap after the sync, above the baseline
+	byOwner     map[string]uint64
+	profile     string
+	baseProfile string // the heap profile just before the proxier started
+	allocated   uint64 // bytes allocated during the first sync
 }
 
 func run(ctx context.Context, sizes []int, outDir string) error {
@@ -174,6 +178,11 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string) (resu
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
+	r.profile = filepath.Join(outDir, fmt.Sprintf("heap-%d.pb.gz", n))
+	r.baseProfile = filepath.Join(outDir, fmt.Sprintf("heap-%d-before.pb.gz", n))
+	if err := writeHeapProfile(r.baseProfile); err != nil {
+		return r, err
+	}
 	if err := resetPeakRSS(); err != nil {
 		return r, err
 	}
@@ -229,7 +238,6 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string) (resu
 		r.retained = after.HeapAlloc - before.HeapAlloc
 	}
 	r.byOwner = heapByOwner()
-	r.profile = filepath.Join(outDir, fmt.Sprintf("heap-%d.pb.gz", n))
 	if err := writeHeapProfile(r.profile); err != nil {
 		stopRun()
 		return r, err
@@ -409,6 +417,8 @@ func printResults(w *os.File, rs []result) {
 	fmt.Fprintln(w)
 	for _, r := range rs {
 		fmt.Fprintf(w, "heap profile at %d Services: go tool pprof -sample_index=inuse_space %s\n", r.services, r.profile)
+		fmt.Fprintf(w, "what its start and first sync allocated: go tool pprof -sample_index=alloc_space -base %s %s\n",
+			r.baseProfile, r.profile)
 	}
 }
 
