@@ -176,13 +176,15 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string) (resu
 
 	runtime.GC()
 	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
 	r.profile = filepath.Join(outDir, fmt.Sprintf("heap-%d.pb.gz", n))
 	r.baseProfile = filepath.Join(outDir, fmt.Sprintf("heap-%d-before.pb.gz", n))
 	if err := writeHeapProfile(r.baseProfile); err != nil {
 		return r, err
 	}
+	// The profile's writing is not the proxier's: before it is counted.
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
 	if err := resetPeakRSS(); err != nil {
 		return r, err
 	}
