@@ -10,7 +10,9 @@ import (
 // kernelTestPackages have tests that need the VM's kernel (IPVS, dummy
 // links). Their test binaries run inside the VM with
 // IPVS_PROXY_KERNEL_TESTS=1, which turns a missing feature into a failure.
-var kernelTestPackages = []string{"github.com/ipvs-proxy/ipvs-proxy/netlinkutil", "github.com/ipvs-proxy/ipvs-proxy/ipset"}
+var kernelTestPackages = []string{"github.com/ipvs-proxy/ipvs-proxy/netlinkutil", "github.com/ipvs-proxy/ipvs-proxy/ipset",
+	// the bench's reader of kube-proxy's nftables table
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/ipvsbench"}
 
 func TestKernelPackagesInVM(t *testing.T) {
 	e := setup(t)
