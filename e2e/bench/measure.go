@@ -298,6 +298,10 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 			logf("%s, %d Services, cold: %s", p.name, n, l)
 		}
 		coldLines = len(lines)
+		if tl := startTimeline(proc.Output()); tl != "" {
+			logf("%s, %d Services, cold: from the first log line: %s; every virtual server %.2fs and idle %.2fs after the process started",
+				p.name, n, tl, cold.VirtualServers, cold.Idle)
+		}
 		if path, err := bn.heapProfile(ctx, p.name, n); err != nil {
 			logf("%s, %d Services: no heap profile: %v", p.name, n, err)
 		} else {
@@ -407,6 +411,38 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 }
 
 var fullSyncLog = regexp.MustCompile(`"msg":"(synced".*"kind":"full"|iptables glue synced".*"full":true|iptables glue checked"|full resync complete").*`)
+
+// startTimeline tells, from ipvs-proxy's JSON log, when its start's steps
+// ended, in seconds after its first line: the wait for the initial lists,
+// their arrival, and the first sync ("" if a step is not in the log).
+func startTimeline(log string) string {
+	steps := []struct{ name, msg string }{
+		{"watching", "waiting for the initial list of Services, EndpointSlices and the Node"},
+		{"lists received", "initial list received"},
+		{"first sync done", "synced"},
+	}
+	var first float64
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		var e struct {
+			TS  float64 `json:"ts"`
+			Msg string  `json:"msg"`
+		}
+		if json.Unmarshal([]byte(l), &e) != nil || e.TS == 0 {
+			continue
+		}
+		if first == 0 {
+			first = e.TS
+		}
+		if len(out) < len(steps) && e.Msg == steps[len(out)].msg {
+			out = append(out, fmt.Sprintf("%s %.2fs", steps[len(out)].name, e.TS-first))
+		}
+	}
+	if len(out) < len(steps) {
+		return ""
+	}
+	return strings.Join(out, ", ")
+}
 
 // fullSyncLines are the log lines of ipvs-proxy's full syncs: the whole
 // sync with its IPVS part, kernel read and consumers, the glue's part with

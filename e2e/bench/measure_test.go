@@ -97,3 +97,19 @@ func TestParseShapes(t *testing.T) {
 		}
 	}
 }
+
+func TestStartTimeline(t *testing.T) {
+	log := `I1127 klog line without JSON
+{"level":"info","ts":100.0,"msg":"starting","node":"n1"}
+{"level":"info","ts":100.5,"msg":"waiting for the initial list of Services, EndpointSlices and the Node"}
+{"level":"info","ts":108.25,"msg":"initial list received","services":10000}
+{"level":"info","ts":115.75,"msg":"synced","kind":"full"}
+{"level":"info","ts":145.0,"msg":"synced","kind":"full"}
+`
+	if got, want := startTimeline(log), "watching 0.50s, lists received 8.25s, first sync done 15.75s"; got != want {
+		t.Errorf("startTimeline = %q, want %q", got, want)
+	}
+	if got := startTimeline(strings.Split(log, "\n{\"level\":\"info\",\"ts\":115.75")[0]); got != "" {
+		t.Errorf("startTimeline without a first sync = %q, want empty", got)
+	}
+}
