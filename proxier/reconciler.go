@@ -265,13 +265,36 @@ func (r *Reconciler) NextRetry() time.Time {
 // their real servers, repair them) besides what changed, until all are
 // checked. Asking for a full sync while one runs continues it.
 func (r *Reconciler) Sync(full bool) (SyncStats, error) {
-	start := r.clock.Now()
-	now := start
+	return r.SyncAs(r.Decide(full))
+}
+
+// SyncDecision is what a sync will be, decided before it runs (Decide):
+// the proxier starts its consumers' syncs, full or not alike, beside it.
+type SyncDecision struct {
+	// Full: the sync reads the kernel whole (or begins a sliced resync).
+	Full bool
+	// sliced: the full sync is a periodic resync, run in slices.
+	sliced bool
+	at     time.Time
+}
+
+// Decide tells what Sync(full) would be now; SyncAs runs it.
+func (r *Reconciler) Decide(full bool) SyncDecision {
+	now := r.clock.Now()
 	sliced := full && r.synced && !r.full.due(now)
 	full = full || !r.synced || r.full.due(now)
 	if sliced && len(r.resync.left) > 0 {
 		full, sliced = false, false // one resync at a time: continue it
 	}
+	return SyncDecision{Full: full, sliced: sliced, at: now}
+}
+
+// SyncAs runs the sync that Decide decided, with nothing else done to the
+// reconciler in between.
+func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
+	start := d.at
+	now := start
+	full, sliced := d.Full, d.sliced
 	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
 	var offered *KernelRead
 	switch {

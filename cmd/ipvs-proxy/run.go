@@ -82,7 +82,14 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	if err != nil {
 		return err
 	}
-	g, closeSets, err := prepareKernel(ctx, o, cfg, timeouts, client, ipvs, links, hook, log)
+	// The glue syncs beside the reconciler (proxier.SyncOnce) and a Links
+	// is not safe for concurrent use: the glue reads the node's addresses
+	// through a socket of its own.
+	glueLinks, err := netlinkutil.NewLinks()
+	if err != nil {
+		return err
+	}
+	g, closeSets, err := prepareKernel(ctx, o, cfg, timeouts, client, ipvs, links, hook.Links(glueLinks), hook, log)
 	if err != nil {
 		return err
 	}
@@ -111,11 +118,11 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 }
 
 // prepareKernel sets the sysctls and IPVS timeouts run needs, creates the
-// interface and opens the iptables glue (hook wraps its sets; with
-// --detect-local-mode NodeCIDR it waits for the Node's podCIDRs); closeSets
-// releases the glue's netlink socket.
+// interface and opens the iptables glue on glueLinks (hook wraps its sets;
+// with --detect-local-mode NodeCIDR it waits for the Node's podCIDRs);
+// closeSets releases the glue's netlink socket.
 func prepareKernel(ctx context.Context, o *config.Options, cfg proxier.Config, timeouts netlinkutil.Timeouts, client kubernetes.Interface,
-	ipvs netlinkutil.IPVS, links netlinkutil.Links, hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
+	ipvs netlinkutil.IPVS, links, glueLinks netlinkutil.Links, hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
 	if err := sysctls.Ensure(log, cfg.IPv6); err != nil {
 		return nil, nil, err
 	}
@@ -131,7 +138,7 @@ func prepareKernel(ctx context.Context, o *config.Options, cfg proxier.Config, t
 			return nil, nil, err
 		}
 	}
-	g, closeSets, err = glue.Open(gcfg, o.IPTablesBackend, links, hook.Sets, log)
+	g, closeSets, err = glue.Open(gcfg, o.IPTablesBackend, glueLinks, hook.Sets, log)
 	if err != nil {
 		return nil, nil, err
 	}
