@@ -72,6 +72,7 @@ func main() {
 	out := flag.String("out", "bin/heapbench", "directory for the heap profiles")
 	rate := flag.Int("memprofilerate", 4096, "runtime.MemProfileRate: bytes between heap samples")
 	gogc := flag.Int("gogc", 50, "the collector's percentage (debug.SetGCPercent): 50 is the agent's default")
+	cpuProfile := flag.Bool("cpuprofile", false, "also write cpu-N.pb.gz (the proxier's start to its first sync) and the proxier's log, agent-N.log, into -out (the heap figures then include the log's cost)")
 	flag.Parse()
 	runtime.MemProfileRate = *rate
 	debug.SetGCPercent(*gogc)
@@ -86,7 +87,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, ns, *out); err != nil {
+	if err := run(ctx, ns, *out, *cpuProfile); err != nil {
 		fmt.Fprintf(os.Stderr, "heapbench: %v\n", err)
 		os.Exit(1)
 	}
@@ -109,7 +110,7 @@ type result struct {
 	allocated   uint64 // bytes allocated during the first sync
 }
 
-func run(ctx context.Context, sizes []int, outDir string) error {
+func run(ctx context.Context, sizes []int, outDir string, cpuProfile bool) error {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
@@ -140,7 +141,7 @@ func run(ctx context.Context, sizes []int, outDir string) error {
 		}
 		logf("created Services %d..%d and their EndpointSlices in %v", have, n-1, time.Since(t0).Round(time.Millisecond))
 		have = n
-		r, err := measure(ctx, cp.RESTConfig, n, outDir)
+		r, err := measure(ctx, cp.RESTConfig, n, outDir, cpuProfile)
 		if err != nil {
 			return fmt.Errorf("%d Services: %w", n, err)
 		}
@@ -152,8 +153,19 @@ func run(ctx context.Context, sizes []int, outDir string) error {
 
 // measure runs a new proxier until its first full sync is done and takes
 // the figures.
-func measure(ctx context.Context, base *rest.Config, n int, outDir string) (result, error) {
+func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuProfile bool) (result, error) {
 	r := result{services: n}
+	log := zap.NewNop()
+	if cpuProfile {
+		zc := zap.NewProductionConfig()
+		zc.OutputPaths = []string{filepath.Join(outDir, fmt.Sprintf("agent-%d.log", n))}
+		l, err := zc.Build()
+		if err != nil {
+			return r, fmt.Errorf("the proxier's log: %w", err)
+		}
+		defer func() { _ = l.Sync() }()
+		log = l
+	}
 	rc := rest.CopyConfig(base)
 	proxier.TuneClientConfig(rc, "ipvs-proxy-heapbench")
 	client, err := kubernetes.NewForConfig(rc)
@@ -166,13 +178,13 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string) (resu
 	cfg := proxier.Config{NodeName: "heapbench-node", Interface: "ipvs-proxy0", Scheduler: scheduler.Spec{Name: "rr"},
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true,
 		MinSyncPeriod: time.Second, SyncPeriod: time.Hour}
-	p := proxier.New(cfg, client, ipvs, links, &record.FakeRecorder{}, proxier.NewMetrics(prometheus.NewRegistry()), zap.NewNop())
+	p := proxier.New(cfg, client, ipvs, links, &record.FakeRecorder{}, proxier.NewMetrics(prometheus.NewRegistry()), log)
 	ipt, err := glue.NewIPTables(emptyTables{}, glue.NFT, ipset.IPv4)
 	if err != nil {
 		return r, err
 	}
 	p.AddConsumer(glue.New(glue.Config{Interface: cfg.Interface, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, IPv4: true},
-		ipsetfake.New(), map[ipset.Family]*glue.IPTables{ipset.IPv4: ipt}, links, zap.NewNop()))
+		ipsetfake.New(), map[ipset.Family]*glue.IPTables{ipset.IPv4: ipt}, links, log))
 
 	runtime.GC()
 	runtime.GC()
@@ -189,6 +201,17 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string) (resu
 		return r, err
 	}
 	sampler := startSampler()
+	if cpuProfile {
+		f, err := os.Create(filepath.Join(outDir, fmt.Sprintf("cpu-%d.pb.gz", n)))
+		if err != nil {
+			return r, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return r, err
+		}
+		defer pprof.StopCPUProfile() // on the paths that end early
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	runErr := make(chan error, 1)
@@ -225,6 +248,9 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string) (resu
 		}
 	}
 	r.sync = time.Since(t0)
+	if cpuProfile {
+		pprof.StopCPUProfile()
+	}
 	r.peakHeap = sampler.stop()
 	var err2 error
 	if r.peakRSS, err2 = peakRSS(); err2 != nil {
