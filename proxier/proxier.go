@@ -113,6 +113,9 @@ type Proxier struct {
 	changes map[types.NamespacedName]time.Time
 
 	trigger chan struct{}
+	// listed is closed once the initial lists of Services, slices and the
+	// Node are in (Listed).
+	listed chan struct{}
 
 	mu        sync.Mutex // guards the fields below
 	services  map[types.NamespacedName]*model.Service
@@ -167,6 +170,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		consumerRetry: map[int]*backoff{},
 		changes:       map[types.NamespacedName]time.Time{},
 		trigger:       make(chan struct{}, 1),
+		listed:        make(chan struct{}),
 		services:      map[types.NamespacedName]*model.Service{},
 		slices:        map[types.NamespacedName][]*model.EndpointSlice{},
 		dirty:         map[types.NamespacedName]time.Time{},
@@ -466,6 +470,10 @@ func handler(add func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 	}
 }
 
+// Listed is closed once Run has the initial lists of Services,
+// EndpointSlices and the Node, just before its first sync.
+func (p *Proxier) Listed() <-chan struct{} { return p.listed }
+
 // Run watches the API and syncs until ctx ends.
 func (p *Proxier) Run(ctx context.Context) error {
 	// Services and slices of other proxies (service-proxy-name) and headless
@@ -515,6 +523,11 @@ func (p *Proxier) Run(ctx context.Context) error {
 	n := len(p.services)
 	p.mu.Unlock()
 	p.log.Info("initial list received", zap.Int("services", n))
+	select {
+	case <-p.listed: // a second Run
+	default:
+		close(p.listed)
+	}
 	p.watchRemovals(ctx)
 	p.watchNodeAddresses(ctx)
 	p.loop(ctx)

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -41,5 +44,27 @@ func TestSetGCPercent(t *testing.T) {
 	}
 	if now := debug.SetGCPercent(200); now != 200 {
 		t.Errorf("with GOGC=200 the runtime's percentage is %d, want it kept", now)
+	}
+}
+
+// gcPercent reads the collector's percentage without changing it.
+func gcPercent() int64 {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
+}
+
+func TestGCDuringLists(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	listed := make(chan struct{})
+	gcDuringLists(context.Background(), listed)
+	if now := gcPercent(); now != listGCPercent {
+		t.Errorf("before the lists are in, the percentage is %d, want %d", now, listGCPercent)
+	}
+	close(listed)
+	for deadline := time.Now().Add(5 * time.Second); gcPercent() != defaultGCPercent; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after the lists, the percentage is %d, want %d", gcPercent(), defaultGCPercent)
+		}
 	}
 }

@@ -72,6 +72,7 @@ func main() {
 	out := flag.String("out", "bin/heapbench", "directory for the heap profiles")
 	rate := flag.Int("memprofilerate", 4096, "runtime.MemProfileRate: bytes between heap samples")
 	gogc := flag.Int("gogc", 50, "the collector's percentage (debug.SetGCPercent): 50 is the agent's default")
+	listGOGC := flag.Int("list-gogc", 200, "the collector's percentage while the initial lists stream in, as the agent sets it (cmd/ipvs-proxy listGCPercent; 0: -gogc throughout)")
 	cpuProfile := flag.Bool("cpuprofile", false, "also write cpu-N.pb.gz (the proxier's start to its first sync) and the proxier's log, agent-N.log, into -out (the heap figures then include the log's cost)")
 	flag.Parse()
 	runtime.MemProfileRate = *rate
@@ -87,7 +88,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, ns, *out, *cpuProfile); err != nil {
+	if err := run(ctx, ns, *out, *cpuProfile, gcPercents{list: *listGOGC, after: *gogc}); err != nil {
 		fmt.Fprintf(os.Stderr, "heapbench: %v\n", err)
 		os.Exit(1)
 	}
@@ -110,7 +111,11 @@ type result struct {
 	allocated   uint64 // bytes allocated during the first sync
 }
 
-func run(ctx context.Context, sizes []int, outDir string, cpuProfile bool) error {
+// gcPercents are the collector's percentages during the initial lists and
+// after them.
+type gcPercents struct{ list, after int }
+
+func run(ctx context.Context, sizes []int, outDir string, cpuProfile bool, gc gcPercents) error {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
@@ -141,7 +146,7 @@ func run(ctx context.Context, sizes []int, outDir string, cpuProfile bool) error
 		}
 		logf("created Services %d..%d and their EndpointSlices in %v", have, n-1, time.Since(t0).Round(time.Millisecond))
 		have = n
-		r, err := measure(ctx, cp.RESTConfig, n, outDir, cpuProfile)
+		r, err := measure(ctx, cp.RESTConfig, n, outDir, cpuProfile, gc)
 		if err != nil {
 			return fmt.Errorf("%d Services: %w", n, err)
 		}
@@ -153,7 +158,7 @@ func run(ctx context.Context, sizes []int, outDir string, cpuProfile bool) error
 
 // measure runs a new proxier until its first full sync is done and takes
 // the figures.
-func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuProfile bool) (result, error) {
+func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuProfile bool, gc gcPercents) (result, error) {
 	r := result{services: n}
 	log := zap.NewNop()
 	if cpuProfile {
@@ -216,6 +221,17 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 	var wg sync.WaitGroup
 	runErr := make(chan error, 1)
 	wg.Add(1)
+	if gc.list > 0 {
+		// As the agent does (cmd/ipvs-proxy gcDuringLists).
+		debug.SetGCPercent(gc.list)
+		go func() {
+			select {
+			case <-p.Listed():
+			case <-runCtx.Done():
+			}
+			debug.SetGCPercent(gc.after)
+		}()
+	}
 	go func() {
 		defer wg.Done()
 		runErr <- p.Run(runCtx)
