@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -147,29 +148,27 @@ func (l *kernelLinks) DeleteAddress(name string, a netip.Addr) error {
 }
 
 func (l *kernelLinks) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
-	links, err := l.h.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
-	}
-	skip := map[int]bool{}
-	for _, link := range links {
-		a := link.Attrs()
-		if a.Flags&net.FlagLoopback != 0 {
-			skip[a.Index] = true
-		}
-		for _, e := range exclude {
-			if a.Name == e {
-				skip[a.Index] = true
-			}
-		}
-	}
+	// The addresses are read before the links, and an address counts only
+	// if its link is in the later list: a link removed or re-created
+	// (with a new index) in between, as the proxy's own interface is when
+	// the reconciler repairs it while the glue reads, never passes its
+	// addresses off as the node's.
 	addrs, err := l.h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("list addresses: %w", err)
 	}
+	links, err := l.h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	node := map[int]bool{}
+	for _, link := range links {
+		a := link.Attrs()
+		node[a.Index] = a.Flags&net.FlagLoopback == 0 && !slices.Contains(exclude, a.Name)
+	}
 	var out []netip.Addr
 	for _, a := range addrs {
-		if skip[a.LinkIndex] {
+		if !node[a.LinkIndex] {
 			continue
 		}
 		ip, ok := netip.AddrFromSlice(a.IP)
