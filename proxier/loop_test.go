@@ -735,3 +735,50 @@ func TestLoopConsumersSyncBesideTheReconciler(t *testing.T) {
 		t.Errorf("the reconciler's write waited 5 s for a consumer's sync: they ran one after the other")
 	}
 }
+
+// afterConsumer records, at each Sync, the real servers the fake kernel
+// has by then.
+type afterConsumer struct {
+	b    *loopBed
+	mu   sync.Mutex
+	seen []int
+}
+
+func (c *afterConsumer) Name() string                                     { return "after" }
+func (c *afterConsumer) SetPlan(types.NamespacedName, *model.ServicePlan) {}
+func (c *afterConsumer) AfterReconciler()                                 {}
+func (c *afterConsumer) Sync(bool) error {
+	n := len(c.b.calls("AddRealServer"))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen = append(c.seen, n)
+	return nil
+}
+
+// TestLoopAfterReconcilerConsumerFollowsIPVS: a consumer marked
+// AfterReconciler (the health-check server) syncs once the reconciler's
+// writes are done, so it never counts an endpoint IPVS does not have yet.
+func TestLoopAfterReconcilerConsumerFollowsIPVS(t *testing.T) {
+	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"))
+	c := &afterConsumer{b: b}
+	b.p.AddConsumer(c)
+	// Hold the reconciler's real-server write a while: a consumer run
+	// beside it would sync meanwhile and see none.
+	b.ipvs.InjectErrors(func(call fake.Call) error {
+		if strings.HasPrefix(string(call), "AddRealServer") {
+			time.Sleep(200 * time.Millisecond)
+		}
+		return nil
+	})
+	b.run()
+	b.eventually("the consumer's first sync", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.seen) > 0
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen[0] != 1 {
+		t.Errorf("the consumer's first sync saw %d real servers written, want 1: it did not follow the reconciler", c.seen[0])
+	}
+}

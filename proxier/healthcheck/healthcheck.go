@@ -88,6 +88,10 @@ func New(cfg Config, log *zap.Logger) *Server {
 // Name implements proxier.Consumer.
 func (s *Server) Name() string { return "health-check node ports" }
 
+// AfterReconciler implements proxier.AfterReconciler: a Service's local
+// endpoints are counted (and answered with 200) only once IPVS has them.
+func (s *Server) AfterReconciler() {}
+
 // SetPlan implements proxier.Consumer: it records the Service's
 // health-check node port and local endpoint count; Sync applies them.
 func (s *Server) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
