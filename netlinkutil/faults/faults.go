@@ -67,23 +67,28 @@ type Count struct {
 type Injector struct {
 	rate float64
 
-	mu     sync.Mutex
-	rng    *rand.Rand
+	mu sync.Mutex
+	// rng is a generator per kind: the iptables glue writes its sets
+	// while the reconciler writes IPVS, so the kinds' writes interleave
+	// differently from run to run, and each kind's draws must not depend
+	// on the others'.
+	rng    map[Kind]*rand.Rand
 	counts map[Kind]*Count
 
 	writes, failed *prometheus.CounterVec
 }
 
 // New returns an injector that fails each write with probability rate
-// (0 to 1), drawn from a generator seeded with seed: the same seed and the
-// same writes in the same order fail the same writes.
+// (0 to 1), drawn from a generator per kind seeded with seed: the same
+// seed and the same writes of a kind in the same order fail the same
+// writes.
 func New(rate float64, seed uint64) (*Injector, error) {
 	if !(rate >= 0 && rate <= 1) {
 		return nil, fmt.Errorf("fault rate %v is not between 0 and 1", rate)
 	}
 	in := &Injector{
 		rate:   rate,
-		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		rng:    map[Kind]*rand.Rand{},
 		counts: map[Kind]*Count{},
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ipvs_proxy_fault_injection_writes_total", Help: "Kernel writes seen by the fault injector (a test build's --inject-write-failures), by kind.",
@@ -92,7 +97,8 @@ func New(rate float64, seed uint64) (*Injector, error) {
 			Name: "ipvs_proxy_fault_injection_failures_total", Help: "Kernel writes the fault injector failed, by kind.",
 		}, []string{"kind"}),
 	}
-	for _, k := range Kinds {
+	for i, k := range Kinds {
+		in.rng[k] = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15^uint64(i)))
 		in.counts[k] = &Count{}
 		in.writes.WithLabelValues(string(k))
 		in.failed.WithLabelValues(string(k))
@@ -122,7 +128,7 @@ func (in *Injector) decide(call string, sets bool) error {
 	in.mu.Lock()
 	c := in.counts[kind]
 	c.Writes++
-	fail := in.rng.Float64() < in.rate
+	fail := in.rng[kind].Float64() < in.rate
 	if fail {
 		c.Failed++
 	}
