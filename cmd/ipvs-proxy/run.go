@@ -60,8 +60,12 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	}
 	log = log.With(zap.String("node", cfg.NodeName))
 	gcPercent := setGCPercent(os.Getenv)
+	gcFromEnv, listPercent := os.Getenv("GOGC") != "", gcPercent
+	if !gcFromEnv {
+		listPercent = listGCPercent
+	}
 	log.Info("starting ipvs-proxy", zap.String("version", version), zap.String("interface", cfg.Interface),
-		zap.String("scheduler", cfg.Scheduler.Name), zap.Int("gcPercent", gcPercent))
+		zap.String("scheduler", cfg.Scheduler.Name), zap.Int("gcPercent", gcPercent), zap.Int("gcPercentDuringLists", listPercent))
 
 	reg := prometheus.NewRegistry()
 	hook, err := hooks.hook(log, reg)
@@ -114,7 +118,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	defer stopOps()
-	if gcFromEnv := os.Getenv("GOGC") != ""; !gcFromEnv {
+	if !gcFromEnv {
 		gcDuringLists(ctx, p.Listed())
 	}
 	return p.Run(ctx)
