@@ -59,8 +59,8 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	log = log.With(zap.String("node", cfg.NodeName))
-	gcPercent := setGCPercent(os.Getenv)
-	gcFromEnv, listPercent := os.Getenv("GOGC") != "", gcPercent
+	gcPercent, gcFromEnv := setGCPercent(os.Getenv)
+	listPercent := gcPercent
 	if !gcFromEnv {
 		listPercent = listGCPercent
 	}
@@ -250,13 +250,14 @@ func gcDuringLists(ctx context.Context, listed <-chan struct{}) {
 }
 
 // setGCPercent applies defaultGCPercent unless GOGC is set (the runtime
-// has applied that one), and returns the percentage in force (-1: off).
-func setGCPercent(getenv func(string) string) int {
+// has applied that one, fromEnv), and returns the percentage in force
+// (-1: off).
+func setGCPercent(getenv func(string) string) (percent int, fromEnv bool) {
 	if getenv("GOGC") != "" {
 		p := debug.SetGCPercent(100)
 		debug.SetGCPercent(p)
-		return p
+		return p, true
 	}
 	debug.SetGCPercent(defaultGCPercent)
-	return defaultGCPercent
+	return defaultGCPercent, false
 }

@@ -29,8 +29,8 @@ func TestSetGCPercent(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	env := map[string]string{}
 	getenv := func(k string) string { return env[k] }
-	if got := setGCPercent(getenv); got != defaultGCPercent {
-		t.Errorf("without GOGC: %d, want %d", got, defaultGCPercent)
+	if got, fromEnv := setGCPercent(getenv); got != defaultGCPercent || fromEnv {
+		t.Errorf("without GOGC: %d (from the environment: %v), want %d", got, fromEnv, defaultGCPercent)
 	}
 	if now := debug.SetGCPercent(defaultGCPercent); now != defaultGCPercent {
 		t.Errorf("without GOGC the runtime's percentage is %d, want %d", now, defaultGCPercent)
@@ -39,8 +39,8 @@ func TestSetGCPercent(t *testing.T) {
 	// whatever is in force and says so.
 	env["GOGC"] = "200"
 	debug.SetGCPercent(200)
-	if got := setGCPercent(getenv); got != 200 {
-		t.Errorf("with GOGC=200: %d, want 200", got)
+	if got, fromEnv := setGCPercent(getenv); got != 200 || !fromEnv {
+		t.Errorf("with GOGC=200: %d (from the environment: %v), want 200 from it", got, fromEnv)
 	}
 	if now := debug.SetGCPercent(200); now != 200 {
 		t.Errorf("with GOGC=200 the runtime's percentage is %d, want it kept", now)
