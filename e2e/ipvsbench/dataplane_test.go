@@ -127,6 +127,9 @@ add element ip kube-proxy service-ips { 10.96.0.11 . udp . 80 : goto ` + chain +
 	if eps, err := look(netip.MustParseAddrPort("10.96.0.10:80")); err != nil || fmt.Sprint(eps) != "[10.176.0.16 10.176.0.32]" {
 		t.Errorf("reader's endpoints = %v, %v", eps, err)
 	}
+	if eps, err := look(netip.MustParseAddrPort("10.96.0.11:80")); err != nil || eps != nil {
+		t.Errorf("reader's endpoints of a virtual server not in service-ips (TCP) = %v, %v; want none", eps, err)
+	}
 	eps, err := v.endpoints(netip.MustParseAddrPort("10.96.0.10:80"))
 	if err != nil || fmt.Sprint(eps) != "[10.176.0.16 10.176.0.32]" {
 		t.Errorf("endpoints = %v, %v", eps, err)

@@ -128,11 +128,11 @@ func (v *nftView) missing(ss []Service) ([]Service, error) {
 	}
 	var left []Service
 	for _, s := range ss {
-		vs, err := netip.ParseAddrPort(fmt.Sprintf("%s:%d", s.VIP, s.Port))
+		a, err := netip.ParseAddr(s.VIP)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("service VIP %q: %w", s.VIP, err)
 		}
-		if _, ok := have[vs]; !ok {
+		if _, ok := have[netip.AddrPortFrom(a, s.Port)]; !ok {
 			left = append(left, s)
 		}
 	}
@@ -156,13 +156,18 @@ func (v *nftView) serviceChain(vs netip.AddrPort) (string, error) {
 	return v.chains[vs], nil
 }
 
-// endpoints reads vs's chain (one rule dump filtered by the kernel to that
-// chain) and the anonymous map of its DNAT rule.
+// endpoints reads the endpoints of vs's chain.
 func (v *nftView) endpoints(vs netip.AddrPort) ([]netip.Addr, error) {
 	c, err := v.serviceChain(vs)
 	if err != nil || c == "" {
 		return nil, err
 	}
+	return v.chainEndpoints(c)
+}
+
+// chainEndpoints reads chain c (one rule dump filtered by the kernel to
+// that chain) and the anonymous map of its DNAT rule.
+func (v *nftView) chainEndpoints(c string) ([]netip.Addr, error) {
 	rules, err := v.conn.GetRules(v.table, &nftables.Chain{Name: c})
 	if absent(err) {
 		return nil, nil
@@ -218,13 +223,19 @@ func dnatMap(exprs []expr.Any) string {
 }
 
 // reader dumps service-ips once; each virtual server then costs a read of
-// its chain and its map.
+// its chain and its map (one not in that dump has none: no dump again).
 func (v *nftView) reader() (func(netip.AddrPort) ([]netip.Addr, error), error) {
-	clear(v.chains)
-	if _, err := v.serviceChain(netip.AddrPort{}); err != nil {
+	chains, err := v.serviceIPs()
+	if err != nil {
 		return nil, err
 	}
-	return v.endpoints, nil
+	return func(vs netip.AddrPort) ([]netip.Addr, error) {
+		c, ok := chains[vs]
+		if !ok {
+			return nil, nil
+		}
+		return v.chainEndpoints(c)
+	}, nil
 }
 
 // nft runs nft; absent reports an error that means "not there" (nft's
