@@ -22,7 +22,7 @@ func ContentsOf(es ...Entry) Contents {
 }
 
 // Wanted is what a set should hold: Contents, or any other set of entries
-// (the glue passes its reference counts rather than keep a copy).
+// (the glue passes its reference counts, Counts, a Mirrored).
 type Wanted interface {
 	Has(Key) bool
 	Len() int
@@ -55,7 +55,9 @@ func (s Stats) Writes() int { return s.Added + s.Deleted }
 // Syncer keeps owned sets equal to desired contents. It remembers what it
 // last read or wrote of each set (its view), so that an update diffs against
 // memory and writes only the difference; a reread dumps the set first and
-// repairs drift. When writing the difference would take more writes than
+// repairs drift. Of a set synced to a Mirrored the view keeps no copy: once
+// the set holds what the Mirrored wanted, the Mirrored itself tells what the
+// set holds, and which entries changed since. When writing the difference would take more writes than
 // writing the contents afresh (by a margin), or the set's parameters differ
 // from its spec, it fills a new set and swaps it in: rules that use the set see the old contents, then the new, never a
 // half-written set. Not safe for concurrent use.
@@ -74,9 +76,56 @@ type written struct {
 }
 
 type viewed struct {
-	temp    bool // a rebuild's temporary set: Forget keeps knowing it exists
-	spec    Spec
-	entries Contents // nil: unknown, reread before the next diff
+	temp bool // a rebuild's temporary set: Forget keeps knowing it exists
+	spec Spec
+	// entries is what the set holds; nil and not mirrored: unknown,
+	// reread before the next diff.
+	entries Contents
+	// mirrored: the set holds what the Mirrored passed as want held at
+	// its last Synced (entries is nil).
+	mirrored bool
+}
+
+// lookup returns what the view knows of the set's entries for a sync to
+// want; known is false when it knows nothing (no view, a failed write
+// forgot it, or a mirrored view and a want that is not Mirrored).
+func (v *viewed) lookup(want Wanted) (has func(Key) bool, known bool) {
+	switch {
+	case v == nil:
+		return nil, false
+	case v.mirrored:
+		m, ok := want.(Mirrored)
+		if !ok {
+			return nil, false
+		}
+		return m.Held, true
+	case v.entries == nil:
+		return nil, false
+	}
+	return v.entries.Has, true
+}
+
+// forget makes the view's entries unknown.
+func (v *viewed) forget() {
+	v.entries, v.mirrored = nil, false
+}
+
+// holds records that the set now holds exactly want: a Mirrored is told so
+// and stands for the view's copy; otherwise a view without a copy gets one
+// (one with a copy was kept by apply).
+func (v *viewed) holds(want Wanted) {
+	if m, ok := want.(Mirrored); ok {
+		v.entries, v.mirrored = nil, true
+		m.Synced()
+		return
+	}
+	if v.entries != nil {
+		return
+	}
+	v.entries = make(Contents, want.Len())
+	for e := range want.All() {
+		v.entries[e] = struct{}{}
+	}
 }
 
 // NewSyncer returns a Syncer with an empty view.
@@ -124,10 +173,11 @@ func (s *Syncer) SyncRead(spec Spec, want Wanted, cur Set, readErr error) (Stats
 	w := s.track[spec.Name]
 	delete(s.track, spec.Name)
 	v := s.view[spec.Name]
+	has, known := v.lookup(want)
 	switch {
 	case readErr != nil && !errors.Is(readErr, ErrNotFound):
 		return Stats{Reads: 1}, readErr
-	case w == nil || readErr != nil || v == nil || v.entries == nil || v.spec != spec:
+	case w == nil || readErr != nil || !known || v.spec != spec:
 		return s.Sync(spec, want, true)
 	case w.all: // rebuilt since: the view is as fresh as any read
 		st, err := s.Sync(spec, want, false)
@@ -142,7 +192,7 @@ func (s *Syncer) SyncRead(spec Spec, want Wanted, cur Set, readErr error) (Stats
 		nv.entries[e.Key()] = struct{}{}
 	}
 	for e := range w.entries {
-		if _, ok := v.entries[e]; ok {
+		if has(e) {
 			nv.entries[e] = struct{}{}
 		} else {
 			delete(nv.entries, e)
@@ -180,13 +230,8 @@ func (s *Syncer) Sync(spec Spec, want Wanted, reread bool) (Stats, error) {
 	if !s.sets.Owns(spec.Name) {
 		return st, fmt.Errorf("ipset: sync %s: %w", spec.Name, ErrNotOwned)
 	}
-	for k := range want.All() {
-		if err := spec.Type.Check(spec.Family, k.Entry()); err != nil {
-			return st, fmt.Errorf("ipset: set %s: %w", spec.Name, err)
-		}
-	}
 	v := s.view[spec.Name]
-	if reread || v == nil || v.entries == nil || v.spec != spec {
+	if _, known := v.lookup(want); reread || !known || v.spec != spec {
 		var err error
 		if v, err = s.read(spec, &st); err != nil {
 			delete(s.view, spec.Name)
@@ -195,21 +240,51 @@ func (s *Syncer) Sync(spec Spec, want Wanted, reread bool) (Stats, error) {
 		s.view[spec.Name] = v
 	}
 
-	add, del := difference(want, v.entries)
+	var add, del []Key
+	if v.mirrored {
+		add, del = changes(want.(Mirrored))
+	} else {
+		add, del = difference(want, v.entries)
+	}
+	// Only what is written is checked: what the set holds, it accepted.
+	for _, k := range add {
+		if err := spec.Type.Check(spec.Family, k.Entry()); err != nil {
+			return st, fmt.Errorf("ipset: set %s: %w", spec.Name, err)
+		}
+	}
+	if _, ok := want.(Mirrored); ok {
+		v.entries = nil // not kept up to date by apply: the Mirrored stands for it once synced
+	}
 	if len(add) == 0 && len(del) == 0 && v.spec == spec {
+		v.holds(want)
 		return st, s.dropTemp(spec.Name)
 	}
 	if v.spec != spec || (len(add)+len(del) > want.Len()+rebuildGain && !st.Created) {
 		err := s.rebuild(spec, want, &st)
 		if err != nil && s.view[spec.Name] == v {
-			v.entries = nil
+			v.forget()
 		}
 		return st, err
 	}
 	if err := s.apply(spec.Name, v, add, del, &st); err != nil {
 		return st, err
 	}
+	v.holds(want)
 	return st, s.dropTemp(spec.Name)
+}
+
+// changes is what to add and delete to make a set that holds what m held
+// hold what it wants: the entries it changed, the cost of the change.
+func changes(m Mirrored) (add, del []Key) {
+	for e := range m.Changed() {
+		switch wanted, held := m.Has(e), m.Held(e); {
+		case wanted && !held:
+			add = append(add, e)
+		case !wanted && held:
+			del = append(del, e)
+		}
+	}
+	return add, del
 }
 
 // difference is what to add to have, and what to delete from it, to get
@@ -228,60 +303,35 @@ func difference(want Wanted, have Contents) (add, del []Key) {
 	return add, del
 }
 
-// SyncChanged is Sync for a partial update: only the entries in changed may
-// differ between want and the set, so only they are looked at, and the cost
-// is that of the change, not of the set. Without a current view of the set
-// it falls back to Sync.
-func (s *Syncer) SyncChanged(spec Spec, want Wanted, changed []Key) (Stats, error) {
-	spec = spec.Normalized()
-	v := s.view[spec.Name]
-	if v == nil || v.entries == nil || v.spec != spec || !s.sets.Owns(spec.Name) {
-		return s.Sync(spec, want, false)
-	}
-	var st Stats
-	var add, del []Key
-	for _, e := range changed {
-		wanted := want.Has(e)
-		_, have := v.entries[e]
-		switch {
-		case wanted && !have:
-			if err := spec.Type.Check(spec.Family, e.Entry()); err != nil {
-				return st, fmt.Errorf("ipset: set %s: %w", spec.Name, err)
-			}
-			add = append(add, e)
-		case !wanted && have:
-			del = append(del, e)
-		}
-	}
-	if err := s.apply(spec.Name, v, add, del, &st); err != nil {
-		return st, err
-	}
-	return st, s.dropTemp(spec.Name)
-}
-
-// apply adds, then deletes, entries of a live set and keeps the view.
+// apply adds, then deletes, entries of a live set and keeps the view's
+// copy, if it has one (the caller records a mirrored view's new contents:
+// viewed.holds). A failed write forgets the view.
 func (s *Syncer) apply(name string, v *viewed, add, del []Key, st *Stats) error {
 	// Additions first: for a moment the set holds old and new entries,
 	// never neither.
 	s.wrote(name, add)
 	if err := s.sets.Add(name, entries(add)...); err != nil {
-		v.entries = nil
+		v.forget()
 		s.wroteAll(name)
 		return err
 	}
 	st.Added += len(add)
-	for _, e := range add {
-		v.entries[e] = struct{}{}
+	if v.entries != nil {
+		for _, e := range add {
+			v.entries[e] = struct{}{}
+		}
 	}
 	s.wrote(name, del)
 	if err := s.sets.Del(name, entries(del)...); err != nil {
-		v.entries = nil
+		v.forget()
 		s.wroteAll(name)
 		return err
 	}
 	st.Deleted += len(del)
-	for _, e := range del {
-		delete(v.entries, e)
+	if v.entries != nil {
+		for _, e := range del {
+			delete(v.entries, e)
+		}
 	}
 	return nil
 }
@@ -348,15 +398,13 @@ func (s *Syncer) rebuild(spec Spec, want Wanted, st *Stats) error {
 		return err
 	}
 	if err := s.sets.Swap(spec.Name, tmp.Name); err != nil {
-		s.view[tmp.Name].entries = nil // kept for the next attempt, reread
+		s.view[tmp.Name].forget() // kept for the next attempt, reread
 		return err
 	}
 	st.Rebuilt = true
-	contents := make(Contents, want.Len())
-	for e := range want.All() {
-		contents[e] = struct{}{}
-	}
-	s.view[spec.Name] = &viewed{spec: spec, entries: contents}
+	v := &viewed{spec: spec}
+	v.holds(want)
+	s.view[spec.Name] = v
 	// The temporary set now holds the old contents: known to exist, to be
 	// destroyed now or, if that fails, by the set's next sync.
 	s.view[tmp.Name] = &viewed{spec: tmp, temp: true}

@@ -3,8 +3,10 @@ package ipset_test
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -342,41 +344,133 @@ func TestEntry(t *testing.T) {
 	}
 }
 
-// TestSyncerChanged: a partial update looks only at the changed entries
-// (an entry that did not change is not re-added even if the kernel lost it:
-// that is the full resync's job), and without a view it falls back to a
-// full comparison.
-func TestSyncerChanged(t *testing.T) {
+// countsOf returns counts wanting each entry once.
+func countsOf(es ...ipset.Entry) *ipset.Counts {
+	c := ipset.NewCounts()
+	for _, e := range es {
+		c.Add(e.Key(), 1)
+	}
+	return c
+}
+
+// wholeReads counts how often a sync went through every wanted entry.
+type wholeReads struct {
+	*ipset.Counts
+	n int
+}
+
+func (w *wholeReads) All() iter.Seq[ipset.Key] { w.n++; return w.Counts.All() }
+
+// TestSyncerMirrored: synced to a Mirrored (the glue's Counts), the Syncer
+// keeps no copy of the set: a sync without a reread writes the entries
+// whose membership changed, at the cost of the change (it never goes
+// through every wanted entry, and an entry that did not change is not
+// re-added even if the kernel lost it: that is the reread's job). A count
+// that changes without changing membership, or an entry that comes and
+// goes between syncs, writes nothing. A failed write, or a want that is
+// not the Mirrored, makes the next sync reread the set.
+func TestSyncerMirrored(t *testing.T) {
 	f := fake.New()
 	s := ipset.NewSyncer(f)
-	changed := func(want ipset.Contents, es ...ipset.Entry) ipset.Stats {
+	a, b, c, d := ep("10.96.0.1", 80), ep("10.96.0.2", 80), ep("10.96.0.3", 80), ep("10.96.0.4", 80)
+	want := &wholeReads{Counts: countsOf(a, b)}
+	step := func(name string, reread bool, calls ...fake.Call) ipset.Stats {
 		t.Helper()
-		st, err := s.SyncChanged(spec, want, keys(es...))
+		f.ResetCalls()
+		st, err := s.Sync(spec, want, reread)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", name, err)
+		}
+		if diff := cmp.Diff(calls, f.Calls()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", name, diff)
 		}
 		return st
 	}
-	// No view yet: a full comparison (read, create, fill).
-	changed(contents(ep("10.96.0.1", 80), ep("10.96.0.2", 80)))
-	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Create IPVSP-CLUSTER-IP hash:ip,port inet",
-		"Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80 10.96.0.2,tcp:80"}, f.Calls()); diff != "" {
-		t.Errorf("first sync (-want +got):\n%s", diff)
+	step("first sync", false, "List IPVSP-CLUSTER-IP", "Create IPVSP-CLUSTER-IP hash:ip,port inet",
+		"Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80 10.96.0.2,tcp:80")
+	want.n = 0
+
+	_ = f.Del(spec.Name, a) // drift, unseen until a reread
+	want.Add(c.Key(), 1)
+	want.Add(b.Key(), -1)
+	want.Add(d.Key(), 1) // comes and goes
+	want.Add(d.Key(), -1)
+	if want.Pending() != 2 {
+		t.Errorf("pending %d, want 2 (c and b)", want.Pending())
 	}
-	f.ResetCalls()
-	st := changed(contents(ep("10.96.0.2", 80), ep("10.96.0.3", 80), ep("10.96.0.4", 80)),
-		ep("10.96.0.1", 80), ep("10.96.0.3", 80))
-	if diff := cmp.Diff([]fake.Call{"Add IPVSP-CLUSTER-IP 10.96.0.3,tcp:80", "Del IPVSP-CLUSTER-IP 10.96.0.1,tcp:80"}, f.Calls()); diff != "" {
-		t.Errorf("partial sync (-want +got):\n%s", diff)
-	}
+	st := step("partial sync", false, "Add IPVSP-CLUSTER-IP 10.96.0.3,tcp:80", "Del IPVSP-CLUSTER-IP 10.96.0.2,tcp:80")
 	if st.Added != 1 || st.Deleted != 1 || st.Reads != 0 {
 		t.Errorf("stats %+v", st)
 	}
-	// A full sync finds the entry that the partial one did not look at.
+	if want.Pending() != 0 {
+		t.Errorf("pending %d after the sync, want 0", want.Pending())
+	}
+	want.Add(c.Key(), 1) // a second owner: membership unchanged
+	step("count only", false)
+	if want.n != 0 {
+		t.Errorf("syncs without a reread went through every wanted entry %d times, want 0", want.n)
+	}
+
+	step("reread", true, "List IPVSP-CLUSTER-IP", "Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80")
+
+	f.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "Add ") {
+			return errors.New("injected")
+		}
+		return nil
+	})
+	want.Add(d.Key(), 1)
+	if _, err := s.Sync(spec, want, false); err == nil {
+		t.Fatal("a failed write reported no error")
+	}
+	f.InjectErrors(nil)
+	_ = f.Del(spec.Name, c) // drift: the reread after the failure finds it
+	step("after a failed write", false, "List IPVSP-CLUSTER-IP",
+		"Add IPVSP-CLUSTER-IP 10.96.0.3,tcp:80 10.96.0.4,tcp:80")
+
+	_ = f.Del(spec.Name, a)
 	f.ResetCalls()
-	sync(t, s, contents(ep("10.96.0.2", 80), ep("10.96.0.3", 80), ep("10.96.0.4", 80)), true)
-	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Add IPVSP-CLUSTER-IP 10.96.0.4,tcp:80"}, f.Calls()); diff != "" {
-		t.Errorf("full sync (-want +got):\n%s", diff)
+	if _, err := s.Sync(spec, contents(a, c, d), false); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("a want that is not the Mirrored (-want +got):\n%s", diff)
+	}
+	if got := f.Entries(spec.Name); !cmp.Equal(got, []string{"10.96.0.1,tcp:80", "10.96.0.3,tcp:80", "10.96.0.4,tcp:80"}) {
+		t.Errorf("set %v", got)
+	}
+}
+
+// TestCounts: an entry is wanted while its count is above zero; Add
+// reports membership changes; from the first Synced on, Held is what was
+// wanted then and Changed the entries that differ from it.
+func TestCounts(t *testing.T) {
+	a, b := ep("10.96.0.1", 80).Key(), ep("10.96.0.2", 80).Key()
+	c := ipset.NewCounts()
+	if !c.Add(a, 1) || c.Add(a, 1) || c.Add(a, -1) || !c.Has(a) || c.Len() != 1 {
+		t.Fatalf("counts of a: has %v len %d", c.Has(a), c.Len())
+	}
+	if c.Pending() != 0 {
+		t.Errorf("changes recorded before the first Synced: %d", c.Pending())
+	}
+	c.Synced()
+	if !c.Add(a, -1) || c.Has(a) || !c.Held(a) || c.Len() != 0 {
+		t.Errorf("a dropped: has %v held %v len %d", c.Has(a), c.Held(a), c.Len())
+	}
+	if !c.Add(b, 1) || !c.Has(b) || c.Held(b) {
+		t.Errorf("b added: has %v held %v", c.Has(b), c.Held(b))
+	}
+	got := slices.SortedFunc(c.Changed(), ipset.Key.Compare)
+	if !cmp.Equal(got, []ipset.Key{a, b}, cmp.Comparer(func(x, y ipset.Key) bool { return x == y })) {
+		t.Errorf("changed %v, want a and b", got)
+	}
+	c.Add(a, 1) // back to what was synced
+	if c.Pending() != 1 || !c.Held(a) {
+		t.Errorf("a back: pending %d held %v", c.Pending(), c.Held(a))
+	}
+	c.Synced()
+	if c.Pending() != 0 || !c.Held(b) || !c.Held(a) {
+		t.Errorf("after Synced: pending %d, held a %v b %v", c.Pending(), c.Held(a), c.Held(b))
 	}
 }
 
@@ -398,7 +492,7 @@ func TestSyncerSyncRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Meanwhile: c added, b deleted.
-	if _, err := s.SyncChanged(spec, contents(a, c), keys(b, c)); err != nil {
+	if _, err := s.Sync(spec, contents(a, c), false); err != nil {
 		t.Fatal(err)
 	}
 	_ = f.Add(spec.Name, d) // more drift, after the read: for the next one
@@ -432,5 +526,46 @@ func TestSyncerSyncRead(t *testing.T) {
 	}
 	if got := f.Entries(spec.Name); !cmp.Equal(got, []string{"10.96.0.1,tcp:80", "10.96.0.3,tcp:80"}) {
 		t.Errorf("set after a read that found none: %v (calls %v)", got, f.Calls())
+	}
+}
+
+// TestSyncerSyncReadMirrored: SyncRead with the glue's Counts: an entry
+// written since Track is taken from what the Counts held at their last
+// sync, the rest from the read, and the set ends mirrored again (a later
+// sync without a reread writes only the change).
+func TestSyncerSyncReadMirrored(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	a, b, c, d := ep("10.96.0.1", 80), ep("10.96.0.2", 80), ep("10.96.0.3", 80), ep("10.96.0.4", 80)
+	want := countsOf(a, b)
+	if _, err := s.Sync(spec, want, false); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Del(spec.Name, a) // drift
+	s.Track(spec.Name)
+	read, err := f.List(spec.Name) // the read, elsewhere: b
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Add(c.Key(), 1) // meanwhile: c added, b deleted
+	want.Add(b.Key(), -1)
+	if _, err := s.Sync(spec, want, false); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Add(spec.Name, d) // drift after the read: for the next one
+	f.ResetCalls()
+	if _, err := s.SyncRead(spec, want, read, nil); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]fake.Call{"Add IPVSP-CLUSTER-IP 10.96.0.1,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("repair (-want +got):\n%s", diff)
+	}
+	want.Add(b.Key(), 1)
+	f.ResetCalls()
+	if _, err := s.Sync(spec, want, false); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]fake.Call{"Add IPVSP-CLUSTER-IP 10.96.0.2,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("after the repair (-want +got):\n%s", diff)
 	}
 }

@@ -20,8 +20,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
-	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -75,12 +73,13 @@ type Glue struct {
 
 	plans   map[types.NamespacedName]*model.ServicePlan
 	contrib map[types.NamespacedName]held
-	// refs counts the Services that want each entry (> 0): what each set
-	// should hold (refCounts is an ipset.Wanted).
-	refs map[setID]refCounts
-	// dirty holds, per set, the entries whose membership changed since
-	// the set was last synced.
-	dirty     map[setID]map[ipset.Key]struct{}
+	// refs counts the Services that want each entry: what each set should
+	// hold. The Syncer keeps no copy of a set synced to its Counts (an
+	// ipset.Mirrored): they also record which entries changed since.
+	refs map[setID]*ipset.Counts
+	// dirty holds the sets to sync: an entry's membership changed, or
+	// the last sync of the set failed.
+	dirty     map[setID]struct{}
 	nodeAddrs []netip.Addr
 	ranges    []netip.Prefix // SetServiceRanges
 
@@ -105,13 +104,13 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log, clock: cfg.Clock,
 		plans:   map[types.NamespacedName]*model.ServicePlan{},
 		contrib: map[types.NamespacedName]held{},
-		refs:    map[setID]refCounts{},
-		dirty:   map[setID]map[ipset.Key]struct{}{},
+		refs:    map[setID]*ipset.Counts{},
+		dirty:   map[setID]struct{}{},
 		check:   proxier.NewOffLoop[checkResult](cfg.Clock),
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
-		g.refs[id] = refCounts{}
-		g.dirty[id] = map[ipset.Key]struct{}{}
+		g.refs[id] = ipset.NewCounts()
+		g.dirty[id] = struct{}{}
 	}
 	for _, fam := range g.families() {
 		for _, e := range cidrEntries(cfg.ClusterCIDRs, fam) {
@@ -166,44 +165,17 @@ func (g *Glue) ruleConfig(fam ipset.Family) RuleConfig {
 }
 
 // ref changes the count of an entry and marks its set dirty when the entry
-// appears or disappears.
+// appears or disappears. (Which entries changed, the Counts record once
+// their set was synced: until then every sync of the set compares it
+// whole, and a record would be a second copy of every entry.)
 func (g *Glue) ref(id setID, e ipset.Key, delta int32) {
 	refs, ok := g.refs[id]
 	if !ok {
 		return // a family that is not served
 	}
-	had := refs[e] > 0
-	n := refs[e] + delta
-	if n <= 0 {
-		delete(refs, e)
-	} else {
-		refs[e] = n
+	if refs.Add(e, delta) {
+		g.dirty[id] = struct{}{}
 	}
-	if had != (n > 0) {
-		g.changed(id, e)
-	}
-}
-
-// refCounts counts how many Services want each entry; it is what the set
-// should hold.
-type refCounts map[ipset.Key]int32
-
-func (r refCounts) Has(k ipset.Key) bool     { return r[k] > 0 }
-func (r refCounts) Len() int                 { return len(r) }
-func (r refCounts) All() iter.Seq[ipset.Key] { return maps.Keys(r) }
-
-// changed records that an entry's membership changed since the last sync,
-// so that a partial sync looks at just those entries. Until a full sync
-// has succeeded every sync is full and reads every set whole: nothing is
-// recorded (at start-up that would be a second copy of every entry).
-func (g *Glue) changed(id setID, e ipset.Key) {
-	if !g.synced {
-		return
-	}
-	if g.dirty[id] == nil {
-		g.dirty[id] = map[ipset.Key]struct{}{}
-	}
-	g.dirty[id][e] = struct{}{}
 }
 
 // SetPlan implements proxier.Consumer.
@@ -316,17 +288,13 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	// Sets first: the rules refer to them, and iptables-restore fails on a
 	// missing set.
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
-		changed, dirty := g.dirty[id]
-		if !inLoop && !dirty {
+		if _, dirty := g.dirty[id]; !inLoop && !dirty {
 			continue
 		}
-		var s ipset.Stats
-		var err error
-		if inLoop {
-			s, err = g.syncer.Sync(id.spec(), g.refs[id], true)
-		} else {
-			s, err = g.syncer.SyncChanged(id.spec(), g.refs[id], slices.Collect(maps.Keys(changed)))
-		}
+		// In the loop every set is read again; otherwise the Syncer
+		// writes what changed since the set's last sync (or, after a
+		// failed write, reads it again).
+		s, err := g.syncer.Sync(id.spec(), g.refs[id], inLoop)
 		st.add(s)
 		if err != nil {
 			errs = append(errs, g.setError(id, err))

@@ -49,7 +49,7 @@ type bed struct {
 	logs  *observer.ObservedLogs
 }
 
-func newBed(t *testing.T, cfg Config) *bed {
+func newBed(t testing.TB, cfg Config) *bed {
 	t.Helper()
 	b := &bed{sets: ipsetfake.New(), ipt: newFakeIPTables(NFT), links: &nodeLinks{Links: fake.NewLinks(), addrs: []netip.Addr{addr("10.0.2.15")}}}
 	core, logs := observer.New(zap.DebugLevel)
@@ -68,7 +68,7 @@ func newBed(t *testing.T, cfg Config) *bed {
 
 var dualStack = Config{Interface: "ipvs-proxy0", ClusterCIDRs: []netip.Prefix{pfx("10.100.0.0/14"), pfx("fd00:100::/24")}, IPv4: true, IPv6: true}
 
-func (b *bed) sync(t *testing.T, full bool) Stats {
+func (b *bed) sync(t testing.TB, full bool) Stats {
 	t.Helper()
 	st, err := b.g.SyncStats(full)
 	if err != nil {
@@ -215,7 +215,9 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 }
 
 // TestFailedWriteIsRetried: a failed set write fails the sync, names the
-// Service in the log, and the next (full) sync writes it.
+// Service in the log, and the next sync writes it: a partial one already
+// (the failure made the set unknown, so it is read again), and a full one
+// finds nothing left to do.
 func TestFailedWriteIsRetried(t *testing.T) {
 	b := newBed(t, dualStack)
 	b.sync(t, true)
@@ -240,9 +242,19 @@ func TestFailedWriteIsRetried(t *testing.T) {
 		t.Errorf("IPVSP-SERVICE = %v", got)
 	}
 	b.sets.InjectErrors(nil)
-	b.sync(t, true)
+	b.sets.ResetCalls()
+	b.sync(t, false)
 	if got := b.sets.Entries("IPVSP-CLUSTER-IP"); !slices.Equal(got, []string{"10.96.0.2,tcp:80"}) {
 		t.Errorf("IPVSP-CLUSTER-IP after the retry = %v", got)
+	}
+	want := []ipsetfake.Call{"List IPVSP-CLUSTER-IP", "Add IPVSP-CLUSTER-IP 10.96.0.2,tcp:80"}
+	if diff := cmp.Diff(want, b.sets.Calls()); diff != "" {
+		t.Errorf("the partial retry (-want +got):\n%s", diff)
+	}
+	b.sets.ResetCalls()
+	b.sync(t, true)
+	if w := b.sets.Writes(); len(w) != 0 {
+		t.Errorf("the full sync after the retry wrote %v", w)
 	}
 }
 
