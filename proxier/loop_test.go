@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -780,5 +781,96 @@ func TestLoopAfterReconcilerConsumerFollowsIPVS(t *testing.T) {
 	defer c.mu.Unlock()
 	if c.seen[0] != 1 {
 		t.Errorf("the consumer's first sync saw %d real servers written, want 1: it did not follow the reconciler", c.seen[0])
+	}
+}
+
+// planConsumer records the plans it was given and its syncs.
+type planConsumer struct {
+	mu    sync.Mutex
+	plans map[types.NamespacedName]bool
+	syncs int
+}
+
+func (c *planConsumer) Name() string { return "plans" }
+func (c *planConsumer) SetPlan(n types.NamespacedName, p *model.ServicePlan) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.plans[n] = p != nil
+}
+func (c *planConsumer) Sync(bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.syncs++
+	return nil
+}
+
+// TestLoopPreparesBesideTheLists: the preparation (SetPrepare) runs while
+// the initial lists stream in, not after them: the fake apiserver holds
+// the list of Services until the preparation has begun. The first sync
+// waits for it, and a consumer it adds gets every plan in that sync.
+func TestLoopPreparesBesideTheLists(t *testing.T) {
+	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"))
+	began, release := make(chan struct{}), make(chan struct{})
+	var waitedInVain atomic.Bool
+	b.client.PrependReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+		select {
+		case <-began:
+		case <-time.After(5 * time.Second):
+			waitedInVain.Store(true)
+		}
+		return false, nil, nil
+	})
+	c := &planConsumer{plans: map[types.NamespacedName]bool{}}
+	b.p.SetPrepare(func(context.Context) error {
+		close(began)
+		<-release // the lists are done by now, or soon: the sync must still wait
+		b.p.AddConsumer(c)
+		return nil
+	})
+	b.run()
+	select {
+	case <-b.p.Listed():
+		t.Fatal("the lists were declared done before the preparation ended")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if n := len(b.ipvs.Calls()); n != 0 {
+		t.Errorf("%d kernel calls before the preparation ended", n)
+	}
+	close(release)
+	b.eventually("the Service programmed", func() bool { return len(b.calls("AddRealServer 10.96.0.10:80/TCP")) > 0 })
+	b.eventually("the consumer's sync", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.syncs > 0 })
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.plans[types.NamespacedName{Namespace: "default", Name: "a"}] {
+		t.Errorf("the consumer added by the preparation got plans %v, want default/a's", c.plans)
+	}
+	if waitedInVain.Load() {
+		t.Error("the list of Services waited 5 s for a preparation that never began: the preparation ran after the lists")
+	}
+}
+
+// TestLoopPreparationFailureEndsRun: a preparation that fails ends Run with
+// its error at once, before any sync, even while the lists are held.
+func TestLoopPreparationFailureEndsRun(t *testing.T) {
+	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"))
+	hold := make(chan struct{})
+	defer close(hold)
+	b.client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		<-hold
+		return false, nil, nil
+	})
+	b.p.SetPrepare(func(context.Context) error { return errors.New("no ip_vs module") })
+	done := make(chan error, 1)
+	go func() { done <- b.p.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "no ip_vs module") {
+			t.Errorf("Run returned %v, want the preparation's error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not end after the preparation failed")
+	}
+	if n := len(b.ipvs.Calls()); n != 0 {
+		t.Errorf("%d kernel calls after a failed preparation: %q", n, b.ipvs.Calls())
 	}
 }

@@ -124,6 +124,8 @@ type Proxier struct {
 	// listed is closed once the initial lists of Services, slices and the
 	// Node are in (Listed).
 	listed chan struct{}
+	// prepare runs beside the initial lists (SetPrepare).
+	prepare func(context.Context) error
 
 	mu        sync.Mutex // guards the fields below
 	services  map[types.NamespacedName]*model.Service
@@ -478,6 +480,13 @@ func handler(add func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 	}
 }
 
+// SetPrepare has Run call prepare beside the initial lists, once the
+// informers have started: the agent prepares the kernel then (sysctls, the
+// interface, the iptables glue), which the lists do not need, and adds its
+// consumers. The first sync waits for it; its error ends Run. Call it
+// before Run.
+func (p *Proxier) SetPrepare(prepare func(context.Context) error) { p.prepare = prepare }
+
 // Listed is closed once Run has the initial lists of Services,
 // EndpointSlices and the Node, just before its first sync.
 func (p *Proxier) Listed() <-chan struct{} { return p.listed }
@@ -494,6 +503,8 @@ func (p *Proxier) Run(ctx context.Context) error {
 	// in their caches only what the agent reads, in the agent's own types.
 	var infs informerSet
 	defer infs.wait()
+	ctx, stop := context.WithCancel(ctx) // stops the informers when Run ends early
+	defer stop()
 	svcReg, err := infs.add(corev1informers.NewFilteredServiceInformer(p.client, metav1.NamespaceAll, 0, cache.Indexers{}, notOurs),
 		handler(p.onService))
 	if err != nil {
@@ -520,11 +531,30 @@ func (p *Proxier) Run(ctx context.Context) error {
 		}
 	}
 	infs.start(ctx)
+	// The kernel is prepared beside the lists; a failure stops the wait.
+	listing, listFailed := context.WithCancel(ctx)
+	defer listFailed()
+	prepared := make(chan error, 1)
+	if p.prepare == nil {
+		prepared <- nil
+	} else {
+		go func() {
+			err := p.prepare(ctx)
+			if err != nil {
+				listFailed()
+			}
+			prepared <- err
+		}()
+	}
 	// Wait until the handlers, not only the caches, have seen every
 	// existing object: a first full sync on part of the Services would
 	// delete the others' virtual servers and cut their connections.
 	p.log.Info("waiting for the initial list of Services, EndpointSlices and the Node")
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+	listed := cache.WaitForCacheSync(listing.Done(), synced...)
+	if err := <-prepared; err != nil { // always waited for: it may hold the kernel's handles
+		return err
+	}
+	if !listed {
 		return fmt.Errorf("initial list of Services, EndpointSlices and the Node: %w", ctx.Err())
 	}
 	p.mu.Lock()

@@ -93,12 +93,6 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	if err != nil {
 		return err
 	}
-	g, closeSets, err := prepareKernel(ctx, o, cfg, timeouts, client, ipvs, links, hook.Links(glueLinks), hook, log)
-	if err != nil {
-		return err
-	}
-	defer closeSets()
-
 	recorder, stopEvents := eventRecorder(ctx, client, cfg.NodeName)
 	defer stopEvents()
 
@@ -109,7 +103,23 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	defer closeReaders()
-	p.AddConsumer(g)
+	// The kernel is prepared while the initial lists stream in (at 10,000
+	// Services the lists take seconds, the preparation most of one).
+	var closeSets func()
+	defer func() {
+		if closeSets != nil {
+			closeSets()
+		}
+	}()
+	p.SetPrepare(func(ctx context.Context) error {
+		g, closeGlue, err := prepareKernel(ctx, o, cfg, timeouts, client, ipvs, links, hook.Links(glueLinks), hook, log)
+		if err != nil {
+			return err
+		}
+		closeSets = closeGlue
+		p.AddConsumer(g)
+		return nil
+	})
 	if o.TakeoverKubeProxy {
 		p.AddFinisher("take over from kube-proxy", cleanup.KubeProxyLeftovers(links, log))
 	}
