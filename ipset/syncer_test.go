@@ -569,3 +569,50 @@ func TestSyncerSyncReadMirrored(t *testing.T) {
 		t.Errorf("after the repair (-want +got):\n%s", diff)
 	}
 }
+
+// TestSyncerWritesInChunks: a large difference is written in calls of at
+// most 4,096 entries (a call's entries and messages are built at once);
+// a failed call does not stop the others, and the next sync rereads the
+// set and writes what is missing.
+func TestSyncerWritesInChunks(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	want := ipset.NewCounts()
+	for i := range 10_000 {
+		want.Add(ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key(), 1)
+	}
+	calls := 0
+	f.InjectErrors(func(c fake.Call) error {
+		if !strings.HasPrefix(string(c), "Add ") {
+			return nil
+		}
+		calls++
+		if n := len(strings.Fields(string(c))) - 2; n > 4096 {
+			t.Errorf("one call wrote %d entries", n)
+		}
+		if calls == 2 {
+			return errors.New("injected")
+		}
+		return nil
+	})
+	if _, err := s.Sync(spec, want, false); err == nil {
+		t.Fatal("a failed call reported no error")
+	}
+	f.InjectErrors(nil)
+	if calls != 3 {
+		t.Errorf("%d Add calls for 10,000 entries, want 3", calls)
+	}
+	if got := len(f.Entries(spec.Name)); got != 10_000-4096 {
+		t.Errorf("%d entries after one of three calls failed, want %d", got, 10_000-4096)
+	}
+	f.ResetCalls()
+	if _, err := s.Sync(spec, want, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(f.Entries(spec.Name)); got != 10_000 {
+		t.Errorf("%d entries after the retry, want 10,000", got)
+	}
+	if c := f.Calls(); len(c) != 2 || c[0] != "List IPVSP-CLUSTER-IP" {
+		t.Errorf("retry calls: %d, first %q; want a reread and one Add", len(c), c[0])
+	}
+}
