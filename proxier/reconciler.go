@@ -645,18 +645,27 @@ func (r *Reconciler) stranded(p netip.Prefix) bool {
 	return false
 }
 
-// applyIPVS makes the IPVS writes of ops[idx...] in one batch, counting
-// and logging them like single writes, and returns each one's error (in
-// idx's order).
+// applyChunk is how many IPVS writes one batch makes at most. A batch's
+// writes are copied and encoded at once: the cold sync's 30,000 writes at
+// 10,000 Services in one batch were about 12 MB alive at the first sync's
+// collections, beside the iptables glue's writes.
+const applyChunk = 2048
+
+// applyIPVS makes the IPVS writes of ops[idx...] in batches of at most
+// applyChunk, in order, counting and logging them like single writes, and
+// returns each one's error (in idx's order).
 func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op, idx []int) []error {
 	if len(idx) == 0 {
 		return nil
 	}
-	writes := make([]model.Op, len(idx))
-	for i, j := range idx {
-		writes[i] = ops[j]
+	errs := make([]error, 0, len(idx))
+	for chunk := range slices.Chunk(idx, applyChunk) {
+		writes := make([]model.Op, len(chunk))
+		for i, j := range chunk {
+			writes[i] = ops[j]
+		}
+		errs = append(errs, r.ipvs.Apply(writes)...)
 	}
-	errs := r.ipvs.Apply(writes)
 	st.Writes += len(idx)
 	for _, err := range errs {
 		if errors.Is(err, netlinkutil.ErrOutcomeUnknown) {

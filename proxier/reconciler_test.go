@@ -1032,3 +1032,34 @@ func TestReconcilerRoutes(t *testing.T) {
 		}
 	})
 }
+
+// TestReconcilerBatchesInChunks: a cold sync of 3,000 virtual servers
+// writes them in batches of at most 2,048 (a batch is copied and encoded
+// at once), in order, virtual servers before real servers; a write that
+// fails in a later batch fails its own Service, not another.
+func TestReconcilerBatchesInChunks(t *testing.T) {
+	r, ipvs, _ := newTestReconciler(t)
+	bad := types.NamespacedName{Namespace: "default", Name: "s2900"}
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddRealServer 10.96.11.84:80/TCP ") { // s2900's
+			return errors.New("injected")
+		}
+		return nil
+	})
+	for i := range 3000 {
+		n := types.NamespacedName{Namespace: "default", Name: fmt.Sprint("s", i)}
+		vip := netip.AddrFrom4([4]byte{10, 96, byte(i / 256), byte(i % 256)})
+		r.SetPlan(n, modeltest.Plan(n, modeltest.VS(model.KindClusterIP, vip.String()+":80", "rr", "10.0.1.2:8080")))
+	}
+	st, err := r.Sync(true)
+	if err == nil || len(st.Failed) != 1 || st.Failed[bad] == nil {
+		t.Fatalf("failed %v (err %v), want only %s", st.Failed, err, bad)
+	}
+	if diff := cmp.Diff([]int{2048, 952, 2048, 952}, ipvs.Batches()); diff != "" {
+		t.Errorf("batch sizes (-want +got):\n%s", diff)
+	}
+	dump := strings.Join(ipvs.Dump(), "\n")
+	if !strings.Contains(dump, "10.96.11.83:80/TCP rr\n  -> 10.0.1.2:8080 w=1") || strings.Contains(dump, "10.96.11.84:80/TCP rr\n  -> ") {
+		t.Errorf("s2899 should be programmed and s2900 without its real server")
+	}
+}
