@@ -11,7 +11,8 @@ import (
 // holds is what the Mirrored held (Held), and a sync without a reread
 // writes the entries that changed (Changed), at the cost of the change.
 // A Syncer expects the same Mirrored for a set at every sync; given
-// anything else it rereads the set.
+// anything else it rereads the set. A Mirrored must be comparable (a
+// pointer, as *Counts is): the Syncer tells it by ==.
 type Mirrored interface {
 	Wanted
 	// Held reports whether k was wanted at the last Synced.
@@ -34,6 +35,7 @@ type Counts struct {
 	// was holds, for each entry whose membership changed since Synced,
 	// whether it was wanted then.
 	was      map[Key]bool
+	wasPeak  int  // the largest was has been since Synced
 	tracking bool // Synced has been called
 }
 
@@ -59,6 +61,7 @@ func (c *Counts) Add(k Key, delta int32) bool {
 	if c.tracking {
 		if first, ok := c.was[k]; !ok {
 			c.was[k] = had
+			c.wasPeak = max(c.wasPeak, len(c.was))
 		} else if first == now { // back to what the set holds
 			delete(c.was, k)
 		}
@@ -93,9 +96,10 @@ func (c *Counts) Pending() int { return len(c.was) }
 // Synced implements Mirrored.
 func (c *Counts) Synced() {
 	c.tracking = true
-	if len(c.was) > 1024 {
-		c.was = map[Key]bool{} // give a large change's memory back
+	if c.wasPeak > 1024 {
+		c.was = map[Key]bool{} // give a large change's memory back (clear keeps it)
 	} else {
 		clear(c.was)
 	}
+	c.wasPeak = 0
 }

@@ -81,24 +81,23 @@ type viewed struct {
 	// entries is what the set holds; nil and not mirrored: unknown,
 	// reread before the next diff.
 	entries Contents
-	// mirrored: the set holds what the Mirrored passed as want held at
-	// its last Synced (entries is nil).
-	mirrored bool
+	// mirror, when not nil: the set holds what this Mirrored held at its
+	// last Synced (entries is nil).
+	mirror Mirrored
 }
 
 // lookup returns what the view knows of the set's entries for a sync to
 // want; known is false when it knows nothing (no view, a failed write
-// forgot it, or a mirrored view and a want that is not Mirrored).
+// forgot it, or a mirrored view and a want that is not its Mirrored).
 func (v *viewed) lookup(want Wanted) (has func(Key) bool, known bool) {
 	switch {
 	case v == nil:
 		return nil, false
-	case v.mirrored:
-		m, ok := want.(Mirrored)
-		if !ok {
+	case v.mirror != nil:
+		if m, ok := want.(Mirrored); !ok || m != v.mirror {
 			return nil, false
 		}
-		return m.Held, true
+		return v.mirror.Held, true
 	case v.entries == nil:
 		return nil, false
 	}
@@ -107,7 +106,7 @@ func (v *viewed) lookup(want Wanted) (has func(Key) bool, known bool) {
 
 // forget makes the view's entries unknown.
 func (v *viewed) forget() {
-	v.entries, v.mirrored = nil, false
+	v.entries, v.mirror = nil, nil
 }
 
 // holds records that the set now holds exactly want: a Mirrored is told so
@@ -115,7 +114,7 @@ func (v *viewed) forget() {
 // (one with a copy was kept by apply).
 func (v *viewed) holds(want Wanted) {
 	if m, ok := want.(Mirrored); ok {
-		v.entries, v.mirrored = nil, true
+		v.entries, v.mirror = nil, m
 		m.Synced()
 		return
 	}
@@ -241,8 +240,8 @@ func (s *Syncer) Sync(spec Spec, want Wanted, reread bool) (Stats, error) {
 	}
 
 	var add, del []Key
-	if v.mirrored {
-		add, del = changes(want.(Mirrored))
+	if v.mirror != nil {
+		add, del = changes(v.mirror) // lookup made sure want is it
 	} else {
 		add, del = difference(want, v.entries)
 	}
@@ -399,7 +398,7 @@ func (s *Syncer) write(name string, keys []Key, add bool) error {
 }
 
 // entries returns keys as entries in Entry.Compare's order, the order they
-// are written in.
+// are written in (within a call: write orders the calls by Key.Compare).
 func entries(keys []Key) []Entry {
 	out := make([]Entry, len(keys))
 	for i, k := range keys {

@@ -616,3 +616,20 @@ func TestSyncerWritesInChunks(t *testing.T) {
 		t.Errorf("retry calls: %d, first %q; want a reread and one Add", len(c), c[0])
 	}
 }
+
+// TestSyncerAnotherMirrored: a Mirrored that is not the one the set was
+// synced to does not stand for the set: the Syncer rereads it.
+func TestSyncerAnotherMirrored(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	a, b := ep("10.96.0.1", 80), ep("10.96.0.2", 80)
+	if _, err := s.Sync(spec, countsOf(a), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sync(spec, countsOf(b), false); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Entries(spec.Name); !cmp.Equal(got, []string{"10.96.0.2,tcp:80"}) {
+		t.Errorf("set %v, want only 10.96.0.2,tcp:80", got)
+	}
+}
