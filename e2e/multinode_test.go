@@ -72,12 +72,19 @@ var (
 //     externalIP and LoadBalancer IP (in-cluster traffic is not
 //     "external"; without a way to tell pods' traffic, it is dropped as
 //     the ConfigMap says).
+//
+// The cluster is dual-stack (IPv4 the primary family): the same server
+// and client behind IPv6-only Services, over the nodes' and the outside
+// host's IPv6 addresses on the segment, show the clusterIP from a pod and
+// from node-1's host, both NodePort policies with the address the server
+// sees, the health-check node port and internalTrafficPolicy Local
+// (twoNodesIPv6).
 func TestTwoNodes(t *testing.T) {
 	assets := vm.Require(t)
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf, Nodes: 2, Outside: true})
+	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf, Nodes: 2, Outside: true, DualStack: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,6 +307,7 @@ func TestTwoNodes(t *testing.T) {
 			})
 		}
 	})
+	twoNodesIPv6(ctx, t, c, ns, pods["server"], pods["client"])
 	var moving *corev1.Service
 	t.Run("endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
 		moving = moveEndpointAcrossNodes(ctx, t, c, ns, clientIP)
@@ -613,7 +621,12 @@ func onlyEndpointTerminating(ctx context.Context, t *testing.T, c *cluster.Clust
 // and returns the HTTP status (0 when there was no answer) and what it
 // printed.
 func healthCheck(ctx context.Context, c *cluster.Cluster, n *cluster.Node, port string) (int, string) {
-	out, err := c.Outside.RunOK(ctx, "vmagent", "http", "http://"+n.IP+":"+port+"/")
+	return healthCheckAt(ctx, c, n.IP, port)
+}
+
+// healthCheckAt is healthCheck at one of a node's addresses.
+func healthCheckAt(ctx context.Context, c *cluster.Cluster, ip, port string) (int, string) {
+	out, err := c.Outside.RunOK(ctx, "vmagent", "http", "http://"+net.JoinHostPort(ip, port)+"/")
 	var res agentapi.HTTPResult
 	if err == nil {
 		err = json.Unmarshal([]byte(out), &res)

@@ -56,8 +56,13 @@ const (
 	NodeName     = "node-1"        // the first node's name; node k is "node-k"
 	NodeIP       = "10.0.2.15"     // the node's address on a one-node cluster: the VM's eth0
 	ClusterCIDR  = "10.244.0.0/16" // every pod (node IPAM gives each node a /24 of it)
-	ServiceCIDR  = "10.96.0.0/16"  // IPv4 only: the nodes are IPv4 only
+	ServiceCIDR  = "10.96.0.0/16"  // the Service range (IPv4; and ServiceCIDR6 on a dual-stack cluster)
 	KubernetesIP = "10.96.0.1"     // the `kubernetes` Service
+
+	// A dual-stack cluster (Options.DualStack) also has these IPv6
+	// ranges (node IPAM gives each node a /64 of ClusterCIDR6).
+	ClusterCIDR6 = "fd00:10:244::/56"
+	ServiceCIDR6 = "fd00:10:96::/112"
 
 	// On several nodes, the nodes share a private segment (a vm.Hub)
 	// on their eth1: node k is SegmentAddr(10+k), the outside host
@@ -65,14 +70,24 @@ const (
 	// on the segment from SegmentAddr(200) to SegmentAddr(254).
 	SegmentCIDR = segmentPrefix + "0/24"
 	OutsideIP   = segmentPrefix + "100"
+	// On a dual-stack cluster every host on the segment also has
+	// SegmentAddr6 of the same number: node k SegmentAddr6(10+k), the
+	// outside host OutsideIP6.
+	SegmentCIDR6 = segmentPrefix6 + "/64"
+	OutsideIP6   = segmentPrefix6 + "100"
 	// SegmentIface is the segment's interface in every VM on it.
 	SegmentIface = "eth1"
 
-	segmentPrefix = "192.168.56."
+	segmentPrefix  = "192.168.56."
+	segmentPrefix6 = "fd00:192:168:56::"
 )
 
 // SegmentAddr is host number i of SegmentCIDR.
 func SegmentAddr(i int) string { return segmentPrefix + strconv.Itoa(i) }
+
+// SegmentAddr6 is host number i of SegmentCIDR6 (written in decimal
+// digits, as SegmentAddr's: host 11 is ...::11).
+func SegmentAddr6(i int) string { return segmentPrefix6 + strconv.Itoa(i) }
 
 // segmentMAC is the MAC of the segment NIC of the VM at SegmentAddr(i).
 func segmentMAC(i int) string { return fmt.Sprintf("52:54:00:38:00:%02x", i) }
@@ -99,6 +114,11 @@ type Options struct {
 	// Images are more image archives to import (a file name in the
 	// guest, ending in .tar, to a host archive), e.g. the e2e suite's.
 	Images map[string]string
+	// DualStack gives the cluster IPv6 too (several nodes only): Service
+	// and pod ranges of both families (IPv4 first, the primary), nodes
+	// and the outside host with an IPv6 address on the segment
+	// (SegmentAddr6), each node's IPv6 pod range routed to it.
+	DualStack bool
 }
 
 // Cluster is a running cluster.
@@ -118,10 +138,11 @@ type Cluster struct {
 	Hub     *vm.Hub
 	Outside *vm.VM
 
-	logf   func(string, ...any)
-	tmp    string
-	egress *egressProxy
-	mu     sync.Mutex // guards the Nodes' VM and PodCIDR while they boot
+	logf      func(string, ...any)
+	tmp       string
+	dualStack bool
+	egress    *egressProxy
+	mu        sync.Mutex // guards the Nodes' VM and PodCIDR while they boot
 }
 
 // Node is one node of the cluster: a VM with containerd and the kubelet.
@@ -130,10 +151,14 @@ type Node struct {
 	// IP is the kubelet's --node-ip: NodeIP on one node, the node's
 	// address on the segment on several.
 	IP string
+	// IP6 is the node's IPv6 address on the segment (dual-stack only).
+	IP6 string
 	// PodCIDR is the Node's spec.podCIDR (node IPAM's), known once the
-	// kubelet has registered it; its pods' CNI range.
-	PodCIDR string
-	VM      *vm.VM
+	// kubelet has registered it; its pods' CNI range. PodCIDRs are all
+	// of them (IPv4 first; two on a dual-stack cluster).
+	PodCIDR  string
+	PodCIDRs []string
+	VM       *vm.VM
 
 	mac        string // of the segment NIC
 	containerd *vm.Proc
@@ -216,13 +241,21 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if c.egress, err = startEgressProxy(socket, logf); err != nil {
 		return nil, err
 	}
+	serviceCIDR, clusterCIDR := ServiceCIDR, ClusterCIDR
+	if opts.DualStack {
+		if opts.Nodes < 2 {
+			return nil, errors.New("cluster: Options.DualStack needs more than one node")
+		}
+		serviceCIDR, clusterCIDR = ServiceCIDR+","+ServiceCIDR6, ClusterCIDR+","+ClusterCIDR6
+	}
+	c.dualStack = opts.DualStack
 	c.CP, err = controlplane.Start(ctx, controlplane.Options{
 		Log:         logf,
-		ServiceCIDR: ServiceCIDR,
+		ServiceCIDR: serviceCIDR,
 		Cluster: &controlplane.ClusterOptions{
 			AdvertiseAddress: vm.APIServerGuestIP,
 			EgressSocket:     socket,
-			ClusterCIDR:      ClusterCIDR,
+			ClusterCIDR:      clusterCIDR,
 		},
 	})
 	if err != nil {
@@ -255,6 +288,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		n := &Node{Name: fmt.Sprintf("node-%d", k), IP: NodeIP}
 		if opts.Nodes > 1 {
 			n.IP, n.mac = SegmentAddr(10+k), segmentMAC(10+k)
+		}
+		if opts.DualStack {
+			n.IP6 = SegmentAddr6(10 + k)
 		}
 		c.Nodes = append(c.Nodes, n)
 	}
@@ -322,11 +358,14 @@ func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 		}
 	}
 	t := time.Now()
-	segment := ""
+	segment, segment6 := "", ""
 	if n.mac != "" {
 		segment = n.IP + "/24"
 	}
-	if _, err := v.RunOK(ctx, "sh", guestSetup, ClusterCIDR, SegmentIface, n.mac, segment); err != nil {
+	if n.IP6 != "" {
+		segment6 = n.IP6 + "/64"
+	}
+	if _, err := v.RunOK(ctx, "sh", guestSetup, ClusterCIDR, SegmentIface, n.mac, segment, segment6); err != nil {
 		return fmt.Errorf("cluster: %s: node setup: %w", n.Name, err)
 	}
 	var err error
@@ -357,7 +396,7 @@ func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 		"--config="+guestKubeletConfig,
 		"--kubeconfig="+guestKubeconfig,
 		"--hostname-override="+n.Name,
-		"--node-ip="+n.IP,
+		"--node-ip="+strings.Trim(n.IP+","+n.IP6, ","),
 		"--root-dir=/var/lib/kubelet",
 		"--cert-dir=/var/lib/kubelet/pki",
 		"--v=1")
@@ -430,7 +469,7 @@ func (c *Cluster) dropVM(ctx context.Context, n *Node) {
 		_ = n.VM.Shutdown()
 	}
 	c.mu.Lock()
-	n.VM, n.containerd, n.kubelet, n.PodCIDR = nil, nil, nil, ""
+	n.VM, n.containerd, n.kubelet, n.PodCIDR, n.PodCIDRs = nil, nil, nil, "", nil
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -500,14 +539,18 @@ func (c *Cluster) waitNodeReady(ctx context.Context, n *Node) error {
 		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err == nil {
 			last = "no Ready condition"
-			if n.PodCIDR == "" && node.Spec.PodCIDR != "" {
-				if err := n.VM.WriteFile(ctx, guestCNIConf, []byte(cniConfig(node.Spec.PodCIDR)), 0o600); err != nil {
+			want := 1
+			if c.dualStack {
+				want = 2
+			}
+			if n.PodCIDR == "" && node.Spec.PodCIDR != "" && len(node.Spec.PodCIDRs) >= want {
+				if err := n.VM.WriteFile(ctx, guestCNIConf, []byte(cniConfig(node.Spec.PodCIDRs...)), 0o600); err != nil {
 					return fmt.Errorf("cluster: %s: CNI configuration: %w", n.Name, err)
 				}
 				c.mu.Lock()
-				n.PodCIDR = node.Spec.PodCIDR
+				n.PodCIDR, n.PodCIDRs = node.Spec.PodCIDR, slices.Clone(node.Spec.PodCIDRs)
 				c.mu.Unlock()
-				c.logf("cluster: %s: registered, pods on %s", n.Name, n.PodCIDR)
+				c.logf("cluster: %s: registered, pods on %s", n.Name, strings.Join(n.PodCIDRs, " and "))
 			}
 			for _, cond := range node.Status.Conditions {
 				if cond.Type == corev1.NodeReady {
@@ -556,8 +599,14 @@ func (c *Cluster) routePodCIDRs(ctx context.Context) error {
 			if m == n {
 				continue
 			}
-			if _, err := n.VM.RunOK(ctx, "ip", "route", "replace", m.PodCIDR, "via", m.IP, "dev", SegmentIface); err != nil {
-				return fmt.Errorf("cluster: %s: route %s's pods: %w", n.Name, m.Name, err)
+			for _, p := range m.PodCIDRs {
+				via := m.IP
+				if strings.Contains(p, ":") {
+					via = m.IP6
+				}
+				if _, err := n.VM.RunOK(ctx, "ip", "route", "replace", p, "via", via, "dev", SegmentIface); err != nil {
+					return fmt.Errorf("cluster: %s: route %s's pods: %w", n.Name, m.Name, err)
+				}
 			}
 		}
 	}
@@ -575,7 +624,13 @@ func (c *Cluster) startOutside(ctx context.Context, opts Options) error {
 		return fmt.Errorf("cluster: outside host: %w", err)
 	}
 	c.Outside = v
-	if _, err := v.RunOK(ctx, "sh", "-c", "ip link set "+SegmentIface+" up && ip addr add "+OutsideIP+"/24 dev "+SegmentIface); err != nil {
+	script := "ip link set " + SegmentIface + " up && ip addr add " + OutsideIP + "/24 dev " + SegmentIface
+	if opts.DualStack {
+		// No duplicate address detection: the address is usable at once.
+		script = "sysctl -qw net.ipv6.conf." + SegmentIface + ".accept_dad=0 && " + script +
+			" && ip addr add " + OutsideIP6 + "/64 dev " + SegmentIface
+	}
+	if _, err := v.RunOK(ctx, "sh", "-c", script); err != nil {
 		return fmt.Errorf("cluster: outside host: %w", err)
 	}
 	return nil
@@ -599,8 +654,12 @@ func (c *Cluster) dialInCluster(ctx context.Context, addr string) (net.Conn, err
 		if v == nil {
 			v = n.VM
 		}
-		_, pods, _ := net.ParseCIDR(n.PodCIDR)
-		if host == n.IP || (pods != nil && ip != nil && pods.Contains(ip)) {
+		mine := host == n.IP || (n.IP6 != "" && ip != nil && ip.Equal(net.ParseIP(n.IP6)))
+		for _, p := range n.PodCIDRs {
+			_, pods, _ := net.ParseCIDR(p)
+			mine = mine || (pods != nil && ip != nil && pods.Contains(ip))
+		}
+		if mine {
 			v = n.VM
 			break
 		}

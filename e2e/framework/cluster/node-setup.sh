@@ -1,9 +1,10 @@
 #!/bin/sh
 # Makes the bed's VM a Kubernetes node (run once, by the agent, after boot).
 # Arguments: the cluster's pod CIDR; on several nodes also the segment's
-# interface, its MAC and the node's address on it (ADDR/LEN).
+# interface, its MAC and the node's address on it (ADDR/LEN); on a
+# dual-stack cluster also the node's IPv6 address on it (ADDR/LEN).
 set -e
-CLUSTER_CIDR=$1 SEG_IFACE=$2 SEG_MAC=$3 SEG_ADDR=$4
+CLUSTER_CIDR=$1 SEG_IFACE=$2 SEG_MAC=$3 SEG_ADDR=$4 SEG_ADDR6=$5
 
 # cgroup v2, with every controller the kubelet manages delegated below the
 # root (kubelet --cgroup-driver=cgroupfs makes /kubepods.slice... itself).
@@ -27,6 +28,14 @@ modprobe br_netfilter
 sysctl -w net.ipv4.ip_forward=1 >/dev/null
 sysctl -w net.bridge.bridge-nf-call-iptables=1 >/dev/null
 sysctl -w net.bridge.bridge-nf-call-ip6tables=1 >/dev/null
+if [ -n "$SEG_ADDR6" ]; then
+	# IPv6 forwarding, and no duplicate address detection on what is
+	# made from now on (the segment's address, cni0, pods' veths): an
+	# address is usable at once, not seconds later.
+	sysctl -w net.ipv6.conf.all.forwarding=1 >/dev/null
+	sysctl -w net.ipv6.conf.default.accept_dad=0 >/dev/null
+	sysctl -w net.ipv6.conf."$SEG_IFACE".accept_dad=0 >/dev/null
+fi
 
 [ -s /etc/machine-id ] || cat /proc/sys/kernel/random/uuid | tr -d - >/etc/machine-id
 
@@ -45,4 +54,7 @@ if [ -n "$SEG_ADDR" ]; then
 	fi
 	ip link set "$SEG_IFACE" up
 	ip addr add "$SEG_ADDR" dev "$SEG_IFACE"
+	if [ -n "$SEG_ADDR6" ]; then
+		ip addr add "$SEG_ADDR6" dev "$SEG_IFACE"
+	fi
 fi

@@ -3,6 +3,7 @@ package cluster
 import (
 	_ "embed"
 	"fmt"
+	"strings"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
@@ -89,11 +90,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 `, containerdSock, pauseImage, guestOCIRuntime)
 }
 
-// cniConfig gives pods addresses of podCIDR on the bridge cni0, with the
-// node as their gateway. ipMasq is off: pods keep their own addresses
-// towards other nodes' pods (the node setup masquerades only what goes to
-// the apiserver's forward on eth0).
-func cniConfig(podCIDR string) string {
+// cniConfig gives pods an address of each of podCIDRs (one per family) on
+// the bridge cni0, with the node as their gateway. ipMasq is off: pods
+// keep their own addresses towards other nodes' pods (the node setup
+// masquerades only what goes to the apiserver's forward on eth0).
+func cniConfig(podCIDRs ...string) string {
+	var ranges, routes []string
+	for _, p := range podCIDRs {
+		ranges = append(ranges, fmt.Sprintf(`[{"subnet": %q}]`, p))
+		if strings.Contains(p, ":") {
+			routes = append(routes, `{"dst": "::/0"}`)
+		} else {
+			routes = append(routes, `{"dst": "0.0.0.0/0"}`)
+		}
+	}
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "bed",
@@ -106,14 +116,14 @@ func cniConfig(podCIDR string) string {
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": %q}]],
-        "routes": [{"dst": "0.0.0.0/0"}]
+        "ranges": [%s],
+        "routes": [%s]
       }
     },
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, podCIDR)
+`, strings.Join(ranges, ", "), strings.Join(routes, ", "))
 }
 
 // kubeletConfig is the kubelet's KubeletConfiguration. The apiserver

@@ -1,0 +1,119 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
+)
+
+// podIPv6 is a pod's IPv6 address (a dual-stack cluster gives it one of
+// each family, IPv4 first).
+func podIPv6(t *testing.T, p *corev1.Pod) string {
+	t.Helper()
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil && a.Is6() {
+			return a.String()
+		}
+	}
+	t.Fatalf("pod %s has no IPv6 address: %v", p.Name, p.Status.PodIPs)
+	return ""
+}
+
+// twoNodesIPv6 is TestTwoNodes' IPv6 part, on its dual-stack cluster:
+// the same server (on node-2) and client (a pod on node-1), behind
+// IPv6-only Services; what each client reaches and which address the
+// backend sees, over the nodes' IPv6 addresses on the segment.
+func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, server, client *corev1.Pod) {
+	cs := c.Client
+	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+	serverIP, clientIP := podIPv6(t, server), podIPv6(t, client)
+	t.Logf("IPv6: server %s on %s, client %s on %s", serverIP, nodeB.Name, clientIP, nodeA.Name)
+	mk := func(name string, spec corev1.ServiceSpec) *corev1.Service {
+		t.Helper()
+		spec.Selector = map[string]string{"app": "server"}
+		spec.Ports = []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}
+		spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+		spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+		got, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	clusterIP := mk("cluster-ip-6", corev1.ServiceSpec{})
+	npCluster := mk("np-cluster-6", corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort})
+	npLocal := mk("np-local-6", corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal})
+	itpLocal := mk("itp-local-6", corev1.ServiceSpec{InternalTrafficPolicy: ptr.To(corev1.ServiceInternalTrafficPolicyLocal)})
+	hostPort := func(host string, port int32) string { return net.JoinHostPort(host, strconv.Itoa(int(port))) }
+	vip := hostPort(clusterIP.Spec.ClusterIP, 80)
+	npPort, localPort := npCluster.Spec.Ports[0].NodePort, npLocal.Spec.Ports[0].NodePort
+	hcPort := strconv.Itoa(int(npLocal.Spec.HealthCheckNodePort))
+
+	for _, n := range c.Nodes {
+		waitFor(ctx, t, vip+" in IPVS on "+n.Name, func() (bool, string) {
+			out, err := n.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", vip)
+			return err == nil && strings.Contains(out, hostPort(serverIP, 8080)), out + fmt.Sprint(err)
+		})
+	}
+	t.Run("IPv6: pod to clusterIP on the other node", func(t *testing.T) {
+		hit := podHit(ctx, t, c, ns, "client", vip, 3)
+		if hit.Answers["server"] != 3 || hit.Clients[clientIP] != 3 {
+			t.Errorf("pod client on %s -> %s: %+v; want 3 answers, seen from the pod's own %s", nodeA.Name, vip, hit, clientIP)
+		}
+	})
+	t.Run("IPv6: node to clusterIP whose only endpoint is on the other node", func(t *testing.T) {
+		hit := vmHit(ctx, t, nodeA.VM, vip, 3)
+		if hit.Answers["server"] != 3 {
+			t.Errorf("%s's host -> %s: %+v; want 3 answers", nodeA.Name, vip, hit)
+		}
+		if hit.Clients[clusterIP.Spec.ClusterIP] != 0 {
+			t.Errorf("the server saw the clusterIP %s as the client: %+v", clusterIP.Spec.ClusterIP, hit)
+		}
+	})
+	t.Run("IPv6: outside to NodePort with policy Cluster on the node without the endpoint", func(t *testing.T) {
+		addr := hostPort(nodeA.IP6, npPort)
+		hit := vmHit(ctx, t, c.Outside, addr, 3)
+		if hit.Answers["server"] != 3 || hit.Clients[nodeA.IP6] != 3 {
+			t.Errorf("outside -> %s: %+v; want 3 answers, masqueraded to %s", addr, hit, nodeA.IP6)
+		}
+	})
+	t.Run("IPv6: outside to NodePort with policy Local", func(t *testing.T) {
+		if hit := vmHit(ctx, t, c.Outside, hostPort(nodeA.IP6, localPort), 2, "--timeout", "2s"); hit.Total() != 0 {
+			t.Errorf("outside -> %s (no local endpoint): %+v; want no answer", hostPort(nodeA.IP6, localPort), hit)
+		}
+		hit := vmHit(ctx, t, c.Outside, hostPort(nodeB.IP6, localPort), 3)
+		if hit.Answers["server"] != 3 || hit.Clients[cluster.OutsideIP6] != 3 {
+			t.Errorf("outside -> %s: %+v; want 3 answers seen from the outside host's own %s", hostPort(nodeB.IP6, localPort), hit, cluster.OutsideIP6)
+		}
+	})
+	t.Run("IPv6: health-check node port", func(t *testing.T) {
+		for _, tc := range []struct {
+			node *cluster.Node
+			want int
+		}{{nodeA, 503}, {nodeB, 200}} {
+			if got, out := healthCheckAt(ctx, c, tc.node.IP6, hcPort); got != tc.want {
+				t.Errorf("outside GET [%s]:%s: %s; want status %d", tc.node.IP6, hcPort, out, tc.want)
+			}
+		}
+	})
+	t.Run("IPv6: internalTrafficPolicy Local with the only endpoint on the other node", func(t *testing.T) {
+		addr := hostPort(itpLocal.Spec.ClusterIP, 80)
+		if hit := podHit(ctx, t, c, ns, "client", addr, 1); hit.Total() != 0 {
+			t.Errorf("pod client on %s -> %s: %+v; want no answer", nodeA.Name, addr, hit)
+		}
+		if hit := vmHit(ctx, t, nodeB.VM, addr, 2); hit.Answers["server"] != 2 {
+			t.Errorf("%s's host -> %s: %+v; want 2 answers from its local endpoint", nodeB.Name, addr, hit)
+		}
+	})
+}
