@@ -53,7 +53,9 @@ func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 	}
 	clusterIP := mk("cluster-ip-6", corev1.ServiceSpec{})
 	npCluster := mk("np-cluster-6", corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort})
-	npLocal := mk("np-local-6", corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal})
+	// (A LoadBalancer without an ingress IP: only that type gets a
+	// health-check node port.)
+	npLocal := mk("lb-local-6", corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal})
 	itpLocal := mk("itp-local-6", corev1.ServiceSpec{InternalTrafficPolicy: ptr.To(corev1.ServiceInternalTrafficPolicyLocal)})
 	hostPort := func(host string, port int32) string { return net.JoinHostPort(host, strconv.Itoa(int(port))) }
 	vip := hostPort(clusterIP.Spec.ClusterIP, 80)
