@@ -278,10 +278,26 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	addrs = slices.Compact(addrs)
 
-	// Sized for what is surely written: binds, and the virtual servers
-	// missing from the kernel with their real servers (a cold sync's
-	// 10,000s of ops, which append would copy as they grow).
-	n := 0
+	var routes, unroutes []netip.Prefix
+	if scope.All || scope.Routes {
+		for _, p := range sortedPrefixes(want.Routes) {
+			if !have.Routes[p] {
+				routes = append(routes, p)
+			}
+		}
+		for _, p := range sortedPrefixes(have.Routes) {
+			if !want.Routes[p] {
+				unroutes = append(unroutes, p)
+			}
+		}
+	}
+	// Sized for what is surely written: routes, binds, and the virtual
+	// servers missing from the kernel with their real servers (a cold
+	// sync's 10,000s of ops, which append would copy as they grow: one
+	// op more than the room, the route of a routed cold sync, copied all
+	// 30,000 of 10,000 Services into a new array at the end, 10 MB alive
+	// beside the old 8).
+	n := len(routes) + len(unroutes)
 	for _, a := range addrs {
 		if want.Addresses[a] && !have.Bound[a] {
 			n++
@@ -298,18 +314,8 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 	if n > 0 {
 		ops = make([]Op, 0, n)
 	}
-	var unroutes []netip.Prefix
-	if scope.All || scope.Routes {
-		for _, p := range sortedPrefixes(want.Routes) {
-			if !have.Routes[p] {
-				ops = append(ops, Op{Kind: OpRoute, Prefix: p})
-			}
-		}
-		for _, p := range sortedPrefixes(have.Routes) {
-			if !want.Routes[p] {
-				unroutes = append(unroutes, p)
-			}
-		}
+	for _, p := range routes {
+		ops = append(ops, Op{Kind: OpRoute, Prefix: p})
 	}
 	for _, a := range addrs {
 		if want.Addresses[a] && !have.Bound[a] {

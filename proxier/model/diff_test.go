@@ -421,3 +421,23 @@ func TestDiffRoutes(t *testing.T) {
 		})
 	}
 }
+
+// TestDiffColdSyncSized: a cold sync's operations fit the room Diff makes
+// for them, routes included: one more would copy the whole list into a new
+// array at its end (at 10,000 Services, 10 MB beside the first 8).
+func TestDiffColdSyncSized(t *testing.T) {
+	var ws []model.Want
+	for i := range 300 {
+		a := netip.AddrFrom4([4]byte{10, 96, byte(i / 256), byte(i % 256)})
+		ws = append(ws, want("default/s", model.KindClusterIP, dvs(a.String()+":80", "rr"), "10.0.1.2:8080", "10.0.1.3:8080"))
+	}
+	d := desired(nil, ws...)
+	d.Routes = map[netip.Prefix]bool{netip.MustParsePrefix("10.96.0.0/16"): true}
+	ops := model.Diff(d, model.NewKernel(nil, nil), model.Scope{All: true})
+	if len(ops) != 1+300*3 {
+		t.Fatalf("%d ops, want %d", len(ops), 1+300*3)
+	}
+	if cap(ops) != len(ops) {
+		t.Errorf("room for %d ops, %d written: the list grew (or was oversized)", cap(ops), len(ops))
+	}
+}
