@@ -350,9 +350,19 @@ func TestNotServingEndpointDrains(t *testing.T) {
 			ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(true)}
 		}
 	})
+	rs := hostPort(draining.Addr, backendPort)
+	// Weight 0 first, then probe: a probe that reached the draining
+	// backend before would count on its real server for two minutes
+	// (TIME_WAIT) and keep it after the held connection ends.
+	for _, args := range [][]string{{"-t", tcpAddr}, {"-u", udpAddr}} {
+		waitWithin(context.Background(), t, time.Minute, rs+" at weight 0 in "+strings.Join(args, " "), func() (bool, string) {
+			out := e.ipvsadm(t, args...)
+			w, _, ok := realServerRow(out, rs)
+			return ok && w == 0, out
+		})
+	}
 	e.expectBackends(t, "tcp", tcpAddr, []string{other.Name})
 	e.expectBackends(t, "udp", udpAddr, []string{other.Name})
-	rs := hostPort(draining.Addr, backendPort)
 	for _, args := range [][]string{{"-t", tcpAddr}, {"-u", udpAddr}} {
 		out := e.ipvsadm(t, args...)
 		if w, conns, ok := realServerRow(out, rs); !ok || w != 0 || conns == 0 {
