@@ -68,21 +68,7 @@ func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 			return err == nil && strings.Contains(out, hostPort(serverIP, 8080)), out + fmt.Sprint(err)
 		})
 	}
-	t.Run("IPv6: pod to clusterIP on the other node", func(t *testing.T) {
-		hit := podHit(ctx, t, c, ns, "client", vip, 3)
-		if hit.Answers["server"] != 3 || hit.Clients[clientIP] != 3 {
-			t.Errorf("pod client on %s -> %s: %+v; want 3 answers, seen from the pod's own %s", nodeA.Name, vip, hit, clientIP)
-		}
-	})
-	t.Run("IPv6: node to clusterIP whose only endpoint is on the other node", func(t *testing.T) {
-		hit := vmHit(ctx, t, nodeA.VM, vip, 3)
-		if hit.Answers["server"] != 3 {
-			t.Errorf("%s's host -> %s: %+v; want 3 answers", nodeA.Name, vip, hit)
-		}
-		if hit.Clients[clusterIP.Spec.ClusterIP] != 0 {
-			t.Errorf("the server saw the clusterIP %s as the client: %+v", clusterIP.Spec.ClusterIP, hit)
-		}
-	})
+	clusterIPAcrossNodes(ctx, t, c, ns, "IPv6: ", vip, clusterIP.Spec.ClusterIP, clientIP)
 	t.Run("IPv6: outside to NodePort with policy Cluster on the node without the endpoint", func(t *testing.T) {
 		addr := hostPort(nodeA.IP6, npPort)
 		hit := vmHit(ctx, t, c.Outside, addr, 3)

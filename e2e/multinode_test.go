@@ -207,24 +207,7 @@ func TestTwoNodes(t *testing.T) {
 			}
 		}
 	})
-	t.Run("pod to clusterIP on the other node", func(t *testing.T) {
-		hit := podHit(ctx, t, c, ns, "client", vip, 3)
-		if hit.Answers["server"] != 3 || hit.Clients[clientIP] != 3 {
-			t.Errorf("pod client on %s -> %s: %+v; want 3 answers, seen from the pod's own %s", nodeA.Name, vip, hit, clientIP)
-		}
-	})
-	t.Run("node to clusterIP whose only endpoint is on the other node", func(t *testing.T) {
-		hit := vmHit(ctx, t, nodeA.VM, vip, 3)
-		if hit.Answers["server"] != 3 {
-			t.Errorf("%s's host -> %s: %+v; want 3 answers (the shipped ConfigMap: no cluster CIDR)", nodeA.Name, vip, hit)
-		}
-		for addr := range hit.Clients {
-			if addr == clusterIP.Spec.ClusterIP {
-				t.Errorf("the server saw the clusterIP %s as the client: a reply to it stays on %s", addr, nodeB.Name)
-			}
-		}
-		t.Logf("%s's host -> %s: %+v", nodeA.Name, vip, hit)
-	})
+	clusterIPAcrossNodes(ctx, t, c, ns, "", vip, clusterIP.Spec.ClusterIP, clientIP)
 	t.Run("outside to NodePort with policy Cluster on the node without the endpoint", func(t *testing.T) {
 		hit := vmHit(ctx, t, c.Outside, nodeA.IP+":"+npPort, 3)
 		if hit.Answers["server"] != 3 || hit.Clients[nodeA.IP] != 3 {
@@ -622,6 +605,30 @@ func onlyEndpointTerminating(ctx context.Context, t *testing.T, c *cluster.Clust
 // printed.
 func healthCheck(ctx context.Context, c *cluster.Cluster, n *cluster.Node, port string) (int, string) {
 	return healthCheckAt(ctx, c, n.IP, port)
+}
+
+// clusterIPAcrossNodes: the pod "client" on node-1 and node-1's host reach
+// vip (clusterIP ip), whose only endpoint, "server", is on node-2; the
+// server sees the pod's own clientIP, and never the clusterIP (a reply to
+// it would stay on node-2). prefix names the family in the subtests.
+func clusterIPAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, prefix, vip, ip, clientIP string) {
+	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+	t.Run(prefix+"pod to clusterIP on the other node", func(t *testing.T) {
+		hit := podHit(ctx, t, c, ns, "client", vip, 3)
+		if hit.Answers["server"] != 3 || hit.Clients[clientIP] != 3 {
+			t.Errorf("pod client on %s -> %s: %+v; want 3 answers, seen from the pod's own %s", nodeA.Name, vip, hit, clientIP)
+		}
+	})
+	t.Run(prefix+"node to clusterIP whose only endpoint is on the other node", func(t *testing.T) {
+		hit := vmHit(ctx, t, nodeA.VM, vip, 3)
+		if hit.Answers["server"] != 3 {
+			t.Errorf("%s's host -> %s: %+v; want 3 answers (the shipped ConfigMap: no cluster CIDR)", nodeA.Name, vip, hit)
+		}
+		if hit.Clients[ip] != 0 {
+			t.Errorf("the server saw the clusterIP %s as the client: a reply to it stays on %s", ip, nodeB.Name)
+		}
+		t.Logf("%s's host -> %s: %+v", nodeA.Name, vip, hit)
+	})
 }
 
 // healthCheckAt is healthCheck at one of a node's addresses.
