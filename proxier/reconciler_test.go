@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -274,11 +275,20 @@ func TestReconcilerOwnership(t *testing.T) {
 // from 1s doubling up to 8s.
 func newClockedReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links, *clocktesting.FakeClock) {
 	t.Helper()
+	r, ipvs, links, clk, _ := newLoggedReconciler(t)
+	return r, ipvs, links, clk
+}
+
+// newLoggedReconciler is newClockedReconciler whose log is observed (from
+// info level).
+func newLoggedReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links, *clocktesting.FakeClock, *observer.ObservedLogs) {
+	t.Helper()
 	ipvs := fake.NewIPVS()
 	links := fake.NewLinks(node)
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
 	cfg := ReconcilerConfig{Ownership: testOwnership(), RetryBase: time.Second, RetryMax: 8 * time.Second, Clock: clk}
-	return NewReconciler(ipvs, links, cfg, zap.NewNop()), ipvs, links, clk
+	core, logs := observer.New(zap.InfoLevel)
+	return NewReconciler(ipvs, links, cfg, zap.New(core)), ipvs, links, clk, logs
 }
 
 // TestReconcilerRetriesFailedServiceAlone: a Service whose write fails is
@@ -287,7 +297,7 @@ func newClockedReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links, *
 // dumped whole because of it. (Before the redesign, one failed write made
 // every following sync a full one.)
 func TestReconcilerRetriesFailedServiceAlone(t *testing.T) {
-	r, ipvs, links, clk := newClockedReconciler(t)
+	r, ipvs, links, clk, logs := newLoggedReconciler(t)
 	mustSync(t, r, true) // the first full sync, nothing wanted yet
 	errBusy := errors.New("injected: device or resource busy")
 	ipvs.InjectErrors(func(c fake.Call) error {
@@ -353,6 +363,24 @@ func TestReconcilerRetriesFailedServiceAlone(t *testing.T) {
 		}
 		callsDiff(t, "retry reads", []string{"ListRealServers 10.96.0.10:80/TCP"}, ipvs.Reads())
 		callsDiff(t, "retry writes", []string{"AddRealServer 10.96.0.10:80/TCP 10.0.2.2:8080 w=1"}, ipvs.Writes())
+	}
+	// Each failure is logged with its Service, its count, the delay and
+	// the time of its retry, and the error.
+	var retries []string
+	for _, e := range logs.FilterMessage("service not fully programmed; retrying it alone").All() {
+		f := e.ContextMap()
+		retries = append(retries, fmt.Sprintf("%v #%v in %v at %v: %v", f["service"], f["failures"], f["retryIn"],
+			f["nextRetry"].(time.Time).Sub(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)), f["error"]))
+	}
+	wantRetries := []string{}
+	at := time.Duration(0)
+	for i, d := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 8 * time.Second, 8 * time.Second} {
+		wantRetries = append(wantRetries, fmt.Sprintf("default/a #%d in %v at %v: add-real-server 10.96.0.10:80/TCP 10.0.2.2:8080 w=1: injected: device or resource busy",
+			i+1, d, at+d))
+		at += d
+	}
+	if diff := cmp.Diff(wantRetries, retries); diff != "" {
+		t.Errorf("retry log lines (-want +got):\n%s", diff)
 	}
 
 	ipvs.InjectErrors(nil)

@@ -190,7 +190,7 @@ func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]boo
 		b.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 		s.Applied, s.Failures, s.LastError, s.NextRetry = false, b.failures, err.Error(), b.next
 		r.log.Warn("service not fully programmed; retrying it alone", zap.String("service", n.String()),
-			zap.Int("failures", b.failures), zap.Time("nextRetry", b.next), zap.Error(err))
+			zap.Int("failures", b.failures), zap.Duration("retryIn", b.next.Sub(now)), zap.Time("nextRetry", b.next), zap.Error(err))
 	}
 	return errs
 }
