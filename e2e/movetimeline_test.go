@@ -21,7 +21,8 @@ import (
 // endpoints change under traffic: the Service's EndpointSlices as the
 // apiserver publishes them (host clock), the test's own steps, and one
 // node's IPVS table for the VIP sampled every 300 ms (that node's clock,
-// as the traffic's failures are).
+// as the traffic's failures are); on failure, every node's IPVS
+// connections and conntrack entries of the ports involved.
 type moveTimeline struct {
 	mu      sync.Mutex
 	events  []string
@@ -95,6 +96,15 @@ func (tl *moveTimeline) show(t *testing.T) {
 		t.Logf("%s's clock reads %s at host %s", tl.node.Name, strings.TrimSpace(r.Stdout), time.Now().UTC().Format("15:04:05.000"))
 	}
 	t.Logf("IPVS on %s for the VIP, as it changed (node clock):\n%s", tl.node.Name, tl.sampler.Output())
+	// Where each connection went, and in what state it is: a failed
+	// attempt's own entry (its local port is in its error) lives on for
+	// the state's timeout (a minute or two) after it ended.
+	for _, n := range tl.c.Nodes {
+		for _, argv := range [][]string{{"ipvsadm", "-Lnc"}, {"vmagent", "conntrack", "--port", "80"}, {"vmagent", "conntrack", "--port", "8080"}} {
+			r, err := n.VM.Run(ctx, argv...)
+			t.Logf("%s: %s (%v):\n%s%s", n.Name, strings.Join(argv, " "), err, r.Stdout, r.Stderr)
+		}
+	}
 	pods, err := tl.c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
 		LabelSelector: cluster.IPVSProxyPods, FieldSelector: "spec.nodeName=" + tl.node.Name})
 	if err != nil || len(pods.Items) == 0 {
