@@ -17,6 +17,14 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 )
 
+// The IPv6 addresses of the two-node tests on the segment, as their IPv4
+// counterparts.
+var (
+	twoNodeLBIP6       = cluster.SegmentAddr6(202)
+	twoNodeRangesLBIP6 = cluster.SegmentAddr6(203)
+	notOutside6        = cluster.SegmentAddr6(99) + "/128"
+)
+
 // podIPv6 is a pod's IPv6 address (a dual-stack cluster gives it one of
 // each family, IPv4 first).
 func podIPv6(t *testing.T, p *corev1.Pod) string {
@@ -33,7 +41,10 @@ func podIPv6(t *testing.T, p *corev1.Pod) string {
 // twoNodesIPv6 is TestTwoNodes' IPv6 part, on its dual-stack cluster:
 // the same server (on node-2) and client (a pod on node-1), behind
 // IPv6-only Services; what each client reaches and which address the
-// backend sees, over the nodes' IPv6 addresses on the segment.
+// backend sees, over the nodes' IPv6 addresses on the segment: the
+// clusterIP, both NodePort policies, the health check, a LoadBalancer IP
+// routed to each node, internalTrafficPolicy Local and source ranges; and
+// that no node advertises the LoadBalancer IP by neighbour discovery.
 func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, server, client *corev1.Pod) {
 	cs := c.Client
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
@@ -57,17 +68,44 @@ func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 	// health-check node port.)
 	npLocal := mk("lb-local-6", corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal})
 	itpLocal := mk("itp-local-6", corev1.ServiceSpec{InternalTrafficPolicy: ptr.To(corev1.ServiceInternalTrafficPolicyLocal)})
+	lbRanges := mk("lb-ranges-6", corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerSourceRanges: []string{notOutside6}})
+	for _, lb := range []struct {
+		svc **corev1.Service
+		ip  string
+	}{{&npLocal, twoNodeLBIP6}, {&lbRanges, twoNodeRangesLBIP6}} {
+		(*lb.svc).Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lb.ip}}
+		got, err := cs.CoreV1().Services(ns).UpdateStatus(ctx, *lb.svc, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		*lb.svc = got
+	}
 	hostPort := func(host string, port int32) string { return net.JoinHostPort(host, strconv.Itoa(int(port))) }
 	vip := hostPort(clusterIP.Spec.ClusterIP, 80)
 	npPort, localPort := npCluster.Spec.Ports[0].NodePort, npLocal.Spec.Ports[0].NodePort
 	hcPort := strconv.Itoa(int(npLocal.Spec.HealthCheckNodePort))
 
 	for _, n := range c.Nodes {
-		waitFor(ctx, t, vip+" in IPVS on "+n.Name, func() (bool, string) {
-			out, err := n.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", vip)
-			return err == nil && strings.Contains(out, hostPort(serverIP, 8080)), out + fmt.Sprint(err)
-		})
+		for _, addr := range []string{vip, hostPort(twoNodeLBIP6, 80), hostPort(twoNodeRangesLBIP6, 80)} {
+			waitFor(ctx, t, addr+" in IPVS on "+n.Name, func() (bool, string) {
+				out, err := n.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", addr)
+				return err == nil && strings.Contains(out, hostPort(serverIP, 8080)), out + fmt.Sprint(err)
+			})
+		}
 	}
+	t.Run("IPv6: neighbour discovery for the LoadBalancer IP: no node answers", func(t *testing.T) {
+		// Linux answers a neighbour solicitation only for an address of
+		// the interface it came in on (strict ARP's sysctls are IPv4's
+		// alone): the agent's interface carries the LoadBalancer IP, and
+		// no node may advertise it on the segment, strict ARP or not.
+		// The control: a node's own address, advertised by that node.
+		if got := ndpAnswers(ctx, t, c, twoNodeLBIP6); len(got) != 0 {
+			t.Errorf("neighbour advertisements for %s on the segment: from %v; want none (no announcer runs)", twoNodeLBIP6, got)
+		}
+		if got := ndpAnswers(ctx, t, c, nodeB.IP6); len(got) != 1 {
+			t.Errorf("neighbour advertisements for %s (%s's own address) on the segment: from %v; want one", nodeB.IP6, nodeB.Name, got)
+		}
+	})
 	clusterIPAcrossNodes(ctx, t, c, ns, "IPv6: ", vip, clusterIP.Spec.ClusterIP, clientIP)
 	t.Run("IPv6: outside to NodePort with policy Cluster on the node without the endpoint", func(t *testing.T) {
 		addr := hostPort(nodeA.IP6, npPort)
@@ -95,6 +133,7 @@ func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 			}
 		}
 	})
+	lbIPRoutedPerNode(ctx, t, c, segmentIPv6, twoNodeLBIP6)
 	t.Run("IPv6: internalTrafficPolicy Local with the only endpoint on the other node", func(t *testing.T) {
 		addr := hostPort(itpLocal.Spec.ClusterIP, 80)
 		if hit := podHit(ctx, t, c, ns, "client", addr, 1); hit.Total() != 0 {
@@ -104,4 +143,5 @@ func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 			t.Errorf("%s's host -> %s: %+v; want 2 answers from its local endpoint", nodeB.Name, addr, hit)
 		}
 	})
+	sourceRangesOnEveryNode(ctx, t, c, segmentIPv6, lbRanges, twoNodeRangesLBIP6, notOutside6)
 }

@@ -77,7 +77,8 @@ var (
 // and client behind IPv6-only Services, over the nodes' and the outside
 // host's IPv6 addresses on the segment, show the clusterIP from a pod and
 // from node-1's host, both NodePort policies with the address the server
-// sees, the health-check node port and internalTrafficPolicy Local
+// sees, the health-check node port, a Local LoadBalancer IP routed to
+// each node, internalTrafficPolicy Local and source ranges on both nodes
 // (twoNodesIPv6).
 func TestTwoNodes(t *testing.T) {
 	assets := vm.Require(t)
@@ -233,25 +234,7 @@ func TestTwoNodes(t *testing.T) {
 			}
 		}
 	})
-	t.Run("outside to LoadBalancer IP with policy Local, routed to each node", func(t *testing.T) {
-		// The load balancer's part: the outside host routes the LB IP's
-		// traffic to one node, as a router fed by a BGP speaker would.
-		for _, tc := range []struct {
-			node   *cluster.Node
-			answer bool
-		}{{nodeA, false}, {nodeB, true}} {
-			if _, err := c.Outside.RunOK(ctx, "ip", "route", "replace", twoNodeLBIP+"/32", "via", tc.node.IP, "dev", cluster.SegmentIface); err != nil {
-				t.Fatal(err)
-			}
-			hit := vmHit(ctx, t, c.Outside, twoNodeLBIP+":80", 2, "--timeout", "2s")
-			switch {
-			case tc.answer && (hit.Answers["server"] != 2 || hit.Clients[cluster.OutsideIP] != 2):
-				t.Errorf("outside -> %s via %s: %+v; want 2 answers seen from %s", twoNodeLBIP, tc.node.Name, hit, cluster.OutsideIP)
-			case !tc.answer && hit.Total() != 0:
-				t.Errorf("outside -> %s via %s (no local endpoint): %+v; want no answer", twoNodeLBIP, tc.node.Name, hit)
-			}
-		}
-	})
+	lbIPRoutedPerNode(ctx, t, c, segmentIPv4, twoNodeLBIP)
 	t.Run("internalTrafficPolicy Local with the only endpoint on the other node", func(t *testing.T) {
 		addr := itpLocal.Spec.ClusterIP + ":80"
 		if hit := podHit(ctx, t, c, ns, "client", addr, 1); hit.Total() != 0 {
@@ -264,32 +247,7 @@ func TestTwoNodes(t *testing.T) {
 			t.Errorf("%s's host -> %s: %+v; want 2 answers from its local endpoint", nodeB.Name, addr, hit)
 		}
 	})
-	t.Run("loadBalancerSourceRanges on every node", func(t *testing.T) {
-		via := func(n *cluster.Node) nettest.HitResult {
-			t.Helper()
-			if _, err := c.Outside.RunOK(ctx, "ip", "route", "replace", twoNodeRangesLBIP+"/32", "via", n.IP, "dev", cluster.SegmentIface); err != nil {
-				t.Fatal(err)
-			}
-			return vmHit(ctx, t, c.Outside, twoNodeRangesLBIP+":80", 1, "--timeout", "2s")
-		}
-		for _, n := range c.Nodes {
-			if hit := via(n); hit.Total() != 0 {
-				t.Errorf("outside (%s) -> %s via %s, source ranges %v: %+v; want no answer", cluster.OutsideIP, twoNodeRangesLBIP, n.Name,
-					lbRanges.Spec.LoadBalancerSourceRanges, hit)
-			}
-		}
-		lbRanges.Spec.LoadBalancerSourceRanges = []string{notOutside, cluster.OutsideIP + "/32"}
-		var err error
-		if lbRanges, err = cs.CoreV1().Services(ns).Update(ctx, lbRanges, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		for _, n := range c.Nodes {
-			waitWithin(ctx, t, time.Minute, "outside -> "+twoNodeRangesLBIP+" via "+n.Name+" answered once the outside host is in the ranges", func() (bool, string) {
-				hit := via(n)
-				return hit.Answers["server"] == 1, fmt.Sprintf("%+v", hit)
-			})
-		}
-	})
+	sourceRangesOnEveryNode(ctx, t, c, segmentIPv4, lbRanges, twoNodeRangesLBIP, notOutside)
 	twoNodesIPv6(ctx, t, c, ns, pods["server"], pods["client"])
 	var moving *corev1.Service
 	t.Run("endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
@@ -354,26 +312,53 @@ func TestTwoNodes(t *testing.T) {
 func arpAnswers(ctx context.Context, t *testing.T, c *cluster.Cluster, ip string) map[string]bool {
 	t.Helper()
 	target := net.ParseIP(ip).To4()
+	// Ethernet type ARP, opcode 2 (reply), sender IP = ip: the
+	// sender's MAC.
+	return segmentAnswers(ctx, t, c, func(f []byte) (net.HardwareAddr, bool) {
+		ok := len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 && f[20] == 0 && f[21] == 2 && net.IP(f[28:32]).Equal(target)
+		return net.HardwareAddr(f[22:28]), ok
+	}, "arping", "-c", "2", "-w", "3", "-I", cluster.SegmentIface, ip)
+}
+
+// ndpAnswers has the outside host resolve ip, an address of the segment's
+// IPv6 prefix, by neighbour discovery (a ping, which solicits it) and
+// returns the MACs that advertised it, as the segment's hub saw them.
+func ndpAnswers(ctx context.Context, t *testing.T, c *cluster.Cluster, ip string) map[string]bool {
+	t.Helper()
+	target := net.ParseIP(ip)
+	// Ethernet type IPv6, next header ICMPv6 (no extension header:
+	// the kernel adds none to a neighbour advertisement), ICMPv6 type
+	// 136 (neighbour advertisement), target = ip: the frame's sender.
+	return segmentAnswers(ctx, t, c, func(f []byte) (net.HardwareAddr, bool) {
+		ok := len(f) >= 78 && f[12] == 0x86 && f[13] == 0xdd && f[20] == 58 && f[54] == 136 && net.IP(f[62:78]).Equal(target)
+		return net.HardwareAddr(f[6:12]), ok
+	}, "ping6", "-c", "2", "-w", "3", "-I", cluster.SegmentIface, ip)
+}
+
+// segmentAnswers runs argv on the outside host and returns the MACs of the
+// frames on the segment that answer matches, while it runs.
+func segmentAnswers(ctx context.Context, t *testing.T, c *cluster.Cluster, answer func(frame []byte) (net.HardwareAddr, bool), argv ...string) map[string]bool {
+	t.Helper()
 	var mu sync.Mutex
 	macs := map[string]bool{}
 	stop := c.Hub.Watch(func(f []byte) {
-		// Ethernet type ARP, opcode 2 (reply), sender IP = ip.
-		if len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 && f[20] == 0 && f[21] == 2 && net.IP(f[28:32]).Equal(target) {
+		if mac, ok := answer(f); ok {
 			mu.Lock()
-			macs[net.HardwareAddr(f[22:28]).String()] = true
+			macs[mac.String()] = true
 			mu.Unlock()
 		}
 	})
 	defer stop()
-	// arping exits 1 when nothing answers: the hub's count is the result.
-	r, err := c.Outside.Run(ctx, "arping", "-c", "2", "-w", "3", "-I", cluster.SegmentIface, ip)
+	// arping and ping exit 1 when nothing answers: the hub's count is
+	// the result.
+	r, err := c.Outside.Run(ctx, argv...)
 	if err != nil {
-		t.Fatalf("arping %s: %v", ip, err)
+		t.Fatalf("%s: %v", strings.Join(argv, " "), err)
 	}
 	time.Sleep(200 * time.Millisecond) // the last answer through the hub
 	mu.Lock()
 	defer mu.Unlock()
-	t.Logf("arping %s: answered by %v (%s)", ip, macs, strings.TrimSpace(r.Stdout))
+	t.Logf("%s: answered by %v (%s)", strings.Join(argv, " "), macs, strings.TrimSpace(r.Stdout))
 	return maps.Clone(macs)
 }
 
@@ -611,6 +596,81 @@ func healthCheck(ctx context.Context, c *cluster.Cluster, n *cluster.Node, port 
 // vip (clusterIP ip), whose only endpoint, "server", is on node-2; the
 // server sees the pod's own clientIP, and never the clusterIP (a reply to
 // it would stay on node-2). prefix names the family in the subtests.
+// segmentFamily is one address family of the two-node segment: the
+// prefix of its subtests' names, a node's address, the outside host's and
+// a host route's length.
+type segmentFamily struct {
+	prefix  string
+	nodeIP  func(*cluster.Node) string
+	outside string
+	host    string // "/32" or "/128"
+}
+
+var (
+	segmentIPv4 = segmentFamily{prefix: "", nodeIP: func(n *cluster.Node) string { return n.IP }, outside: cluster.OutsideIP, host: "/32"}
+	segmentIPv6 = segmentFamily{prefix: "IPv6: ", nodeIP: func(n *cluster.Node) string { return n.IP6 }, outside: cluster.OutsideIP6, host: "/128"}
+)
+
+// lbIPRoutedPerNode: the outside host routes lbIP (the ingress IP of a
+// LoadBalancer Service whose policy is Local and whose only endpoint is
+// on node-2, port 80) to one node at a time, as a router fed by a BGP
+// speaker would: node-2 answers, the server seeing the outside host's own
+// address; node-1 does not.
+func lbIPRoutedPerNode(ctx context.Context, t *testing.T, c *cluster.Cluster, f segmentFamily, lbIP string) {
+	t.Run(f.prefix+"outside to LoadBalancer IP with policy Local, routed to each node", func(t *testing.T) {
+		addr := net.JoinHostPort(lbIP, "80")
+		for _, tc := range []struct {
+			node   *cluster.Node
+			answer bool
+		}{{c.Nodes[0], false}, {c.Nodes[1], true}} {
+			if _, err := c.Outside.RunOK(ctx, "ip", "route", "replace", lbIP+f.host, "via", f.nodeIP(tc.node), "dev", cluster.SegmentIface); err != nil {
+				t.Fatal(err)
+			}
+			hit := vmHit(ctx, t, c.Outside, addr, 2, "--timeout", "2s")
+			switch {
+			case tc.answer && (hit.Answers["server"] != 2 || hit.Clients[f.outside] != 2):
+				t.Errorf("outside -> %s via %s: %+v; want 2 answers seen from %s", addr, tc.node.Name, hit, f.outside)
+			case !tc.answer && hit.Total() != 0:
+				t.Errorf("outside -> %s via %s (no local endpoint): %+v; want no answer", addr, tc.node.Name, hit)
+			}
+		}
+	})
+}
+
+// sourceRangesOnEveryNode: svc is a LoadBalancer (ingress lbIP, port 80)
+// whose source ranges are only notOutside: routed through either node,
+// the outside host gets no answer; once its address joins the ranges,
+// both nodes answer it.
+func sourceRangesOnEveryNode(ctx context.Context, t *testing.T, c *cluster.Cluster, f segmentFamily, svc *corev1.Service, lbIP, notOutside string) {
+	t.Run(f.prefix+"loadBalancerSourceRanges on every node", func(t *testing.T) {
+		addr := net.JoinHostPort(lbIP, "80")
+		via := func(n *cluster.Node) nettest.HitResult {
+			t.Helper()
+			if _, err := c.Outside.RunOK(ctx, "ip", "route", "replace", lbIP+f.host, "via", f.nodeIP(n), "dev", cluster.SegmentIface); err != nil {
+				t.Fatal(err)
+			}
+			return vmHit(ctx, t, c.Outside, addr, 1, "--timeout", "2s")
+		}
+		for _, n := range c.Nodes {
+			if hit := via(n); hit.Total() != 0 {
+				t.Errorf("outside (%s) -> %s via %s, source ranges %v: %+v; want no answer", f.outside, addr, n.Name,
+					svc.Spec.LoadBalancerSourceRanges, hit)
+			}
+		}
+		svc = svc.DeepCopy()
+		svc.Spec.LoadBalancerSourceRanges = []string{notOutside, f.outside + f.host}
+		if _, err := c.Client.CoreV1().Services(svc.Namespace).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range c.Nodes {
+			waitWithin(ctx, t, time.Minute, "outside -> "+addr+" via "+n.Name+" answered once the outside host is in the ranges", func() (bool, string) {
+				hit := via(n)
+				return hit.Answers["server"] == 1, fmt.Sprintf("%+v", hit)
+			})
+		}
+	})
+}
+
 func clusterIPAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, prefix, vip, ip, clientIP string) {
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
 	t.Run(prefix+"pod to clusterIP on the other node", func(t *testing.T) {
