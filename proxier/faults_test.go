@@ -140,6 +140,20 @@ func TestReconcilerConvergesUnderInjectedFaults(t *testing.T) {
 				}
 			}
 			converge("change and delete")
+			// The agent restarts, and another third of the Services went
+			// while it was down: its first full sync finds their virtual
+			// servers and addresses as orphans, deleted under the same
+			// faults, and nothing of them may be left.
+			r = NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
+			for i := range n {
+				if i%3 == 2 {
+					delete(want, name(i))
+				} else if p := want[name(i)]; p != nil {
+					r.SetPlan(name(i), p)
+				}
+			}
+			_, _ = r.Sync(true)
+			converge("restart with orphans")
 			c := in.Counts()
 			if c[faults.IPVS].Failed == 0 || c[faults.Address].Failed == 0 {
 				t.Errorf("no failure injected: %s", in)
