@@ -96,10 +96,18 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 
 	// The agent restarts as the test build, failing writes at the rate.
 	mark("agent stops")
+	prevLog := e.AgentOutput()
 	if err := e.StopAgent(); err != nil {
 		t.Fatal(err)
 	}
 	mark("agent stopped")
+	// What the previous agent left unowned (a virtual server of the
+	// range on no bound address and in no routed range) no agent will
+	// ever delete: name it, with that agent's lines about it.
+	if un := unowned(e.kernelState(t)); len(un) > 0 {
+		t.Errorf("%s: the previous agent left virtual servers on addresses it does not hold: %v; its log lines naming them:\n%s",
+			fc.name, un, linesNaming(prevLog, un, 60))
+	}
 	// It binds one address per clusterIP (--route-service-cidrs=false):
 	// hundreds of address writes fail at the rate, where the Service
 	// range's route would be one write. Its start moves the node from the
@@ -117,6 +125,9 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 	c := &churn{e: e, ns: ns, base: k * 4000}
 	// The case's Services go with it: the bed's later tests (kube-proxy's
 	// syncs in TestTakeoverFromKubeProxy among them) should not carry them.
+	// The agent that runs the case removes them under its faults before
+	// the next case stops it: nothing of the case may be left (a stop in
+	// the middle of deletions is TestChaosAgentRestart's).
 	t.Cleanup(func() {
 		c.mu.Lock()
 		live := slices.Collect(maps.Keys(c.svcs))
@@ -124,6 +135,17 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 		for _, i := range live {
 			c.delete(t, i)
 		}
+		var left string
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
+			if left = c.diff(e.kernelState(t)); left == "" {
+				return
+			}
+			if time.Now().After(deadline) {
+				break
+			}
+		}
+		t.Errorf("%s: the case's Services deleted, two minutes later the kernel still has:\n%s\nthe agent's log lines naming them:\n%s",
+			fc.name, left, linesNaming(e.AgentOutput(), strings.Split(left, "\n"), 60))
 	})
 	start := time.Now()
 	c.run(t, size, func(i int) { c.create(t, i) })
@@ -181,6 +203,9 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 	}
 	for _, l := range leaks {
 		t.Errorf("%s: leaked: %s", fc.name, l)
+	}
+	if len(leaks) > 0 {
+		t.Logf("%s: the agent's log lines naming a leaked address:\n%s", fc.name, linesNaming(e.AgentOutput(), leaks, 60))
 	}
 
 	// Metrics: the injector's counts, the agent's failures, none left.
@@ -668,4 +693,60 @@ func checkBackoff(t *testing.T, what string, lines []retryLine, ns string) strin
 	}
 	return fmt.Sprintf("%d Services logged failing (%d lines), up to %d failures in a row; mean retry delay by failures in a row %s",
 		services, len(lines), maxF, strings.Join(delays, ", "))
+}
+
+// linesNaming returns up to max lines of log that name an IPv4 address
+// found in one of what.
+func linesNaming(log string, what []string, max int) string {
+	addrs := map[string]bool{}
+	for _, w := range what {
+		for _, f := range strings.FieldsFunc(w, func(r rune) bool { return r == ' ' || r == ':' || r == ',' || r == ';' }) {
+			if a, err := netip.ParseAddr(f); err == nil && a.Is4() {
+				addrs[a.String()] = true
+			}
+		}
+	}
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		for a := range addrs {
+			if strings.Contains(l, a+":") || strings.Contains(l, a+"\"") || strings.Contains(l, a+" ") {
+				out = append(out, l)
+				break
+			}
+		}
+		if len(out) == max {
+			break
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// unowned lists the virtual servers of the Service range (10.96.0.0/16)
+// whose address is neither bound nor in a routed range.
+func unowned(st kernelState) []string {
+	svcRange := netip.MustParsePrefix("10.96.0.0/16")
+	bound := map[string]bool{}
+	for _, a := range st.addrs {
+		bound[a] = true
+	}
+	var routes []netip.Prefix
+	for _, r := range st.routes {
+		if p, err := netip.ParsePrefix(r); err == nil {
+			routes = append(routes, p)
+		}
+	}
+	var out []string
+	for _, l := range st.ipvs {
+		f := strings.Fields(l)
+		if len(f) != 3 {
+			continue
+		}
+		host, _, _ := strings.Cut(f[1], ":")
+		a, err := netip.ParseAddr(host)
+		if err != nil || !svcRange.Contains(a) || bound[host] || slices.ContainsFunc(routes, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
 }
