@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -558,6 +559,14 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op) []error {
 	for i, err := range r.applyIPVS(st, ops, vsOps) {
 		op := &ops[vsOps[i]]
 		if err != nil {
+			if op.Kind == model.OpAddVirtualServer && (errors.Is(err, netlinkutil.ErrOutcomeUnknown) || errors.Is(err, syscall.EEXIST)) {
+				// It may be (EEXIST: it is) in the kernel: the view keeps
+				// it, so that its address stays bound (owned) and its
+				// Service's removal deletes it, until a full read settles
+				// it.
+				r.kernel.PutVirtualServer(op.VirtualServer)
+				r.lost = true
+			}
 			r.noteScheduler(op.VirtualServer.Scheduler, err)
 			skip[op.VirtualServer.VSKey] = true
 			fail(*op, fmt.Errorf("%s: %w", op, err))

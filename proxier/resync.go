@@ -163,6 +163,22 @@ func (r *Reconciler) takeOffered() *KernelRead {
 	}
 	kr.took = took
 	k, _ := kr.raw.view(r.own, r.ours)
+	// IPVS dumps its virtual servers by position, part after part, with
+	// the table unlocked in between: a delete meanwhile (the loop's own,
+	// while this read ran) shifts the rest, and the dump skips one that
+	// nobody touched. A virtual server of the view that the read lacks
+	// and the loop did not write may be such a skip (or one deleted
+	// behind the agent's back): the loop reads the kernel itself, as no
+	// write runs beside it. Adopting the read would drop it from the view,
+	// and its Service's removal would then unbind its address and leave
+	// it owned by nothing.
+	for key := range r.kernel.VirtualServers {
+		if _, ok := k.VirtualServers[key]; !ok && !ol.keys[key] {
+			r.log.Info("the periodic resync's read off the loop lacks a virtual server the loop did not write; reading in the loop",
+				zap.Stringer("virtualServer", key))
+			return nil
+		}
+	}
 	for key := range k.VirtualServers {
 		if rss, ok := kr.rss[key]; ok {
 			k.RealServers[key] = rss
