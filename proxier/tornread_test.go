@@ -75,6 +75,34 @@ func planN(i int) *model.ServicePlan {
 	return modeltest.Plan(svcN(i), modeltest.VS(model.KindClusterIP, fmt.Sprintf("10.96.0.%d:80", i), "rr", "10.0.1.2:8080"))
 }
 
+// tornResyncRead programs s1..s3, then runs a periodic resync's read off
+// the loop that dumps one virtual server per part while the loop deletes
+// s1 (already dumped) between the first two parts: position 1 is then s3,
+// and s2, which nobody touched, is skipped. The next full Sync takes the
+// read.
+func tornResyncRead(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links) {
+	t.Helper()
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+	for i := 1; i <= 3; i++ {
+		r.SetPlan(svcN(i), planN(i))
+	}
+	mustSync(t, r, true)
+	reader := &pagedDump{IPVS: ipvs, page: 1}
+	reader.between = func() {
+		r.SetPlan(svcN(1), nil)
+		mustSync(t, r, false)
+	}
+	r.SetResyncReader(reader, links)
+	run, ok := r.StartResyncRead()
+	if !ok {
+		t.Fatal("no read off the loop")
+	}
+	run()
+	reader.between = nil
+	return r, ipvs, links
+}
+
 // TestTornOffLoopDumpNotAdopted: the periodic resync's dump off the loop
 // runs while the loop deletes Services. IPVS dumps by position, so a
 // delete of an entry already passed shifts the rest back and the next part
@@ -84,28 +112,9 @@ func planN(i int) *model.ServicePlan {
 // holds, owned by no agent again (e2e's TestChaosKernelFaults saw it). The
 // read is not adopted; the sync reads the kernel in the loop.
 func TestTornOffLoopDumpNotAdopted(t *testing.T) {
-	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
-	for i := 1; i <= 3; i++ {
-		r.SetPlan(svcN(i), planN(i))
-	}
-	mustSync(t, r, true)
-
-	reader := &pagedDump{IPVS: ipvs, page: 1}
-	reader.between = func() {
-		// The loop deletes s1 (already dumped) between two parts.
-		r.SetPlan(svcN(1), nil)
-		mustSync(t, r, false)
-	}
-	r.SetResyncReader(reader, links)
-	run, ok := r.StartResyncRead()
-	if !ok {
-		t.Fatal("no read off the loop")
-	}
-	run() // dumps s1, (s1 deleted), then position 1 is now s3: s2 skipped
+	r, ipvs, links := tornResyncRead(t)
 	st, err := r.Sync(true)
 	t.Logf("adopting resync: full %v, failed %v, err %v", st.Full, st.Failed, err)
-	reader.between = nil
 
 	// s2 goes: its virtual server is not in the view.
 	r.SetPlan(svcN(2), nil)
@@ -173,23 +182,7 @@ func TestLostAddAnswerKeepsTheAddress(t *testing.T) {
 // adopt the read (no add would be tried, no EEXIST logged, the address
 // unbound).
 func TestTornDumpDeletedAtAdoption(t *testing.T) {
-	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
-	for i := 1; i <= 3; i++ {
-		r.SetPlan(svcN(i), planN(i))
-	}
-	mustSync(t, r, true)
-	reader := &pagedDump{IPVS: ipvs, page: 1}
-	reader.between = func() {
-		r.SetPlan(svcN(1), nil)
-		mustSync(t, r, false)
-	}
-	r.SetResyncReader(reader, links)
-	run, ok := r.StartResyncRead()
-	if !ok {
-		t.Fatal("no read off the loop")
-	}
-	run()
+	r, ipvs, links := tornResyncRead(t)
 	r.SetPlan(svcN(2), nil) // the event arrives before the resync's sync
 	st, err := r.Sync(true)
 	t.Logf("adopting resync: full %v, failed %v, err %v", st.Full, st.Failed, err)
