@@ -49,8 +49,10 @@ const (
 	// helperTimeout bounds one in-VM measurement (kube-proxy at 10,000
 	// Services takes many minutes to settle under emulation).
 	helperTimeout = 3 * time.Hour
-	// notSettled is in ipvsbench settle's error past its -timeout.
+	// notSettled is in ipvsbench settle's error past its -timeout, and
+	// notLanded in its latency and burst errors past it.
 	notSettled = "not settled"
+	notLanded  = "not in the kernel after"
 )
 
 // running is a started proxy.
@@ -153,6 +155,9 @@ type proxyResult struct {
 	// nothing else was measured.
 	overBound bool
 	bound     time.Duration
+	// changeOver, burstOver, restartOver: that measure did not end within
+	// the bound; it and those after it were not measured.
+	changeOver, burstOver, restartOver bool
 	// restartDiff counts kernel lines that differ before and after the
 	// restart, by kind; restartWrites are the writes the proxy counted
 	// itself (-1: it does not say).
@@ -267,7 +272,7 @@ func (bn *bench) settle(ctx context.Context, p proxyKind, cold bool) (settled, r
 }
 
 func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, error) {
-	r := proxyResult{proxy: p.name, restartWrites: -1}
+	r := proxyResult{proxy: p.name, restartWrites: -1, bound: bn.cfg.bound}
 	if err := bn.clean(ctx); err != nil {
 		return r, err
 	}
@@ -277,7 +282,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 		// Past the bound: reported as such, not waited on; its other
 		// figures are not measured.
 		logf("%s, %d Services, cold: not programmed and idle within %v: %v", p.name, n, bn.cfg.bound, err)
-		r.overBound, r.bound = true, bn.cfg.bound
+		r.overBound = true
 		return r, nil
 	}
 	if err != nil {
@@ -329,8 +334,12 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 		At      []float64 `json:"at"`
 		Poll    []float64 `json:"poll"`
 	}
-	if err := bn.helper(ctx, &lat, append([]string{"latency", "-slice", single, "-vs", vip[single],
-		"-rounds", strconv.Itoa(bn.cfg.rounds)}, changeArgs...)...); err != nil {
+	err = bn.helper(ctx, &lat, append([]string{"latency", "-slice", single, "-vs", vip[single],
+		"-rounds", strconv.Itoa(bn.cfg.rounds)}, changeArgs...)...)
+	if r.changeOver = pastBound(p, n, "one change", err, notLanded); r.changeOver {
+		return r, nil
+	}
+	if err != nil {
 		return r, err
 	}
 	r.change = slices.Sorted(slices.Values(lat.Seconds))
@@ -353,7 +362,11 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 		Seconds float64 `json:"seconds"`
 		Issued  float64 `json:"issued"`
 	}
-	if err := bn.helper(ctx, &burst, append([]string{"burst", "-changes", "/tmp/burst.json"}, changeArgs...)...); err != nil {
+	err = bn.helper(ctx, &burst, append([]string{"burst", "-changes", "/tmp/burst.json"}, changeArgs...)...)
+	if r.burstOver = pastBound(p, n, "burst", err, notLanded); r.burstOver {
+		return r, nil
+	}
+	if err != nil {
 		return r, err
 	}
 	r.burst, r.burstIssued = burst.Seconds, burst.Issued
@@ -372,7 +385,11 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	if err != nil {
 		return r, err
 	}
-	if r.restart, proc, err = bn.settle(ctx, p, false); err != nil {
+	r.restart, proc, err = bn.settle(ctx, p, false)
+	if r.restartOver = pastBound(p, n, "restart", err, notSettled); r.restartOver {
+		return r, nil
+	}
+	if err != nil {
 		return r, fmt.Errorf("restart: %w", err)
 	}
 	after, err := bn.snapshot(ctx, p)
@@ -408,6 +425,17 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	}
 	r.rssKiB = max(r.rssKiB, rss)
 	return r, nil
+}
+
+// pastBound tells whether err is a measure's helper giving up at the bound
+// (its message holds marker), and logs it: that measure is reported as
+// "> bound" and the proxy is not measured further at that shape.
+func pastBound(p proxyKind, n int, what string, err error, marker string) bool {
+	if err == nil || !strings.Contains(err.Error(), marker) {
+		return false
+	}
+	logf("%s, %d Services, %s: not done within the bound, not measured further: %v", p.name, n, what, err)
+	return true
 }
 
 var fullSyncLog = regexp.MustCompile(`"msg":"(synced".*"kind":"full"|iptables glue synced".*"full":true|iptables glue checked"|full resync complete").*`)

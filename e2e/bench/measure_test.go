@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDiffCount(t *testing.T) {
@@ -111,5 +113,36 @@ func TestStartTimeline(t *testing.T) {
 	}
 	if got := startTimeline(strings.Split(log, "\n{\"level\":\"info\",\"ts\":115.75")[0]); got != "" {
 		t.Errorf("startTimeline without a first sync = %q, want empty", got)
+	}
+}
+
+// TestPastBoundRows: a proxy whose restart or change did not end within
+// the bound shows "> bound" in that row and a ratio of at least the bound
+// over ipvs-proxy's figure; the rows measured before keep their figures,
+// and a helper's other errors are not taken for the bound.
+func TestPastBoundRows(t *testing.T) {
+	bound := 30 * time.Minute
+	ip := proxyResult{proxy: ipvsProxy, bound: bound, restartWrites: 0,
+		cold: settled{VirtualServers: 10, Idle: 12}, change: []float64{0.1, 0.2}, burst: 1, restart: settled{Idle: 15}}
+	nft := proxyResult{proxy: kubeProxyNFTables, bound: bound, restartWrites: -1,
+		cold: settled{VirtualServers: 600, Idle: 900}, change: []float64{60, 90}, burst: 120}
+	nft.restartOver = pastBound(proxyKinds[kubeProxyNFTables], 5000, "restart",
+		errors.New("settle: not settled after 30m0s: 4 of 5000 Services"), notSettled)
+	if !nft.restartOver {
+		t.Fatal("pastBound did not take the settle helper's timeout for the bound")
+	}
+	if pastBound(proxyKinds[kubeProxyNFTables], 5000, "burst", errors.New("ssh: connection reset"), notLanded) {
+		t.Error("pastBound took another error for the bound")
+	}
+	var b strings.Builder
+	printSize(&b, sizeResult{shape: shape{5000, 50}, proxies: []proxyResult{ip, nft}})
+	for _, want := range []string{
+		"| cold: everything programmed, CPU idle | 12s | 15m0s | 75.0 |",
+		"| one change, p50 / max | 200ms / 200ms | 1m30s / 1m30s | 450.0 / 450.0 |",
+		"| restart, nothing changed: programmed, idle | 15s | > 30m0s | > 120.0 |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
 	}
 }

@@ -69,6 +69,9 @@ var rows = []row{
 		func(r proxyResult) []float64 { return []float64{r.cold.CPUSelf + r.cold.CPUChildren} }},
 	{"one change, p50 / max",
 		func(r proxyResult) string {
+			if r.changeOver {
+				return "> " + r.bound.String()
+			}
 			if len(r.change) == 0 {
 				return "-"
 			}
@@ -76,7 +79,12 @@ var rows = []row{
 		},
 		func(r proxyResult) []float64 { return []float64{median(r.change), maxOf(r.change)} }},
 	{"burst of changes, until the last",
-		func(r proxyResult) string { return secs(r.burst) },
+		func(r proxyResult) string {
+			if r.burstOver {
+				return "> " + r.bound.String()
+			}
+			return secs(r.burst)
+		},
 		func(r proxyResult) []float64 { return []float64{r.burst} }},
 	{"burst: of which the apiserver taking the updates",
 		func(r proxyResult) string { return secs(r.burstIssued) },
@@ -105,7 +113,12 @@ var rows = []row{
 		},
 		func(r proxyResult) []float64 { return []float64{float64(r.rssKiB)} }},
 	{"restart, nothing changed: programmed, idle",
-		func(r proxyResult) string { return secs(r.restart.Idle) },
+		func(r proxyResult) string {
+			if r.restartOver {
+				return "> " + r.bound.String()
+			}
+			return secs(r.restart.Idle)
+		},
 		func(r proxyResult) []float64 { return []float64{r.restart.Idle} }},
 	{"restart: kernel lines changed (IPVS/VIPs/ipset/iptables/nftables)",
 		func(r proxyResult) string {

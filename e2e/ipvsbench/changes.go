@@ -158,7 +158,7 @@ func latency(args []string) error {
 				break
 			}
 			if time.Since(start) > cf.timeout {
-				return fmt.Errorf("round %d: the change did not reach the kernel in %v", i, cf.timeout)
+				return fmt.Errorf("round %d: the change not in the kernel after %v", i, cf.timeout)
 			}
 			time.Sleep(pollInterval(time.Since(start)))
 		}
