@@ -61,6 +61,7 @@ type config struct {
 	quiet        time.Duration
 	floor        bool
 	bound        time.Duration
+	cpuProfile   time.Duration
 }
 
 func main() {
@@ -75,6 +76,7 @@ func main() {
 	flag.DurationVar(&c.quiet, "quiet", 5*time.Second, "how long a proxy's CPU must not grow for it to be idle")
 	flag.BoolVar(&c.floor, "floor", true, "also compare ipvs-proxy's cold sync with the bare-netlink floor")
 	flag.DurationVar(&c.bound, "bound", 30*time.Minute, "how long a proxy may take to settle, or a change to land, before it is reported as more")
+	flag.DurationVar(&c.cpuProfile, "cpu-profile", 0, "save a CPU profile of this long of ipvs-proxy's cold start (bin/bench/cpu-<proxy>-<n>.pb.gz; 0: none)")
 	flag.Parse()
 	for _, p := range strings.Split(*proxies, ",") {
 		p = strings.TrimSpace(p)

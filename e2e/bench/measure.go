@@ -190,14 +190,23 @@ func (bn *bench) clean(ctx context.Context) error {
 			return fmt.Errorf("%s still runs (pidof: %q, %v)", p.name, r.Stdout, err)
 		}
 	}
-	if out, err := kubeproxy.Cleanup(ctx, bn.bed); err != nil {
-		return fmt.Errorf("cleanup: %w\n%s", err, out)
+	said, err := kubeproxy.Cleanup(ctx, bn.bed)
+	if err != nil {
+		return fmt.Errorf("cleanup: %w\n%s", err, said)
 	}
 	if _, err := kubeproxy.CleanupNFTables(ctx, bn.bed.VM); err != nil {
 		return err
 	}
 	if out, _ := bn.bed.IPVSTable(ctx); strings.Contains(out, "\nTCP ") {
-		return fmt.Errorf("IPVS not empty after the cleanup:\n%.2000s", out)
+		var left []string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "TCP ") || strings.HasPrefix(l, "UDP ") {
+				left = append(left, l)
+			}
+		}
+		routes, _ := bn.bed.VM.Run(ctx, "ip", "route", "show", "table", "local", "type", "local")
+		return fmt.Errorf("IPVS not empty after the cleanup: %d virtual servers left, the first %q; the cleanup said:\n%s\nlocal routes:\n%.3000s",
+			len(left), left[:min(len(left), 5)], said, routes.Stdout)
 	}
 	// Deleting thousands of addresses leaves the kernel work to finish in
 	// the background; let it, so that what comes next is timed alone.
@@ -224,7 +233,8 @@ func (bn *bench) writeExpected(ctx context.Context, path string) ([]service, []s
 // started again, up to three times.
 func (bn *bench) settle(ctx context.Context, p proxyKind, cold bool) (settled, running, error) {
 	const expect = "/tmp/expect.json"
-	if _, _, err := bn.writeExpected(ctx, expect); err != nil {
+	exp, _, err := bn.writeExpected(ctx, expect)
+	if err != nil {
 		return settled{}, nil, err
 	}
 	for try := 1; ; try++ {
@@ -250,6 +260,9 @@ func (bn *bench) settle(ctx context.Context, p proxyKind, cold bool) (settled, r
 			r, err := p.start(ctx, bn.bed)
 			ch <- started{r, err}
 		}()
+		if p.ours && cold && bn.cfg.cpuProfile > 0 {
+			go bn.cpuProfile(ctx, p.name, len(exp), bn.cfg.cpuProfile)
+		}
 		<-done
 		st := <-ch
 		if errSettle == nil && st.err == nil {
@@ -701,30 +714,58 @@ func tailLines(s string, n int) string {
 // bin/bench/heap-<proxy>-<n>.pb.gz: what it keeps once idle
 // (inuse_space) and what its start allocated (alloc_space).
 func (bn *bench) heapProfile(ctx context.Context, proxy string, n int) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	return bn.profile(ctx, "heap", 0, fmt.Sprintf("bin/bench/heap-%s-%d.pb.gz", proxy, n))
+}
+
+// cpuProfile saves a CPU profile of ipvs-proxy's first d of its start (-cpu-profile)
+// to bin/bench/cpu-<proxy>-<n>.pb.gz, once its endpoint answers (the
+// process's first second or so is not in it).
+func (bn *bench) cpuProfile(ctx context.Context, proxy string, n int, d time.Duration) {
+	path := fmt.Sprintf("bin/bench/cpu-%s-%d.pb.gz", proxy, n)
+	for try := 0; try < 50 && ctx.Err() == nil; try++ {
+		_, err := bn.profile(ctx, "profile", d, path)
+		if err == nil {
+			logf("%s, %d Services: CPU profile of its start: go tool pprof %s", proxy, n, path)
+			return
+		}
+		if !strings.Contains(err.Error(), "connect") && !strings.Contains(err.Error(), "refused") {
+			logf("%s, %d Services: no CPU profile: %v", proxy, n, err)
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// profile saves the --profiling endpoint's profile kind (of seconds d,
+// if not 0) to path.
+func (bn *bench) profile(ctx context.Context, kind string, d time.Duration, path string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute+d)
 	defer cancel()
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 		return bn.bed.VM.Dial(ctx, addr)
 	}}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:10249/debug/pprof/heap", nil)
+	url := "http://127.0.0.1:10249/debug/pprof/" + kind
+	if d > 0 {
+		url += fmt.Sprintf("?seconds=%d", int(d.Seconds()))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return "", err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("get the heap profile: %w", err)
+		return "", fmt.Errorf("get the %s profile: %w", kind, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", fmt.Errorf("read the heap profile: %w", err)
+		return "", fmt.Errorf("read the %s profile: %w", kind, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("get the heap profile: %s: %.200s", resp.Status, body)
+		return "", fmt.Errorf("get the %s profile: %s: %.200s", kind, resp.Status, body)
 	}
 	if err := os.MkdirAll("bin/bench", 0o755); err != nil {
 		return "", err
 	}
-	path := fmt.Sprintf("bin/bench/heap-%s-%d.pb.gz", proxy, n)
 	return path, os.WriteFile(path, body, 0o644)
 }
