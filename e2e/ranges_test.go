@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -142,4 +143,67 @@ func TestServiceRangesRouted(t *testing.T) {
 	e.startAgentProc(t, args)
 	eventually(t, 30*time.Second, routed)
 	e.expectClients(t, bed.ClientNetns, v4, gateway(bes[0]))
+}
+
+// TestRangeRouteOutlivesTheLastBoundAddress: Linux removes every route
+// through an interface with its last IPv4 address
+// (netlinkutil.TestLocalRouteGoesWithTheLastIPv4Address), so the agent
+// keeps the range's anchor (its network address, which no Service is
+// given) bound beside the route. Deleting the Service of an externalIP
+// unbinds it and leaves the range routed: the clusterIP keeps answering
+// at once, not after the next full read of the kernel.
+func TestRangeRouteOutlivesTheLastBoundAddress(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	ns := e.namespace(t)
+	bes := e.backends(t, 1)
+	const extIP, anchor = "10.251.0.21", "10.96.0.0"
+	ranged := e.createService(t, ns, "ranged", []corev1.ServicePort{tcpPort("http", 80)})
+	e.setSlice(t, ranged, discoveryv1.AddressTypeIPv4, bes)
+	ext := e.createService(t, ns, "ext", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.ExternalIPs = []string{extIP}
+	})
+	e.setSlice(t, ext, discoveryv1.AddressTypeIPv4, bes)
+	vip := hostPort(ranged.Spec.ClusterIP, 80)
+	ipv4 := func() []string {
+		var out []string
+		for _, l := range strings.Split(e.vmRun(t, "ip", "-o", "-4", "addr", "show", "dev", proxyIface), "\n") {
+			if f := strings.Fields(l); len(f) >= 4 {
+				out = append(out, strings.TrimSuffix(f[3], "/32"))
+			}
+		}
+		return out
+	}
+	eventually(t, 30*time.Second, func() error {
+		if got := ipv4(); !slices.Contains(got, extIP) {
+			return fmt.Errorf("IPv4 addresses of %s: %v, want %s among them", proxyIface, got, extIP)
+		}
+		return nil
+	})
+	e.expectClients(t, bed.ClientNetns, vip, gateway(bes[0]))
+	// Other tests' Services (their namespaces linger without the
+	// namespace controller) may keep addresses bound: then the external
+	// IP is not the last, and only the anchor's presence shows.
+	t.Logf("IPv4 addresses of %s before the deletion: %v", proxyIface, ipv4())
+
+	if err := e.Client.CoreV1().Services(ns).Delete(ctx, ext.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		if got := ipv4(); slices.Contains(got, extIP) {
+			return fmt.Errorf("%s still bound: %v", extIP, got)
+		}
+		return nil
+	})
+	// At once: no waiting for a resync to add a lost route again.
+	if r := strings.Join(e.routedRanges(t), "; "); r != "10.96.0.0/16" {
+		t.Errorf("local routes of prefixes through %s right after %s was unbound: %q, want 10.96.0.0/16", proxyIface, extIP, r)
+	}
+	res := e.hitFrom(t, bed.ClientNetns, "tcp", vip, 3, 2*time.Second)
+	if res.Total() != 3 {
+		t.Errorf("%s right after %s was unbound: answers %v errors %v; want 3 answers", vip, extIP, res.Answers, res.Errors)
+	}
+	if got := ipv4(); !slices.Contains(got, anchor) {
+		t.Errorf("IPv4 addresses of %s: %v, want the anchor %s", proxyIface, got, anchor)
+	}
 }

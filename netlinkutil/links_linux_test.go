@@ -248,3 +248,56 @@ func TestLocalRoutes(t *testing.T) {
 		t.Errorf("DeleteLocalRoute(nosuch0) = %v", err)
 	}
 }
+
+// TestLocalRouteGoesWithTheLastIPv4Address: the kernel fact behind
+// model.RangeAnchor (and the fake's model of it). Removing a link's last
+// IPv4 address removes every IPv4 route through the link, a Service
+// range's local route too; while another IPv4 address stays on the link
+// (the range's anchor), removing one leaves the route.
+func TestLocalRouteGoesWithTheLastIPv4Address(t *testing.T) {
+	nltest.InFreshNetns(t)
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = "vips0"
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "vips0-peer"}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	link, err := netlink.LinkByName("vips0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		t.Fatal(err)
+	}
+	l := newLinks(t)
+	rng := LocalRoute{Prefix: netip.MustParsePrefix("10.96.0.0/16")}
+	external, anchor := netip.MustParseAddr("10.251.0.10"), netip.MustParseAddr("10.96.0.0")
+	routed := func() bool {
+		t.Helper()
+		got, err := l.ListLocalRoutes("vips0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(got, func(r LocalRoute) bool { return r.Prefix == rng.Prefix })
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	must(l.AddAddress("vips0", external))
+	must(l.AddLocalRoute("vips0", rng))
+	must(l.DeleteAddress("vips0", external))
+	if routed() {
+		t.Errorf("%s still routed through vips0 after its last IPv4 address went: the kernel kept it (the anchor would not be needed)", rng.Prefix)
+	}
+
+	must(l.AddAddress("vips0", anchor))
+	must(l.AddAddress("vips0", external))
+	must(l.AddLocalRoute("vips0", rng))
+	must(l.DeleteAddress("vips0", external))
+	if !routed() {
+		t.Errorf("%s gone with %s while the anchor %s stayed bound", rng.Prefix, external, anchor)
+	}
+}

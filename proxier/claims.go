@@ -112,7 +112,7 @@ func (r *Reconciler) desired(keys []model.VSKey, addrs []netip.Addr) model.Desir
 		}
 	}
 	for _, a := range addrs {
-		if r.claims.addrs[a] > 0 {
+		if r.claims.addrs[a] > 0 || r.anchors[a] {
 			d.Addresses[a] = true
 		}
 	}

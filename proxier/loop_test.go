@@ -627,8 +627,8 @@ func TestLoopServiceCIDRRanges(t *testing.T) {
 	}
 	b.eventually("the ServiceCIDR routed", func() bool { return routes() == "10.96.0.0/16" })
 	b.eventually("the Service programmed", func() bool { return len(b.calls("AddRealServer 10.96.0.10:80/TCP")) > 0 })
-	if got := b.links.Addresses(testIface); len(got) != 0 {
-		t.Errorf("addresses bound under a routed range: %v", got)
+	if got := b.links.Addresses(testIface); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("10.96.0.0")}) {
+		t.Errorf("addresses bound under a routed range: %v, want its anchor alone", got)
 	}
 	if _, err := scAPI.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "more"},
 		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.97.0.0/16"}}}, metav1.CreateOptions{}); err != nil {

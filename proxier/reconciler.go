@@ -113,6 +113,8 @@ type Reconciler struct {
 	// writes routes) is due again.
 	routes      map[netip.Prefix]bool
 	routeFailed bool
+	// anchors are the routes' anchors (model.RangeAnchor), kept bound.
+	anchors map[netip.Addr]bool
 }
 
 // orphans are the writes no Service is answerable for (a virtual server
@@ -199,13 +201,17 @@ func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign
 // next sync full, which writes the routes (a partial one does not).
 func (r *Reconciler) SetRoutes(ranges []netip.Prefix) {
 	routes := make(map[netip.Prefix]bool, len(ranges))
+	anchors := map[netip.Addr]bool{}
 	for _, p := range ranges {
 		routes[p.Masked()] = true
+		if a, ok := model.RangeAnchor(p); ok {
+			anchors[a] = true
+		}
 	}
 	if maps.Equal(routes, r.routes) {
 		return
 	}
-	r.routes = routes
+	r.routes, r.anchors = routes, anchors
 	r.RequestFull()
 }
 
@@ -382,6 +388,9 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 			addrSet[a] = true
 		}
 		for a := range r.kernel.Bound {
+			addrSet[a] = true
+		}
+		for a := range r.anchors {
 			addrSet[a] = true
 		}
 	}

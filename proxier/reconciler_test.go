@@ -949,6 +949,61 @@ func routedPlan(name types.NamespacedName, vss ...model.VSPlan) *model.ServicePl
 	return p
 }
 
+// TestReconcilerRangeOutlivesTheLastAddress: Linux removes the routes
+// through an interface with its last IPv4 address (the fake does too).
+// With the range's anchor bound beside the route, deleting the Service of
+// the last externalIP unbinds it and leaves the range routed; an anchor
+// removed by hand is bound again, and the route that went with it (the
+// interface's last IPv4 address) is added again, at the next sync.
+func TestReconcilerRangeOutlivesTheLastAddress(t *testing.T) {
+	rng := netip.MustParsePrefix("10.96.0.0/16")
+	anchor := netip.MustParseAddr("10.96.0.0")
+	r, _, links := newTestReconciler(t)
+	r.SetRoutes([]netip.Prefix{rng})
+	r.SetPlan(svcA, routedPlan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindExternalIP, "10.251.0.10:80", "rr", "10.0.1.3:8080")))
+	mustSync(t, r, false)
+	if got := links.Addresses(testIface); !slices.Equal(got, []netip.Addr{anchor, netip.MustParseAddr("10.251.0.10")}) {
+		t.Errorf("addresses bound: %v, want the anchor and the externalIP", got)
+	}
+	routes := func() []netip.Prefix {
+		var out []netip.Prefix
+		for _, lr := range links.Routes(testIface) {
+			out = append(out, lr.Prefix)
+		}
+		return out
+	}
+	r.SetPlan(svcB, nil)
+	mustSync(t, r, false)
+	if got := links.Addresses(testIface); !slices.Equal(got, []netip.Addr{anchor}) {
+		t.Errorf("addresses bound after the externalIP's Service went: %v, want the anchor alone", got)
+	}
+	if got := routes(); !slices.Equal(got, []netip.Prefix{rng}) {
+		t.Errorf("routes after the last externalIP went: %v, want %s", got, rng)
+	}
+
+	// By hand: the last IPv4 address goes, and the route with it.
+	if err := links.DeleteAddress(testIface, anchor); err != nil {
+		t.Fatal(err)
+	}
+	if got := routes(); len(got) != 0 {
+		t.Fatalf("the fake kept %v after the link's last IPv4 address went; the kernel does not", got)
+	}
+	if n := r.AddressesRemoved([]netip.Addr{anchor}); n != 1 {
+		t.Errorf("AddressesRemoved took %d addresses, want 1", n)
+	}
+	if !r.Pending() || !r.FullDue() {
+		t.Errorf("the anchor's removal made no full sync due (pending %v, full due %v)", r.Pending(), r.FullDue())
+	}
+	mustSync(t, r, false)
+	if got := routes(); !slices.Equal(got, []netip.Prefix{rng}) {
+		t.Errorf("routes after the sync: %v, want %s again", got, rng)
+	}
+	if got := links.Addresses(testIface); !slices.Equal(got, []netip.Addr{anchor}) {
+		t.Errorf("addresses after the sync: %v, want the anchor again", got)
+	}
+}
+
 // TestReconcilerRoutes: with a Service range routed, a clusterIP inside
 // it is programmed without being bound; moving a node from one address
 // per clusterIP to the range and back keeps the virtual servers (no
@@ -956,6 +1011,7 @@ func routedPlan(name types.NamespacedName, vss ...model.VSPlan) *model.ServicePl
 // clusterIPs in it out of IPVS and is retried by the next full sync.
 func TestReconcilerRoutes(t *testing.T) {
 	rng := netip.MustParsePrefix("10.96.0.0/16")
+	anchor := netip.MustParseAddr("10.96.0.0")
 	vs := modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")
 
 	t.Run("cold", func(t *testing.T) {
@@ -963,7 +1019,8 @@ func TestReconcilerRoutes(t *testing.T) {
 		r.SetRoutes([]netip.Prefix{rng})
 		r.SetPlan(svcA, routedPlan(svcA, vs))
 		mustSync(t, r, false)
-		callsDiff(t, "link writes", []string{"EnsureDummy ipvs-proxy0", "AddLocalRoute ipvs-proxy0 10.96.0.0/16"}, links.Writes())
+		callsDiff(t, "link writes", []string{"EnsureDummy ipvs-proxy0", "AddLocalRoute ipvs-proxy0 10.96.0.0/16",
+			"AddAddress ipvs-proxy0 10.96.0.0"}, links.Writes())
 		callsDiff(t, "ipvs writes", []string{"AddVirtualServer 10.96.0.10:80/TCP rr", "AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1"}, ipvs.Writes())
 		// A restart reads the route back and owns what is in it.
 		r2 := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
@@ -985,17 +1042,24 @@ func TestReconcilerRoutes(t *testing.T) {
 		if st := mustSync(t, r, false); !st.Full {
 			t.Errorf("the sync after SetRoutes was not full")
 		}
-		callsDiff(t, "link writes, to the range", []string{"AddLocalRoute ipvs-proxy0 10.96.0.0/16", "DeleteAddress ipvs-proxy0 10.96.0.10"}, links.Writes())
+		// The anchor is bound before the last clusterIP goes, so that
+		// the route outlives it.
+		callsDiff(t, "link writes, to the range", []string{"AddLocalRoute ipvs-proxy0 10.96.0.0/16", "AddAddress ipvs-proxy0 10.96.0.0",
+			"DeleteAddress ipvs-proxy0 10.96.0.10"}, links.Writes())
 		callsDiff(t, "ipvs writes, to the range", nil, ipvs.Writes())
-		if got := links.Addresses(testIface); len(got) != 0 {
-			t.Errorf("addresses left bound: %v", got)
+		if got := links.Addresses(testIface); !slices.Equal(got, []netip.Addr{anchor}) {
+			t.Errorf("addresses bound: %v, want the anchor %s alone", got, anchor)
+		}
+		if got := links.Routes(testIface); len(got) != 1 {
+			t.Errorf("routes: %v, want %s", got, rng)
 		}
 		resetCalls(ipvs, links)
 
 		r.SetRoutes(nil)
 		r.SetPlan(svcA, modeltest.Plan(svcA, vs))
 		mustSync(t, r, false)
-		callsDiff(t, "link writes, back", []string{"AddAddress ipvs-proxy0 10.96.0.10", "DeleteLocalRoute ipvs-proxy0 10.96.0.0/16"}, links.Writes())
+		callsDiff(t, "link writes, back", []string{"AddAddress ipvs-proxy0 10.96.0.10", "DeleteAddress ipvs-proxy0 10.96.0.0",
+			"DeleteLocalRoute ipvs-proxy0 10.96.0.0/16"}, links.Writes())
 		callsDiff(t, "ipvs writes, back", nil, ipvs.Writes())
 	})
 

@@ -6,6 +6,7 @@ package fake
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -761,6 +762,15 @@ func (l *Links) DeleteAddress(name string, a netip.Addr) error {
 		l.announceLocked(netlinkutil.Removal{Link: name, Addr: a})
 	}
 	delete(l.links[name], a)
+	if a.Is4() && !slices.ContainsFunc(slices.Collect(maps.Keys(l.links[name])), netip.Addr.Is4) {
+		// Like the kernel (fib_disable_ip): the link's last IPv4
+		// address takes the IPv4 routes through the link along.
+		for p := range l.routes[name] {
+			if p.Addr().Is4() {
+				delete(l.routes[name], p)
+			}
+		}
+	}
 	return nil
 }
 

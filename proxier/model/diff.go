@@ -53,6 +53,32 @@ type Desired struct {
 // Routed reports whether one of the wanted routes holds a.
 func (d Desired) Routed(a netip.Addr) bool { return routed(d.Routes, a) }
 
+// Route wants p routed as local through the interface, and its anchor
+// bound (RangeAnchor).
+func (d Desired) Route(p netip.Prefix) {
+	p = p.Masked()
+	d.Routes[p] = true
+	if a, ok := RangeAnchor(p); ok {
+		d.Addresses[a] = true
+	}
+}
+
+// RangeAnchor is the address kept bound to the interface beside an IPv4
+// Service range routed through it: the range's network address, which the
+// apiserver never gives a Service. Linux removes every route through an
+// interface when the interface's last IPv4 address is removed
+// (fib_disable_ip), so without it, unbinding the last externalIP or
+// LoadBalancer IP (its Service deleted) would take the range's route
+// along and leave every clusterIP of the node unreachable until a full
+// read found the route missing. IPv6 keeps routes when its addresses go:
+// an IPv6 prefix has no anchor.
+func RangeAnchor(p netip.Prefix) (netip.Addr, bool) {
+	if !p.Addr().Is4() || !p.IsValid() {
+		return netip.Addr{}, false
+	}
+	return p.Masked().Addr(), true
+}
+
 func routed(routes map[netip.Prefix]bool, a netip.Addr) bool {
 	for p := range routes {
 		if p.Contains(a) {

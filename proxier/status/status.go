@@ -205,7 +205,7 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 	}
 	want, conflicts, plans := proxier.DesiredState(cfg, cfg.Planner(unavailable).WithRanges(ranges), services, slicesOf, node)
 	for _, p := range ranges {
-		want.Routes[p] = true
+		want.Route(p)
 	}
 	for _, plan := range plans {
 		for _, w := range plan.Warnings {

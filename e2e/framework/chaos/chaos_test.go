@@ -117,7 +117,7 @@ func TestParse(t *testing.T) {
 
 // TestCompareRouted: with the Service range routed, a clusterIP is held
 // by the route and must not be bound; the route must be there, and no
-// other.
+// other, with its anchor bound.
 func TestCompareRouted(t *testing.T) {
 	exp := Expected{
 		Virtual:       map[string][]string{"TCP 10.96.0.10:80": {"10.100.1.2:8080"}},
@@ -128,7 +128,7 @@ func TestCompareRouted(t *testing.T) {
 	}
 	k := State{
 		Virtual: map[string][]string{"TCP 10.96.0.10:80": {"10.100.1.2:8080"}},
-		Addrs:   []string{"10.251.0.10"},
+		Addrs:   []string{"10.251.0.10", "10.96.0.0"},
 		Routes:  []string{"10.96.0.0/16"},
 		Sets:    map[string][]string{"IPVSP-VIP": {"10.96.0.10", "10.251.0.10"}, "IPVSP-SERVICE": {"10.96.0.10,tcp:80"}},
 	}
@@ -138,7 +138,7 @@ func TestCompareRouted(t *testing.T) {
 	k.Addrs = []string{"10.251.0.10", "10.96.0.10"}
 	k.Routes = []string{"10.97.0.0/16"}
 	d := Compare(k, exp)
-	if want := []string{"route 10.96.0.0/16"}; !reflect.DeepEqual(d.Missing, want) {
+	if want := []string{"anchor 10.96.0.0 of route 10.96.0.0/16", "route 10.96.0.0/16"}; !reflect.DeepEqual(d.Missing, want) {
 		t.Errorf("missing %q, want %q", d.Missing, want)
 	}
 	if want := []string{"address 10.96.0.10 bound inside a routed range", "route 10.97.0.0/16"}; !reflect.DeepEqual(d.Leaks, want) {

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // State is ipvs-proxy's part of a kernel, as the tools print it.
@@ -256,9 +258,17 @@ func Compare(k State, e Expected) Diff {
 			missing("address %s", a)
 		}
 	}
+	anchors := map[string]bool{}
 	for _, p := range e.Routed {
 		if !slices.Contains(k.Routes, p.String()) {
 			missing("route %s", p)
+		}
+		// The range's anchor, bound beside its route (model.RangeAnchor).
+		if a, ok := model.RangeAnchor(p); ok {
+			anchors[a.String()] = true
+			if !bound[a.String()] {
+				missing("anchor %s of route %s", a, p)
+			}
 		}
 	}
 	for _, r := range k.Routes {
@@ -267,7 +277,7 @@ func Compare(k State, e Expected) Diff {
 		}
 	}
 	for a := range bound {
-		if !e.Addrs[a] && !e.KnownAddrs[a] {
+		if !e.Addrs[a] && !e.KnownAddrs[a] && !anchors[a] {
 			leak("address %s", a)
 		}
 	}
