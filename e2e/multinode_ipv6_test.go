@@ -43,8 +43,9 @@ func podIPv6(t *testing.T, p *corev1.Pod) string {
 // IPv6-only Services; what each client reaches and which address the
 // backend sees, over the nodes' IPv6 addresses on the segment: the
 // clusterIP, both NodePort policies, the health check, a LoadBalancer IP
-// routed to each node, internalTrafficPolicy Local and source ranges; and
-// that no node advertises the LoadBalancer IP by neighbour discovery.
+// routed to each node, internalTrafficPolicy Local, source ranges and an
+// endpoint moving across nodes under traffic; and that no node advertises
+// the LoadBalancer IP by neighbour discovery.
 func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, server, client *corev1.Pod) {
 	cs := c.Client
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
@@ -144,4 +145,7 @@ func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 		}
 	})
 	sourceRangesOnEveryNode(ctx, t, c, segmentIPv6, lbRanges, twoNodeRangesLBIP6, notOutside6)
+	t.Run("IPv6: endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
+		moveEndpointAcrossNodes(ctx, t, c, ns, segmentIPv6, clientIP)
+	})
 }

@@ -251,7 +251,7 @@ func TestTwoNodes(t *testing.T) {
 	twoNodesIPv6(ctx, t, c, ns, pods["server"], pods["client"])
 	var moving *corev1.Service
 	t.Run("endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
-		moving = moveEndpointAcrossNodes(ctx, t, c, ns, clientIP)
+		moving = moveEndpointAcrossNodes(ctx, t, c, ns, segmentIPv4, clientIP)
 	})
 	t.Run("health check while the only endpoint terminates", func(t *testing.T) {
 		if moving == nil {
@@ -441,14 +441,18 @@ func restartAgentsWithConfig(ctx context.Context, t *testing.T, c *cluster.Clust
 // on the old pod while it terminates (it serves 10 s after SIGTERM) and
 // ends with it, and new connections reach the new pod. On a failure the
 // test shows the timeline: the EndpointSlice's changes, node-1's IPVS
-// table sampled every 300 ms, and its agent's log.
-func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, clientIP string) *corev1.Service {
+// table sampled every 300 ms, and its agent's log. f is the family of the
+// Services and of the addresses used (the IPv6 run's pods and Services
+// are named with its suffix); clientIP is the client pod's address of
+// that family, the control Service's endpoint.
+func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, f segmentFamily, clientIP string) *corev1.Service {
 	cs := c.Client
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+	oldName, newName, app := "old"+f.suffix, "new"+f.suffix, "moving"+f.suffix
 	// drain: how long the pod serves after SIGTERM.
 	pod := func(name string, on *cluster.Node, drain time.Duration) *corev1.Pod {
 		p := agentPod(name, []string{"/vmagent", "serve", "--name", name, "--port", "8080", "--tcp", "--drain", drain.String()})
-		p.Labels = map[string]string{"app": "moving"}
+		p.Labels = map[string]string{"app": app}
 		p.Spec.NodeName = on.Name
 		p.Spec.TerminationGracePeriodSeconds = ptr.To(int64(drain/time.Second) + 30)
 		// Ready only once it accepts connections: without a probe the
@@ -464,6 +468,7 @@ func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Clust
 	}
 	svc := func(name string, sel map[string]string, target int32, spec corev1.ServiceSpec) *corev1.Service {
 		spec.Selector, spec.Ports = sel, []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(target), Protocol: corev1.ProtocolTCP}}
+		spec.IPFamilies, spec.IPFamilyPolicy = []corev1.IPFamily{f.ipFamily}, ptr.To(corev1.IPFamilyPolicySingleStack)
 		s, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -489,32 +494,32 @@ func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Clust
 			return true, out
 		})
 	}
-	oldIP := runPods(ctx, t, c, ns, pod("old", nodeA, 10*time.Second))["old"].Status.PodIP
+	oldIP := f.podIP(t, runPods(ctx, t, c, ns, pod(oldName, nodeA, 10*time.Second))[oldName])
 	// A LoadBalancer (no ingress IP: its node port and health-check node
 	// port are what is used) with externalTrafficPolicy Local, so that
 	// its health check follows the endpoint too.
-	moving := svc("moving", map[string]string{"app": "moving"}, 8080, corev1.ServiceSpec{
+	moving := svc(app, map[string]string{"app": app}, 8080, corev1.ServiceSpec{
 		Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal})
-	vip := moving.Spec.ClusterIP + ":80"
+	vip := net.JoinHostPort(moving.Spec.ClusterIP, "80")
 	// The control: the client pod on node-1, which does not change.
-	control := svc("control", map[string]string{"app": "client"}, 8081, corev1.ServiceSpec{}).Spec.ClusterIP + ":80"
+	control := net.JoinHostPort(svc("control"+f.suffix, map[string]string{"app": "client"}, 8081, corev1.ServiceSpec{}).Spec.ClusterIP, "80")
 	weightsOn(vip, map[string]int{oldIP: 1})
 	weightsOn(control, map[string]int{clientIP: 1})
-	timeline := watchMove(ctx, t, c, ns, "moving", nodeA, vip)
+	timeline := watchMove(ctx, t, c, ns, app, nodeA, vip)
 
 	hit, controlHit, hold := startTraffic(ctx, t, nodeA.VM, vip, control)
 	time.Sleep(2 * time.Second) // traffic before the move
 
 	// The new pod serves 60 s after its SIGTERM: the next subtest's window.
-	newIP := runPods(ctx, t, c, ns, pod("new", nodeB, time.Minute))["new"].Status.PodIP
+	newIP := f.podIP(t, runPods(ctx, t, c, ns, pod(newName, nodeB, time.Minute))[newName])
 	weightsOn(vip, map[string]int{oldIP: 1, newIP: 1})
-	timeline.mark("deleting pod old")
-	if err := cs.CoreV1().Pods(ns).Delete(ctx, "old", metav1.DeleteOptions{}); err != nil {
+	timeline.mark("deleting pod " + oldName)
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, oldName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	answersAtDelete := strings.Count(hold.Output(), "answer ")
-	waitWithin(ctx, t, 3*time.Minute, "pod old gone", func() (bool, string) {
-		_, err := cs.CoreV1().Pods(ns).Get(ctx, "old", metav1.GetOptions{})
+	waitWithin(ctx, t, 3*time.Minute, "pod "+oldName+" gone", func() (bool, string) {
+		_, err := cs.CoreV1().Pods(ns).Get(ctx, oldName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
 	weightsOn(vip, map[string]int{newIP: 1, oldIP: -1})
@@ -527,7 +532,7 @@ func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Clust
 	if unexcused := unexcusedFailures(t, failures, controlFailures); len(unexcused) > 0 {
 		t.Errorf("%d new connections failed while the endpoint moved across nodes and the control answered: %v", len(unexcused), unexcused)
 	}
-	if res.Answers["new"] == 0 || res.Answers["old"] == 0 {
+	if res.Answers[newName] == 0 || res.Answers[oldName] == 0 {
 		t.Errorf("new connections answered by %v; want both the old pod (before) and the new one (after)", res.Answers)
 	}
 	if err := hold.WaitFor(ctx, "error "); err != nil {
@@ -604,11 +609,18 @@ type segmentFamily struct {
 	nodeIP  func(*cluster.Node) string
 	outside string
 	host    string // "/32" or "/128"
+	// ipFamily, suffix, podIP: the family of a Service, the suffix of the
+	// names of a subtest's objects, a pod's address of the family.
+	ipFamily corev1.IPFamily
+	suffix   string
+	podIP    func(*testing.T, *corev1.Pod) string
 }
 
 var (
-	segmentIPv4 = segmentFamily{prefix: "", nodeIP: func(n *cluster.Node) string { return n.IP }, outside: cluster.OutsideIP, host: "/32"}
-	segmentIPv6 = segmentFamily{prefix: "IPv6: ", nodeIP: func(n *cluster.Node) string { return n.IP6 }, outside: cluster.OutsideIP6, host: "/128"}
+	segmentIPv4 = segmentFamily{prefix: "", nodeIP: func(n *cluster.Node) string { return n.IP }, outside: cluster.OutsideIP, host: "/32",
+		ipFamily: corev1.IPv4Protocol, podIP: func(_ *testing.T, p *corev1.Pod) string { return p.Status.PodIP }}
+	segmentIPv6 = segmentFamily{prefix: "IPv6: ", nodeIP: func(n *cluster.Node) string { return n.IP6 }, outside: cluster.OutsideIP6, host: "/128",
+		ipFamily: corev1.IPv6Protocol, suffix: "-6", podIP: podIPv6}
 )
 
 // lbIPRoutedPerNode: the outside host routes lbIP (the ingress IP of a
