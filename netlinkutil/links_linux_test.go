@@ -24,6 +24,21 @@ func newLinks(t *testing.T) Links {
 	return l
 }
 
+// addVeth adds a veth pair, name and name-peer, and returns name's link.
+func addVeth(t *testing.T, name string) netlink.Link {
+	t.Helper()
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = name
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: name + "-peer"}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return link
+}
+
 func addrs(s ...string) []netip.Addr {
 	out := make([]netip.Addr, len(s))
 	for i, a := range s {
@@ -36,11 +51,7 @@ func addrs(s ...string) []netip.Addr {
 // namespace on the machine's own kernel (a veth: no dummy module needed).
 func TestAddresses(t *testing.T) {
 	nltest.InFreshNetns(t)
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = "vips0"
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "vips0-peer"}); err != nil {
-		t.Fatalf("add veth: %v", err)
-	}
+	addVeth(t, "vips0")
 	l := newLinks(t)
 	for _, a := range addrs("10.96.0.10", "10.96.0.11", "fd00:10:96::a") {
 		if err := l.AddAddress("vips0", a); err != nil {
@@ -149,11 +160,7 @@ func TestDummy(t *testing.T) {
 // (not the kernel's own for a bound address).
 func TestLocalRoutes(t *testing.T) {
 	nltest.InFreshNetns(t)
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = "vips0"
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "vips0-peer"}); err != nil {
-		t.Fatalf("add veth: %v", err)
-	}
+	addVeth(t, "vips0")
 	for _, name := range []string{"vips0", "lo"} {
 		link, err := netlink.LinkByName(name)
 		if err != nil {
@@ -256,16 +263,7 @@ func TestLocalRoutes(t *testing.T) {
 // (the range's anchor), removing one leaves the route.
 func TestLocalRouteGoesWithTheLastIPv4Address(t *testing.T) {
 	nltest.InFreshNetns(t)
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = "vips0"
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "vips0-peer"}); err != nil {
-		t.Fatalf("add veth: %v", err)
-	}
-	link, err := netlink.LinkByName("vips0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(link); err != nil {
+	if err := netlink.LinkSetUp(addVeth(t, "vips0")); err != nil {
 		t.Fatal(err)
 	}
 	l := newLinks(t)

@@ -105,14 +105,17 @@ func (c *claimIndex) conflicts(n types.NamespacedName) []model.Conflict {
 // desired is the part of the desired state that the scope looks at.
 func (r *Reconciler) desired(keys []model.VSKey, addrs []netip.Addr) model.Desired {
 	d := model.Desired{VirtualServers: make(map[model.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{},
-		Routes: r.routes}
+		Routes: make(map[netip.Prefix]bool, len(r.routes))}
+	for p := range r.routes {
+		d.Route(p) // and its anchor bound
+	}
 	for _, k := range keys {
 		if w, ok := r.claims.holder(k); ok {
 			d.VirtualServers[k] = w
 		}
 	}
 	for _, a := range addrs {
-		if r.claims.addrs[a] > 0 || r.anchors[a] {
+		if r.claims.addrs[a] > 0 {
 			d.Addresses[a] = true
 		}
 	}

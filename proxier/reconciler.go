@@ -113,8 +113,6 @@ type Reconciler struct {
 	// writes routes) is due again.
 	routes      map[netip.Prefix]bool
 	routeFailed bool
-	// anchors are the routes' anchors (model.RangeAnchor), kept bound.
-	anchors map[netip.Addr]bool
 }
 
 // orphans are the writes no Service is answerable for (a virtual server
@@ -201,17 +199,13 @@ func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign
 // next sync full, which writes the routes (a partial one does not).
 func (r *Reconciler) SetRoutes(ranges []netip.Prefix) {
 	routes := make(map[netip.Prefix]bool, len(ranges))
-	anchors := map[netip.Addr]bool{}
 	for _, p := range ranges {
 		routes[p.Masked()] = true
-		if a, ok := model.RangeAnchor(p); ok {
-			anchors[a] = true
-		}
 	}
 	if maps.Equal(routes, r.routes) {
 		return
 	}
-	r.routes, r.anchors = routes, anchors
+	r.routes = routes
 	r.RequestFull()
 }
 
@@ -390,8 +384,10 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		for a := range r.kernel.Bound {
 			addrSet[a] = true
 		}
-		for a := range r.anchors {
-			addrSet[a] = true
+		for p := range r.routes {
+			if a, ok := model.RangeAnchor(p); ok {
+				addrSet[a] = true
+			}
 		}
 	}
 	if r.drainDue(now) || full {

@@ -6,7 +6,6 @@ package fake
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -762,7 +761,12 @@ func (l *Links) DeleteAddress(name string, a netip.Addr) error {
 		l.announceLocked(netlinkutil.Removal{Link: name, Addr: a})
 	}
 	delete(l.links[name], a)
-	if a.Is4() && !slices.ContainsFunc(slices.Collect(maps.Keys(l.links[name])), netip.Addr.Is4) {
+	if a.Is4() {
+		for left := range l.links[name] {
+			if left.Is4() {
+				return nil
+			}
+		}
 		// Like the kernel (fib_disable_ip): the link's last IPv4
 		// address takes the IPv4 routes through the link along.
 		for p := range l.routes[name] {
