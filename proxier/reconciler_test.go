@@ -1130,7 +1130,8 @@ func TestReconcilerRoutes(t *testing.T) {
 // at once), in order, virtual servers before real servers; a write that
 // fails in a later batch fails its own Service, not another.
 func TestReconcilerBatchesInChunks(t *testing.T) {
-	r, ipvs, _ := newTestReconciler(t)
+	ipvs := fake.NewIPVS()
+	r := NewReconciler(ipvs, fake.NewLinks(node), ReconcilerConfig{Ownership: testOwnership(), PieceOps: 1 << 20}, zap.NewNop())
 	bad := types.NamespacedName{Namespace: "default", Name: "s2900"}
 	ipvs.InjectErrors(func(c fake.Call) error {
 		if strings.HasPrefix(string(c), "AddRealServer 10.96.11.84:80/TCP ") { // s2900's
@@ -1153,5 +1154,171 @@ func TestReconcilerBatchesInChunks(t *testing.T) {
 	dump := strings.Join(ipvs.Dump(), "\n")
 	if !strings.Contains(dump, "10.96.11.83:80/TCP rr\n  -> 10.0.1.2:8080 w=1") || strings.Contains(dump, "10.96.11.84:80/TCP rr\n  -> ") {
 		t.Errorf("s2899 should be programmed and s2900 without its real server")
+	}
+}
+
+// TestReconcilerAppliesInPieces: a sync diffs and applies its scope a
+// piece at a time (PieceOps), so that only one piece's operations are
+// alive at once, and programs exactly what one diff of the whole scope
+// does, in an order as safe: the range's route before anything in it,
+// each address bound before its virtual servers are added and unbound
+// after they are deleted, the route deleted last and within the sync; a
+// failed route keeps every later piece from adding in the range.
+func TestReconcilerAppliesInPieces(t *testing.T) {
+	rng := netip.MustParsePrefix("10.96.0.0/16")
+	type bed struct {
+		r     *Reconciler
+		ipvs  *fake.IPVS
+		links *fake.Links
+		seq   *[]string // every call of both fakes, in order
+	}
+	newBed := func(pieceOps int, fail func(fake.Call) error) bed {
+		ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+		seq := new([]string)
+		hook := func(kind string) fake.ErrorFunc {
+			return func(c fake.Call) error {
+				*seq = append(*seq, kind+" "+string(c))
+				if fail != nil {
+					return fail(c)
+				}
+				return nil
+			}
+		}
+		ipvs.InjectErrors(hook("ipvs"))
+		links.InjectErrors(hook("links"))
+		r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), PieceOps: pieceOps}, zap.NewNop())
+		r.SetRoutes([]netip.Prefix{rng})
+		return bed{r, ipvs, links, seq}
+	}
+	var names []types.NamespacedName
+	plans := map[types.NamespacedName]*model.ServicePlan{}
+	for i := range 12 { // 12 clusterIPs in the range, 6 externalIPs bound
+		n := types.NamespacedName{Namespace: "default", Name: fmt.Sprint("c", i)}
+		plans[n] = routedPlan(n, modeltest.VS(model.KindClusterIP, fmt.Sprintf("10.96.0.%d:80", i+1), "rr",
+			"10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080"))
+		names = append(names, n)
+	}
+	for i := range 6 {
+		n := types.NamespacedName{Namespace: "default", Name: fmt.Sprint("e", i)}
+		plans[n] = modeltest.Plan(n, modeltest.VS(model.KindExternalIP, fmt.Sprintf("192.0.2.%d:80", i+1), "rr",
+			"10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080"),
+			modeltest.VS(model.KindExternalIP, fmt.Sprintf("192.0.2.%d:443", i+1), "rr", "10.0.1.1:8443"))
+		names = append(names, n)
+	}
+	// ordered checks that, in seq, every call matching after comes after
+	// the calls that before names for it.
+	ordered := func(t *testing.T, seq []string, after func(string) bool, before func(string) []string) {
+		t.Helper()
+		for i, c := range seq {
+			if !after(c) {
+				continue
+			}
+			for _, b := range before(c) {
+				if !slices.Contains(seq[:i], b) {
+					t.Errorf("%q came before %q", c, b)
+				}
+			}
+		}
+	}
+	addrOf := func(c string) string { // "ipvs AddVirtualServer 192.0.2.1:80/TCP rr" -> 192.0.2.1
+		f := strings.Fields(c)
+		a, _, _ := strings.Cut(f[2], ":")
+		return a
+	}
+
+	whole, pieces := newBed(0, nil), newBed(10, nil)
+	for _, b := range []bed{whole, pieces} {
+		for _, n := range names {
+			b.r.SetPlan(n, plans[n])
+		}
+		mustSync(t, b.r, false)
+	}
+	if diff := cmp.Diff(whole.ipvs.Dump(), pieces.ipvs.Dump()); diff != "" {
+		t.Errorf("IPVS in pieces against whole (-whole +pieces):\n%s", diff)
+	}
+	if diff := cmp.Diff(whole.links.Addresses(testIface), pieces.links.Addresses(testIface), cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})); diff != "" {
+		t.Errorf("addresses in pieces against whole (-whole +pieces):\n%s", diff)
+	}
+	if diff := cmp.Diff(whole.links.Routes(testIface), pieces.links.Routes(testIface), cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})); diff != "" {
+		t.Errorf("routes in pieces against whole (-whole +pieces):\n%s", diff)
+	}
+	sortedWrites := func(b bed) []string {
+		var out []string
+		for _, c := range append(b.ipvs.Writes(), b.links.Writes()...) {
+			out = append(out, string(c))
+		}
+		slices.Sort(out)
+		return out
+	}
+	if diff := cmp.Diff(sortedWrites(whole), sortedWrites(pieces)); diff != "" {
+		t.Errorf("writes in pieces against whole, sorted (-whole +pieces):\n%s", diff)
+	}
+	// 12 clusterIPs of 4 operations and 6 externalIPs of 6: cut after
+	// every third virtual server or second address, whatever the batch.
+	if got := pieces.ipvs.Batches(); len(got) < 10 || slices.Max(got) > 12 {
+		t.Errorf("batches in pieces %v, want 10 or more of at most 12 writes", got)
+	}
+	if got := whole.ipvs.Batches(); len(got) != 2 {
+		t.Errorf("batches whole %v, want 2 (the default piece holds the whole sync)", got)
+	}
+	seq := *pieces.seq
+	if i := slices.IndexFunc(seq, func(c string) bool { return strings.Contains(c, "AddLocalRoute") }); i < 0 ||
+		slices.ContainsFunc(seq[:i], func(c string) bool { return strings.HasPrefix(c, "ipvs Add") }) {
+		t.Errorf("the route came after an IPVS add, or not at all:\n%s", strings.Join(seq, "\n"))
+	}
+	ordered(t, seq, func(c string) bool { return strings.HasPrefix(c, "ipvs AddVirtualServer 192.0.2.") },
+		func(c string) []string { return []string{"links AddAddress ipvs-proxy0 " + addrOf(c)} })
+
+	// Everything goes, the range too.
+	for _, b := range []bed{whole, pieces} {
+		*b.seq = nil
+		resetCalls(b.ipvs, b.links)
+		b.r.SetRoutes(nil)
+		for _, n := range names {
+			b.r.SetPlan(n, nil)
+		}
+		mustSync(t, b.r, true)
+		if d := b.ipvs.Dump(); len(d) != 0 {
+			t.Errorf("IPVS after every Service went: %v", d)
+		}
+		if a, r := b.links.Addresses(testIface), b.links.Routes(testIface); len(a) != 0 || len(r) != 0 {
+			t.Errorf("addresses %v and routes %v after every Service and the range went", a, r)
+		}
+	}
+	if diff := cmp.Diff(sortedWrites(whole), sortedWrites(pieces)); diff != "" {
+		t.Errorf("removal's writes in pieces against whole, sorted (-whole +pieces):\n%s", diff)
+	}
+	seq = *pieces.seq
+	ordered(t, seq, func(c string) bool { return strings.HasPrefix(c, "links DeleteAddress ipvs-proxy0 192.0.2.") },
+		func(c string) []string {
+			a := strings.Fields(c)[3]
+			return []string{"ipvs DeleteVirtualServer " + a + ":80/TCP", "ipvs DeleteVirtualServer " + a + ":443/TCP"}
+		})
+	if last := seq[len(seq)-1]; last != "links DeleteLocalRoute ipvs-proxy0 10.96.0.0/16" {
+		t.Errorf("last write %q, want the route's delete:\n%s", last, strings.Join(seq, "\n"))
+	}
+
+	// The route fails: no piece adds in the range; the externalIPs are
+	// programmed.
+	failed := newBed(10, func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddLocalRoute") {
+			return errors.New("no route for you")
+		}
+		return nil
+	})
+	for _, n := range names {
+		failed.r.SetPlan(n, plans[n])
+	}
+	st, err := failed.r.Sync(false)
+	if err == nil || len(st.Failed) != 12 {
+		t.Errorf("Sync = %v with %d Services failed, want the 12 in the range", err, len(st.Failed))
+	}
+	for _, c := range failed.ipvs.Writes() {
+		if strings.Contains(string(c), " 10.96.") {
+			t.Errorf("written with the range's route failed: %s", c)
+		}
+	}
+	if got := failed.ipvs.Dump(); len(got) != 6*2+6*4 { // 12 virtual servers, 24 real servers
+		t.Errorf("the externalIPs' virtual and real servers: %d lines, want 36:\n%s", len(got), strings.Join(got, "\n"))
 	}
 }
