@@ -535,7 +535,10 @@ type piece struct {
 // pieces cuts keys (sorted) into runs of about r.cfg.PieceOps operations,
 // counting a virtual server as one plus its real servers wanted or held,
 // and cutting only between addresses; each address of addrs (sorted) goes
-// with the piece whose keys reach it, the rest with the last.
+// with the piece whose keys reach it, the rest with the last. The anchors
+// of the wanted ranges go with the first piece, beside their routes: an
+// earlier piece that unbinds the interface's last other IPv4 address
+// would otherwise take a range's route along (model.RangeAnchor).
 func (r *Reconciler) pieces(want model.Desired, keys []model.VSKey, addrs []netip.Addr) []piece {
 	var out []piece
 	start, n := 0, 0
@@ -547,16 +550,28 @@ func (r *Reconciler) pieces(want model.Desired, keys []model.VSKey, addrs []neti
 		n += 1 + max(len(want.VirtualServers[k].RealServers), len(r.kernel.RealServers[k]))
 	}
 	out = append(out, piece{keys: keys[start:]})
+	if len(out) == 1 {
+		out[0].addrs = addrs
+		return out
+	}
+	var anchors []netip.Addr
+	for p := range want.Routes {
+		if a, ok := model.RangeAnchor(p); ok {
+			anchors = append(anchors, a)
+		}
+	}
+	rest := slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool { return slices.Contains(anchors, a) })
 	j := 0
 	for i := range out[:len(out)-1] {
 		last := out[i].keys[len(out[i].keys)-1].Address
 		end := j
-		for end < len(addrs) && addrs[end].Compare(last) <= 0 {
+		for end < len(rest) && rest[end].Compare(last) <= 0 {
 			end++
 		}
-		out[i].addrs, j = addrs[j:end], end
+		out[i].addrs, j = rest[j:end], end
 	}
-	out[len(out)-1].addrs = addrs[j:]
+	out[len(out)-1].addrs = rest[j:]
+	out[0].addrs = append(slices.DeleteFunc(anchors, func(a netip.Addr) bool { return !slices.Contains(addrs, a) }), out[0].addrs...)
 	return out
 }
 

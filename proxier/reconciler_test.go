@@ -1322,3 +1322,48 @@ func TestReconcilerAppliesInPieces(t *testing.T) {
 		t.Errorf("the externalIPs' virtual and real servers: %d lines, want 36:\n%s", len(got), strings.Join(got, "\n"))
 	}
 }
+
+// TestReconcilerPiecesKeepTheRangeRoute: a range routed without its anchor
+// bound (as a version before the anchors left it), beside an externalIP,
+// the interface's last other IPv4 address, whose Service went while the
+// agent was down. The sync in pieces unbinds that address in its first
+// piece; the anchor must be bound before it, or Linux takes the range's
+// route along (the fake does too) and every clusterIP is unreachable.
+func TestReconcilerPiecesKeepTheRangeRoute(t *testing.T) {
+	rng := netip.MustParsePrefix("10.96.0.0/16")
+	ext := netip.MustParseAddr("10.1.0.1") // before the range: in an earlier piece
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	gone := modeltest.VS(model.KindExternalIP, "10.1.0.1:80", "rr")
+	for _, err := range []error{
+		links.EnsureDummy(testIface),
+		links.AddAddress(testIface, ext),
+		links.AddLocalRoute(testIface, netlinkutil.LocalRoute{Prefix: rng}),
+		ipvs.AddVirtualServer(gone.VirtualServer),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 12 { // a piece of its own with PieceOps 10
+		if err := ipvs.AddRealServer(gone.VSKey, modeltest.RS(fmt.Sprintf("10.0.2.%d:8080", i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), PieceOps: 10}, zap.NewNop())
+	r.SetRoutes([]netip.Prefix{rng})
+	r.SetPlan(svcA, routedPlan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	resetCalls(ipvs, links)
+	mustSync(t, r, false)
+	// Two pieces: the delete alone, then the add with its real server (one
+	// diff of the whole would have made two batches, not three).
+	if got := ipvs.Batches(); len(got) != 3 {
+		t.Errorf("IPVS batches %v, want 3: the sync was not in two pieces", got)
+	}
+	if got := links.Routes(testIface); len(got) != 1 || got[0].Prefix != rng {
+		t.Errorf("routes after the sync: %v, want %s kept; link writes:\n%v", got, rng, links.Writes())
+	}
+	if got, want := links.Addresses(testIface), []netip.Addr{netip.MustParseAddr("10.96.0.0")}; !slices.Equal(got, want) {
+		t.Errorf("addresses after the sync: %v, want the anchor alone %v", got, want)
+	}
+	callsDiff(t, "link writes", []string{"AddAddress ipvs-proxy0 10.96.0.0", "DeleteAddress ipvs-proxy0 10.1.0.1"}, links.Writes())
+}
