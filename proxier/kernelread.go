@@ -207,13 +207,10 @@ func (r *Reconciler) AddressesRemoved(addrs []netip.Addr) int {
 		if r.resync.offLoop != nil {
 			r.resync.offLoop.addrs[a] = true
 		}
-		for p := range r.routes {
-			if anchor, ok := model.RangeAnchor(p); ok && anchor == a {
-				// If it was the interface's last IPv4 address, the
-				// kernel took the routes through it along: a full
-				// sync reads them.
-				r.RequestFull()
-			}
+		if model.Anchors(r.routes)[a] {
+			// If it was the interface's last IPv4 address, the kernel
+			// took the routes through it along: a full sync reads them.
+			r.RequestFull()
 		}
 		n++
 	}

@@ -390,10 +390,8 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 		for a := range r.kernel.Bound {
 			addrSet[a] = true
 		}
-		for p := range r.routes {
-			if a, ok := model.RangeAnchor(p); ok {
-				addrSet[a] = true
-			}
+		for a := range model.Anchors(r.routes) {
+			addrSet[a] = true
 		}
 	}
 	if r.drainDue(now) || full {
@@ -554,13 +552,15 @@ func (r *Reconciler) pieces(want model.Desired, keys []model.VSKey, addrs []neti
 		out[0].addrs = addrs
 		return out
 	}
-	var anchors []netip.Addr
-	for p := range want.Routes {
-		if a, ok := model.RangeAnchor(p); ok {
-			anchors = append(anchors, a)
+	anchors := model.Anchors(want.Routes)
+	var first, rest []netip.Addr // the anchors in the scope; the other addresses
+	for _, a := range addrs {
+		if anchors[a] {
+			first = append(first, a)
+		} else {
+			rest = append(rest, a)
 		}
 	}
-	rest := slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool { return slices.Contains(anchors, a) })
 	j := 0
 	for i := range out[:len(out)-1] {
 		last := out[i].keys[len(out[i].keys)-1].Address
@@ -571,7 +571,7 @@ func (r *Reconciler) pieces(want model.Desired, keys []model.VSKey, addrs []neti
 		out[i].addrs, j = rest[j:end], end
 	}
 	out[len(out)-1].addrs = rest[j:]
-	out[0].addrs = append(slices.DeleteFunc(anchors, func(a netip.Addr) bool { return !slices.Contains(addrs, a) }), out[0].addrs...)
+	out[0].addrs = append(first, out[0].addrs...)
 	return out
 }
 

@@ -231,12 +231,16 @@ func reloadIPVS(ctx context.Context, v *vm.VM) error {
 		return fmt.Errorf("reloading IPVS: %w", err)
 	}
 	var users []string // every ip_vs module but ip_vs itself
+	loaded := false
 	for _, l := range strings.Split(out, "\n") {
-		if name, _, _ := strings.Cut(l, " "); strings.HasPrefix(name, "ip_vs_") {
+		switch name, _, _ := strings.Cut(l, " "); {
+		case name == "ip_vs":
+			loaded = true
+		case strings.HasPrefix(name, "ip_vs_"):
 			users = append(users, name)
 		}
 	}
-	if !strings.Contains(out, "ip_vs ") {
+	if !loaded {
 		return fmt.Errorf("reloading IPVS: ip_vs is not a loaded module:\n%s", out)
 	}
 	steps := [][]string{{"rmmod", "ip_vs"}, append([]string{"modprobe", "-a", "ip_vs"}, users...)}

@@ -79,6 +79,17 @@ func RangeAnchor(p netip.Prefix) (netip.Addr, bool) {
 	return p.Masked().Addr(), true
 }
 
+// Anchors returns the anchors of routes (RangeAnchor), as a set.
+func Anchors(routes map[netip.Prefix]bool) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for p := range routes {
+		if a, ok := RangeAnchor(p); ok {
+			out[a] = true
+		}
+	}
+	return out
+}
+
 func routed(routes map[netip.Prefix]bool, a netip.Addr) bool {
 	for p := range routes {
 		if p.Contains(a) {
