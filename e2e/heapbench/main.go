@@ -1,13 +1,16 @@
 // Command heapbench measures where ipvs-proxy's memory goes (`make
 // bench-heap`), on the host, without the VM: the bed's kube-apiserver and
 // etcd run on 127.0.0.1, the command creates N Services with two endpoints
-// each (e2e/framework/workload, the objects of `make bench`), and runs the
-// agent's proxier in this process, with its informers (protobuf, the
-// model.Trim transform) against that apiserver and the fake kernel in
+// each (-endpoints E: E each; the objects of `make bench`'s shapes N x E,
+// e2e/framework/workload), and runs the agent's proxier in this process,
+// with its informers (protobuf, the model.Compact transform) against that
+// apiserver and the fake kernel in
 // place of netlink. For each size it prints:
 //
-//   - the first full sync's time (start until every virtual server is in
-//     the fake kernel and nothing is pending);
+//   - when the initial lists were in (the proxier's Listed), with the
+//     heap's and the RSS's peaks until then, and the first full sync's time
+//     (start until every virtual server is in the fake kernel and nothing
+//     is pending);
 //   - the peak of the heap during it (live and not yet collected objects,
 //     sampled every 5 ms) and the process's peak RSS (VmHWM, reset before
 //     the start);
@@ -44,6 +47,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -69,6 +73,7 @@ import (
 
 func main() {
 	sizes := flag.String("sizes", "1000,10000", "comma-separated numbers of Services, ascending")
+	per := flag.Int("endpoints", 2, "endpoints per Service (one EndpointSlice each, as make bench's shapes N x E)")
 	out := flag.String("out", "bin/heapbench", "directory for the heap profiles")
 	rate := flag.Int("memprofilerate", 4096, "runtime.MemProfileRate: bytes between heap samples")
 	gogc := flag.Int("gogc", 50, "the collector's percentage (debug.SetGCPercent): 50 is the agent's default")
@@ -88,7 +93,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, ns, *out, *cpuProfile, gcPercents{list: *listGOGC, after: *gogc}); err != nil {
+	if err := run(ctx, ns, *per, *out, *cpuProfile, gcPercents{list: *listGOGC, after: *gogc}); err != nil {
 		fmt.Fprintf(os.Stderr, "heapbench: %v\n", err)
 		os.Exit(1)
 	}
@@ -102,9 +107,12 @@ func logf(format string, args ...any) {
 type result struct {
 	services    int
 	sync        time.Duration
-	peakHeap    uint64 // heap objects, live or not yet collected
-	peakRSS     uint64 // VmHWM
-	retained    uint64 // live heap after the sync, above the baseline
+	listed      time.Duration // until the initial lists were in
+	listPeak    uint64        // heap objects' peak until then
+	listRSS     uint64        // VmHWM then
+	peakHeap    uint64        // heap objects, live or not yet collected
+	peakRSS     uint64        // VmHWM
+	retained    uint64        // live heap after the sync, above the baseline
 	byOwner     map[string]uint64
 	profile     string
 	baseProfile string // the heap profile just before the proxier started
@@ -115,7 +123,7 @@ type result struct {
 // after them.
 type gcPercents struct{ list, after int }
 
-func run(ctx context.Context, sizes []int, outDir string, cpuProfile bool, gc gcPercents) error {
+func run(ctx context.Context, sizes []int, per int, outDir string, cpuProfile bool, gc gcPercents) error {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
@@ -141,10 +149,10 @@ func run(ctx context.Context, sizes []int, outDir string, cpuProfile bool, gc gc
 	have := 0
 	for _, n := range sizes {
 		t0 := time.Now()
-		if err := workload.CreateServices(ctx, creator, have, n); err != nil {
+		if err := workload.CreateServicesWith(ctx, creator, have, n, per); err != nil {
 			return err
 		}
-		logf("created Services %d..%d and their EndpointSlices in %v", have, n-1, time.Since(t0).Round(time.Millisecond))
+		logf("created Services %d..%d and their EndpointSlices (%d endpoints each) in %v", have, n-1, per, time.Since(t0).Round(time.Millisecond))
 		have = n
 		r, err := measure(ctx, cp.RESTConfig, n, outDir, cpuProfile, gc)
 		if err != nil {
@@ -206,6 +214,7 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 		return r, err
 	}
 	sampler := startSampler()
+	t0 := time.Now()
 	if cpuProfile {
 		f, err := os.Create(filepath.Join(outDir, fmt.Sprintf("cpu-%d.pb.gz", n)))
 		if err != nil {
@@ -224,19 +233,31 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 	if gc.list > 0 {
 		// As the agent does (cmd/ipvs-proxy gcDuringLists).
 		debug.SetGCPercent(gc.list)
-		go func() {
-			select {
-			case <-p.Listed():
-			case <-runCtx.Done():
-			}
-			debug.SetGCPercent(gc.after)
-		}()
 	}
+	// The peaks split at the end of the initial lists: which phase sets
+	// the process's peak.
+	type listFigures struct {
+		at        time.Duration
+		peak, rss uint64
+	}
+	listed := make(chan listFigures, 1)
+	go func() {
+		select {
+		case <-p.Listed():
+		case <-runCtx.Done():
+			return
+		}
+		f := listFigures{at: time.Since(t0), peak: sampler.peakSoFar()}
+		f.rss, _ = peakRSS()
+		if gc.list > 0 {
+			debug.SetGCPercent(gc.after)
+		}
+		listed <- f
+	}()
 	go func() {
 		defer wg.Done()
 		runErr <- p.Run(runCtx)
 	}()
-	t0 := time.Now()
 	stopRun := func() {
 		cancel()
 		wg.Wait()
@@ -264,6 +285,8 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 		}
 	}
 	r.sync = time.Since(t0)
+	lf := <-listed
+	r.listed, r.listPeak, r.listRSS = lf.at, lf.peak, lf.rss
 	if cpuProfile {
 		pprof.StopCPUProfile()
 	}
@@ -291,7 +314,8 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 		return r, fmt.Errorf("proxier: %w", err)
 	}
 	runtime.KeepAlive(ipvs)
-	logf("%d Services: first sync in %v, peak heap %s, peak RSS %s, kept %s", n, r.sync.Round(time.Millisecond),
+	logf("%d Services: listed after %v (peak heap %s, peak RSS %s), first sync done after %v, peak heap %s, peak RSS %s, kept %s",
+		n, r.listed.Round(time.Millisecond), mib(r.listPeak), mib(r.listRSS), r.sync.Round(time.Millisecond),
 		mib(r.peakHeap), mib(r.peakRSS), mib(r.retained))
 	return r, nil
 }
@@ -301,6 +325,7 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 type sampler struct {
 	done chan struct{}
 	peak chan uint64
+	now  atomic.Uint64 // the peak so far
 }
 
 func startSampler() *sampler {
@@ -313,6 +338,7 @@ func startSampler() *sampler {
 		for {
 			metrics.Read(samples)
 			peak = max(peak, samples[0].Value.Uint64())
+			s.now.Store(peak)
 			select {
 			case <-s.done:
 				s.peak <- peak
@@ -323,6 +349,9 @@ func startSampler() *sampler {
 	}()
 	return s
 }
+
+// peakSoFar is the peak as of the last sample.
+func (s *sampler) peakSoFar() uint64 { return s.now.Load() }
 
 func (s *sampler) stop() uint64 {
 	close(s.done)
@@ -432,10 +461,11 @@ func ownerOf(stack []uintptr) string {
 
 func printResults(w *os.File, rs []result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVICES\tFIRST SYNC\tALLOCATED\tPEAK HEAP\tPEAK RSS\tKEPT\tKEPT/SERVICE")
+	fmt.Fprintln(tw, "SERVICES\tLISTED\tLISTS' PEAK HEAP\tLISTS' PEAK RSS\tFIRST SYNC\tALLOCATED\tPEAK HEAP\tPEAK RSS\tKEPT\tKEPT/SERVICE")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%d\t%v\t%s\t%s\t%s\t%s\t%d B\n", r.services, r.sync.Round(time.Millisecond), mib(r.allocated),
-			mib(r.peakHeap), mib(r.peakRSS), mib(r.retained), r.retained/uint64(r.services))
+		fmt.Fprintf(tw, "%d\t%v\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%d B\n", r.services, r.listed.Round(time.Millisecond), mib(r.listPeak),
+			mib(r.listRSS), r.sync.Round(time.Millisecond), mib(r.allocated), mib(r.peakHeap), mib(r.peakRSS), mib(r.retained),
+			r.retained/uint64(r.services))
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
