@@ -7,6 +7,7 @@
 //	go run ./e2e/conformance --list                # the focus, what is skipped and why
 //	go run ./e2e/conformance --images              # build the test images (OCI archives)
 //	go run ./e2e/conformance --bare-control-plane  # the host control plane, no node
+//	go run ./e2e/conformance --nodes 2 --compare 'ipvs-proxy=DIR,DIR' --compare 'kube-proxy=DIR'  # a table of runs' reports
 //
 // The focus is the Services tests of sig-network plus EndpointSlice,
 // Networking Granular Checks: Services, Conntrack and KubeProxy; the skip
@@ -64,6 +65,7 @@ type options struct {
 	nodes            int
 	flakeAttempts    int
 	startupTimeout   time.Duration
+	compare          []upstream.Column
 	extra            []string
 }
 
@@ -85,6 +87,11 @@ func main() {
 	flag.IntVar(&o.nodes, "nodes", 1, "nodes of the bed's cluster (with --kubeconfig: of that cluster); the tests that need more are skipped")
 	flag.IntVar(&o.procs, "procs", 1, "parallel processes of the suite (Ginkgo's runner, built here); [Serial] tests run alone at the end")
 	flag.IntVar(&o.flakeAttempts, "flake-attempts", 1, "attempts a failed test gets in all (Ginkgo's --flake-attempts); the summary names those that passed only on a later one")
+	flag.Func("compare", "PROXY[ LABEL]=REPORT[,REPORT...]: print a table of the focus on --nodes nodes, a column per --compare (JUnit reports or report folders, e.g. every part of a run and a rerun after it), run nothing", func(v string) error {
+		c, err := upstream.ParseColumn(v)
+		o.compare = append(o.compare, c)
+		return err
+	})
 	flag.Parse()
 	o.extra = flag.Args()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -100,6 +107,9 @@ func logf(format string, args ...any) {
 }
 
 func run(ctx context.Context, o options) error {
+	if len(o.compare) > 0 {
+		return upstream.Compare(os.Stdout, o.nodes, o.compare)
+	}
 	if !slices.Contains(proxies, o.proxy) {
 		return fmt.Errorf("--proxy %q: want one of %s", o.proxy, strings.Join(proxies, ", "))
 	}
