@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	corev1informers "k8s.io/client-go/informers/core/v1"
-	discoveryv1informers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -493,25 +492,21 @@ func (p *Proxier) Listed() <-chan struct{} { return p.listed }
 
 // Run watches the API and syncs until ctx ends.
 func (p *Proxier) Run(ctx context.Context) error {
-	// Services and slices of other proxies (service-proxy-name) and headless
-	// ones are not ours.
-	notOurs := func(o *metav1.ListOptions) {
-		o.LabelSelector = ServiceSelector
-	}
 	// The informers keep no index (the factory's would index every object
 	// by namespace, which the agent never asks), and model.Compact keeps
 	// in their caches only what the agent reads, in the agent's own types.
+	// Services and slices of other proxies (service-proxy-name) and
+	// headless ones are not ours (ServiceSelector); both are listed in
+	// pages (pagedListWatch).
 	var infs informerSet
 	defer infs.wait()
 	ctx, stop := context.WithCancel(ctx) // stops the informers when Run ends early
 	defer stop()
-	svcReg, err := infs.add(corev1informers.NewFilteredServiceInformer(p.client, metav1.NamespaceAll, 0, cache.Indexers{}, notOurs),
-		handler(p.onService))
+	svcReg, err := infs.add(serviceInformer(p.client), handler(p.onService))
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	sliceReg, err := infs.add(discoveryv1informers.NewFilteredEndpointSliceInformer(p.client, metav1.NamespaceAll, 0, cache.Indexers{}, notOurs),
-		p.sliceHandler())
+	sliceReg, err := infs.add(sliceInformer(p.client), p.sliceHandler())
 	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
