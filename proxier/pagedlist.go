@@ -25,10 +25,11 @@ const listPage = 500
 // lists in pages and keeps of each page only the compact objects that the
 // informer's transform makes (model.Compact), so that the initial list is
 // never decoded whole: client-go's own paths either stream the list as
-// watch events (WatchListClient), which in the bed's emulated VM took
-// twice the time and about 40% more CPU at 10,000 Services than one list
-// response (smaller, gzip-compressed, decoded in one go; e2e/README.md),
-// or ask for it in one response, decoded whole before any transform.
+// watch events (WatchListClient), which in the bed's emulated VM took 1.7
+// to 2 times as long as these pages, with more CPU (e2e/README.md, "Paged
+// initial lists"), or ask for it in one response, decoded whole before
+// any transform. A list error is returned as the apiserver's, unwrapped:
+// the reflector tells an expired list by it.
 type pagedListWatch struct {
 	list      func(context.Context, metav1.ListOptions) (runtime.Object, error)
 	watch     func(context.Context, metav1.ListOptions) (watch.Interface, error)
