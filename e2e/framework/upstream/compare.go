@@ -3,6 +3,7 @@ package upstream
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -102,13 +103,7 @@ func Compare(w io.Writer, nodes int, cols []Column) error {
 		}
 		crs = append(crs, cr)
 	}
-	sorted := slices.Sorted(func(yield func(string) bool) {
-		for n := range names {
-			if !yield(n) {
-				return
-			}
-		}
-	})
+	sorted := slices.Sorted(maps.Keys(names))
 	var b strings.Builder
 	fmt.Fprintf(&b, "| test (%d on %d node(s)) |", len(sorted), nodes)
 	for _, c := range cols {
