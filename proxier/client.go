@@ -73,7 +73,7 @@ const ServiceSelector = "!service.kubernetes.io/service-proxy-name,!service.kube
 // pages.
 func ListServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Service, error) {
 	var out []corev1.Service
-	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: 500}
+	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: listPage}
 	for {
 		list, err := client.CoreV1().Services("").List(ctx, opts)
 		if err != nil {
@@ -90,7 +90,7 @@ func ListServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Se
 // serves (ServiceSelector), in pages, by Service.
 func ListEndpointSlices(ctx context.Context, client kubernetes.Interface) (map[types.NamespacedName][]*discoveryv1.EndpointSlice, error) {
 	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
-	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: 500}
+	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: listPage}
 	for {
 		list, err := client.DiscoveryV1().EndpointSlices("").List(ctx, opts)
 		if err != nil {

@@ -13,12 +13,14 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
-// listPage is how many objects a page of the initial lists holds, as
-// client-go's pager asks.
+// listPage is how many objects a page of a list holds (the informers'
+// initial lists, ListServices, ListEndpointSlices), as client-go's pager
+// asks.
 const listPage = 500
 
 // pagedListWatch lists and watches one kind of object for an informer. It
@@ -66,7 +68,7 @@ func (l *pagedListWatch) ListWithContext(ctx context.Context, opts metav1.ListOp
 		if err != nil {
 			return nil, fmt.Errorf("paged list: %w", err)
 		}
-		out.Items = slices.Grow(out.Items, len(items)+int(ptrOr(lm.GetRemainingItemCount(), 0)))
+		out.Items = slices.Grow(out.Items, len(items)+int(ptr.Deref(lm.GetRemainingItemCount(), 0)))
 		for _, it := range items {
 			c, err := l.transform(it)
 			if err != nil {
@@ -117,13 +119,6 @@ func (l *compactList) DeepCopyObject() runtime.Object {
 		c.Items[i] = it.DeepCopyObject()
 	}
 	return &c
-}
-
-func ptrOr[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
 }
 
 // ourSelector narrows a list or watch to the Services (and their slices)
