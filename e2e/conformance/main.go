@@ -19,7 +19,7 @@
 // ipvs-proxy from deploy/ as its DaemonSet, runs the suite and stops the
 // cluster (--proxy kube-proxy: upstream kube-proxy v1.36.3 --proxy-mode=ipvs
 // runs in the VM instead). Reports go to bin/conformance/<proxy>/: junit_01.xml, e2e.log,
-// summary.md and, for a cluster of its own, the node's logs (cluster/).
+// summary.md and, for a cluster of its own, the nodes' logs and the proxy's (cluster/).
 // Arguments after "--" are passed to e2e.test.
 package main
 
@@ -42,6 +42,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/upstream"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
@@ -178,12 +179,12 @@ func run(ctx context.Context, o options) error {
 		defer cp.Stop()
 		o.kubeconfig = cp.Kubeconfig
 	case o.kubeconfig == "":
-		c, err := startCluster(ctx, o, suite)
+		c, kubeProxies, err := startCluster(ctx, o, suite)
 		if err != nil {
 			return err
 		}
 		defer func() {
-			saveClusterLogs(c, filepath.Join(outDir, "cluster"))
+			saveClusterLogs(c, kubeProxies, filepath.Join(outDir, "cluster"))
 			c.Close()
 		}()
 		o.kubeconfig = c.Kubeconfig
@@ -207,26 +208,29 @@ func run(ctx context.Context, o options) error {
 	return err
 }
 
-// startCluster starts the bed's one-node cluster with the suite's images
-// and the proxy, and returns once the cluster's DNS is ready.
-func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluster.Cluster, error) {
+// startCluster starts the bed's cluster with the suite's images and the
+// proxy, and returns once the cluster's DNS is ready; with kube-proxy, also
+// its process on each node (in the order of c.Nodes), whose logs
+// saveClusterLogs keeps.
+func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluster.Cluster, []*kubeproxy.KubeProxy, error) {
 	t0 := time.Now()
 	assets, err := vm.EnsureAssets(ctx, vm.CacheDir(), logf)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	images, err := upstream.EnsureTestImages(ctx, controlplane.CacheDir(), suite, logf)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: logf, Nodes: o.nodes, Images: images})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	var kubeProxies []*kubeproxy.KubeProxy
 	switch o.proxy {
 	case "kube-proxy":
 		// A process in the VM: it ends with the VM.
-		_, err = c.StartKubeProxy(ctx)
+		kubeProxies, err = c.StartKubeProxy(ctx)
 	default:
 		// Labelled as kube-proxy's pods are, so that the suite's test of a
 		// proxy restart finds them (the skip list's [with kube-proxy]).
@@ -234,21 +238,22 @@ func startCluster(ctx context.Context, o options, suite upstream.Suite) (*cluste
 	}
 	if err != nil {
 		c.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	logf("%s ready after %s", o.proxy, time.Since(t0).Round(time.Second))
 	if err := c.WaitDNS(ctx); err != nil {
 		c.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	logf("cluster ready (node, %s, DNS) after %s", o.proxy, time.Since(t0).Round(time.Second))
-	return c, nil
+	return c, kubeProxies, nil
 }
 
-// saveClusterLogs writes the node's kubelet and containerd logs, its
-// serial console, the proxy's and CoreDNS's pod logs and the IPVS table
-// into dir, for reading failures after the cluster is gone.
-func saveClusterLogs(c *cluster.Cluster, dir string) {
+// saveClusterLogs writes each node's kubelet and containerd logs, its
+// serial console, the proxy's log (ipvs-proxy's pods, or kube-proxy's
+// process on the node: the last few MiB of it), CoreDNS's pod logs and the
+// IPVS table into dir, for reading failures after the cluster is gone.
+func saveClusterLogs(c *cluster.Cluster, kubeProxies []*kubeproxy.KubeProxy, dir string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		logf("save cluster logs: %v", err)
 		return
@@ -256,12 +261,15 @@ func saveClusterLogs(c *cluster.Cluster, dir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	files := map[string]string{}
-	for _, n := range c.Nodes {
+	for i, n := range c.Nodes {
 		prefix := "" // one node: kubelet.log, ...; several: node-1-kubelet.log, ...
 		if len(c.Nodes) > 1 {
 			prefix = n.Name + "-"
 		}
 		files[prefix+"kubelet.log"], files[prefix+"containerd.log"] = n.KubeletLog(), n.ContainerdLog()
+		if i < len(kubeProxies) {
+			files[prefix+"kube-proxy.log"] = kubeProxies[i].Output()
+		}
 		if n.VM == nil {
 			continue
 		}
