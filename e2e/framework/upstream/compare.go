@@ -130,7 +130,7 @@ func Compare(w io.Writer, nodes int, cols []Column) error {
 				}
 			}
 			counts[i][last]++
-			fmt.Fprintf(&b, " %s |", cell(outcomes(rs)))
+			fmt.Fprintf(&b, " %s |", escape(outcomes(rs)))
 		}
 		b.WriteString("\n")
 	}
@@ -149,7 +149,13 @@ func Compare(w io.Writer, nodes int, cols []Column) error {
 	return err
 }
 
-// outcomes is a cell: each report's outcome of the test, first to last.
+// reasonLen bounds each reason in a cell of the table, so that a long
+// failure message cannot hide the outcomes after it.
+const reasonLen = 160
+
+// outcomes is a cell: each report's outcome of the test, first to last,
+// each reason clipped to reasonLen (the last outcome is the one counted,
+// so it must always show).
 func outcomes(rs []Result) string {
 	if len(rs) == 0 {
 		return string(NotRun)
@@ -161,10 +167,10 @@ func outcomes(rs []Result) string {
 			s += " " + r.Duration.Round(100*time.Millisecond).String()
 		}
 		if r.Retries > 0 {
-			s += fmt.Sprintf(" (after %d failed attempt(s): %s)", r.Retries, r.RetryWhy)
+			s += fmt.Sprintf(" (after %d failed attempt(s): %s)", r.Retries, clip(r.RetryWhy, reasonLen))
 		}
 		if r.Outcome != Passed && r.Why != "" {
-			s += ": " + r.Why
+			s += ": " + clip(r.Why, reasonLen)
 		}
 		parts = append(parts, s)
 	}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -111,5 +113,33 @@ func TestParseColumn(t *testing.T) {
 		if _, err := ParseColumn(bad); err == nil {
 			t.Errorf("ParseColumn(%q) took it", bad)
 		}
+	}
+}
+
+// A long failure message must not hide the outcomes after it: the last is
+// the one the table counts.
+func TestOutcomesClipEachReason(t *testing.T) {
+	long := "error running kubectl exec pause-pod-0 -- curl é" + strings.Repeat("x", 400)
+	got := outcomes([]Result{
+		{Outcome: Failed, Duration: 605900 * time.Millisecond, Retries: 1, RetryWhy: long, Why: "[FAILED] " + long},
+		{Outcome: Passed, Duration: 97 * time.Second},
+	})
+	if !strings.HasSuffix(got, "; then passed 1m37s") {
+		t.Errorf("cell %q does not end with the rerun's pass", got)
+	}
+	if !strings.HasPrefix(got, "failed 10m5.9s (after 1 failed attempt(s): error running kubectl") {
+		t.Errorf("cell %q lost the first outcome", got)
+	}
+	if n := strings.Count(got, "..."); n != 2 {
+		t.Errorf("cell %q: %d clipped reasons, want 2", got, n)
+	}
+	if !utf8.ValidString(got) || len(got) > 2*reasonLen+100 {
+		t.Errorf("cell of %d bytes, valid UTF-8 %v: %q", len(got), utf8.ValidString(got), got)
+	}
+	if c := clip("é", 4); c != "é" {
+		t.Errorf("clip kept %q of a short string", c)
+	}
+	if c := clip("aé"+strings.Repeat("b", 10), 5); c != "a..." || !utf8.ValidString(c) {
+		t.Errorf("clip = %q; want %q (the cut must not split é)", c, "a...")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // junitSuites is the part of Ginkgo's JUnit report that the summary reads.
@@ -278,12 +279,25 @@ func (r Result) note() string {
 	return n
 }
 
-// cell escapes text for a Markdown table cell.
+// cell escapes text for a Markdown table cell of at most 300 bytes.
 func cell(s string) string {
-	s = strings.ReplaceAll(s, "|", `\|`)
-	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) > 300 {
-		s = s[:297] + "..."
+	return clip(escape(s), 300)
+}
+
+// escape makes s one cell of a Markdown table row.
+func escape(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "|", `\|`), "\n", " ")
+}
+
+// clip shortens s to at most n bytes, ending in "..." when cut, without
+// splitting a UTF-8 sequence.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return s
+	cut := n - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
