@@ -216,14 +216,16 @@ func PodSummary(p *corev1.Pod) string {
 // node in place of ipvs-proxy's DaemonSet (the comparison row of the e2e
 // suite): as a process in each VM (e2e/framework/kubeproxy), with the
 // node's name, the kubelet's kubeconfig, the cluster's pod CIDR and node
-// ports on every local address (as deploy/'s nodePortAddresses: []). It
-// returns after every kube-proxy's first sync. Deploy one proxy only.
+// ports on every local address (as deploy/'s nodePortAddresses: []), and
+// its own conntrack defaults (ipvs-proxy's DaemonSet sets the same; the
+// cluster's VMs are its own). It returns after every kube-proxy's first
+// sync. Deploy one proxy only.
 func (c *Cluster) StartKubeProxy(ctx context.Context) ([]*kubeproxy.KubeProxy, error) {
 	var kps []*kubeproxy.KubeProxy
 	for _, n := range c.Nodes {
 		kp, err := kubeproxy.StartIn(ctx, n.VM, kubeproxy.Options{
 			Log: c.logf, Kubeconfig: guestKubeconfig, NodeName: n.Name,
-			ClusterCIDR: ClusterCIDR, NodePortAddresses: []string{},
+			ClusterCIDR: ClusterCIDR, NodePortAddresses: []string{}, ConntrackDefaults: true,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %s: %w", n.Name, err)

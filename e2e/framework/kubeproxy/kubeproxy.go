@@ -90,6 +90,13 @@ type Options struct {
 	// bed.GuestKubecfg); NodeName its hostnameOverride (default
 	// bed.NodeName).
 	Kubeconfig, NodeName string
+	// ConntrackDefaults leaves the conntrack section to kube-proxy's own
+	// defaults (table size 32768 per CPU, at least 131072; TCP established
+	// 24h, CLOSE_WAIT 1h), as kube-proxy sets them on a node of its own
+	// cluster. Without it the section is all zero and kube-proxy leaves the
+	// kernel's conntrack settings alone (the one-node bed's VM is shared
+	// with other tests).
+	ConntrackDefaults bool
 	// NoWait makes Start return as soon as kube-proxy is started, without
 	// waiting for its first sync (nor restarting it if it dies first): for
 	// callers that time the first sync themselves.
@@ -186,9 +193,9 @@ func install(ctx context.Context, v *vm.VM, logf func(string, ...any)) error {
 	return nil
 }
 
-// config is the KubeProxyConfiguration. Conntrack settings are all zero:
-// kube-proxy then leaves the kernel's conntrack table size and timeouts
-// alone (the VM is shared with other tests).
+// config is the KubeProxyConfiguration. Conntrack settings are all zero
+// unless ConntrackDefaults: kube-proxy then leaves the kernel's conntrack
+// table size and timeouts alone.
 func (o Options) config() string {
 	clusterCIDR := o.ClusterCIDR
 	if clusterCIDR == "" {
@@ -224,6 +231,16 @@ func (o Options) config() string {
 	if mode == ModeIPVS {
 		section += fmt.Sprintf("  scheduler: %q\n", o.Scheduler)
 	}
+	if !o.ConntrackDefaults {
+		section += `conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+  udpTimeout: 0s
+  udpStreamTimeout: 0s
+`
+	}
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: %s
@@ -234,14 +251,7 @@ clusterCIDR: %q
 nodePortAddresses: [%s]
 healthzBindAddress: "127.0.0.1:10256"
 metricsBindAddress: "127.0.0.1:10249"
-%sconntrack:
-  maxPerCore: 0
-  min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-  udpTimeout: 0s
-  udpStreamTimeout: 0s
-`, mode, kubeconfig, nodeName, clusterCIDR, strings.Join(quoted, ", "), section)
+%s`, mode, kubeconfig, nodeName, clusterCIDR, strings.Join(quoted, ", "), section)
 }
 
 // syncedMetric is set at the end of each successful sync, per IP family.
