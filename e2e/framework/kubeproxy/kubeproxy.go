@@ -193,9 +193,9 @@ func install(ctx context.Context, v *vm.VM, logf func(string, ...any)) error {
 	return nil
 }
 
-// config is the KubeProxyConfiguration. Conntrack settings are all zero
-// unless ConntrackDefaults: kube-proxy then leaves the kernel's conntrack
-// table size and timeouts alone.
+// config is the KubeProxyConfiguration. Its conntrack section is all zero
+// (kube-proxy then leaves the kernel's conntrack table size and timeouts
+// alone), or absent with ConntrackDefaults (kube-proxy's defaults apply).
 func (o Options) config() string {
 	clusterCIDR := o.ClusterCIDR
 	if clusterCIDR == "" {
