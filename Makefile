@@ -98,8 +98,9 @@ demo:
 	$(GO) run ./e2e/demo
 
 # ipvs-proxy and kube-proxy v1.36.3 in IPVS and nftables modes side by side
-# at 1,000 and 10,000 Services in the bed (not a test: it prints); e.g.
-# BENCH_ARGS="-proxies ipvs-proxy,kube-proxy-nftables -sizes 1000".
+# in the bed (not a test: it prints), at 1,000 and 10,000 Services of two
+# endpoints and 2,000 and 5,000 of fifty; e.g.
+# BENCH_ARGS="-proxies ipvs-proxy,kube-proxy-nftables -shapes 1000x2".
 bench:
 	$(GO) run ./e2e/bench $(BENCH_ARGS)
 
