@@ -11,7 +11,7 @@ import (
 // links). Their test binaries run inside the VM with
 // IPVS_PROXY_KERNEL_TESTS=1, which turns a missing feature into a failure.
 var kernelTestPackages = []string{"github.com/ipvs-proxy/ipvs-proxy/netlinkutil", "github.com/ipvs-proxy/ipvs-proxy/ipset",
-	// the bench's reader of kube-proxy's nftables table
+	// the bench's readers of IPVS and of kube-proxy's nftables table
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/ipvsbench"}
 
 func TestKernelPackagesInVM(t *testing.T) {

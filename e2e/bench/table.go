@@ -216,8 +216,8 @@ func printNotes(w io.Writer, c config) {
 	fmt.Fprintf(w, `The proxies in turn in one VM (software emulation), on a clean kernel, against the same apiserver and objects;
 a change is synced 100 ms after the last, a periodic sync every 30 s. Times from the proxy's start (its process start
 time in the VM), or from the change's update through the apiserver, until the kernel shows it, timed in the VM.
-- cold: every VIP:port: polled one look per missing one (IPVS: a GET of the virtual server; nftables: its element of
-  the map service-ips); everything programmed (IPVS: virtual and real servers, VIPs on the proxy's interface,
+- cold: every VIP:port: polled every 100 ms (IPVS: a GET of each until one is missing, one dump for the rest after 64
+  in a row; nftables: one dump of the map service-ips); everything programmed (IPVS: virtual and real servers, VIPs on the proxy's interface,
   clusterIPs in its ipset and its nat rule on that set; nftables: each VIP:port's element in service-ips and its
   chain's DNAT to exactly its endpoints), checked when the CPU of the proxy and of the processes it runs
   (iptables-restore, ipset, nft: live ones and waited-for ones) grew by less than 50 ms in %v; the time is the start
