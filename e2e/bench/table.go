@@ -217,9 +217,9 @@ func printNotes(w io.Writer, c config) {
 a change is synced 100 ms after the last, a periodic sync every 30 s. Times from the proxy's start (its process start
 time in the VM), or from the change's update through the apiserver, until the kernel shows it, timed in the VM.
 - cold: every VIP:port: polled every 100 ms (IPVS: a GET of each until one is missing, one dump for the rest after 64
-  in a row; nftables: one dump of the map service-ips); everything programmed (IPVS: virtual and real servers, VIPs on the proxy's interface,
-  clusterIPs in its ipset and its nat rule on that set; nftables: each VIP:port's element in service-ips and its
-  chain's DNAT to exactly its endpoints), checked when the CPU of the proxy and of the processes it runs
+  in a row; nftables: one dump of the map service-ips); everything programmed (IPVS: virtual and real servers, VIPs
+  on the proxy's interface, clusterIPs in its ipset and its nat rule on that set; nftables: each VIP:port's element
+  in service-ips and its chain's DNAT to exactly its endpoints), checked when the CPU of the proxy and of the processes it runs
   (iptables-restore, ipset, nft: live ones and waited-for ones) grew by less than 50 ms in %v; the time is the start
   of that quiet period, the CPU is up to then. "> %v": not done within the bound; nothing else measured.
 - one change: an endpoint of one EndpointSlice moved, %d rounds, until new connections go to the new endpoint and not

@@ -8,6 +8,7 @@ import (
 	"github.com/moby/ipvs"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // dataplane is where a proxy's Services show in the kernel: IPVS (with
@@ -95,11 +96,7 @@ func (v *ipvsView) Close() { v.h.Close(); v.k.Close() }
 func (v *ipvsView) missing(ss []Service) ([]Service, error) {
 	for n := 0; len(ss) > 0; n++ {
 		if n == dumpAfter {
-			vss, err := v.h.GetServices()
-			if err != nil {
-				return nil, fmt.Errorf("ipvs: list virtual servers: %w", err)
-			}
-			return missingFrom(ss, vss), nil
+			return v.notListed(ss)
 		}
 		if _, err := v.h.GetService(ipvsService(ss[len(ss)-1])); err != nil {
 			break
@@ -113,25 +110,24 @@ func (v *ipvsView) missing(ss []Service) ([]Service, error) {
 // read the rest with one dump.
 const dumpAfter = 64
 
-// missingFrom returns those of ss (TCP) that are not among vss.
-func missingFrom(ss []Service, vss []*ipvs.Service) []Service {
-	have := make(map[netip.AddrPort]bool, len(vss))
+// notListed returns those of ss that one dump of the virtual servers
+// lacks.
+func (v *ipvsView) notListed(ss []Service) ([]Service, error) {
+	vss, err := v.k.ListVirtualServers()
+	if err != nil {
+		return nil, err
+	}
+	have := make(map[model.VSKey]bool, len(vss))
 	for _, vs := range vss {
-		if vs.Protocol != 6 {
-			continue
-		}
-		if a, ok := netip.AddrFromSlice(vs.Address); ok {
-			have[netip.AddrPortFrom(a.Unmap(), vs.Port)] = true
-		}
+		have[vs.VSKey] = true
 	}
 	var left []Service
 	for _, s := range ss {
-		a, err := netip.ParseAddr(s.VIP)
-		if err != nil || !have[netip.AddrPortFrom(a, s.Port)] {
+		if !have[vsKey(s)] {
 			left = append(left, s)
 		}
 	}
-	return left
+	return left, nil
 }
 
 func (v *ipvsView) reader() (func(netip.AddrPort) ([]netip.Addr, error), error) {

@@ -2,31 +2,12 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/moby/ipvs"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
 )
-
-func TestMissingFrom(t *testing.T) {
-	ss := []Service{{VIP: "10.96.0.1", Port: 80}, {VIP: "10.96.0.2", Port: 80}, {VIP: "10.96.0.3", Port: 443}, {VIP: "10.96.0.4", Port: 80}}
-	vss := []*ipvs.Service{
-		{Address: net.ParseIP("10.96.0.1"), Port: 80, Protocol: 6},         // 16-byte form
-		{Address: net.ParseIP("10.96.0.2").To4(), Port: 8080, Protocol: 6}, // another port
-		{Address: net.ParseIP("10.96.0.3").To4(), Port: 443, Protocol: 17}, // UDP: not the bench's TCP Service
-		{Address: net.ParseIP("10.96.0.4").To4(), Port: 80, Protocol: 6},
-	}
-	want := []Service{{VIP: "10.96.0.2", Port: 80}, {VIP: "10.96.0.3", Port: 443}}
-	if diff := cmp.Diff(want, missingFrom(ss, vss)); diff != "" {
-		t.Errorf("missingFrom (-want +got):\n%s", diff)
-	}
-	if got := missingFrom(ss[:1], vss); len(got) != 0 {
-		t.Errorf("missingFrom of a present one = %v, want none", got)
-	}
-}
 
 // TestIPVSViewMissingOnKernel: settle's poll of IPVS in a fresh network
 // namespace. It asks about the last Service until one is missing, and
