@@ -874,34 +874,3 @@ func TestLoopPreparationFailureEndsRun(t *testing.T) {
 		t.Errorf("%d kernel calls after a failed preparation: %q", n, b.ipvs.Calls())
 	}
 }
-
-// TestLoopFirstSyncedEvenWhenItFails: FirstSynced is closed once Run's
-// first sync has returned (the agent's cold start is over), after that
-// sync's writes and although one of them failed; a retry does not wait
-// for it.
-func TestLoopFirstSyncedEvenWhenItFails(t *testing.T) {
-	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"), testService("b", "10.96.0.11", "rr"))
-	b.ipvs.InjectErrors(func(c fake.Call) error {
-		if strings.HasPrefix(string(c), "AddRealServer 10.96.0.10:80/TCP") {
-			return errors.New("injected: busy")
-		}
-		return nil
-	})
-	select {
-	case <-b.p.FirstSynced():
-		t.Fatal("FirstSynced closed before Run")
-	default:
-	}
-	b.run()
-	select {
-	case <-b.p.FirstSynced():
-	case <-time.After(10 * time.Second):
-		t.Fatal("FirstSynced not closed 10 s after Run began, though its first sync failed only in part")
-	}
-	if got := b.calls("AddRealServer 10.96.0.11:80/TCP"); len(got) != 1 {
-		t.Errorf("when FirstSynced closed, b's real server was written %d times, want once: %v", len(got), got)
-	}
-	if got := b.calls("AddRealServer 10.96.0.10:80/TCP"); len(got) != 1 {
-		t.Errorf("when FirstSynced closed, a's failing write was tried %d times, want once: %v", len(got), got)
-	}
-}

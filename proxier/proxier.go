@@ -123,9 +123,6 @@ type Proxier struct {
 	// listed is closed once the initial lists of Services, slices and the
 	// Node are in (Listed).
 	listed chan struct{}
-	// firstSynced is closed once the first sync after the lists has
-	// returned, whatever its outcome (FirstSynced).
-	firstSynced chan struct{}
 	// prepare runs beside the initial lists (SetPrepare).
 	prepare func(context.Context) error
 
@@ -183,7 +180,6 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		changes:       map[types.NamespacedName]time.Time{},
 		trigger:       make(chan struct{}, 1),
 		listed:        make(chan struct{}),
-		firstSynced:   make(chan struct{}),
 		services:      map[types.NamespacedName]*model.Service{},
 		slices:        map[types.NamespacedName][]*model.EndpointSlice{},
 		dirty:         map[types.NamespacedName]time.Time{},
@@ -494,11 +490,6 @@ func (p *Proxier) SetPrepare(prepare func(context.Context) error) { p.prepare = 
 // EndpointSlices and the Node, just before its first sync.
 func (p *Proxier) Listed() <-chan struct{} { return p.listed }
 
-// FirstSynced is closed once Run's first sync has returned, whether or not
-// every write in it succeeded: the cold start, which allocates most of
-// what the agent ever allocates at once, is over.
-func (p *Proxier) FirstSynced() <-chan struct{} { return p.firstSynced }
-
 // Run watches the API and syncs until ctx ends.
 func (p *Proxier) Run(ctx context.Context) error {
 	// The informers keep no index (the factory's would index every object
@@ -692,11 +683,6 @@ func (p *Proxier) loop(ctx context.Context) {
 		if err := p.SyncOnce(full); err != nil {
 			p.log.Error("sync failed; what failed is retried with backoff", zap.Error(err),
 				zap.Time("nextRetry", p.nextRetry()))
-		}
-		select {
-		case <-p.firstSynced:
-		default:
-			close(p.firstSynced)
 		}
 		full = false
 

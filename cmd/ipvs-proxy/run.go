@@ -129,7 +129,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	}
 	defer stopOps()
 	if !gcFromEnv {
-		gcDuringStart(ctx, p.Listed(), p.FirstSynced())
+		gcDuringLists(ctx, p.Listed())
 	}
 	return p.Run(ctx)
 }
@@ -246,33 +246,16 @@ const defaultGCPercent = 50
 // informers' caches, 14 MiB at 10,000 Services).
 const listGCPercent = 200
 
-// firstSyncGCPercent is the agent's GOGC during its first sync, after the
-// lists, unless the environment sets one. The process's peak RSS comes
-// then, and it is mostly the collector's room above what stays (the plans,
-// the kernel's view, the sets' entries, all built at once), not the
-// sync's temporaries: on the host at 10,000 Services, 25 lowered the peak
-// heap from 92 to 78 MiB and the peak RSS by 13.5 MiB for 28% more
-// first-sync time (make bench-heap; e2e/README.md, "Memory"). The
-// collections it adds are the cold start's only.
-const firstSyncGCPercent = 25
-
-// gcDuringStart sets listGCPercent until listed is closed, then
-// firstSyncGCPercent until firstSynced is closed, then defaultGCPercent
-// (at once when ctx ends).
-func gcDuringStart(ctx context.Context, listed, firstSynced <-chan struct{}) {
+// gcDuringLists sets listGCPercent until listed is closed (or ctx ends),
+// then defaultGCPercent.
+func gcDuringLists(ctx context.Context, listed <-chan struct{}) {
 	debug.SetGCPercent(listGCPercent)
 	go func() {
-		defer debug.SetGCPercent(defaultGCPercent)
 		select {
 		case <-listed:
 		case <-ctx.Done():
-			return
 		}
-		debug.SetGCPercent(firstSyncGCPercent)
-		select {
-		case <-firstSynced:
-		case <-ctx.Done():
-		}
+		debug.SetGCPercent(defaultGCPercent)
 	}()
 }
 

@@ -54,35 +54,17 @@ func gcPercent() int64 {
 	return int64(s[0].Value.Uint64())
 }
 
-func TestGCDuringStart(t *testing.T) {
+func TestGCDuringLists(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	listed, synced := make(chan struct{}), make(chan struct{})
-	gcDuringStart(context.Background(), listed, synced)
+	listed := make(chan struct{})
+	gcDuringLists(context.Background(), listed)
 	if now := gcPercent(); now != listGCPercent {
 		t.Errorf("before the lists are in, the percentage is %d, want %d", now, listGCPercent)
 	}
-	waitGCPercent := func(when string, want int64) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); gcPercent() != want; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("5 s %s, the percentage is %d, want %d", when, gcPercent(), want)
-			}
-		}
-	}
 	close(listed)
-	waitGCPercent("after the lists, before the first sync returns", firstSyncGCPercent)
-	close(synced)
-	waitGCPercent("after the first sync", defaultGCPercent)
-}
-
-func TestGCDuringStartEnds(t *testing.T) {
-	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	ctx, cancel := context.WithCancel(context.Background())
-	gcDuringStart(ctx, make(chan struct{}), make(chan struct{}))
-	cancel() // the lists never came in: the agent is stopping
 	for deadline := time.Now().Add(5 * time.Second); gcPercent() != defaultGCPercent; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("5 s after the context ended, the percentage is %d, want %d", gcPercent(), defaultGCPercent)
+			t.Fatalf("5 s after the lists, the percentage is %d, want %d", gcPercent(), defaultGCPercent)
 		}
 	}
 }

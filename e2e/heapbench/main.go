@@ -78,7 +78,6 @@ func main() {
 	rate := flag.Int("memprofilerate", 4096, "runtime.MemProfileRate: bytes between heap samples")
 	gogc := flag.Int("gogc", 50, "the collector's percentage (debug.SetGCPercent): 50 is the agent's default")
 	listGOGC := flag.Int("list-gogc", 200, "the collector's percentage while the initial lists stream in, as the agent sets it (cmd/ipvs-proxy listGCPercent; 0: -gogc throughout)")
-	syncGOGC := flag.Int("sync-gogc", 25, "the collector's percentage from the end of the lists until the first sync returns, as the agent sets it (cmd/ipvs-proxy firstSyncGCPercent; 0: -gogc)")
 	cpuProfile := flag.Bool("cpuprofile", false, "also write cpu-N.pb.gz (the proxier's start to its first sync) and the proxier's log, agent-N.log, into -out (the heap figures then include the log's cost)")
 	flag.Parse()
 	runtime.MemProfileRate = *rate
@@ -94,7 +93,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, ns, *per, *out, *cpuProfile, gcPercents{list: *listGOGC, sync: *syncGOGC, after: *gogc}); err != nil {
+	if err := run(ctx, ns, *per, *out, *cpuProfile, gcPercents{list: *listGOGC, after: *gogc}); err != nil {
 		fmt.Fprintf(os.Stderr, "heapbench: %v\n", err)
 		os.Exit(1)
 	}
@@ -120,9 +119,9 @@ type result struct {
 	allocated   uint64 // bytes allocated during the first sync
 }
 
-// gcPercents are the collector's percentages during the initial lists,
-// the first sync and after it (0: after's).
-type gcPercents struct{ list, sync, after int }
+// gcPercents are the collector's percentages during the initial lists and
+// after them.
+type gcPercents struct{ list, after int }
 
 func run(ctx context.Context, sizes []int, per int, outDir string, cpuProfile bool, gc gcPercents) error {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
@@ -232,10 +231,9 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 	runErr := make(chan error, 1)
 	wg.Add(1)
 	if gc.list > 0 {
-		// As the agent does (cmd/ipvs-proxy gcDuringStart).
+		// As the agent does (cmd/ipvs-proxy gcDuringLists).
 		debug.SetGCPercent(gc.list)
 	}
-
 	// The peaks split at the end of the initial lists: which phase sets
 	// the process's peak.
 	type listFigures struct {
@@ -251,20 +249,10 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 		}
 		f := listFigures{at: time.Since(t0), peak: sampler.peakSoFar()}
 		f.rss, _ = peakRSS()
-		switch {
-		case gc.sync > 0:
-			debug.SetGCPercent(gc.sync)
-		case gc.list > 0:
+		if gc.list > 0 {
 			debug.SetGCPercent(gc.after)
 		}
 		listed <- f
-		if gc.sync > 0 {
-			select {
-			case <-p.FirstSynced():
-			case <-runCtx.Done():
-			}
-			debug.SetGCPercent(gc.after)
-		}
 	}()
 	go func() {
 		defer wg.Done()
