@@ -38,8 +38,10 @@ var (
 // containerd, crun and the CNI bridge; the control plane on the host) on
 // a private segment, and a host outside the cluster on that segment, with
 // no kube-proxy: ipvs-proxy's DaemonSet from deploy/ with the shipped
-// ConfigMap (no cluster CIDR). Exec and logs go through the apiserver to
-// either node; the `kubernetes` Service is programmed on both nodes and
+// ConfigMap (no cluster CIDR). First, on the fresh cluster, the upstream
+// core: Kubernetes' own [Conformance] tests of the proxy's hardest paths
+// (upstream.NarrowToCore; report in bin/conformance/core). Then exec and
+// logs go through the apiserver to either node; the `kubernetes` Service is programmed on both nodes and
 // answers a pod. The only backend runs on node-2; what each client
 // reaches, and which address the backend sees, is what a user of a real
 // cluster would check:
@@ -83,9 +85,10 @@ var (
 func TestTwoNodes(t *testing.T) {
 	assets := vm.Require(t)
 	began := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf, Nodes: 2, Outside: true, DualStack: true})
+	suite, images := upstreamCoreSuite(ctx, t)
+	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf, Nodes: 2, Outside: true, DualStack: true, Images: images})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +98,9 @@ func TestTwoNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("TIMING ipvs-proxy ready on both nodes after %s", time.Since(began).Round(time.Millisecond))
+	// Kubernetes' own tests first, on the fresh cluster; the rest of the
+	// test runs whatever they found.
+	t.Run("upstream core", func(t *testing.T) { runUpstreamCore(ctx, t, c, suite) })
 	cs := c.Client
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
 
@@ -253,12 +259,11 @@ func TestTwoNodes(t *testing.T) {
 	t.Run("endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
 		moving = moveEndpointAcrossNodes(ctx, t, c, ns, segmentIPv4, clientIP)
 	})
-	t.Run("health check while the only endpoint terminates", func(t *testing.T) {
-		if moving == nil {
-			t.Skip("the endpoint did not move") // the subtest above failed
-		}
-		onlyEndpointTerminating(ctx, t, c, ns, moving)
-	})
+	if moving != nil { // else the subtest above failed
+		t.Run("health check while the only endpoint terminates", func(t *testing.T) {
+			onlyEndpointTerminating(ctx, t, c, ns, moving)
+		})
+	}
 	t.Run("ARP for the LoadBalancer IP without strict ARP: every node answers", func(t *testing.T) {
 		// And for an address of the routed Service range: the control
 		// of the strict-ARP case below.
