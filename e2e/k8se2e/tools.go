@@ -1,7 +1,8 @@
 //go:build tools
 
-// Package k8se2e pins Kubernetes' own end-to-end suite (test/e2e, built
-// with `go test -c` into e2e.test), the kubectl it runs for exec, and the
+// Package k8se2e pins Kubernetes' own end-to-end suite (test/e2e; the bed
+// builds its network tests alone into e2e.test, `go test -c` of
+// ./netsuite), the kubectl it runs for exec, and the
 // commands of the agnhost and regression-issue-74839 test images, at the
 // version of the bed's other Kubernetes binaries. It is a module of its
 // own, apart from e2e/k8sbin, so that the suite's many test-only
