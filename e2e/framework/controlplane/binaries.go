@@ -24,23 +24,24 @@ type command struct{ pkg, binary string }
 // testBinarySuffix marks a command built with `go test -c`.
 const testBinarySuffix = ".test"
 
-// The commands built from the wrapper module, in sets: every test needs
-// the first; kube-controller-manager only tests of selectors, and
-// kube-proxy only tests that compare with it, so those are built on first
-// use (the cold build of the first set is the longest step of a fresh
-// machine's first run).
+// The commands built from the wrapper module, in two sets. Every
+// Kubernetes binary the bed's clusters run is built in one `go build`, so
+// that `make bed` builds them all beside the lint and unit tests, and a
+// fresh machine's first cluster test waits for none (built one by one on
+// first use, kubelet, kube-controller-manager and kube-scheduler were
+// compiled and linked on the tests' critical path). kube-proxy, which only
+// the tests that compare with it run, is built on first use.
 var (
-	coreCommands = []command{
+	clusterCommands = []command{
 		{"k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"},
 		// The main package of etcd's server module is named "server".
 		{"go.etcd.io/etcd/server/v3", "etcd"},
+		{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"},
+		{"k8s.io/kubernetes/cmd/kube-scheduler", "kube-scheduler"},
+		// kubelet runs in the VM, which runs this host's architecture.
+		{"k8s.io/kubernetes/cmd/kubelet", "kubelet"},
 	}
-	kcmCommands       = []command{{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"}}
 	kubeProxyCommands = []command{{"k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy"}}
-	// The one-node cluster's kubelet (it runs in the VM) and scheduler
-	// (on the host): only the cluster tests need them.
-	kubeletCommands   = []command{{"k8s.io/kubernetes/cmd/kubelet", "kubelet"}}
-	schedulerCommands = []command{{"k8s.io/kubernetes/cmd/kube-scheduler", "kube-scheduler"}}
 )
 
 // Binary names inside the directories that the Ensure functions return.
@@ -69,8 +70,9 @@ func CacheDir() string {
 	return filepath.Join(os.TempDir(), "ipvs-proxy-cache")
 }
 
-// EnsureBinaries returns a directory holding kube-apiserver and etcd, built
-// from the wrapper module e2e/k8sbin
+// EnsureBinaries returns a directory holding kube-apiserver, etcd,
+// kube-controller-manager, kube-scheduler and kubelet, built in one `go
+// build` from the wrapper module e2e/k8sbin
 // with the Go toolchain on PATH (or /usr/local/go/bin/go). The directory is
 // <cacheDir>/k8s-<version>-<hash>, where the hash covers the wrapper's
 // build list (`go list -m all`: every module's version and replacement)
@@ -84,13 +86,21 @@ func CacheDir() string {
 //
 // A cold build takes several minutes and about 2 GB of memory.
 func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
-	return ensure(ctx, cacheDir, coreCommands)
+	return ensure(ctx, cacheDir, clusterCommands)
 }
 
-// EnsureControllerManager is EnsureBinaries for kube-controller-manager,
-// in a directory of its own.
+// EnsureControllerManager, EnsureScheduler and EnsureKubelet are
+// EnsureBinaries under the name of the binary the caller wants.
 func EnsureControllerManager(ctx context.Context, cacheDir string) (string, error) {
-	return ensure(ctx, cacheDir, kcmCommands)
+	return EnsureBinaries(ctx, cacheDir)
+}
+
+func EnsureScheduler(ctx context.Context, cacheDir string) (string, error) {
+	return EnsureBinaries(ctx, cacheDir)
+}
+
+func EnsureKubelet(ctx context.Context, cacheDir string) (string, error) {
+	return EnsureBinaries(ctx, cacheDir)
 }
 
 // EnsureKubeProxy is EnsureBinaries for kube-proxy, in a directory of its
@@ -98,18 +108,6 @@ func EnsureControllerManager(ctx context.Context, cacheDir string) (string, erro
 // architecture.
 func EnsureKubeProxy(ctx context.Context, cacheDir string) (string, error) {
 	return ensure(ctx, cacheDir, kubeProxyCommands)
-}
-
-// EnsureKubelet is EnsureBinaries for kubelet, in a directory of its own.
-// Like kube-proxy's, its binary runs inside the test VM.
-func EnsureKubelet(ctx context.Context, cacheDir string) (string, error) {
-	return ensure(ctx, cacheDir, kubeletCommands)
-}
-
-// EnsureScheduler is EnsureBinaries for kube-scheduler, in a directory of
-// its own.
-func EnsureScheduler(ctx context.Context, cacheDir string) (string, error) {
-	return ensure(ctx, cacheDir, schedulerCommands)
 }
 
 // WrapperPackage is a package of a wrapper module and the name of the

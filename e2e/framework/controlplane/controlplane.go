@@ -158,7 +158,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		opts.WithControllerManager = true
 	}
 	kcmDir := opts.BinDir
-	if opts.WithControllerManager && (kcmDir == "" || !complete(kcmDir, kcmCommands)) {
+	if opts.WithControllerManager && (kcmDir == "" || !complete(kcmDir, []command{{binary: BinControllerManager}})) {
 		began := time.Now()
 		if kcmDir, err = EnsureControllerManager(ctx, CacheDir()); err != nil {
 			return nil, fmt.Errorf("control-plane binaries: %w", err)
@@ -166,7 +166,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		logf("control plane: kube-controller-manager ready in %s (%s)", time.Since(began).Round(time.Millisecond), kcmDir)
 	}
 	schedDir := opts.BinDir
-	if opts.Cluster != nil && (schedDir == "" || !complete(schedDir, schedulerCommands)) {
+	if opts.Cluster != nil && (schedDir == "" || !complete(schedDir, []command{{binary: BinScheduler}})) {
 		began := time.Now()
 		if schedDir, err = EnsureScheduler(ctx, CacheDir()); err != nil {
 			return nil, fmt.Errorf("control-plane binaries: %w", err)
