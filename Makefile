@@ -12,7 +12,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 
-.PHONY: all build image test test-full checks bed unit e2e e2e-run lint demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster results
+.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster results
 
 all: build
 
@@ -54,7 +54,7 @@ E2E_SKIP ?=
 E2E_PKGS ?= ./e2e/...
 E2E_SUITE ?= e2e
 RESULTS ?= $(CURDIR)/bin/results
-TESTLOG = $(GO) run ./e2e/testlog -suite $(E2E_SUITE) -out $(RESULTS)
+TESTLOG = $(GO) run ./e2e/testlog -v -suite $(E2E_SUITE) -out $(RESULTS)
 
 # One `go test` of E2E_PKGS (the e2e package and its framework, whose
 # tests boot VMs and control planes too) with E2E_RUN/E2E_SKIP, the
@@ -74,6 +74,7 @@ e2e-run:
 # faults at 50%); then ONE two-node dual-stack cluster with the outside
 # host: Kubernetes' upstream core first, then TestTwoNodes.
 test:
+	$(MAKE) --no-print-directory deps
 	$(MAKE) --no-print-directory -j2 bed checks
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-bed E2E_SKIP='$(TEST_SKIP)|^TestTwoNodes$$$$'
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-cluster E2E_PKGS=./e2e/ E2E_RUN='^TestTwoNodes$$$$'
@@ -105,6 +106,7 @@ cluster:
 # the Go benchmarks and the heap bench at 1,000 Services, the whole e2e
 # package, the [Conformance] share on two nodes.
 test-full:
+	$(MAKE) --no-print-directory deps
 	$(MAKE) --no-print-directory -j2 bed checks
 	$(MAKE) --no-print-directory fuzz FUZZTIME=300x
 	$(MAKE) --no-print-directory bench-go BENCH_GO_SIZES='1000' BENCH_GO_TIME=1x
@@ -131,6 +133,16 @@ fuzz:
 		echo "fuzz $${t%%:*} for $(FUZZTIME)"; \
 		$(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZTIME) $${t#*:} || exit 1; \
 	done
+
+# Every module's dependencies at once (the agent's, the wrapper modules'
+# of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
+# on a fresh machine the downloads overlap instead of each waiting behind
+# the compiles of the build before it.
+MODULES := . e2e/k8sbin e2e/k8se2e e2e/ginkgo e2e/coredns deploy/helm
+deps:
+	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
+		status=0; for p in $$pids; do wait $$p || status=1; done; \
+		echo "deps: $(words $(MODULES)) modules' dependencies downloaded in $$(( $$(date +%s) - t0 )) s"; exit $$status
 
 bed:
 	$(GO) run ./e2e/prepare
@@ -205,6 +217,12 @@ conformance-list:
 # kubelet's paths.
 exec-paths:
 	$(GO) test -count=1 -tags execpaths -timeout 30m -run TestClusterExecPaths -v ./e2e/
+
+# Keeps the runs' figures: moves bin/results/*.json (written by testlog,
+# the chaos table, the conformance runs, the bench and heapbench) into
+# docs/results and writes e2e/README.md's generated tables from them.
+results:
+	$(GO) run ./e2e/figures -from bin/results -dir docs/results -readme e2e/README.md
 
 clean:
 	rm -rf bin
