@@ -22,12 +22,13 @@ func main() {
 	suite := flag.String("suite", "go-test", "the suite's name in the data file")
 	out := flag.String("out", "", "directory of the data file (default: RESULTS_DIR, else bin/results)")
 	slowest := flag.Int("slowest", 12, "how many of the slowest top-level tests to list")
+	verbose := flag.Bool("v", false, "print every test's output as it comes (else only a failed test's)")
 	flag.Parse()
-	os.Exit(run(os.Stdin, os.Stdout, *suite, *out, *slowest))
+	os.Exit(run(os.Stdin, os.Stdout, *suite, *out, *slowest, *verbose))
 }
 
-func run(in io.Reader, w io.Writer, suite, out string, slowest int) int {
-	tr, err := results.ReadTestJSON(in, w)
+func run(in io.Reader, w io.Writer, suite, out string, slowest int, verbose bool) int {
+	tr, err := results.ReadTestJSON(in, w, verbose)
 	if err != nil {
 		fmt.Fprintln(w, "testlog:", err)
 		return 1

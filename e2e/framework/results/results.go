@@ -87,6 +87,16 @@ func Write(dir string, r Run) (string, error) {
 	return p, nil
 }
 
+// Keep records figures as a run of suite made now and writes it into
+// Dir (RESULTS_DIR, else bin/results); it returns the file's path.
+func Keep(suite string, figures any) (string, error) {
+	r, err := New(suite, figures, os.Getenv)
+	if err != nil {
+		return "", err
+	}
+	return Write(Dir(os.Getenv), r)
+}
+
 // Read reads every run in dir (*.json), oldest first; suite, if not
 // empty, keeps only that suite's.
 func Read(dir, suite string) ([]Run, error) {

@@ -26,7 +26,7 @@ not json: a build error
 
 func TestReadTestJSON(t *testing.T) {
 	var log strings.Builder
-	run, err := ReadTestJSON(strings.NewReader(stream), &log)
+	run, err := ReadTestJSON(strings.NewReader(stream), &log, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,5 +84,23 @@ func TestWriteRead(t *testing.T) {
 	var got TestRun
 	if err := json.Unmarshal(mine[0].Figures, &got); err != nil || got.Passed != 3 {
 		t.Errorf("figures %s: %+v, %v", mine[0].Figures, got, err)
+	}
+}
+
+func TestReadTestJSONQuiet(t *testing.T) {
+	const quiet = `{"Action":"output","Package":"p","Test":"TestA","Output":"=== RUN   TestA\n"}
+{"Action":"pass","Package":"p","Test":"TestA","Elapsed":1}
+{"Action":"output","Package":"p","Test":"TestC","Output":"want 1, got 2\n"}
+{"Action":"fail","Package":"p","Test":"TestC","Elapsed":1}
+{"Action":"output","Package":"p","Output":"FAIL\tp\t2s\n"}
+{"Action":"output","Package":"q","Output":"PASS\n"}
+{"Action":"output","Package":"q","Output":"ok  \tq\t1s\n"}
+`
+	var log strings.Builder
+	if _, err := ReadTestJSON(strings.NewReader(quiet), &log, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := log.String(), "want 1, got 2\nFAIL\tp\t2s\nok  \tq\t1s\n"; got != want {
+		t.Errorf("quiet log %q; want %q (only the failed test's lines and the packages' own)", got, want)
 	}
 }

@@ -42,12 +42,15 @@ type testEvent struct {
 	Output  string
 }
 
-// ReadTestJSON reads `go test -json` from r, writes every output line to
-// w as it comes (the plain -v log; a line that is not JSON, such as a
-// build error, as it is) and returns the run's figures.
-func ReadTestJSON(r io.Reader, w io.Writer) (TestRun, error) {
+// ReadTestJSON reads `go test -json` from r, writes the log to w as it
+// comes and returns the run's figures. verbose writes every output line
+// (the plain -v log); otherwise a test's lines are written only if it
+// fails, and the packages' own lines (ok, FAIL) always. A line that is
+// not JSON, such as a build error, is written as it is.
+func ReadTestJSON(r io.Reader, w io.Writer, verbose bool) (TestRun, error) {
 	var run TestRun
 	var first, last time.Time
+	held := map[string][]string{} // package + test -> its lines, when not verbose
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -63,10 +66,20 @@ func ReadTestJSON(r io.Reader, w io.Writer) (TestRun, error) {
 			}
 			last = ev.Time
 		}
+		key := ev.Package + " " + ev.Test
 		switch ev.Action {
 		case "output", "build-output":
-			io.WriteString(w, ev.Output)
+			switch {
+			case verbose || ev.Test == "" && ev.Output != "PASS\n":
+				io.WriteString(w, ev.Output)
+			case ev.Test != "":
+				held[key] = append(held[key], ev.Output)
+			}
 		case "pass", "fail", "skip":
+			if ev.Action == "fail" {
+				io.WriteString(w, strings.Join(held[key], ""))
+			}
+			delete(held, key)
 			if ev.Test == "" {
 				if ev.Action == "fail" {
 					run.BuildFailed = append(run.BuildFailed, ev.Package)
