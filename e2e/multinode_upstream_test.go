@@ -71,6 +71,13 @@ func runUpstreamCore(ctx context.Context, t *testing.T, c *cluster.Cluster, suit
 		Procs: 2, Ginkgo: ginkgo, FlakeAttempts: 2, Logf: t.Logf,
 	})
 	t.Logf("TIMING upstream core: %s (%s); report in %s", time.Since(began).Round(time.Second), s.Line(), coreReportDir)
+	if s.Proxy != "" {
+		if path, err := upstream.Keep("conformance-core", s, len(c.Nodes), "the upstream core of make test"); err != nil {
+			t.Errorf("keep the upstream core's figures: %v", err)
+		} else {
+			t.Logf("figures in %s", path)
+		}
+	}
 	for _, r := range s.Rows {
 		if r.Outcome == upstream.Failed || (r.Retries > 0 && r.Outcome == upstream.Passed) {
 			t.Logf("%s %s: %s", r.Outcome, r.Name, firstNonEmpty(r.Why, r.RetryWhy))

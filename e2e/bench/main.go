@@ -47,6 +47,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/results"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
 )
@@ -219,9 +220,21 @@ func run(ctx context.Context, c config) error {
 		printSize(os.Stderr, sr)
 	}
 	fmt.Println()
+	var figures []sizeFigures
 	for _, sr := range tables {
 		printSize(os.Stdout, sr)
+		figures = append(figures, figuresOf(sr))
 	}
 	printNotes(os.Stdout, c)
+	return keepFigures("bench", figures)
+}
+
+// keepFigures writes the run's figures as data (framework/results).
+func keepFigures(suite string, figures any) error {
+	p, err := results.Keep(suite, figures)
+	if err != nil {
+		return err
+	}
+	logf("figures in %s", p)
 	return nil
 }

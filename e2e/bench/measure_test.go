@@ -146,3 +146,18 @@ func TestPastBoundRows(t *testing.T) {
 		}
 	}
 }
+
+// TestFiguresAsPrinted: the data a run keeps (figuresOf) has the printed
+// table's cells and ratios.
+func TestFiguresAsPrinted(t *testing.T) {
+	ip := proxyResult{proxy: ipvsProxy, cold: settled{VirtualServers: 10, Idle: 12}, change: []float64{0.1, 0.2}}
+	nft := proxyResult{proxy: kubeProxyNFTables, cold: settled{VirtualServers: 600, Idle: 900}, change: []float64{60, 90}}
+	f := figuresOf(sizeResult{shape: shape{5000, 50}, proxies: []proxyResult{ip, nft}})
+	if f.Shape != "5000 Services × 50 endpoints" || len(f.Proxies) != 2 || len(f.Rows) != len(rows) {
+		t.Fatalf("figures %+v", f)
+	}
+	r := f.Rows[1]
+	if r.Label != "cold: everything programmed, CPU idle" || r.Values[0] != "12s" || r.Values[1] != "15m0s" || r.Ratios[kubeProxyNFTables] != "75.0" {
+		t.Errorf("row %+v; want 12s, 15m0s and the ratio 75.0", r)
+	}
+}

@@ -235,3 +235,53 @@ time in the VM), or from the change's update through the apiserver, until the ke
 - floor: the same virtual servers, real servers and VIPs created with bare netlink calls, one at a time.
 `, c.quiet, c.bound, c.rounds, c.burst, c.resyncRounds)
 }
+
+// sizeFigures is one size's table as data (framework/results): each row's
+// cell per proxy and its ratios, as printed.
+type sizeFigures struct {
+	Shape   string      `json:"shape"`
+	Proxies []string    `json:"proxies"`
+	Rows    []rowFigure `json:"rows"`
+	// Floor: ipvs-proxy's cold IPVS sync and the one-at-a-time floor,
+	// in seconds (0: not measured).
+	ColdIPVSSync float64 `json:"cold_ipvs_sync_seconds,omitempty"`
+	Floor        float64 `json:"floor_seconds,omitempty"`
+}
+
+type rowFigure struct {
+	Label string `json:"label"`
+	// Values are the cells, in the order of Proxies; Ratios each other
+	// proxy's figure over ipvs-proxy's, keyed by proxy.
+	Values []string          `json:"values"`
+	Ratios map[string]string `json:"ratios,omitempty"`
+}
+
+func figuresOf(sr sizeResult) sizeFigures {
+	f := sizeFigures{Shape: sr.shape.String()}
+	var ip *proxyResult
+	for i := range sr.proxies {
+		f.Proxies = append(f.Proxies, sr.proxies[i].proxy)
+		if sr.proxies[i].proxy == ipvsProxy {
+			ip = &sr.proxies[i]
+		}
+	}
+	for _, r := range rows {
+		rf := rowFigure{Label: r.label}
+		for _, p := range sr.proxies {
+			rf.Values = append(rf.Values, r.value(p))
+			if ip != nil && p.proxy != ipvsProxy {
+				if v := ratio(r, p, *ip); v != "" {
+					if rf.Ratios == nil {
+						rf.Ratios = map[string]string{}
+					}
+					rf.Ratios[p.proxy] = v
+				}
+			}
+		}
+		f.Rows = append(f.Rows, rf)
+	}
+	if ip != nil && sr.floor.calls > 0 && len(ip.coldSync) > 0 {
+		f.ColdIPVSSync, f.Floor = ip.coldSync[0].ipvs.Seconds(), sr.floor.floor.Seconds()
+	}
+	return f
+}

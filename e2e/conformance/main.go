@@ -204,8 +204,28 @@ func run(ctx context.Context, o options) error {
 	if s.Proxy != "" {
 		// The plain closing line.
 		fmt.Println(s.Line())
+		if path, kerr := upstream.Keep("conformance", s, o.nodes, selection(o)); kerr != nil {
+			logf("keep the figures: %v", kerr)
+		} else {
+			logf("figures in %s", path)
+		}
 	}
 	return err
+}
+
+// selection says which tests of the focus a run chose.
+func selection(o options) string {
+	sel := "the focus"
+	if o.conformanceOnly {
+		sel = "the [Conformance] tests of the focus"
+	}
+	if o.part != "" {
+		sel += ", part " + o.part
+	}
+	if o.narrow != "" {
+		sel += ", narrowed to " + o.narrow
+	}
+	return sel
 }
 
 // startCluster starts the bed's cluster with the suite's images and the

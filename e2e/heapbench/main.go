@@ -61,6 +61,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/results"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
@@ -161,6 +162,43 @@ func run(ctx context.Context, sizes []int, per int, outDir string, cpuProfile bo
 		results = append(results, r)
 	}
 	printResults(os.Stdout, results)
+	return keepFigures(results, per)
+}
+
+// sizeFigures is one size's figures as data (framework/results).
+type sizeFigures struct {
+	Services          int               `json:"services"`
+	EndpointsEach     int               `json:"endpoints_each"`
+	SyncSeconds       float64           `json:"first_sync_seconds"`
+	ListedSeconds     float64           `json:"lists_seconds"`
+	PeakHeapMiB       float64           `json:"peak_heap_mib"`
+	PeakRSSMiB        float64           `json:"peak_rss_mib"`
+	RetainedMiB       float64           `json:"retained_mib"`
+	AllocatedMiB      float64           `json:"allocated_mib"`
+	RetainedByOwnerKB map[string]uint64 `json:"retained_by_owner_kib,omitempty"`
+}
+
+// keepFigures writes the run's figures (framework/results).
+func keepFigures(rs []result, per int) error {
+	const mib = 1 << 20
+	var figures []sizeFigures
+	for _, r := range rs {
+		f := sizeFigures{Services: r.services, EndpointsEach: per, SyncSeconds: r.sync.Seconds(), ListedSeconds: r.listed.Seconds(),
+			PeakHeapMiB: float64(r.peakHeap) / mib, PeakRSSMiB: float64(r.peakRSS) / mib,
+			RetainedMiB: float64(r.retained) / mib, AllocatedMiB: float64(r.allocated) / mib}
+		if len(r.byOwner) > 0 {
+			f.RetainedByOwnerKB = map[string]uint64{}
+			for k, v := range r.byOwner {
+				f.RetainedByOwnerKB[k] = v >> 10
+			}
+		}
+		figures = append(figures, f)
+	}
+	path, err := results.Keep("heapbench", figures)
+	if err != nil {
+		return err
+	}
+	logf("figures in %s", path)
 	return nil
 }
 

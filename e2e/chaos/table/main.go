@@ -1,6 +1,7 @@
 // Command table prints the rows of the reliability suite (`make chaos`) as
 // a Markdown table: every <case>.json of a directory (default $CHAOS_OUT,
-// else bin/chaos). It fails when there is no row or a row counts leaks.
+// else bin/chaos), and keeps them as one run's data (framework/results).
+// It fails when there is no row or a row counts leaks.
 package main
 
 import (
@@ -9,6 +10,7 @@ import (
 	"os"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/results"
 )
 
 func main() {
@@ -24,6 +26,12 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Print(chaos.Table(rows))
+	// The rows as data (framework/results), before the verdict.
+	if p, err := results.Keep("chaos", rows); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	} else {
+		fmt.Fprintf(os.Stderr, "figures in %s\n", p)
+	}
 	for _, r := range rows {
 		if r.Leaks > 0 {
 			fmt.Fprintf(os.Stderr, "%s: %d leaks\n", r.Case, r.Leaks)
