@@ -1,0 +1,80 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/results"
+)
+
+// TestTreeTablesAreTheFiles: every generated table of e2e/README.md is
+// what docs/results gives, so that each figure there traces to a run.
+func TestTreeTablesAreTheFiles(t *testing.T) {
+	page, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := render("../../docs/results")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := replaceSections(string(page), tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(page) {
+		t.Error("e2e/README.md's generated tables differ from docs/results: run `make results`")
+	}
+}
+
+func TestTablesFromRuns(t *testing.T) {
+	dir := t.TempDir()
+	env := func(string) string { return "" }
+	tr := results.TestRun{WallSeconds: 754, Passed: 2, Tests: []results.Test{
+		{Package: "p", Name: "TestSlow", Outcome: "pass", Seconds: 600},
+		{Package: "p", Name: "TestSlow/sub", Outcome: "pass", Seconds: 500},
+		{Package: "p", Name: "TestQuick", Outcome: "pass", Seconds: 1},
+	}}
+	for _, suite := range []string{"test-bed", "bench"} {
+		r, err := results.New(suite, tr, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Date = time.Date(2026, 11, 29, 1, 2, 0, 0, time.UTC)
+		if _, err := results.Write(dir, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tables, err := render(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := strings.Split(strings.TrimSpace(tables["test-runs"]), "\n")
+	if len(rows) != 3 {
+		t.Fatalf("test-runs table:\n%s\nwant a header and one row (the bench's run is not a test run)", tables["test-runs"])
+	}
+	for _, want := range []string{"| 2026-11-29 01:02, ", "| test-bed | 12m34s | 2 / 0 / 0 |", "`TestSlow` 600 s, `TestQuick` 1 s |"} {
+		if !strings.Contains(rows[2], want) {
+			t.Errorf("row %q lacks %q", rows[2], want)
+		}
+	}
+	if !strings.Contains(tables["chaos"], "no chaos run") {
+		t.Errorf("chaos table without a run: %q", tables["chaos"])
+	}
+}
+
+func TestReplaceSections(t *testing.T) {
+	page := "# x\n<!-- results:a -->\nold\n<!-- /results -->\ntext\n"
+	got, err := replaceSections(page, map[string]string{"a": "new\n"})
+	if err != nil || got != "# x\n<!-- results:a -->\nnew\n<!-- /results -->\ntext\n" {
+		t.Errorf("replaceSections: %q, %v", got, err)
+	}
+	if _, err := replaceSections(page, map[string]string{"a": "", "b": ""}); err == nil || !strings.Contains(err.Error(), "no section for the table b") {
+		t.Errorf("a table without a section: %v", err)
+	}
+	if _, err := replaceSections(page, map[string]string{}); err == nil {
+		t.Error("a section without a table was accepted")
+	}
+}
