@@ -37,7 +37,7 @@ image: build
 VM_ONLY_TESTS = TestIPVSBatch|TestIPVSBatchLarge|TestConntrackClearUDP|TestIPVSTable|TestIPVSRealTraffic|TestIPVSMissingScheduler|TestDummy|TestNFTViewOnKernel|TestIPVSViewMissingOnKernel|TestServeAndHitAcrossNamespaces|TestHold|TestNetnsErrors
 unit:
 	set -o pipefail; $(GO) test -json -count=1 -skip '^($(VM_ONLY_TESTS))$$' $$($(GO) list ./... | grep -v /e2e) | $(GO) run ./e2e/testlog -suite unit -out $(RESULTS)
-	cd deploy/helm && $(GO) test -count=1 ./...
+	set -o pipefail; $(GO) -C deploy/helm test -json -count=1 ./... | $(GO) run ./e2e/testlog -suite unit-chart -out $(RESULTS)
 
 # The bed's tests (the e2e package: a real kube-apiserver, QEMU VMs with
 # Debian's kernel, real clusters) are chosen by -run and -skip lists, never

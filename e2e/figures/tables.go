@@ -14,7 +14,7 @@ import (
 
 // testSuites are the suites of testlog (go test -json) whose runs the
 // "test-runs" table lists, in the Makefile's names.
-var testSuites = map[string]bool{"unit": true, "test-bed": true, "test-cluster": true, "chaos": true,
+var testSuites = map[string]bool{"unit": true, "unit-chart": true, "test-bed": true, "test-cluster": true, "chaos": true,
 	"takeover": true, "cluster": true, "e2e": true}
 
 // render makes every generated table from the runs in dir, by name.
