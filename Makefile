@@ -90,7 +90,7 @@ e2e:
 CHAOS_SIZE ?= 300
 CHAOS_OUT ?= $(CURDIR)/bin/chaos
 chaos:
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos E2E_PKGS=./e2e/ E2E_RUN='^TestChaos'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-tests E2E_PKGS=./e2e/ E2E_RUN='^TestChaos'
 
 # Taking a node over from kube-proxy's IPVS mode (kube-proxy v1.36.3 runs
 # in the bed's VM first).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +77,29 @@ func TestReplaceSections(t *testing.T) {
 	}
 	if _, err := replaceSections(page, map[string]string{}); err == nil {
 		t.Error("a section without a table was accepted")
+	}
+}
+
+// TestMakefileSuitesAreTestRuns: every suite name the Makefile gives
+// testlog is one the test-runs table lists, and none is the name of
+// another kind of record (the chaos rows, a conformance run, the bench).
+func TestMakefileSuitesAreTestRuns(t *testing.T) {
+	b, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := regexp.MustCompile(`(?:E2E_SUITE=|-suite )([a-z0-9-]+)`).FindAllStringSubmatch(string(b), -1)
+	if len(names) < 5 {
+		t.Fatalf("found %d suite names in the Makefile; want the test targets'", len(names))
+	}
+	for _, m := range names {
+		if !testSuites[m[1]] {
+			t.Errorf("the Makefile's suite %q is not in testSuites: its runs would not be listed", m[1])
+		}
+	}
+	for _, other := range []string{"chaos", "conformance", "conformance-core", "bench", "heapbench"} {
+		if testSuites[other] {
+			t.Errorf("testSuites has %q, the name of another kind of record", other)
+		}
 	}
 }
