@@ -38,8 +38,10 @@ func TestTablesFromRuns(t *testing.T) {
 		{Package: "p", Name: "TestSlow/sub", Outcome: "pass", Seconds: 500},
 		{Package: "p", Name: "TestQuick", Outcome: "pass", Seconds: 1},
 	}}
-	for _, suite := range []string{"test-bed", "bench"} {
-		r, err := results.New(suite, tr, env)
+	bench := []map[string]any{{"shape": "10 Services × 2 endpoints", "proxies": []string{"ipvs-proxy", "kube-proxy-nftables"},
+		"rows": []map[string]any{{"label": "cold", "values": []string{"1s", "3s"}, "ratios": map[string]string{"kube-proxy-nftables": "3.0"}}}}}
+	for suite, figures := range map[string]any{"test-bed": tr, "bench": bench} {
+		r, err := results.New(suite, figures, env)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,6 +62,9 @@ func TestTablesFromRuns(t *testing.T) {
 		if !strings.Contains(rows[2], want) {
 			t.Errorf("row %q lacks %q", rows[2], want)
 		}
+	}
+	if want := "| cold | 1s | 3s | 3.0 |"; !strings.Contains(tables["bench"], want) {
+		t.Errorf("bench table:\n%s\nwant the row %q", tables["bench"], want)
 	}
 	if !strings.Contains(tables["chaos"], "no chaos run") {
 		t.Errorf("chaos table without a run: %q", tables["chaos"])

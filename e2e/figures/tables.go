@@ -34,6 +34,9 @@ func render(dir string) (map[string]string, error) {
 	if tables["conformance"], err = conformanceTable(runs); err != nil {
 		return nil, err
 	}
+	if tables["bench"], err = latestBench(runs); err != nil {
+		return nil, err
+	}
 	return tables, nil
 }
 
@@ -143,4 +146,61 @@ func replaceSections(page string, tables map[string]string) (string, error) {
 		return page, fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	return out, nil
+}
+
+// benchShape is what the table reads of the bench's figures (e2e/bench's
+// sizeFigures: the printed table's cells).
+type benchShape struct {
+	Shape   string   `json:"shape"`
+	Proxies []string `json:"proxies"`
+	Rows    []struct {
+		Label  string            `json:"label"`
+		Values []string          `json:"values"`
+		Ratios map[string]string `json:"ratios"`
+	} `json:"rows"`
+}
+
+// latestBench is the newest bench run's tables, one per shape: each
+// proxy's figure and each other proxy's ratio to ipvs-proxy.
+func latestBench(runs []results.Run) (string, error) {
+	for i := len(runs) - 1; i >= 0; i-- {
+		r := runs[i]
+		if r.Suite != "bench" {
+			continue
+		}
+		var shapes []benchShape
+		if err := json.Unmarshal(r.Figures, &shapes); err != nil {
+			return "", fmt.Errorf("bench run of %s: %w", when(r), err)
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s, %s, %s:\n", when(r), r.Commit, machine(r))
+		for _, sh := range shapes {
+			var others []string
+			head, sep := "| "+sh.Shape+" |", "|---|"
+			for _, p := range sh.Proxies {
+				head += " " + p + " |"
+				sep += "---|"
+				if p != "ipvs-proxy" {
+					others = append(others, p)
+				}
+			}
+			for _, p := range others {
+				head += " " + p + " / ipvs-proxy |"
+				sep += "---|"
+			}
+			fmt.Fprintf(&b, "\n%s\n%s\n", head, sep)
+			for _, row := range sh.Rows {
+				line := "| " + row.Label + " |"
+				for _, v := range row.Values {
+					line += " " + v + " |"
+				}
+				for _, p := range others {
+					line += " " + row.Ratios[p] + " |"
+				}
+				b.WriteString(line + "\n")
+			}
+		}
+		return b.String(), nil
+	}
+	return "no bench run kept yet\n", nil
 }
