@@ -120,12 +120,13 @@ checks: lint
 	$(MAKE) --no-print-directory unit
 	$(GO) test -count=1 -run '^$$' ./e2e/... >/dev/null
 
-# Each fuzz target for FUZZTIME (one -fuzz target per go test run). CI
-# gives a count of executions (300x), not a duration: Go 1.26's fuzz
-# coordinator can report its own -fuzztime deadline as a failure ("context
-# deadline exceeded", no crasher written; golang/go#75804, fixed in Go
-# 1.27), and a count has no deadline to race.
-FUZZTIME ?= 30s
+# Each fuzz target for FUZZTIME (one -fuzz target per go test run); `make
+# test` runs only their seed corpora, as unit tests. The default is a
+# count of executions, not a duration: Go 1.26's fuzz coordinator can
+# report its own -fuzztime deadline as a failure ("context deadline
+# exceeded", no crasher written; golang/go#75804, fixed in Go 1.27), and
+# a count has no deadline to race. Longer: e.g. FUZZTIME=100000x.
+FUZZTIME ?= 5000x
 FUZZ_TARGETS := FuzzBuild:./proxier/model FuzzSchedulerAnnotations:./scheduler \
 	FuzzConfigFile:./proxier/config FuzzFlags:./proxier/config
 fuzz:
