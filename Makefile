@@ -54,6 +54,8 @@ E2E_SKIP ?=
 E2E_PKGS ?= ./e2e/...
 E2E_SUITE ?= e2e
 RESULTS ?= $(CURDIR)/bin/results
+# Where every suite writes its figures (framework/results).
+export RESULTS_DIR = $(RESULTS)
 TESTLOG = $(GO) run ./e2e/testlog -v -suite $(E2E_SUITE) -out $(RESULTS)
 
 # One `go test` of E2E_PKGS (the e2e package and its framework, whose
@@ -168,14 +170,15 @@ bench:
 # kube-apiserver with HEAP_SIZES Services, the proxier and its informers
 # against the fake kernel; the heap's peak during the first sync, what
 # stays after it by owner, and a heap profile per size in bin/heapbench.
-# CI runs 1,000 Services.
+# `make test-full` runs 1,000 Services.
 HEAP_SIZES ?= 1000,10000
 bench-heap:
 	$(GO) run ./e2e/heapbench -sizes $(HEAP_SIZES) -out bin/heapbench
 
 # Growth of the agent's own work (build + reconcile against the fake
 # kernel) at 1k, 10k and 100k Services: time and allocations per Service,
-# and one change, which must stay flat. CI runs the 1k size once.
+# and one change, which must stay flat. `make test-full` runs the 1k size
+# once.
 BENCH_GO_SIZES ?= 1000|10000|100000
 BENCH_GO_TIME ?= 3x
 bench-go:
@@ -202,7 +205,7 @@ CONFORMANCE_FLAKE_ATTEMPTS ?= 1
 conformance:
 	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) $(if $(CONFORMANCE_PART),--part $(CONFORMANCE_PART)) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
 
-# CI's share (`make test`): every [Conformance] test of the focus, two at
+# Every [Conformance] test of the focus (`make test` runs a core of 13), two at
 # a time, on the bed's own cluster of two nodes with ipvs-proxy's DaemonSet;
 # a failed test gets a second attempt (the VM is emulated: a pod can
 # stall for seconds), and the closing line names any test that needed it.

@@ -8,10 +8,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -185,6 +188,11 @@ func buildModule(ctx context.Context, cacheDir, modDir, name, ldflags string, co
 	for _, c := range commands {
 		fmt.Fprintf(h, "%s=%s\n", c.pkg, c.binary)
 	}
+	// The wrapper module's own code (netsuite's test main, say), which
+	// the build list does not cover; tools.go only pins requirements.
+	if err := hashLocalSources(h, modDir); err != nil {
+		return "", err
+	}
 	binDir := filepath.Join(cacheDir, name+"-"+hex.EncodeToString(h.Sum(nil))[:12])
 	if complete(binDir, commands) {
 		return binDir, nil
@@ -239,6 +247,36 @@ func buildModule(ctx context.Context, cacheDir, modDir, name, ldflags string, co
 		return "", fmt.Errorf("move binaries into place: %w", err)
 	}
 	return binDir, nil
+}
+
+// hashLocalSources writes the path and content of every Go file of the
+// wrapper module in modDir but tools.go into h (nothing when it has none,
+// so a module of tools.go alone keeps its key).
+func hashLocalSources(h io.Writer, modDir string) error {
+	var files []string
+	err := filepath.WalkDir(modDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".go") && d.Name() != "tools.go" {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("wrapper module %s: %w", modDir, err)
+	}
+	sort.Strings(files)
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("wrapper module %s: %w", modDir, err)
+		}
+		rel, _ := filepath.Rel(modDir, p)
+		fmt.Fprintf(h, "%s %d\n", rel, len(b))
+		h.Write(b)
+	}
+	return nil
 }
 
 // goTool is the go command on PATH, or at its usual install location.

@@ -104,3 +104,29 @@ func TestReadTestJSONQuiet(t *testing.T) {
 		t.Errorf("quiet log %q; want %q (only the failed test's lines and the packages' own)", got, want)
 	}
 }
+
+// TestUnfinishedTestFails: a test whose binary died under it (no pass or
+// fail event, only the package's fail) counts as failed, with its lines;
+// a build failure names its package from ImportPath.
+func TestUnfinishedTestFails(t *testing.T) {
+	const died = `{"Time":"2026-11-29T01:00:00Z","Action":"run","Package":"p","Test":"TestB"}
+{"Time":"2026-11-29T01:00:00Z","Action":"output","Package":"p","Test":"TestB","Output":"panic: boom\n"}
+{"Time":"2026-11-29T01:00:03Z","Action":"fail","Package":"p","Elapsed":3}
+{"ImportPath":"q [q.test]","Action":"build-fail"}
+`
+	var log strings.Builder
+	run, err := ReadTestJSON(strings.NewReader(died), &log, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Failed != 1 || len(run.Tests) != 1 || run.Tests[0].Name != "TestB" || run.Tests[0].Seconds != 3 {
+		t.Errorf("run %+v; want TestB failed after 3 s", run)
+	}
+	if !strings.Contains(log.String(), "p TestB started and never ended") || !strings.Contains(log.String(), "panic: boom") {
+		t.Errorf("log %q: want TestB named with its output", log.String())
+	}
+	problems := strings.Join(run.Problems(), "\n")
+	if !strings.Contains(problems, "FAILED  p TestB") || !strings.Contains(problems, "FAILED  q [q.test] (outside") || strings.Contains(problems, "FAILED   (") {
+		t.Errorf("problems %q", problems)
+	}
+}

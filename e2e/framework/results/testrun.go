@@ -37,20 +37,23 @@ type testEvent struct {
 	Time    time.Time
 	Action  string
 	Package string
-	Test    string
-	Elapsed float64
-	Output  string
+	// ImportPath names the package of a build-output or build-fail
+	// event (Go 1.24+).
+	ImportPath string
+	Test       string
+	Elapsed    float64
+	Output     string
 }
 
 // ReadTestJSON reads `go test -json` from r, writes the log to w as it
 // comes and returns the run's figures. verbose writes every output line
 // (the plain -v log); otherwise a test's lines are written only if it
 // fails, and the packages' own lines (ok, FAIL) always. A line that is
-// not JSON, such as a build error, is written as it is.
+// not JSON is written as it is. A test that started and never ended (its
+// binary panicked in another goroutine, exited or timed out) counts as
+// failed, and its lines are written at the end.
 func ReadTestJSON(r io.Reader, w io.Writer, verbose bool) (TestRun, error) {
-	var run TestRun
-	var first, last time.Time
-	held := map[string][]string{} // package + test -> its lines, when not verbose
+	rd := reader{w: w, verbose: verbose, held: map[string][]string{}, started: map[string]testEvent{}}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -60,43 +63,81 @@ func ReadTestJSON(r io.Reader, w io.Writer, verbose bool) (TestRun, error) {
 			fmt.Fprintf(w, "%s\n", line)
 			continue
 		}
-		if !ev.Time.IsZero() {
-			if first.IsZero() {
-				first = ev.Time
-			}
-			last = ev.Time
-		}
-		key := ev.Package + " " + ev.Test
-		switch ev.Action {
-		case "output", "build-output":
-			switch {
-			case verbose || ev.Test == "" && ev.Output != "PASS\n":
-				io.WriteString(w, ev.Output)
-			case ev.Test != "":
-				held[key] = append(held[key], ev.Output)
-			}
-		case "pass", "fail", "skip":
-			if ev.Action == "fail" {
-				io.WriteString(w, strings.Join(held[key], ""))
-			}
-			delete(held, key)
-			if ev.Test == "" {
-				if ev.Action == "fail" {
-					run.BuildFailed = append(run.BuildFailed, ev.Package)
-				}
-				continue
-			}
-			run.Tests = append(run.Tests, Test{Package: ev.Package, Name: ev.Test, Outcome: ev.Action, Seconds: ev.Elapsed})
-		case "build-fail":
-			run.BuildFailed = append(run.BuildFailed, ev.Package)
-		}
+		rd.event(ev)
 	}
 	if err := sc.Err(); err != nil {
-		return run, fmt.Errorf("read go test -json: %w", err)
+		return rd.run, fmt.Errorf("read go test -json: %w", err)
 	}
-	run.WallSeconds = last.Sub(first).Seconds()
-	run.count()
-	return run, nil
+	rd.unfinished()
+	rd.run.WallSeconds = rd.last.Sub(rd.first).Seconds()
+	rd.run.count()
+	return rd.run, nil
+}
+
+// reader is ReadTestJSON's state.
+type reader struct {
+	w           io.Writer
+	verbose     bool
+	run         TestRun
+	first, last time.Time
+	held        map[string][]string  // package + test -> its lines, when not verbose
+	started     map[string]testEvent // package + test -> its run event, until it ends
+}
+
+func (rd *reader) event(ev testEvent) {
+	if !ev.Time.IsZero() {
+		if rd.first.IsZero() {
+			rd.first = ev.Time
+		}
+		rd.last = ev.Time
+	}
+	key := ev.Package + " " + ev.Test
+	switch ev.Action {
+	case "run":
+		rd.started[key] = ev
+	case "output", "build-output":
+		switch {
+		case rd.verbose || ev.Test == "" && ev.Output != "PASS\n":
+			io.WriteString(rd.w, ev.Output)
+		case ev.Test != "":
+			rd.held[key] = append(rd.held[key], ev.Output)
+		}
+	case "pass", "fail", "skip":
+		if ev.Action == "fail" {
+			io.WriteString(rd.w, strings.Join(rd.held[key], ""))
+		}
+		delete(rd.held, key)
+		delete(rd.started, key)
+		if ev.Test == "" {
+			if ev.Action == "fail" {
+				rd.run.BuildFailed = append(rd.run.BuildFailed, ev.Package)
+			}
+			return
+		}
+		rd.run.Tests = append(rd.run.Tests, Test{Package: ev.Package, Name: ev.Test, Outcome: ev.Action, Seconds: ev.Elapsed})
+	case "build-fail":
+		pkg := ev.ImportPath
+		if pkg == "" {
+			pkg = ev.Package
+		}
+		rd.run.BuildFailed = append(rd.run.BuildFailed, pkg)
+	}
+}
+
+// unfinished counts the tests that started and never ended as failed,
+// and writes their lines.
+func (rd *reader) unfinished() {
+	keys := make([]string, 0, len(rd.started))
+	for k := range rd.started {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		ev := rd.started[k]
+		fmt.Fprintf(rd.w, "testlog: %s %s started and never ended (a panic elsewhere, an exit or the timeout); its output:\n%s",
+			ev.Package, ev.Test, strings.Join(rd.held[k], ""))
+		rd.run.Tests = append(rd.run.Tests, Test{Package: ev.Package, Name: ev.Test, Outcome: "fail", Seconds: rd.last.Sub(ev.Time).Seconds()})
+	}
 }
 
 func (run *TestRun) count() {

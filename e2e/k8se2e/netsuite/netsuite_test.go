@@ -4,7 +4,10 @@
 // EndpointSlice, the granular Service checks, Conntrack, KubeProxy). The
 // whole suite (test/e2e) also compiles the storage, apps, DRA, autoscaling
 // and node tests, none of which the bed runs: about a third more packages
-// to build on a fresh machine. Flags and test names are the whole suite's.
+// to build on a fresh machine. Test names and the flags the bed passes
+// are the whole suite's; --list-conformance-tests and --logcheck-* are
+// not registered, and --repo-root is no file source (the network tests
+// read no repository files).
 package netsuite
 
 import (
