@@ -19,6 +19,8 @@ type RunFigures struct {
 	Tests       []TestFigure `json:"tests"`
 }
 
+// TestFigure is one test of a kept run: its outcome, time, failed
+// attempts before the last, and why it failed or was skipped.
 type TestFigure struct {
 	Name    string  `json:"name"`
 	Outcome string  `json:"outcome"`
