@@ -20,8 +20,9 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // Prefix starts the name of every set ipvs-proxy owns.
@@ -135,7 +136,7 @@ func (s Spec) Validate() error {
 // Entries are comparable, so that they can key maps.
 type Entry struct {
 	Addr  netip.Addr
-	Proto model.Protocol
+	Proto ktypes.Protocol
 	Port  uint16
 	Addr2 netip.Addr
 	Net   netip.Prefix
@@ -190,7 +191,7 @@ func (e Entry) Compare(o Entry) int {
 // Check reports whether e is a valid entry of a set of type t and family f.
 func (t Type) Check(f Family, e Entry) error {
 	addrOK := func(a netip.Addr) bool { return a.IsValid() && a.Zone() == "" && Of(a) == f && !a.Is4In6() }
-	protoOK := e.Proto == model.TCP || e.Proto == model.UDP || e.Proto == model.SCTP
+	protoOK := e.Proto == ktypes.TCP || e.Proto == ktypes.UDP || e.Proto == ktypes.SCTP
 	netOK := e.Net.IsValid() && Of(e.Net.Addr()) == f && e.Net.Bits() > 0 && e.Net == e.Net.Masked()
 	var ok bool
 	switch t {

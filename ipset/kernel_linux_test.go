@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 var (
@@ -40,13 +41,13 @@ func TestKernelRoundTrip(t *testing.T) {
 	}{
 		{Spec{Name: "IPVSP-T-IP", Type: HashIP, Family: IPv4}, []Entry{{Addr: a("10.96.0.1")}, {Addr: a("10.96.0.2")}}},
 		{Spec{Name: "IPVSP-T-IPPORT", Type: HashIPPort, Family: IPv4}, []Entry{
-			{Addr: a("10.96.0.1"), Proto: model.TCP, Port: 80}, {Addr: a("10.96.0.1"), Proto: model.UDP, Port: 53},
-			{Addr: a("10.96.0.1"), Proto: model.SCTP, Port: 9}}},
-		{Spec{Name: "IPVSP-T-IPPORT6", Type: HashIPPort, Family: IPv6}, []Entry{{Addr: a("fd00::1"), Proto: model.TCP, Port: 443}}},
+			{Addr: a("10.96.0.1"), Proto: ktypes.TCP, Port: 80}, {Addr: a("10.96.0.1"), Proto: ktypes.UDP, Port: 53},
+			{Addr: a("10.96.0.1"), Proto: ktypes.SCTP, Port: 9}}},
+		{Spec{Name: "IPVSP-T-IPPORT6", Type: HashIPPort, Family: IPv6}, []Entry{{Addr: a("fd00::1"), Proto: ktypes.TCP, Port: 443}}},
 		{Spec{Name: "IPVSP-T-IPPORTIP", Type: HashIPPortIP, Family: IPv4}, []Entry{
-			{Addr: a("10.100.1.2"), Proto: model.TCP, Port: 8080, Addr2: a("10.100.1.2")}}},
+			{Addr: a("10.100.1.2"), Proto: ktypes.TCP, Port: 8080, Addr2: a("10.100.1.2")}}},
 		{Spec{Name: "IPVSP-T-IPPORTNET6", Type: HashIPPortNet, Family: IPv6}, []Entry{
-			{Addr: a("fd00::b"), Proto: model.TCP, Port: 80, Net: p("fd00:250::/64")}}},
+			{Addr: a("fd00::b"), Proto: ktypes.TCP, Port: 80, Net: p("fd00:250::/64")}}},
 		{Spec{Name: "IPVSP-T-NET", Type: HashNet, Family: IPv4}, []Entry{{Net: p("10.100.0.0/14")}, {Net: p("192.0.2.7/32")}}},
 		{Spec{Name: "IPVSP-T-PORTS", Type: BitmapPort, PortTo: 65535}, []Entry{{Port: 10256}, {Port: 31000}}},
 	} {
@@ -186,7 +187,7 @@ func TestKernelSyncer10k(t *testing.T) {
 	contents := func(from, n int) Contents {
 		c := Contents{}
 		for i := from; i < from+n; i++ {
-			c[Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
+			c[Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: ktypes.TCP, Port: 80}.Key()] = struct{}{}
 		}
 		return c
 	}
@@ -245,7 +246,7 @@ func TestKernelBulkWrites(t *testing.T) {
 	var entries, valid []Entry
 	bad := map[int]bool{1500: true, 1501: true, 4999: true}
 	for i := range 5000 {
-		e := Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}
+		e := Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: ktypes.TCP, Port: 80}
 		if bad[i] { // an IPv6 address in an IPv4 set
 			e.Addr = netip.AddrFrom16([16]byte{0xfd, 15: byte(i)})
 		} else {
@@ -270,7 +271,7 @@ func TestKernelBulkWrites(t *testing.T) {
 	// Deleting in bulk: absent entries are no error.
 	del := slices.Clone(valid[:3000])
 	for i := range 100 {
-		del = append(del, Entry{Addr: netip.AddrFrom4([4]byte{10, 97, 0, byte(i)}), Proto: model.TCP, Port: 80})
+		del = append(del, Entry{Addr: netip.AddrFrom4([4]byte{10, 97, 0, byte(i)}), Proto: ktypes.TCP, Port: 80})
 	}
 	if err := k.Del(spec.Name, del...); err != nil {
 		t.Fatal(err)
@@ -283,7 +284,7 @@ func TestKernelBulkWrites(t *testing.T) {
 	// An entry without a port: the kernel refuses its message before it
 	// reads the entry's number; each entry then goes alone.
 	noPort := Entry{Addr: a("10.98.0.2")}
-	tail := []Entry{{Addr: a("10.98.0.1"), Proto: model.TCP, Port: 1}, noPort, {Addr: a("10.98.0.3"), Proto: model.TCP, Port: 3}}
+	tail := []Entry{{Addr: a("10.98.0.1"), Proto: ktypes.TCP, Port: 1}, noPort, {Addr: a("10.98.0.3"), Proto: ktypes.TCP, Port: 3}}
 	if err := k.Add(spec.Name, tail...); err == nil || !strings.Contains(err.Error(), noPort.String()) || strings.Count(err.Error(), "\n") != 0 {
 		t.Errorf("adding an entry without a port: %v, want one error naming %s", err, noPort)
 	}

@@ -5,7 +5,7 @@ import (
 	"cmp"
 	"net/netip"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // Key is an Entry in the form that maps of many entries hold: 38 bytes
@@ -25,7 +25,7 @@ import (
 type Key struct {
 	a, b  [16]byte // Addr; Addr2, or else Net's address
 	port  uint16
-	proto model.Protocol
+	proto ktypes.Protocol
 	bits  uint8
 	flags keyFlags
 }

@@ -8,7 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // TestKey: an entry of every set type and family comes back from its key
@@ -24,12 +24,12 @@ func TestKey(t *testing.T) {
 	}{
 		{ipset.HashIP, ipset.IPv4, ipset.Entry{Addr: a4}},
 		{ipset.HashIP, ipset.IPv6, ipset.Entry{Addr: a6}},
-		{ipset.HashIPPort, ipset.IPv4, ipset.Entry{Addr: a4, Proto: model.TCP, Port: 80}},
-		{ipset.HashIPPort, ipset.IPv6, ipset.Entry{Addr: a6, Proto: model.SCTP, Port: 65535}},
-		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: b4, Proto: model.UDP, Port: 53, Addr2: b4}},
-		{ipset.HashIPPortIP, ipset.IPv6, ipset.Entry{Addr: b6, Proto: model.UDP, Port: 53, Addr2: b6}},
-		{ipset.HashIPPortNet, ipset.IPv4, ipset.Entry{Addr: a4, Proto: model.TCP, Port: 443, Net: netip.MustParsePrefix("192.0.2.0/24")}},
-		{ipset.HashIPPortNet, ipset.IPv6, ipset.Entry{Addr: a6, Proto: model.TCP, Port: 443, Net: netip.MustParsePrefix("2001:db8::/32")}},
+		{ipset.HashIPPort, ipset.IPv4, ipset.Entry{Addr: a4, Proto: ktypes.TCP, Port: 80}},
+		{ipset.HashIPPort, ipset.IPv6, ipset.Entry{Addr: a6, Proto: ktypes.SCTP, Port: 65535}},
+		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: b4, Proto: ktypes.UDP, Port: 53, Addr2: b4}},
+		{ipset.HashIPPortIP, ipset.IPv6, ipset.Entry{Addr: b6, Proto: ktypes.UDP, Port: 53, Addr2: b6}},
+		{ipset.HashIPPortNet, ipset.IPv4, ipset.Entry{Addr: a4, Proto: ktypes.TCP, Port: 443, Net: netip.MustParsePrefix("192.0.2.0/24")}},
+		{ipset.HashIPPortNet, ipset.IPv6, ipset.Entry{Addr: a6, Proto: ktypes.TCP, Port: 443, Net: netip.MustParsePrefix("2001:db8::/32")}},
 		{ipset.HashNet, ipset.IPv4, ipset.Entry{Net: netip.MustParsePrefix("10.96.0.0/16")}},
 		{ipset.HashNet, ipset.IPv4, ipset.Entry{Net: netip.MustParsePrefix("10.96.0.1/32")}},
 		{ipset.HashNet, ipset.IPv6, ipset.Entry{Net: netip.MustParsePrefix("fd00:96::/112")}},
@@ -65,12 +65,12 @@ func TestKey(t *testing.T) {
 		e   ipset.Entry
 	}{
 		{ipset.HashIP, ipset.IPv6, ipset.Entry{Addr: netip.MustParseAddr("fe80::1%eth0")}},
-		{ipset.HashIPPortIP, ipset.IPv6, ipset.Entry{Addr: b6, Proto: model.UDP, Port: 53, Addr2: netip.MustParseAddr("fe80::7%eth0")}},
-		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: b4, Proto: model.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("10.0.0.0/8")}},
-		{ipset.HashIPPortNet, ipset.IPv4, ipset.Entry{Addr: b4, Proto: model.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("10.0.0.0/8")}},
+		{ipset.HashIPPortIP, ipset.IPv6, ipset.Entry{Addr: b6, Proto: ktypes.UDP, Port: 53, Addr2: netip.MustParseAddr("fe80::7%eth0")}},
+		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: b4, Proto: ktypes.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("10.0.0.0/8")}},
+		{ipset.HashIPPortNet, ipset.IPv4, ipset.Entry{Addr: b4, Proto: ktypes.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("10.0.0.0/8")}},
 		{ipset.HashIP, ipset.IPv4, mapped},
 		// Net of the other family beside Addr2.
-		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: b4, Proto: model.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("fd00::/64")}},
+		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: b4, Proto: ktypes.UDP, Port: 53, Addr2: b4, Net: netip.MustParsePrefix("fd00::/64")}},
 	}
 	for _, tc := range invalid {
 		if err := tc.typ.Check(tc.fam, tc.e); err == nil {
@@ -83,8 +83,8 @@ func TestKey(t *testing.T) {
 
 	// A Net that is no valid prefix is none, as Type.Check reads it: the
 	// key equals that of the entry without it.
-	bad := ipset.Entry{Addr: a4, Proto: model.TCP, Port: 80, Net: netip.PrefixFrom(a4, 99)}
-	if bad.Key() != (ipset.Entry{Addr: a4, Proto: model.TCP, Port: 80}).Key() {
+	bad := ipset.Entry{Addr: a4, Proto: ktypes.TCP, Port: 80, Net: netip.PrefixFrom(a4, 99)}
+	if bad.Key() != (ipset.Entry{Addr: a4, Proto: ktypes.TCP, Port: 80}).Key() {
 		t.Errorf("%s: an invalid Net is kept in the key", bad)
 	}
 
@@ -102,10 +102,10 @@ func TestKey(t *testing.T) {
 // TestKeysCompare: Compare is a total order that agrees with ==.
 func TestKeysCompare(t *testing.T) {
 	ks := keys(
-		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.2"), Proto: model.TCP, Port: 80},
-		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: model.TCP, Port: 80},
-		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: model.UDP, Port: 80},
-		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: model.TCP, Port: 81},
+		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.2"), Proto: ktypes.TCP, Port: 80},
+		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: ktypes.TCP, Port: 80},
+		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: ktypes.UDP, Port: 80},
+		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: ktypes.TCP, Port: 81},
 		ipset.Entry{Addr: netip.MustParseAddr("10.96.0.1")},
 	)
 	for _, a := range ks {

@@ -7,8 +7,9 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/vishvananda/netlink/nl"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // A set's dump, read straight from the kernel's messages. The library's
@@ -170,7 +171,7 @@ func (r *setReader) entry(b []byte) (Entry, error) {
 	if !hasPort || !hasProt {
 		return bad()
 	}
-	e.Port, e.Proto = port, model.Protocol(proto)
+	e.Port, e.Proto = port, ktypes.Protocol(proto)
 	switch t {
 	case HashIPPortIP:
 		if !ip2.IsValid() {

@@ -11,8 +11,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // dumpMessage is one message of a set's dump as the kernel writes it:
@@ -74,8 +74,8 @@ func TestSetReader(t *testing.T) {
 		Spec:       Spec{Name: "IPVSP-HAIRPIN", Type: HashIPPortIP, Family: IPv4, MaxElem: 131072},
 		References: 2,
 		Entries: []Entry{
-			{Addr: a("10.244.0.5"), Port: 8080, Proto: model.TCP, Addr2: a("10.244.0.5")},
-			{Addr: a("10.244.0.6"), Port: 53, Proto: model.UDP, Addr2: a("10.244.0.6")},
+			{Addr: a("10.244.0.5"), Port: 8080, Proto: ktypes.TCP, Addr2: a("10.244.0.5")},
+			{Addr: a("10.244.0.6"), Port: 53, Proto: ktypes.UDP, Addr2: a("10.244.0.6")},
 		},
 	}
 	if diff := cmp.Diff(want, r.set, equateAddrs); diff != "" {

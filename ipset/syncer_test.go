@@ -14,13 +14,13 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 var spec = ipset.Spec{Name: "IPVSP-CLUSTER-IP", Type: ipset.HashIPPort, Family: ipset.IPv4}
 
 func ep(ip string, port uint16) ipset.Entry {
-	return ipset.Entry{Addr: netip.MustParseAddr(ip), Proto: model.TCP, Port: port}
+	return ipset.Entry{Addr: netip.MustParseAddr(ip), Proto: ktypes.TCP, Port: port}
 }
 
 func contents(es ...ipset.Entry) ipset.Contents { return ipset.ContentsOf(es...) }
@@ -95,7 +95,7 @@ func TestSyncerRebuild(t *testing.T) {
 	s := ipset.NewSyncer(f)
 	old := ipset.Contents{}
 	for i := range 300 {
-		old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, 1, byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
+		old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, 1, byte(i)}), Proto: ktypes.TCP, Port: 80}.Key()] = struct{}{}
 	}
 	sync(t, s, old, false)
 	f.ResetCalls()
@@ -139,12 +139,12 @@ func TestSyncerRebuildResumes(t *testing.T) {
 			s := ipset.NewSyncer(f)
 			old := ipset.Contents{}
 			for i := range 300 {
-				old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
+				old[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: ktypes.TCP, Port: 80}.Key()] = struct{}{}
 			}
 			sync(t, s, old, false)
 			want := ipset.Contents{}
 			for i := range 300 {
-				want[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
+				want[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Proto: ktypes.TCP, Port: 80}.Key()] = struct{}{}
 			}
 			// Half the writes fail, whatever they are (a fixed seed): no
 			// attempt can do everything, but each does about half of
@@ -202,10 +202,10 @@ func TestSyncerRebuildResumes(t *testing.T) {
 func TestSyncerRebuildLeavesNoTemp(t *testing.T) {
 	a, b := ipset.Contents{}, ipset.Contents{}
 	for i := range 300 {
-		a[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
+		a[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: ktypes.TCP, Port: 80}.Key()] = struct{}{}
 	}
 	for i := range 10 {
-		b[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, 0, byte(i)}), Proto: model.TCP, Port: 80}.Key()] = struct{}{}
+		b[ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 97, 0, byte(i)}), Proto: ktypes.TCP, Port: 80}.Key()] = struct{}{}
 	}
 	small, big := spec, spec
 	small.MaxElem, big.MaxElem = 4096, 8192
@@ -290,7 +290,7 @@ func TestSyncerErrors(t *testing.T) {
 		}
 	})
 	t.Run("bad entry", func(t *testing.T) {
-		if _, err := ipset.NewSyncer(fake.New()).Sync(spec, contents(ipset.Entry{Addr: netip.MustParseAddr("fd00::1"), Proto: model.TCP, Port: 1}), false); err == nil {
+		if _, err := ipset.NewSyncer(fake.New()).Sync(spec, contents(ipset.Entry{Addr: netip.MustParseAddr("fd00::1"), Proto: ktypes.TCP, Port: 1}), false); err == nil {
 			t.Error("an IPv6 entry was accepted into an IPv4 set")
 		}
 	})
@@ -325,9 +325,9 @@ func TestEntry(t *testing.T) {
 		ok   bool
 	}{
 		{ipset.HashIP, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1")}, "10.0.0.1", true},
-		{ipset.HashIPPort, ipset.IPv6, ipset.Entry{Addr: netip.MustParseAddr("fd00::1"), Proto: model.SCTP, Port: 9}, "fd00::1,sctp:9", true},
-		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1"), Proto: model.UDP, Port: 53, Addr2: netip.MustParseAddr("10.0.0.2")}, "10.0.0.1,udp:53,10.0.0.2", true},
-		{ipset.HashIPPortNet, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1"), Proto: model.TCP, Port: 80, Net: netip.MustParsePrefix("10.250.0.0/24")}, "10.0.0.1,tcp:80,10.250.0.0/24", true},
+		{ipset.HashIPPort, ipset.IPv6, ipset.Entry{Addr: netip.MustParseAddr("fd00::1"), Proto: ktypes.SCTP, Port: 9}, "fd00::1,sctp:9", true},
+		{ipset.HashIPPortIP, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1"), Proto: ktypes.UDP, Port: 53, Addr2: netip.MustParseAddr("10.0.0.2")}, "10.0.0.1,udp:53,10.0.0.2", true},
+		{ipset.HashIPPortNet, ipset.IPv4, ipset.Entry{Addr: netip.MustParseAddr("10.0.0.1"), Proto: ktypes.TCP, Port: 80, Net: netip.MustParsePrefix("10.250.0.0/24")}, "10.0.0.1,tcp:80,10.250.0.0/24", true},
 		{ipset.HashNet, ipset.IPv4, ipset.Entry{Net: netip.MustParsePrefix("10.0.0.0/8")}, "10.0.0.0/8", true},
 		{ipset.BitmapPort, ipset.None, ipset.Entry{Port: 30000}, "30000", true},
 		{ipset.HashNet, ipset.IPv4, ipset.Entry{Net: netip.MustParsePrefix("0.0.0.0/0")}, "0.0.0.0/0", false},
@@ -579,7 +579,7 @@ func TestSyncerWritesInChunks(t *testing.T) {
 	s := ipset.NewSyncer(f)
 	want := ipset.NewCounts()
 	for i := range 10_000 {
-		want.Add(ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: model.TCP, Port: 80}.Key(), 1)
+		want.Add(ipset.Entry{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Proto: ktypes.TCP, Port: 80}.Key(), 1)
 	}
 	calls := 0
 	f.InjectErrors(func(c fake.Call) error {

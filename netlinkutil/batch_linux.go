@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // IPVS generic netlink commands and attributes (linux/ip_vs.h).
@@ -45,13 +45,13 @@ const (
 	ipvsConnFlagMasq = 0 // IP_VS_CONN_F_MASQ: NAT forwarding
 )
 
-var ipvsCommands = map[model.OpKind]uint8{
-	model.OpAddVirtualServer:    ipvsCmdNewService,
-	model.OpUpdateVirtualServer: ipvsCmdSetService,
-	model.OpDeleteVirtualServer: ipvsCmdDelService,
-	model.OpAddRealServer:       ipvsCmdNewDest,
-	model.OpUpdateRealServer:    ipvsCmdSetDest,
-	model.OpDeleteRealServer:    ipvsCmdDelDest,
+var ipvsCommands = map[ktypes.OpKind]uint8{
+	ktypes.OpAddVirtualServer:    ipvsCmdNewService,
+	ktypes.OpUpdateVirtualServer: ipvsCmdSetService,
+	ktypes.OpDeleteVirtualServer: ipvsCmdDelService,
+	ktypes.OpAddRealServer:       ipvsCmdNewDest,
+	ktypes.OpUpdateRealServer:    ipvsCmdSetDest,
+	ktypes.OpDeleteRealServer:    ipvsCmdDelDest,
 }
 
 // encodeWrite renders one write as an IPVS generic netlink request, with
@@ -64,7 +64,7 @@ func encodeWrite(w Write) ([]byte, error) {
 		return nil, fmt.Errorf("%s is not an IPVS write", w.Kind)
 	}
 	vs := w.VirtualServer
-	if !vs.Address.IsValid() || (w.Kind >= model.OpAddRealServer && w.Kind <= model.OpDeleteRealServer && !w.RealServer.Address.IsValid()) {
+	if !vs.Address.IsValid() || (w.Kind >= ktypes.OpAddRealServer && w.Kind <= ktypes.OpDeleteRealServer && !w.RealServer.Address.IsValid()) {
 		return nil, fmt.Errorf("%s: invalid address", w)
 	}
 	b := nlbatch.Attrs{cmd, ipvsGenlVersion, 0, 0} // genlmsghdr

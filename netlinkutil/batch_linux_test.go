@@ -12,8 +12,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
@@ -40,15 +40,15 @@ func table(t *testing.T, h IPVS) []string {
 			t.Fatal(err)
 		}
 		bulk, ok := all[v.VSKey]
-		sortRS := func(r []model.RealServer) []model.RealServer {
+		sortRS := func(r []ktypes.RealServer) []ktypes.RealServer {
 			r = slices.Clone(r)
-			slices.SortFunc(r, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+			slices.SortFunc(r, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 			return r
 		}
 		if diff := cmp.Diff(sortRS(one), sortRS(bulk), addrCmp); !ok || diff != "" {
 			t.Errorf("real servers of %s: one dump and the bulk read differ (in bulk: %v; -one +bulk):\n%s", v.VSKey, ok, diff)
 		}
-		v.Flags &= model.FlagsCompared
+		v.Flags &= ktypes.FlagsCompared
 		out = append(out, v.String())
 		for _, r := range sortRS(one) {
 			out = append(out, fmt.Sprintf("%s -> %s", v.VSKey, r))
@@ -66,17 +66,17 @@ func TestIPVSBatch(t *testing.T) {
 	nltest.InFreshNetns(t)
 	h := newIPVS(t)
 	routeBackends(t)
-	key := func(s string, p model.Protocol) model.VSKey {
+	key := func(s string, p ktypes.Protocol) ktypes.VSKey {
 		ap := netip.MustParseAddrPort(s)
-		return model.VSKey{Address: ap.Addr(), Protocol: p, Port: ap.Port()}
+		return ktypes.VSKey{Address: ap.Addr(), Protocol: p, Port: ap.Port()}
 	}
-	tcp := model.VirtualServer{VSKey: key("10.96.0.10:80", model.TCP), Scheduler: "rr"}
-	udp := model.VirtualServer{VSKey: key("10.96.0.10:53", model.UDP), Scheduler: "sh", Flags: model.FlagSched1 | model.FlagSched2}
-	sctp := model.VirtualServer{VSKey: key("10.96.0.12:3868", model.SCTP), Scheduler: "lc", Flags: model.FlagPersistent, Timeout: 600}
-	v6 := model.VirtualServer{VSKey: key("[fd00:10:96::10]:443", model.TCP), Scheduler: "mh"}
-	addVS := func(v model.VirtualServer) Write { return Write{Kind: model.OpAddVirtualServer, VirtualServer: v} }
-	addRS := func(v model.VirtualServer, r model.RealServer) Write {
-		return Write{Kind: model.OpAddRealServer, VirtualServer: v, RealServer: r}
+	tcp := ktypes.VirtualServer{VSKey: key("10.96.0.10:80", ktypes.TCP), Scheduler: "rr"}
+	udp := ktypes.VirtualServer{VSKey: key("10.96.0.10:53", ktypes.UDP), Scheduler: "sh", Flags: ktypes.FlagSched1 | ktypes.FlagSched2}
+	sctp := ktypes.VirtualServer{VSKey: key("10.96.0.12:3868", ktypes.SCTP), Scheduler: "lc", Flags: ktypes.FlagPersistent, Timeout: 600}
+	v6 := ktypes.VirtualServer{VSKey: key("[fd00:10:96::10]:443", ktypes.TCP), Scheduler: "mh"}
+	addVS := func(v ktypes.VirtualServer) Write { return Write{Kind: ktypes.OpAddVirtualServer, VirtualServer: v} }
+	addRS := func(v ktypes.VirtualServer, r ktypes.RealServer) Write {
+		return Write{Kind: ktypes.OpAddRealServer, VirtualServer: v, RealServer: r}
 	}
 	errs := h.Apply([]Write{
 		addVS(tcp), addVS(udp), addVS(sctp), addVS(v6),
@@ -102,15 +102,15 @@ func TestIPVSBatch(t *testing.T) {
 	// Updates and deletes, with three writes the kernel refuses.
 	tcp2, udp2 := tcp, udp
 	tcp2.Scheduler, udp2.Scheduler, udp2.Flags = "wlc", "nosuch", 0
-	ghost := model.VirtualServer{VSKey: key("10.96.0.99:80", model.TCP), Scheduler: "rr"}
+	ghost := ktypes.VirtualServer{VSKey: key("10.96.0.99:80", ktypes.TCP), Scheduler: "rr"}
 	writes := []Write{
-		{Kind: model.OpUpdateVirtualServer, VirtualServer: tcp2},
-		{Kind: model.OpUpdateVirtualServer, VirtualServer: udp2}, // unknown scheduler: ENOENT
+		{Kind: ktypes.OpUpdateVirtualServer, VirtualServer: tcp2},
+		{Kind: ktypes.OpUpdateVirtualServer, VirtualServer: udp2}, // unknown scheduler: ENOENT
 		addVS(v6), // already there: EEXIST
-		{Kind: model.OpUpdateRealServer, VirtualServer: tcp, RealServer: modeltest.RS("10.0.2.2:8080@5")},
-		{Kind: model.OpDeleteRealServer, VirtualServer: tcp, RealServer: modeltest.RS("10.0.1.2:8080@0")},
+		{Kind: ktypes.OpUpdateRealServer, VirtualServer: tcp, RealServer: modeltest.RS("10.0.2.2:8080@5")},
+		{Kind: ktypes.OpDeleteRealServer, VirtualServer: tcp, RealServer: modeltest.RS("10.0.1.2:8080@0")},
 		addRS(ghost, modeltest.RS("10.0.1.9:80@1")), // no such virtual server: ESRCH
-		{Kind: model.OpDeleteVirtualServer, VirtualServer: sctp},
+		{Kind: ktypes.OpDeleteVirtualServer, VirtualServer: sctp},
 		addRS(v6, modeltest.RS("[fd00:1::3]:8443@1")),
 	}
 	errs = h.Apply(writes)
@@ -143,13 +143,13 @@ func TestIPVSBatchLarge(t *testing.T) {
 	const n = 5000
 	var adds, dels []Write
 	for i := range n {
-		v := model.VirtualServer{VSKey: model.VSKey{Address: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Protocol: model.TCP, Port: 80}, Scheduler: "rr"}
-		adds = append(adds, Write{Kind: model.OpAddVirtualServer, VirtualServer: v})
+		v := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Protocol: ktypes.TCP, Port: 80}, Scheduler: "rr"}
+		adds = append(adds, Write{Kind: ktypes.OpAddVirtualServer, VirtualServer: v})
 		for k := range 2 {
-			r := model.RealServer{RSKey: model.RSKey{Address: netip.AddrFrom4([4]byte{10, 1 + byte(k), byte(i >> 8), byte(i)}), Port: 8080}, Weight: 1}
-			adds = append(adds, Write{Kind: model.OpAddRealServer, VirtualServer: v, RealServer: r})
+			r := ktypes.RealServer{RSKey: ktypes.RSKey{Address: netip.AddrFrom4([4]byte{10, 1 + byte(k), byte(i >> 8), byte(i)}), Port: 8080}, Weight: 1}
+			adds = append(adds, Write{Kind: ktypes.OpAddRealServer, VirtualServer: v, RealServer: r})
 		}
-		dels = append(dels, Write{Kind: model.OpDeleteVirtualServer, VirtualServer: v})
+		dels = append(dels, Write{Kind: ktypes.OpDeleteVirtualServer, VirtualServer: v})
 	}
 	start := time.Now()
 	for i, err := range h.Apply(adds) {
@@ -174,7 +174,7 @@ func TestIPVSBatchLarge(t *testing.T) {
 	}
 	for _, w := range adds {
 		rss, read := all[w.VirtualServer.VSKey]
-		if w.Kind == model.OpAddRealServer && read && !slices.ContainsFunc(rss, func(r model.RealServer) bool {
+		if w.Kind == ktypes.OpAddRealServer && read && !slices.ContainsFunc(rss, func(r ktypes.RealServer) bool {
 			return r.RSKey == w.RealServer.RSKey && r.Weight == 1
 		}) {
 			t.Fatalf("real server %s of %s missing from the bulk read", w.RealServer, w.VirtualServer.VSKey)

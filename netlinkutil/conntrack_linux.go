@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // Conntrack clears connection-tracking entries of UDP flows whose real
@@ -18,7 +19,7 @@ type Conntrack interface {
 	// ClearUDP deletes the entries of UDP flows to the virtual server
 	// that were sent to the real server (to any real server when rs is
 	// zero), and returns how many it deleted.
-	ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error)
+	ClearUDP(vs ktypes.VSKey, rs ktypes.RSKey) (uint, error)
 }
 
 type kernelConntrack struct {
@@ -35,7 +36,7 @@ func NewConntrack() (Conntrack, error) {
 	return &kernelConntrack{h: h}, nil
 }
 
-func (c *kernelConntrack) ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error) {
+func (c *kernelConntrack) ClearUDP(vs ktypes.VSKey, rs ktypes.RSKey) (uint, error) {
 	f := &netlink.ConntrackFilter{}
 	errs := []error{
 		f.AddProtocol(unix.IPPROTO_UDP),

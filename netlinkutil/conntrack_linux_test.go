@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // TestConntrackClearUDP: two UDP clients that keep their source ports talk
@@ -64,7 +64,7 @@ func TestConntrackClearUDP(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = nettest.DelNetns(n.name) })
 	}
-	backends := map[string]model.RSKey{}
+	backends := map[string]ktypes.RSKey{}
 	for i, n := range nets[:2] {
 		name := fmt.Sprintf("backend-%d", i+1)
 		srv, err := nettest.Serve(nettest.ServeConfig{Netns: n.name, Name: name, Port: 5353, UDP: true})
@@ -72,14 +72,14 @@ func TestConntrackClearUDP(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = srv.Close() })
-		backends[name] = model.RSKey{Address: netip.MustParsePrefix(n.addr).Addr(), Port: 5353}
+		backends[name] = ktypes.RSKey{Address: netip.MustParsePrefix(n.addr).Addr(), Port: 5353}
 	}
-	vs := model.VirtualServer{VSKey: model.VSKey{Address: vip, Protocol: model.UDP, Port: 53}, Scheduler: "rr"}
+	vs := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: vip, Protocol: ktypes.UDP, Port: 53}, Scheduler: "rr"}
 	if err := h.AddVirtualServer(vs); err != nil {
 		t.Fatal(err)
 	}
 	for _, rs := range backends {
-		if err := h.AddRealServer(vs.VSKey, model.RealServer{RSKey: rs, Weight: 1}); err != nil {
+		if err := h.AddRealServer(vs.VSKey, ktypes.RealServer{RSKey: rs, Weight: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -107,7 +107,7 @@ func TestConntrackClearUDP(t *testing.T) {
 	}
 	// flowsTo lists the conntrack entries of flows to the VIP whose reply
 	// comes from rs.
-	flowsTo := func(rs model.RSKey) []string {
+	flowsTo := func(rs ktypes.RSKey) []string {
 		t.Helper()
 		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
 		if err != nil {

@@ -5,11 +5,12 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
 )
 
 // kernelIPVS implements IPVS over generic netlink: single calls and dumps
@@ -52,7 +53,7 @@ func NewIPVS() (IPVS, error) {
 	return &kernelIPVS{h: h, batch: b, familyID: fam.ID, table: table}, nil
 }
 
-func toService(k model.VSKey) *ipvs.Service {
+func toService(k ktypes.VSKey) *ipvs.Service {
 	s := &ipvs.Service{
 		AddressFamily: family(k.Address),
 		Address:       net.IP(k.Address.AsSlice()),
@@ -66,17 +67,17 @@ func toService(k model.VSKey) *ipvs.Service {
 	return s
 }
 
-func toKernelVS(v model.VirtualServer) *ipvs.Service {
+func toKernelVS(v ktypes.VirtualServer) *ipvs.Service {
 	s := toService(v.VSKey)
 	s.SchedName = v.Scheduler
-	s.Flags = v.Flags & model.FlagsCompared
-	if v.Flags&model.FlagPersistent != 0 {
+	s.Flags = v.Flags & ktypes.FlagsCompared
+	if v.Flags&ktypes.FlagPersistent != 0 {
 		s.Timeout = v.Timeout
 	}
 	return s
 }
 
-func toDestination(rs model.RealServer) *ipvs.Destination {
+func toDestination(rs ktypes.RealServer) *ipvs.Destination {
 	return &ipvs.Destination{
 		AddressFamily:   family(rs.Address),
 		Address:         net.IP(rs.Address.AsSlice()),
@@ -91,12 +92,12 @@ func addrFromIP(ip net.IP) (netip.Addr, bool) {
 	return a.Unmap(), ok
 }
 
-func (k *kernelIPVS) ListVirtualServers() ([]model.VirtualServer, error) {
+func (k *kernelIPVS) ListVirtualServers() ([]ktypes.VirtualServer, error) {
 	svcs, err := k.h.GetServices()
 	if err != nil {
 		return nil, fmt.Errorf("dump IPVS services: %w", err)
 	}
-	out := make([]model.VirtualServer, 0, len(svcs))
+	out := make([]ktypes.VirtualServer, 0, len(svcs))
 	for _, s := range svcs {
 		if s.FWMark != 0 {
 			continue // fwmark services are never ours
@@ -105,8 +106,8 @@ func (k *kernelIPVS) ListVirtualServers() ([]model.VirtualServer, error) {
 		if !ok {
 			continue
 		}
-		out = append(out, model.VirtualServer{
-			VSKey:     model.VSKey{Address: a, Protocol: model.Protocol(s.Protocol), Port: s.Port},
+		out = append(out, ktypes.VirtualServer{
+			VSKey:     ktypes.VSKey{Address: a, Protocol: ktypes.Protocol(s.Protocol), Port: s.Port},
 			Scheduler: s.SchedName,
 			Flags:     s.Flags,
 			Timeout:   s.Timeout,
@@ -115,19 +116,19 @@ func (k *kernelIPVS) ListVirtualServers() ([]model.VirtualServer, error) {
 	return out, nil
 }
 
-func (k *kernelIPVS) ListRealServers(vs model.VSKey) ([]model.RealServer, error) {
+func (k *kernelIPVS) ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error) {
 	ds, err := k.h.GetDestinations(toService(vs))
 	if err != nil {
 		return nil, fmt.Errorf("dump IPVS destinations of %s: %w", vs, err)
 	}
-	out := make([]model.RealServer, 0, len(ds))
+	out := make([]ktypes.RealServer, 0, len(ds))
 	for _, d := range ds {
 		a, ok := addrFromIP(d.Address)
 		if !ok {
 			continue
 		}
-		out = append(out, model.RealServer{
-			RSKey:         model.RSKey{Address: a, Port: d.Port},
+		out = append(out, ktypes.RealServer{
+			RSKey:         ktypes.RSKey{Address: a, Port: d.Port},
 			Weight:        d.Weight,
 			ActiveConns:   d.ActiveConnections,
 			InactiveConns: d.InactiveConnections,
@@ -144,32 +145,32 @@ func one(w Write, fn func() error) error {
 	return nil
 }
 
-func (k *kernelIPVS) AddVirtualServer(vs model.VirtualServer) error {
-	return one(Write{Kind: model.OpAddVirtualServer, VirtualServer: vs}, func() error { return k.h.NewService(toKernelVS(vs)) })
+func (k *kernelIPVS) AddVirtualServer(vs ktypes.VirtualServer) error {
+	return one(Write{Kind: ktypes.OpAddVirtualServer, VirtualServer: vs}, func() error { return k.h.NewService(toKernelVS(vs)) })
 }
 
-func (k *kernelIPVS) UpdateVirtualServer(vs model.VirtualServer) error {
-	return one(Write{Kind: model.OpUpdateVirtualServer, VirtualServer: vs}, func() error { return k.h.UpdateService(toKernelVS(vs)) })
+func (k *kernelIPVS) UpdateVirtualServer(vs ktypes.VirtualServer) error {
+	return one(Write{Kind: ktypes.OpUpdateVirtualServer, VirtualServer: vs}, func() error { return k.h.UpdateService(toKernelVS(vs)) })
 }
 
-func (k *kernelIPVS) DeleteVirtualServer(vs model.VSKey) error {
-	return one(Write{Kind: model.OpDeleteVirtualServer, VirtualServer: model.VirtualServer{VSKey: vs}},
+func (k *kernelIPVS) DeleteVirtualServer(vs ktypes.VSKey) error {
+	return one(Write{Kind: ktypes.OpDeleteVirtualServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}},
 		func() error { return k.h.DelService(toService(vs)) })
 }
 
-func (k *kernelIPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
-	return one(Write{Kind: model.OpAddRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: rs},
+func (k *kernelIPVS) AddRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
+	return one(Write{Kind: ktypes.OpAddRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: rs},
 		func() error { return k.h.NewDestination(toService(vs), toDestination(rs)) })
 }
 
-func (k *kernelIPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
-	return one(Write{Kind: model.OpUpdateRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: rs},
+func (k *kernelIPVS) UpdateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
+	return one(Write{Kind: ktypes.OpUpdateRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: rs},
 		func() error { return k.h.UpdateDestination(toService(vs), toDestination(rs)) })
 }
 
-func (k *kernelIPVS) DeleteRealServer(vs model.VSKey, rs model.RSKey) error {
-	return one(Write{Kind: model.OpDeleteRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: model.RealServer{RSKey: rs}},
-		func() error { return k.h.DelDestination(toService(vs), toDestination(model.RealServer{RSKey: rs})) })
+func (k *kernelIPVS) DeleteRealServer(vs ktypes.VSKey, rs ktypes.RSKey) error {
+	return one(Write{Kind: ktypes.OpDeleteRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: ktypes.RealServer{RSKey: rs}},
+		func() error { return k.h.DelDestination(toService(vs), toDestination(ktypes.RealServer{RSKey: rs})) })
 }
 
 func (k *kernelIPVS) SetTimeouts(t Timeouts) error {
@@ -185,6 +186,6 @@ func (k *kernelIPVS) Close() {
 	k.table.Close()
 }
 
-func (k *kernelIPVS) ListAllRealServers() (map[model.VSKey][]model.RealServer, error) {
+func (k *kernelIPVS) ListAllRealServers() (map[ktypes.VSKey][]ktypes.RealServer, error) {
 	return k.table.read()
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
 )
 
@@ -58,18 +58,18 @@ func TestIPVSTable(t *testing.T) {
 	nltest.InFreshNetns(t)
 	h := newIPVS(t)
 	routeBackends(t)
-	tcp := model.VirtualServer{VSKey: model.VSKey{Address: netip.MustParseAddr("10.96.0.10"), Protocol: model.TCP, Port: 80}, Scheduler: "rr"}
-	udp := model.VirtualServer{VSKey: model.VSKey{Address: netip.MustParseAddr("10.96.0.10"), Protocol: model.UDP, Port: 53}, Scheduler: "sh",
-		Flags: model.FlagSched1 | model.FlagSched2}
-	sctp := model.VirtualServer{VSKey: model.VSKey{Address: netip.MustParseAddr("10.96.0.12"), Protocol: model.SCTP, Port: 3868}, Scheduler: "lc",
-		Flags: model.FlagPersistent, Timeout: 600}
-	v6 := model.VirtualServer{VSKey: model.VSKey{Address: netip.MustParseAddr("fd00:10:96::10"), Protocol: model.TCP, Port: 443}, Scheduler: "mh"}
-	for _, v := range []model.VirtualServer{tcp, udp, sctp, v6} {
+	tcp := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.MustParseAddr("10.96.0.10"), Protocol: ktypes.TCP, Port: 80}, Scheduler: "rr"}
+	udp := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.MustParseAddr("10.96.0.10"), Protocol: ktypes.UDP, Port: 53}, Scheduler: "sh",
+		Flags: ktypes.FlagSched1 | ktypes.FlagSched2}
+	sctp := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.MustParseAddr("10.96.0.12"), Protocol: ktypes.SCTP, Port: 3868}, Scheduler: "lc",
+		Flags: ktypes.FlagPersistent, Timeout: 600}
+	v6 := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.MustParseAddr("fd00:10:96::10"), Protocol: ktypes.TCP, Port: 443}, Scheduler: "mh"}
+	for _, v := range []ktypes.VirtualServer{tcp, udp, sctp, v6} {
 		if err := h.AddVirtualServer(v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, r := range []model.RealServer{modeltest.RS("10.0.1.2:8080@1"), modeltest.RS("10.0.2.2:8080@1")} {
+	for _, r := range []ktypes.RealServer{modeltest.RS("10.0.1.2:8080@1"), modeltest.RS("10.0.2.2:8080@1")} {
 		if err := h.AddRealServer(tcp.VSKey, r); err != nil {
 			t.Fatal(err)
 		}
@@ -81,14 +81,14 @@ func TestIPVSTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byKey := map[model.VSKey]model.VirtualServer{}
+	byKey := map[ktypes.VSKey]ktypes.VirtualServer{}
 	for _, v := range got {
 		byKey[v.VSKey] = v
 	}
 	if len(got) != 4 {
 		t.Errorf("listed %d virtual servers, want 4: %v", len(got), got)
 	}
-	for _, want := range []model.VirtualServer{tcp, udp, sctp, v6} {
+	for _, want := range []ktypes.VirtualServer{tcp, udp, sctp, v6} {
 		if g, ok := byKey[want.VSKey]; !ok || !g.Equal(want) {
 			t.Errorf("kernel has %v, want %v", g, want)
 		}
@@ -109,20 +109,20 @@ func TestIPVSTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]model.RealServer{modeltest.RS("10.0.2.2:8080@5")}, dests, addrCmp); diff != "" {
+	if diff := cmp.Diff([]ktypes.RealServer{modeltest.RS("10.0.2.2:8080@5")}, dests, addrCmp); diff != "" {
 		t.Errorf("real servers (-want +got):\n%s", diff)
 	}
 	dests6, err := h.ListRealServers(v6.VSKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]model.RealServer{modeltest.RS("[fd00:1::2]:8443@3")}, dests6, addrCmp); diff != "" {
+	if diff := cmp.Diff([]ktypes.RealServer{modeltest.RS("[fd00:1::2]:8443@3")}, dests6, addrCmp); diff != "" {
 		t.Errorf("IPv6 real servers (-want +got):\n%s", diff)
 	}
 	if err := h.SetTimeouts(Timeouts{TCP: 900e9, UDP: 30e9}); err != nil {
 		t.Errorf("set timeouts: %v", err)
 	}
-	for _, v := range []model.VirtualServer{tcp, udp, sctp, v6} {
+	for _, v := range []ktypes.VirtualServer{tcp, udp, sctp, v6} {
 		if err := h.DeleteVirtualServer(v.VSKey); err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +130,7 @@ func TestIPVSTable(t *testing.T) {
 	if got, _ := h.ListVirtualServers(); len(got) != 0 {
 		t.Errorf("left after deleting: %v", got)
 	}
-	err = h.AddVirtualServer(model.VirtualServer{VSKey: model.VSKey{Address: netip.MustParseAddr("10.96.0.13"), Protocol: model.TCP, Port: 80}, Scheduler: "bogus"})
+	err = h.AddVirtualServer(ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.MustParseAddr("10.96.0.13"), Protocol: ktypes.TCP, Port: 80}, Scheduler: "bogus"})
 	if err == nil {
 		t.Errorf("the kernel accepted an unknown scheduler")
 	}
@@ -180,17 +180,17 @@ func TestIPVSRealTraffic(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = srv.Close() })
 	}
-	for _, proto := range []model.Protocol{model.TCP, model.UDP} {
-		vs := model.VirtualServer{VSKey: model.VSKey{Address: vip, Protocol: proto, Port: 80}, Scheduler: "rr"}
+	for _, proto := range []ktypes.Protocol{ktypes.TCP, ktypes.UDP} {
+		vs := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: vip, Protocol: proto, Port: 80}, Scheduler: "rr"}
 		if err := h.AddVirtualServer(vs); err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range []model.RealServer{modeltest.RS("10.0.1.2:8080@1"), modeltest.RS("10.0.2.2:8080@1")} {
+		for _, r := range []ktypes.RealServer{modeltest.RS("10.0.1.2:8080@1"), modeltest.RS("10.0.2.2:8080@1")} {
 			if err := h.AddRealServer(vs.VSKey, r); err != nil {
 				t.Fatal(err)
 			}
 		}
-		res, err := nettest.Hit(context.Background(), nettest.HitConfig{Netns: nets[2].name, Proto: map[model.Protocol]string{model.TCP: "tcp", model.UDP: "udp"}[proto], Addr: "10.96.0.10:80", N: 6})
+		res, err := nettest.Hit(context.Background(), nettest.HitConfig{Netns: nets[2].name, Proto: map[ktypes.Protocol]string{ktypes.TCP: "tcp", ktypes.UDP: "udp"}[proto], Addr: "10.96.0.10:80", N: 6})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,7 +210,7 @@ func TestIPVSRealTraffic(t *testing.T) {
 func TestIPVSMissingScheduler(t *testing.T) {
 	nltest.InFreshNetns(t)
 	h := newIPVS(t)
-	vs := model.VirtualServer{VSKey: model.VSKey{Address: netip.MustParseAddr("10.96.0.12"), Protocol: model.TCP, Port: 80}, Scheduler: "nosuch"}
+	vs := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.MustParseAddr("10.96.0.12"), Protocol: ktypes.TCP, Port: 80}, Scheduler: "nosuch"}
 	err := h.AddVirtualServer(vs)
 	if err == nil || !SchedulerUnavailable(err) {
 		t.Fatalf("add with scheduler %q: %v, want ENOENT", vs.Scheduler, err)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // procTable reads IPVS's table as text from /proc/net/ip_vs: every virtual
@@ -53,7 +53,7 @@ func (p *procTable) Close() { p.f.Close() }
 // read returns the destinations of every virtual server that is not a
 // fwmark one, by key; a virtual server without destinations has an empty
 // entry.
-func (p *procTable) read() (map[model.VSKey][]model.RealServer, error) {
+func (p *procTable) read() (map[ktypes.VSKey][]ktypes.RealServer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, err := p.f.Seek(0, io.SeekStart); err != nil {
@@ -67,7 +67,7 @@ func (p *procTable) read() (map[model.VSKey][]model.RealServer, error) {
 	return out, nil
 }
 
-var procProtocols = map[string]model.Protocol{"TCP": model.TCP, "UDP": model.UDP, "SCTP": model.SCTP}
+var procProtocols = map[string]ktypes.Protocol{"TCP": ktypes.TCP, "UDP": ktypes.UDP, "SCTP": ktypes.SCTP}
 
 // parseProcTable parses the format of the kernel's ip_vs_info_seq_show:
 //
@@ -80,9 +80,9 @@ var procProtocols = map[string]model.Protocol{"TCP": model.TCP, "UDP": model.UDP
 //	FWM  00000001 rr
 //
 // (IPv4 addresses and ports in hexadecimal, IPv6 ones bracketed).
-func parseProcTable(r *bufio.Reader) (map[model.VSKey][]model.RealServer, error) {
-	out := map[model.VSKey][]model.RealServer{}
-	var cur model.VSKey
+func parseProcTable(r *bufio.Reader) (map[ktypes.VSKey][]ktypes.RealServer, error) {
+	out := map[ktypes.VSKey][]ktypes.RealServer{}
+	var cur ktypes.VSKey
 	have := false // cur is a virtual server whose destinations are read
 	for n := 1; ; n++ {
 		line, err := r.ReadSlice('\n')
@@ -103,7 +103,7 @@ func parseProcTable(r *bufio.Reader) (map[model.VSKey][]model.RealServer, error)
 	}
 }
 
-func parseProcLine(line string, out map[model.VSKey][]model.RealServer, cur *model.VSKey, have *bool) error {
+func parseProcLine(line string, out map[ktypes.VSKey][]ktypes.RealServer, cur *ktypes.VSKey, have *bool) error {
 	f := strings.Fields(line)
 	if len(f) == 0 {
 		return nil
@@ -125,7 +125,7 @@ func parseProcLine(line string, out map[model.VSKey][]model.RealServer, cur *mod
 				return fmt.Errorf("destination counters: %w", err)
 			}
 		}
-		out[*cur] = append(out[*cur], model.RealServer{RSKey: model.RSKey{Address: a, Port: port},
+		out[*cur] = append(out[*cur], ktypes.RealServer{RSKey: ktypes.RSKey{Address: a, Port: port},
 			Weight: nums[0], ActiveConns: nums[1], InactiveConns: nums[2]})
 		return nil
 	}
@@ -139,8 +139,8 @@ func parseProcLine(line string, out map[model.VSKey][]model.RealServer, cur *mod
 		return err
 	}
 	// A record shown twice (the file is read in pieces) counts once.
-	*cur, *have = model.VSKey{Address: a, Protocol: proto, Port: port}, true
-	out[*cur] = []model.RealServer{}
+	*cur, *have = ktypes.VSKey{Address: a, Protocol: proto, Port: port}, true
+	out[*cur] = []ktypes.RealServer{}
 	return nil
 }
 

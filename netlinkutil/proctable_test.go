@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
@@ -35,10 +35,10 @@ TCP  0A60000A:0050 rr
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[model.VSKey][]model.RealServer{
-		modeltest.VSKey("10.96.0.10:80", model.TCP):         modeltest.RSs("10.0.1.2:8080@1#3.7", "10.0.2.2:8080@0"),
-		modeltest.VSKey("10.96.0.10:53", model.UDP):         {},
-		modeltest.VSKey("[fd00:10:96::10]:443", model.SCTP): modeltest.RSs("[fd00:1::2]:8443@3"),
+	want := map[ktypes.VSKey][]ktypes.RealServer{
+		modeltest.VSKey("10.96.0.10:80", ktypes.TCP):         modeltest.RSs("10.0.1.2:8080@1#3.7", "10.0.2.2:8080@0"),
+		modeltest.VSKey("10.96.0.10:53", ktypes.UDP):         {},
+		modeltest.VSKey("[fd00:10:96::10]:443", ktypes.SCTP): modeltest.RSs("[fd00:1::2]:8443@3"),
 	}
 	if diff := cmp.Diff(want, got, addrCmp); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)

@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // Timeouts are IPVS's connection timeouts; zero leaves a value unchanged.
@@ -32,30 +32,30 @@ func SchedulerUnavailable(err error) bool { return errors.Is(err, syscall.ENOENT
 // may or may not have been applied, and the kernel must be read again.
 var ErrOutcomeUnknown = nlbatch.ErrUnknown
 
-// Write is one write of a batch (IPVS.Apply): a model.Op of one of the
+// Write is one write of a batch (IPVS.Apply): a ktypes.Op of one of the
 // virtual and real server kinds (not bind or unbind), whose VirtualServer
 // is whole for an add or update of it (only its key counts otherwise) and
 // whose RealServer is the real server of a real server write (only its key
 // counts for a delete). The reconciler hands its diff's operations over as
 // they are.
-type Write = model.Op
+type Write = ktypes.Op
 
 // WrapWrite gives a write's error the context that the one-at-a-time calls
 // give it.
 func WrapWrite(w Write, err error) error {
 	vs, rs := w.VirtualServer, w.RealServer.RSKey
 	switch w.Kind {
-	case model.OpAddVirtualServer:
+	case ktypes.OpAddVirtualServer:
 		return fmt.Errorf("add IPVS service %s: %w", vs, err)
-	case model.OpUpdateVirtualServer:
+	case ktypes.OpUpdateVirtualServer:
 		return fmt.Errorf("update IPVS service %s: %w", vs, err)
-	case model.OpDeleteVirtualServer:
+	case ktypes.OpDeleteVirtualServer:
 		return fmt.Errorf("delete IPVS service %s: %w", vs.VSKey, err)
-	case model.OpAddRealServer:
+	case ktypes.OpAddRealServer:
 		return fmt.Errorf("add IPVS destination %s to %s: %w", rs, vs.VSKey, err)
-	case model.OpUpdateRealServer:
+	case ktypes.OpUpdateRealServer:
 		return fmt.Errorf("update IPVS destination %s of %s: %w", rs, vs.VSKey, err)
-	case model.OpDeleteRealServer:
+	case ktypes.OpDeleteRealServer:
 		return fmt.Errorf("delete IPVS destination %s of %s: %w", rs, vs.VSKey, err)
 	}
 	return fmt.Errorf("%s: %w", w, err)
@@ -64,15 +64,15 @@ func WrapWrite(w Write, err error) error {
 // IPVS is the kernel's IPVS table.
 type IPVS interface {
 	// ListVirtualServers dumps every virtual server in one netlink request.
-	ListVirtualServers() ([]model.VirtualServer, error)
+	ListVirtualServers() ([]ktypes.VirtualServer, error)
 	// ListRealServers dumps the destinations of one virtual server.
-	ListRealServers(vs model.VSKey) ([]model.RealServer, error)
+	ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error)
 	// ListAllRealServers reads the destinations of every virtual server
 	// (fwmark ones aside) in one pass, for a full resync: one read of the
 	// kernel instead of one dump per virtual server. It may leave out
 	// some virtual servers when other network namespaces have IPVS
 	// virtual servers (see procTable); read those with ListRealServers.
-	ListAllRealServers() (map[model.VSKey][]model.RealServer, error)
+	ListAllRealServers() (map[ktypes.VSKey][]ktypes.RealServer, error)
 	// Apply makes the writes in order, many in flight at once, and returns
 	// the error of each (nil: applied), with the context that the single
 	// calls below give it. A failed write does not stop the others; one
@@ -80,12 +80,12 @@ type IPVS interface {
 	// to a virtual server whose add failed: ESRCH). An error wrapping
 	// ErrOutcomeUnknown says the write's answer was lost.
 	Apply(writes []Write) []error
-	AddVirtualServer(vs model.VirtualServer) error
-	UpdateVirtualServer(vs model.VirtualServer) error
-	DeleteVirtualServer(vs model.VSKey) error
-	AddRealServer(vs model.VSKey, rs model.RealServer) error
-	UpdateRealServer(vs model.VSKey, rs model.RealServer) error
-	DeleteRealServer(vs model.VSKey, rs model.RSKey) error
+	AddVirtualServer(vs ktypes.VirtualServer) error
+	UpdateVirtualServer(vs ktypes.VirtualServer) error
+	DeleteVirtualServer(vs ktypes.VSKey) error
+	AddRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error
+	UpdateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error
+	DeleteRealServer(vs ktypes.VSKey, rs ktypes.RSKey) error
 	SetTimeouts(t Timeouts) error
 	Close()
 }

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -21,14 +22,14 @@ import (
 type claimIndex struct {
 	own              model.Ownership
 	plans            map[types.NamespacedName]*model.ServicePlan
-	byKey            map[model.VSKey][]types.NamespacedName
+	byKey            map[ktypes.VSKey][]types.NamespacedName
 	addrs            map[netip.Addr]int
 	vsCount, rsCount int
 }
 
 func newClaimIndex(own model.Ownership) claimIndex {
 	return claimIndex{own: own, plans: map[types.NamespacedName]*model.ServicePlan{},
-		byKey: map[model.VSKey][]types.NamespacedName{}, addrs: map[netip.Addr]int{}}
+		byKey: map[ktypes.VSKey][]types.NamespacedName{}, addrs: map[netip.Addr]int{}}
 }
 
 // claim adds (sign 1) or removes (sign -1) the claims of a Service's plan
@@ -36,7 +37,7 @@ func newClaimIndex(own model.Ownership) claimIndex {
 // addresses; key is told of each virtual server it touches, with its
 // claimants now, and addr of each bound address.
 func (c *claimIndex) claim(name types.NamespacedName, p *model.ServicePlan, sign int,
-	key func(model.VSKey, []types.NamespacedName), addr func(netip.Addr)) {
+	key func(ktypes.VSKey, []types.NamespacedName), addr func(netip.Addr)) {
 	c.vsCount += sign * len(p.VirtualServers)
 	for _, v := range p.VirtualServers {
 		for _, rs := range v.RealServers {
@@ -74,17 +75,17 @@ func (c *claimIndex) claim(name types.NamespacedName, p *model.ServicePlan, sign
 }
 
 // wanted reports whether a Service claims a virtual server.
-func (c *claimIndex) wanted(k model.VSKey) bool { return len(c.byKey[k]) > 0 }
+func (c *claimIndex) wanted(k ktypes.VSKey) bool { return len(c.byKey[k]) > 0 }
 
 // holder returns the Service that holds a virtual server and its plan of
 // it.
-func (c *claimIndex) holder(k model.VSKey) (model.Want, bool) {
+func (c *claimIndex) holder(k ktypes.VSKey) (model.Want, bool) {
 	cl := c.byKey[k]
 	if len(cl) == 0 {
 		return model.Want{}, false
 	}
 	p := c.plans[cl[0]]
-	i, found := slices.BinarySearchFunc(p.VirtualServers, k, func(v model.VSPlan, k model.VSKey) int { return v.VSKey.Compare(k) })
+	i, found := slices.BinarySearchFunc(p.VirtualServers, k, func(v model.VSPlan, k ktypes.VSKey) int { return v.VSKey.Compare(k) })
 	if !found { // plans are sorted by Build; a hand-made one may not be
 		i = slices.IndexFunc(p.VirtualServers, func(v model.VSPlan) bool { return v.VSKey == k })
 	}
@@ -103,8 +104,8 @@ func (c *claimIndex) conflicts(n types.NamespacedName) []model.Conflict {
 }
 
 // desired is the part of the desired state that the scope looks at.
-func (r *Reconciler) desired(keys []model.VSKey, addrs []netip.Addr) model.Desired {
-	d := model.Desired{VirtualServers: make(map[model.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{},
+func (r *Reconciler) desired(keys []ktypes.VSKey, addrs []netip.Addr) model.Desired {
+	d := model.Desired{VirtualServers: make(map[ktypes.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{},
 		Routes: make(map[netip.Prefix]bool, len(r.routes))}
 	for p := range r.routes {
 		d.Route(p) // and its anchor bound
@@ -132,7 +133,7 @@ func planEqual(a, b model.ServicePlan) bool {
 		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
 			x.Local != y.Local || x.NodeAddress != y.NodeAddress || x.Routed != y.Routed || x.InClusterOnly != y.InClusterOnly ||
 			!slices.Equal(x.SourceRanges, y.SourceRanges) ||
-			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q model.RealServer) bool {
+			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q ktypes.RealServer) bool {
 				return p.RSKey == q.RSKey && p.Weight == q.Weight && p.Drain == q.Drain
 			}) {
 			return false

@@ -1,11 +1,12 @@
 package proxier
 
-// The real servers kept only while busy (model.RealServer.Drain): read
+// The real servers kept only while busy (ktypes.RealServer.Drain): read
 // again every DrainCheck until their connections end.
 
 import (
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -15,7 +16,7 @@ const defaultDrainCheck = 2 * time.Second
 // drains are the virtual servers that keep a busy real server marked
 // Drain, and when they are read again (zero: no check is scheduled).
 type drains struct {
-	keys map[model.VSKey]bool
+	keys map[ktypes.VSKey]bool
 	next time.Time
 }
 
@@ -28,7 +29,7 @@ func (r *Reconciler) drainDue(now time.Time) bool {
 // real server marked Drain (by the kernel's real servers just read), and
 // schedules their next check: the sync at DrainCheck from now reads them
 // again, and the diff deletes each real server whose connections ended.
-func (r *Reconciler) noteDraining(keys []model.VSKey, want model.Desired, now time.Time) {
+func (r *Reconciler) noteDraining(keys []ktypes.VSKey, want model.Desired, now time.Time) {
 	for _, k := range keys {
 		if w, ok := want.VirtualServers[k]; ok && model.Draining(w.VSPlan, r.kernel.RealServers[k]) {
 			r.draining.keys[k] = true

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -28,8 +29,8 @@ type drainBed struct {
 	r    *Reconciler
 	clk  *clocktesting.FakeClock
 	svc  *corev1.Service
-	tcp  model.VSKey
-	udp  model.VSKey
+	tcp  ktypes.VSKey
+	udp  ktypes.VSKey
 }
 
 func newDrainBed(t *testing.T) *drainBed {
@@ -43,7 +44,7 @@ func newDrainBed(t *testing.T) *drainBed {
 			}},
 	}
 	return &drainBed{t: t, ipvs: ipvs, r: r, clk: clk, svc: svc,
-		tcp: modeltest.VSKey("10.96.0.10:80", model.TCP), udp: modeltest.VSKey("10.96.0.10:53", model.UDP)}
+		tcp: modeltest.VSKey("10.96.0.10:80", ktypes.TCP), udp: modeltest.VSKey("10.96.0.10:53", ktypes.UDP)}
 }
 
 // setEndpoints builds the Service's plan from one slice with these
@@ -68,13 +69,13 @@ func endpoint(addr string, ready, serving bool, terminating *bool) discoveryv1.E
 		Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: terminating}}
 }
 
-func (b *drainBed) conns(vs model.VSKey, rs string, active, inactive int) {
+func (b *drainBed) conns(vs ktypes.VSKey, rs string, active, inactive int) {
 	b.t.Helper()
 	port := uint16(8080)
-	if vs.Protocol == model.UDP {
+	if vs.Protocol == ktypes.UDP {
 		port = 5353
 	}
-	if err := b.ipvs.SetConns(vs, model.RSKey{Address: netip.MustParseAddr(rs), Port: port}, active, inactive); err != nil {
+	if err := b.ipvs.SetConns(vs, ktypes.RSKey{Address: netip.MustParseAddr(rs), Port: port}, active, inactive); err != nil {
 		b.t.Fatal(err)
 	}
 }

@@ -9,13 +9,14 @@ import (
 	"slices"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // readRealServers reads the destinations of the virtual servers in scope
 // that are wanted and in the kernel. It returns the reads that failed.
-func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want model.Desired) map[model.VSKey]error {
-	failed := map[model.VSKey]error{}
+func (r *Reconciler) readRealServers(st *SyncStats, keys []ktypes.VSKey, want model.Desired) map[ktypes.VSKey]error {
+	failed := map[ktypes.VSKey]error{}
 	for _, k := range keys {
 		if _, wanted := want.VirtualServers[k]; !wanted {
 			continue
@@ -44,7 +45,7 @@ func (r *Reconciler) readRealServers(st *SyncStats, keys []model.VSKey, want mod
 // equal to the node's address) is owned by nothing else: without the
 // second part, a read after its Service went would forget it, and it
 // would never be deleted.
-func (r *Reconciler) ours(k model.VSKey) bool {
+func (r *Reconciler) ours(k ktypes.VSKey) bool {
 	if r.claims.wanted(k) {
 		return true
 	}
@@ -87,7 +88,7 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 // view, the number of virtual servers left to others and the reads made.
 // Real servers are not read. The reconciler and `ipvs-proxy status` read
 // the kernel through it, so they own the same things.
-func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int, int, error) {
+func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership, wanted func(ktypes.VSKey) bool) (*model.Kernel, int, int, error) {
 	raw, reads, err := readRaw(ipvs, links, own)
 	if err != nil {
 		return nil, 0, reads, err
@@ -99,7 +100,7 @@ func ReadKernel(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Owners
 // rawKernel is what ReadKernel reads, before the ownership rule picks
 // from it.
 type rawKernel struct {
-	vss                  []model.VirtualServer
+	vss                  []ktypes.VirtualServer
 	bound, adopted, node []netip.Addr
 	routes               []netip.Prefix // Service ranges routed through the interface
 	// kubeProxy: the addresses on kube-proxy's interface when it is not
@@ -158,7 +159,7 @@ func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership
 // view applies the ownership rule to what readRaw read: the owned virtual
 // servers (and those wanted) and the addresses bound to the interface, and
 // the number of virtual servers left to others.
-func (raw rawKernel) view(own model.Ownership, wanted func(model.VSKey) bool) (*model.Kernel, int) {
+func (raw rawKernel) view(own model.Ownership, wanted func(ktypes.VSKey) bool) (*model.Kernel, int) {
 	owned := map[netip.Addr]bool{}
 	for _, a := range raw.bound {
 		owned[a] = true
@@ -178,7 +179,7 @@ func (raw rawKernel) view(own model.Ownership, wanted func(model.VSKey) bool) (*
 	// another interface: one of the node's (its virtual servers are ours
 	// as node ports only) or kube-proxy's dummy (they are kube-proxy's).
 	routed := func(a netip.Addr) bool { return model.InRanges(raw.routes, a) && !node[a] && !elsewhere[a] }
-	mine := make([]model.VirtualServer, 0, len(raw.vss))
+	mine := make([]ktypes.VirtualServer, 0, len(raw.vss))
 	for _, vs := range raw.vss {
 		if own.Owns(vs.VSKey, owned[vs.Address] || routed(vs.Address), node[vs.Address]) || wanted(vs.VSKey) {
 			mine = append(mine, vs)

@@ -26,6 +26,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -458,7 +459,7 @@ type gatedIPVS struct {
 	gate chan struct{}
 }
 
-func (g *gatedIPVS) ListAllRealServers() (map[model.VSKey][]model.RealServer, error) {
+func (g *gatedIPVS) ListAllRealServers() (map[ktypes.VSKey][]ktypes.RealServer, error) {
 	rss, err := g.IPVS.ListAllRealServers()
 	g.read <- struct{}{}
 	<-g.gate
@@ -529,7 +530,7 @@ func TestLoopServiceWithSeveralSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.run()
-	vs := model.VSKey{Address: netip.MustParseAddr("10.96.0.11"), Protocol: model.TCP, Port: 80}
+	vs := ktypes.VSKey{Address: netip.MustParseAddr("10.96.0.11"), Protocol: ktypes.TCP, Port: 80}
 	realServers := func() []string {
 		rss, err := b.ipvs.ListRealServers(vs)
 		if err != nil {
@@ -600,7 +601,7 @@ func TestLoopServiceWithSeveralSlices(t *testing.T) {
 	}
 	held()
 	expect("both deleted")
-	if vss, _ := b.ipvs.ListVirtualServers(); !slices.ContainsFunc(vss, func(v model.VirtualServer) bool { return v.VSKey == vs }) {
+	if vss, _ := b.ipvs.ListVirtualServers(); !slices.ContainsFunc(vss, func(v ktypes.VirtualServer) bool { return v.VSKey == vs }) {
 		t.Errorf("virtual server %s gone with its last slice; want it kept with no real servers (connections refused)", vs)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -59,7 +60,7 @@ func TestDesiredStateIsWhatTheLoopPrograms(t *testing.T) {
 	if len(plans) != 3 {
 		t.Errorf("%d plans, want 3 (the headless Service is left out)", len(plans))
 	}
-	kernel, _, _, err := ReadKernel(ipvs, links, cfg.Ownership(), func(k model.VSKey) bool { _, ok := want.VirtualServers[k]; return ok })
+	kernel, _, _, err := ReadKernel(ipvs, links, cfg.Ownership(), func(k ktypes.VSKey) bool { _, ok := want.VirtualServers[k]; return ok })
 	if err != nil {
 		t.Fatal(err)
 	}

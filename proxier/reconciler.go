@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -64,7 +65,7 @@ type ReconcilerConfig struct {
 	// default 500.
 	ResyncSlice int
 	// DrainCheck is how often the real servers kept only while busy
-	// (model.RealServer.Drain) are read again, so that each goes soon
+	// (ktypes.RealServer.Drain) are read again, so that each goes soon
 	// after its connections end; default 2s.
 	DrainCheck time.Duration
 	// PieceOps is about how many operations a sync diffs and applies at
@@ -95,7 +96,7 @@ type Reconciler struct {
 	kernel *model.Kernel
 
 	// What changed since the last sync.
-	dirtyKeys     map[model.VSKey]bool
+	dirtyKeys     map[ktypes.VSKey]bool
 	dirtyAddrs    map[netip.Addr]bool
 	dirtyServices map[types.NamespacedName]bool
 
@@ -124,7 +125,7 @@ type Reconciler struct {
 // backoff.
 type orphans struct {
 	backoff
-	keys  map[model.VSKey]bool
+	keys  map[ktypes.VSKey]bool
 	addrs map[netip.Addr]bool
 }
 
@@ -153,14 +154,14 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		ipvs: ipvs, links: links, cfg: cfg, own: cfg.Ownership, clock: cfg.Clock, log: log,
 		claims:        newClaimIndex(cfg.Ownership),
 		kernel:        model.NewKernel(nil, nil),
-		dirtyKeys:     map[model.VSKey]bool{},
+		dirtyKeys:     map[ktypes.VSKey]bool{},
 		dirtyAddrs:    map[netip.Addr]bool{},
 		dirtyServices: map[types.NamespacedName]bool{},
 		statuses:      newServiceStatuses(),
 		routes:        map[netip.Prefix]bool{},
-		orphan:        orphans{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
+		orphan:        orphans{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
 		resync:        resyncState{read: NewOffLoop[*KernelRead](cfg.Clock)},
-		draining:      drains{keys: map[model.VSKey]bool{}},
+		draining:      drains{keys: map[ktypes.VSKey]bool{}},
 	}
 }
 
@@ -193,7 +194,7 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 // it touches dirty and the claimants of each virtual server it touches as
 // having conflicts to check.
 func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
-	r.claims.claim(name, p, sign, func(k model.VSKey, claimants []types.NamespacedName) {
+	r.claims.claim(name, p, sign, func(k ktypes.VSKey, claimants []types.NamespacedName) {
 		r.dirtyKeys[k] = true
 		for _, n := range claimants {
 			r.statuses.conflictChanged[n] = true
@@ -339,7 +340,7 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 	want := r.desired(keys, addrs)
 	r.takeResyncRealServers(keys, want)
 	readFailed := r.readRealServers(&st, keys, want)
-	keys = slices.DeleteFunc(keys, func(k model.VSKey) bool { return readFailed[k] != nil })
+	keys = slices.DeleteFunc(keys, func(k ktypes.VSKey) bool { return readFailed[k] != nil })
 	for k, err := range readFailed {
 		w := want.VirtualServers[k]
 		st.Failed[w.Service] = errors.Join(st.Failed[w.Service], err)
@@ -347,7 +348,7 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 
 	r.noteDraining(keys, want, now)
 	orphanErrs := r.applyPieces(&st, want, keys, addrs, full)
-	r.kernel.RealServers = map[model.VSKey][]model.RealServer{} // no copy of the dump outlives the sync
+	r.kernel.RealServers = map[ktypes.VSKey][]ktypes.RealServer{} // no copy of the dump outlives the sync
 
 	switch {
 	case len(orphanErrs) > 0:
@@ -379,9 +380,9 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 // and clears what it takes of the dirty sets. full takes everything; else
 // what changed, the due retries and the next slice of a running resync
 // (and, when allAddrs, every address).
-func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
+func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]ktypes.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
 	services := map[types.NamespacedName]bool{}
-	keySet := map[model.VSKey]bool{}
+	keySet := map[ktypes.VSKey]bool{}
 	addrSet := map[netip.Addr]bool{}
 	if full || allAddrs {
 		for a := range r.claims.addrs {
@@ -479,7 +480,7 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 			}
 		}
 	}
-	keys := make([]model.VSKey, 0, len(keySet))
+	keys := make([]ktypes.VSKey, 0, len(keySet))
 	for k := range keySet {
 		keys = append(keys, k)
 		addrSet[k.Address] = true
@@ -488,7 +489,7 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]model.VSK
 	for a := range addrSet {
 		addrs = append(addrs, a)
 	}
-	slices.SortFunc(keys, model.VSKey.Compare)
+	slices.SortFunc(keys, ktypes.VSKey.Compare)
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	return keys, addrs, services
 }
@@ -505,20 +506,20 @@ const defaultPieceOps = 4096
 // virtual servers (bound before they are added, unbound after they are
 // deleted), and the unwanted routes last, once every delete is done. The
 // failures of writes no Service answers for are returned.
-func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []model.VSKey, addrs []netip.Addr, routes bool) []error {
+func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []ktypes.VSKey, addrs []netip.Addr, routes bool) []error {
 	pieces := r.pieces(want, keys, addrs)
 	unrouted := map[netip.Prefix]error{} // routes that failed, for every piece after
 	var orphan []error
 	for i, p := range pieces {
 		ops := model.Diff(want, r.kernel, model.Scope{Keys: p.keys, Addresses: p.addrs, Routes: routes && i == 0})
 		if len(pieces) > 1 {
-			ops = slices.DeleteFunc(ops, func(op model.Op) bool { return op.Kind == model.OpUnroute })
+			ops = slices.DeleteFunc(ops, func(op ktypes.Op) bool { return op.Kind == ktypes.OpUnroute })
 		}
 		orphan = append(orphan, r.apply(st, ops, unrouted)...)
 	}
 	if routes && len(pieces) > 1 {
 		ops := model.Diff(want, r.kernel, model.Scope{Routes: true})
-		ops = slices.DeleteFunc(ops, func(op model.Op) bool { return op.Kind != model.OpUnroute })
+		ops = slices.DeleteFunc(ops, func(op ktypes.Op) bool { return op.Kind != ktypes.OpUnroute })
 		orphan = append(orphan, r.apply(st, ops, unrouted)...)
 	}
 	return orphan
@@ -526,7 +527,7 @@ func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []model
 
 // piece is a part of a sync's scope (applyPieces).
 type piece struct {
-	keys  []model.VSKey
+	keys  []ktypes.VSKey
 	addrs []netip.Addr
 }
 
@@ -537,7 +538,7 @@ type piece struct {
 // of the wanted ranges go with the first piece, beside their routes: an
 // earlier piece that unbinds the interface's last other IPv4 address
 // would otherwise take a range's route along (model.RangeAnchor).
-func (r *Reconciler) pieces(want model.Desired, keys []model.VSKey, addrs []netip.Addr) []piece {
+func (r *Reconciler) pieces(want model.Desired, keys []ktypes.VSKey, addrs []netip.Addr) []piece {
 	var out []piece
 	start, n := 0, 0
 	for i, k := range keys {
@@ -583,15 +584,15 @@ func (r *Reconciler) pieces(want model.Desired, keys []model.VSKey, addrs []neti
 // real server writes of those that succeeded and the deletes. unrouted
 // holds the routes that failed in this sync: its failures are added, and
 // no virtual server is added in one of them on an address not bound.
-func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Prefix]error) []error {
+func (r *Reconciler) apply(st *SyncStats, ops []ktypes.Op, unrouted map[netip.Prefix]error) []error {
 	r.touched(ops)
 	var orphan []error
 	unbound := map[netip.Addr]error{} // binds that failed
-	skip := map[model.VSKey]bool{}    // virtual servers whose add or update failed
-	fail := func(op model.Op, err error) {
+	skip := map[ktypes.VSKey]bool{}   // virtual servers whose add or update failed
+	fail := func(op ktypes.Op, err error) {
 		if op.Service == (types.NamespacedName{}) {
 			orphan = append(orphan, err)
-			if op.Kind == model.OpUnbind || op.Kind == model.OpBind {
+			if op.Kind == ktypes.OpUnbind || op.Kind == ktypes.OpBind {
 				r.orphan.addrs[op.Address] = true
 			} else {
 				r.orphan.keys[op.VirtualServer.VSKey] = true
@@ -606,7 +607,7 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Pre
 	for i := range ops {
 		op := &ops[i]
 		switch op.Kind {
-		case model.OpRoute:
+		case ktypes.OpRoute:
 			err := r.write(st, *op, func() error {
 				return r.links.AddLocalRoute(r.own.Interface, netlinkutil.LocalRoute{Prefix: op.Prefix})
 			})
@@ -617,9 +618,9 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Pre
 				continue
 			}
 			r.kernel.Routes[op.Prefix] = true
-		case model.OpUnroute:
+		case ktypes.OpUnroute:
 			unroutes = append(unroutes, i)
-		case model.OpBind:
+		case ktypes.OpBind:
 			bindStart := r.clock.Now()
 			err := r.write(st, *op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) })
 			st.Bind += r.clock.Since(bindStart)
@@ -628,7 +629,7 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Pre
 				continue
 			}
 			r.kernel.Bound[op.Address] = true
-		case model.OpAddVirtualServer, model.OpUpdateVirtualServer:
+		case ktypes.OpAddVirtualServer, ktypes.OpUpdateVirtualServer:
 			k := op.VirtualServer.VSKey
 			if berr, ok := unbound[k.Address]; ok {
 				// Not on an owned address: a crash would leak it.
@@ -642,7 +643,7 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Pre
 				continue
 			}
 			vsOps = append(vsOps, i)
-		case model.OpUnbind:
+		case ktypes.OpUnbind:
 			unbinds = append(unbinds, i)
 		default:
 			rest = append(rest, i)
@@ -651,7 +652,7 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Pre
 	for i, err := range r.applyIPVS(st, ops, vsOps) {
 		op := &ops[vsOps[i]]
 		if err != nil {
-			if op.Kind == model.OpAddVirtualServer && (errors.Is(err, netlinkutil.ErrOutcomeUnknown) || errors.Is(err, syscall.EEXIST)) {
+			if op.Kind == ktypes.OpAddVirtualServer && (errors.Is(err, netlinkutil.ErrOutcomeUnknown) || errors.Is(err, syscall.EEXIST)) {
 				// It may be (EEXIST: it is) in the kernel: the view keeps
 				// it, so that its address stays bound (owned) and its
 				// Service's removal deletes it, until a full read settles
@@ -667,7 +668,7 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Pre
 		r.kernel.PutVirtualServer(op.VirtualServer)
 	}
 	rest = slices.DeleteFunc(rest, func(i int) bool {
-		return ops[i].Kind != model.OpDeleteVirtualServer && skip[ops[i].VirtualServer.VSKey]
+		return ops[i].Kind != ktypes.OpDeleteVirtualServer && skip[ops[i].VirtualServer.VSKey]
 	})
 	for i, err := range r.applyIPVS(st, ops, rest) {
 		op := &ops[rest[i]]
@@ -675,12 +676,12 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Pre
 		switch {
 		case err != nil:
 			fail(*op, fmt.Errorf("%s: %w", op, err))
-		case op.Kind == model.OpDeleteRealServer && k.Protocol == model.UDP:
+		case op.Kind == ktypes.OpDeleteRealServer && k.Protocol == ktypes.UDP:
 			r.clearUDP(k, op.RealServer.RSKey)
-		case op.Kind == model.OpDeleteVirtualServer:
+		case op.Kind == ktypes.OpDeleteVirtualServer:
 			r.kernel.DeleteVirtualServer(k)
-			if k.Protocol == model.UDP {
-				r.clearUDP(k, model.RSKey{}) // its real servers went with it
+			if k.Protocol == ktypes.UDP {
+				r.clearUDP(k, ktypes.RSKey{}) // its real servers went with it
 			}
 		}
 	}
@@ -715,10 +716,10 @@ func (r *Reconciler) apply(st *SyncStats, ops []model.Op, unrouted map[netip.Pre
 		delete(r.kernel.Routes, op.Prefix)
 	}
 	for a, err := range unbound {
-		if !slices.ContainsFunc(ops, func(op model.Op) bool {
+		if !slices.ContainsFunc(ops, func(op ktypes.Op) bool {
 			return op.Service != (types.NamespacedName{}) && op.VirtualServer.Address == a
 		}) {
-			fail(model.Op{Kind: model.OpBind, Address: a}, fmt.Errorf("bind %s: %w", a, err))
+			fail(ktypes.Op{Kind: ktypes.OpBind, Address: a}, fmt.Errorf("bind %s: %w", a, err))
 		}
 	}
 	return orphan
@@ -755,13 +756,13 @@ const applyChunk = 2048
 // applyIPVS makes the IPVS writes of ops[idx...] in batches of at most
 // applyChunk, in order, counting and logging them like single writes, and
 // returns each one's error (in idx's order).
-func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op, idx []int) []error {
+func (r *Reconciler) applyIPVS(st *SyncStats, ops []ktypes.Op, idx []int) []error {
 	if len(idx) == 0 {
 		return nil
 	}
 	errs := make([]error, 0, len(idx))
 	for chunk := range slices.Chunk(idx, applyChunk) {
-		writes := make([]model.Op, len(chunk))
+		writes := make([]ktypes.Op, len(chunk))
 		for i, j := range chunk {
 			writes[i] = ops[j]
 		}
@@ -787,7 +788,7 @@ func (r *Reconciler) applyIPVS(st *SyncStats, ops []model.Op, idx []int) []error
 // so that a client that keeps its source port reaches the remaining ones
 // (or the virtual server programmed again) instead of the stale entry. A failure is logged,
 // not retried: the entries time out (--ipvs-udp-timeout) on their own.
-func (r *Reconciler) clearUDP(vs model.VSKey, rs model.RSKey) {
+func (r *Reconciler) clearUDP(vs ktypes.VSKey, rs ktypes.RSKey) {
 	if r.conntrack == nil {
 		return
 	}
@@ -830,7 +831,7 @@ func (r *Reconciler) UnavailableSchedulers() []string {
 }
 
 // write makes one kernel write, counting it and logging it at debug level.
-func (r *Reconciler) write(st *SyncStats, op model.Op, fn func() error) error {
+func (r *Reconciler) write(st *SyncStats, op ktypes.Op, fn func() error) error {
 	st.Writes++
 	err := fn()
 	if ce := r.log.Check(zap.DebugLevel, "kernel write"); ce != nil {

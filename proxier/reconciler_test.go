@@ -21,6 +21,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
@@ -207,14 +208,14 @@ func TestReconcilerRepairsDrift(t *testing.T) {
 	r, ipvs, links := newTestReconciler(t)
 	twoServices(t, r)
 	want := ipvs.Dump()
-	ipvs.SkipInBulkRead(modeltest.VSKey("10.96.0.10:80", model.TCP))
+	ipvs.SkipInBulkRead(modeltest.VSKey("10.96.0.10:80", ktypes.TCP))
 
 	// Someone deletes a real server, and changes a scheduler, by hand.
-	k := modeltest.VSKey("10.96.0.10:80", model.TCP)
-	if err := ipvs.DeleteRealServer(k, model.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}); err != nil {
+	k := modeltest.VSKey("10.96.0.10:80", ktypes.TCP)
+	if err := ipvs.DeleteRealServer(k, ktypes.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: modeltest.VSKey("10.96.0.11:53", model.TCP), Scheduler: "wrr"}); err != nil {
+	if err := ipvs.UpdateVirtualServer(ktypes.VirtualServer{VSKey: modeltest.VSKey("10.96.0.11:53", ktypes.TCP), Scheduler: "wrr"}); err != nil {
 		t.Fatal(err)
 	}
 	resetCalls(ipvs, links)
@@ -235,13 +236,13 @@ func TestReconcilerOwnership(t *testing.T) {
 	// Present before start: a foreign VS on an address that is not ours, a
 	// foreign VS on a node address outside the node-port range, an excluded
 	// VS on our interface, and a stale VS of ours on our interface.
-	foreign := []model.VirtualServer{
-		{VSKey: modeltest.VSKey("172.16.0.1:80", model.TCP), Scheduler: "wlc"},
-		{VSKey: modeltest.VSKey("192.168.0.10:8443", model.TCP), Scheduler: "rr"},
-		{VSKey: modeltest.VSKey("10.200.0.1:80", model.TCP), Scheduler: "rr"},
+	foreign := []ktypes.VirtualServer{
+		{VSKey: modeltest.VSKey("172.16.0.1:80", ktypes.TCP), Scheduler: "wlc"},
+		{VSKey: modeltest.VSKey("192.168.0.10:8443", ktypes.TCP), Scheduler: "rr"},
+		{VSKey: modeltest.VSKey("10.200.0.1:80", ktypes.TCP), Scheduler: "rr"},
 	}
-	for _, v := range append(foreign, model.VirtualServer{VSKey: modeltest.VSKey("10.96.0.99:80", model.TCP), Scheduler: "rr"},
-		model.VirtualServer{VSKey: modeltest.VSKey("192.168.0.10:30999", model.TCP), Scheduler: "rr"}) {
+	for _, v := range append(foreign, ktypes.VirtualServer{VSKey: modeltest.VSKey("10.96.0.99:80", ktypes.TCP), Scheduler: "rr"},
+		ktypes.VirtualServer{VSKey: modeltest.VSKey("192.168.0.10:30999", ktypes.TCP), Scheduler: "rr"}) {
 		if err := ipvs.AddVirtualServer(v); err != nil {
 			t.Fatal(err)
 		}
@@ -546,7 +547,7 @@ func TestReconcilerConflict(t *testing.T) {
 				t.Errorf("conflict changes (-want +got):\n%s", diff)
 			}
 			sa, _ := r.Status(svcA)
-			wantConflicts := []model.Conflict{{VirtualServer: modeltest.VSKey("172.20.0.5:80", model.TCP), Holder: svcB, Loser: svcA}}
+			wantConflicts := []model.Conflict{{VirtualServer: modeltest.VSKey("172.20.0.5:80", ktypes.TCP), Holder: svcB, Loser: svcA}}
 			if diff := cmp.Diff(wantConflicts, sa.Conflicts, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 				t.Errorf("conflicts of the younger Service (-want +got):\n%s", diff)
 			}
@@ -617,7 +618,7 @@ func TestReconcilerClaimsMatchAssign(t *testing.T) {
 		}
 		want, _ := model.Assign(plans, testOwnership())
 		var wantDump []string
-		for _, k := range slices.SortedFunc(maps.Keys(want.VirtualServers), model.VSKey.Compare) {
+		for _, k := range slices.SortedFunc(maps.Keys(want.VirtualServers), ktypes.VSKey.Compare) {
 			w := want.VirtualServers[k]
 			wantDump = append(wantDump, w.VirtualServer.String())
 			for _, rs := range w.RealServers {
@@ -638,7 +639,7 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 	r.SetConntrack(ct)
 	udp := func(rss ...string) model.VSPlan {
 		p := modeltest.VS(model.KindClusterIP, "10.96.0.10:53", "rr", rss...)
-		p.Protocol = model.UDP
+		p.Protocol = ktypes.UDP
 		return p
 	}
 	r.SetPlan(svcA, modeltest.Plan(svcA, udp("10.0.1.2:53", "10.0.2.2:53"), modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:80", "10.0.2.2:80")))
@@ -743,11 +744,11 @@ func TestReconcilerAdoptsKubeProxy(t *testing.T) {
 	must(links.EnsureDummy("kube-ipvs0"))
 	for _, vip := range []string{"10.96.0.10", "10.96.0.99"} {
 		must(links.AddAddress("kube-ipvs0", netip.MustParseAddr(vip)))
-		k := modeltest.VSKey(vip+":80", model.TCP)
-		must(ipvs.AddVirtualServer(model.VirtualServer{VSKey: k, Scheduler: "rr"}))
-		must(ipvs.AddRealServer(k, model.RealServer{RSKey: model.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}, Weight: 1}))
+		k := modeltest.VSKey(vip+":80", ktypes.TCP)
+		must(ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: k, Scheduler: "rr"}))
+		must(ipvs.AddRealServer(k, ktypes.RealServer{RSKey: ktypes.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}, Weight: 1}))
 	}
-	must(ipvs.AddVirtualServer(model.VirtualServer{VSKey: modeltest.VSKey("172.16.0.1:80", model.TCP), Scheduler: "wlc"}))
+	must(ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: modeltest.VSKey("172.16.0.1:80", ktypes.TCP), Scheduler: "wlc"}))
 	resetCalls(ipvs, links)
 
 	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
@@ -775,11 +776,11 @@ func TestReconcilerSlicedResync(t *testing.T) {
 	}
 
 	// Drift by hand in the first, second and last slices.
-	rs := func(a string) model.RSKey { return model.RSKey{Address: netip.MustParseAddr(a), Port: 8080} }
+	rs := func(a string) ktypes.RSKey { return ktypes.RSKey{Address: netip.MustParseAddr(a), Port: 8080} }
 	for _, err := range []error{
-		ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", model.TCP), rs("10.0.1.1")),
-		ipvs.UpdateRealServer(modeltest.VSKey("10.96.0.3:80", model.TCP), model.RealServer{RSKey: rs("10.0.1.3"), Weight: 7}),
-		ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.5:80", model.TCP), rs("10.0.1.5")),
+		ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", ktypes.TCP), rs("10.0.1.1")),
+		ipvs.UpdateRealServer(modeltest.VSKey("10.96.0.3:80", ktypes.TCP), ktypes.RealServer{RSKey: rs("10.0.1.3"), Weight: 7}),
+		ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.5:80", ktypes.TCP), rs("10.0.1.5")),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -849,7 +850,7 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 	mustSync(t, r, true)
 
 	// Drift by hand, then the read, then changes written by the loop.
-	if err := ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", model.TCP), model.RSKey{Address: netip.MustParseAddr("10.0.1.1"), Port: 8080}); err != nil {
+	if err := ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", ktypes.TCP), ktypes.RSKey{Address: netip.MustParseAddr("10.0.1.1"), Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
 	run, ok := r.StartResyncRead()

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -21,9 +22,9 @@ import (
 // (an in-loop read of the kernel drops it: it is older) and what the loop
 // wrote since it started.
 type resyncState struct {
-	left        []model.VSKey
+	left        []ktypes.VSKey
 	start       time.Time
-	realServers map[model.VSKey][]model.RealServer
+	realServers map[ktypes.VSKey][]ktypes.RealServer
 
 	reader  *resyncReader
 	read    *OffLoop[*KernelRead]
@@ -41,7 +42,7 @@ type resyncReader struct {
 // addresses the loop wrote since it began, whose state in its result may
 // be older than the loop's view.
 type offLoopRead struct {
-	keys  map[model.VSKey]bool
+	keys  map[ktypes.VSKey]bool
 	addrs map[netip.Addr]bool
 }
 
@@ -49,7 +50,7 @@ type offLoopRead struct {
 // for a periodic resync (see Reconciler.StartResyncRead).
 type KernelRead struct {
 	raw   rawKernel
-	rss   map[model.VSKey][]model.RealServer
+	rss   map[ktypes.VSKey][]ktypes.RealServer
 	reads int
 	took  time.Duration // set when it is taken
 	err   error
@@ -62,7 +63,7 @@ func (r *Reconciler) Resyncing() bool { return len(r.resync.left) > 0 }
 // startResync lists every virtual server a sliced resync checks: those
 // the plans claim and those in the kernel's view just read.
 func (r *Reconciler) startResync(now time.Time) {
-	keys := make([]model.VSKey, 0, len(r.claims.byKey)+len(r.kernel.VirtualServers))
+	keys := make([]ktypes.VSKey, 0, len(r.claims.byKey)+len(r.kernel.VirtualServers))
 	for k := range r.claims.byKey {
 		keys = append(keys, k)
 	}
@@ -71,12 +72,12 @@ func (r *Reconciler) startResync(now time.Time) {
 			keys = append(keys, k)
 		}
 	}
-	slices.SortFunc(keys, model.VSKey.Compare)
+	slices.SortFunc(keys, ktypes.VSKey.Compare)
 	r.resync.left, r.resync.start = keys, now
 	// The bulk read's real servers serve the slices: kept for the
 	// resync's duration, each until its virtual server is in a sync's
 	// scope.
-	r.resync.realServers, r.kernel.RealServers = r.kernel.RealServers, map[model.VSKey][]model.RealServer{}
+	r.resync.realServers, r.kernel.RealServers = r.kernel.RealServers, map[ktypes.VSKey][]ktypes.RealServer{}
 }
 
 // takeResyncRealServers gives the sync the real servers that the running
@@ -85,11 +86,11 @@ func (r *Reconciler) startResync(now time.Time) {
 // its entry first). Those the read left out are read alone, and so are
 // those with a real server marked Drain: their connection counts, which
 // change without writes, decide whether it stays.
-func (r *Reconciler) takeResyncRealServers(keys []model.VSKey, want model.Desired) {
+func (r *Reconciler) takeResyncRealServers(keys []ktypes.VSKey, want model.Desired) {
 	for _, k := range keys {
 		if rss, ok := r.resync.realServers[k]; ok {
 			delete(r.resync.realServers, k)
-			if w, wanted := want.VirtualServers[k]; wanted && slices.ContainsFunc(w.RealServers, func(rs model.RealServer) bool { return rs.Drain }) {
+			if w, wanted := want.VirtualServers[k]; wanted && slices.ContainsFunc(w.RealServers, func(rs ktypes.RealServer) bool { return rs.Drain }) {
 				continue
 			}
 			r.kernel.RealServers[k] = rss
@@ -136,7 +137,7 @@ func (r *Reconciler) StartResyncRead() (run func(), ok bool) {
 		return kr
 	}, nil)
 	if ok {
-		r.resync.offLoop = &offLoopRead{keys: map[model.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+		r.resync.offLoop = &offLoopRead{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
 	}
 	return run, ok
 }
@@ -204,15 +205,15 @@ func (r *Reconciler) takeOffered() *KernelRead {
 }
 
 // touched notes what ops write while a read off the loop runs.
-func (r *Reconciler) touched(ops []model.Op) {
+func (r *Reconciler) touched(ops []ktypes.Op) {
 	if r.resync.offLoop == nil {
 		return
 	}
 	for _, op := range ops {
 		switch op.Kind {
-		case model.OpBind, model.OpUnbind:
+		case ktypes.OpBind, ktypes.OpUnbind:
 			r.resync.offLoop.addrs[op.Address] = true
-		case model.OpRoute, model.OpUnroute:
+		case ktypes.OpRoute, ktypes.OpUnroute:
 			// Written by full syncs only, which drop a read off the loop.
 		default:
 			r.resync.offLoop.keys[op.VirtualServer.VSKey] = true

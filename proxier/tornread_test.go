@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
@@ -28,8 +29,8 @@ type pagedDump struct {
 	between func()
 }
 
-func (d *pagedDump) ListVirtualServers() ([]model.VirtualServer, error) {
-	var out []model.VirtualServer
+func (d *pagedDump) ListVirtualServers() ([]ktypes.VirtualServer, error) {
+	var out []ktypes.VirtualServer
 	pos := 0
 	for part := 0; ; part++ {
 		all, err := d.IPVS.ListVirtualServers() // the table as it is now, in its (hash) order
@@ -162,7 +163,7 @@ func TestLostAddAnswerKeepsTheAddress(t *testing.T) {
 	r.SetPlan(svcN(1), planN(1))
 	mustSync(t, r, true)
 
-	ipvs.lose = func(w netlinkutil.Write) bool { return w.Kind == model.OpAddVirtualServer }
+	ipvs.lose = func(w netlinkutil.Write) bool { return w.Kind == ktypes.OpAddVirtualServer }
 	r.SetPlan(svcN(2), planN(2))
 	_, err := r.Sync(false)
 	t.Logf("sync adding s2: %v; full due: %v", err, r.FullDue())

@@ -8,7 +8,7 @@ import (
 	"github.com/moby/ipvs"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // dataplane is where a proxy's Services show in the kernel: IPVS (with
@@ -117,7 +117,7 @@ func (v *ipvsView) notListed(ss []Service) ([]Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	have := make(map[model.VSKey]bool, len(vss))
+	have := make(map[ktypes.VSKey]bool, len(vss))
 	for _, vs := range vss {
 		have[vs.VSKey] = true
 	}

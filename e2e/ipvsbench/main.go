@@ -40,7 +40,7 @@ import (
 	"time"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // Interface is the dummy interface the floor binds VIPs to: ipvs-proxy's
@@ -112,7 +112,7 @@ func floor(file string) error {
 	}
 	addrTime := time.Since(start)
 	for i, s := range svcs {
-		vs := model.VirtualServer{VSKey: model.VSKey{Address: vips[i], Protocol: model.TCP, Port: s.Port}, Scheduler: "rr"}
+		vs := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: vips[i], Protocol: ktypes.TCP, Port: s.Port}, Scheduler: "rr"}
 		if err := ipvs.AddVirtualServer(vs); err != nil {
 			return err
 		}
@@ -122,7 +122,7 @@ func floor(file string) error {
 			if err != nil {
 				return fmt.Errorf("real server %q: %w", r, err)
 			}
-			if err := ipvs.AddRealServer(vs.VSKey, model.RealServer{RSKey: model.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1}); err != nil {
+			if err := ipvs.AddRealServer(vs.VSKey, ktypes.RealServer{RSKey: ktypes.RSKey{Address: ap.Addr(), Port: ap.Port()}, Weight: 1}); err != nil {
 				return err
 			}
 			calls++

@@ -16,7 +16,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // netlinkFigures times the same table written and read one request at a
@@ -26,16 +26,16 @@ import (
 // deleted is slower to create (measured too).
 func netlinkFigures(n int) error {
 	var adds, dels []netlinkutil.Write
-	var keys []model.VSKey
+	var keys []ktypes.VSKey
 	for i := range n {
-		v := model.VirtualServer{VSKey: model.VSKey{Address: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Protocol: model.TCP, Port: 80}, Scheduler: "rr"}
+		v := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Protocol: ktypes.TCP, Port: 80}, Scheduler: "rr"}
 		keys = append(keys, v.VSKey)
-		adds = append(adds, netlinkutil.Write{Kind: model.OpAddVirtualServer, VirtualServer: v})
+		adds = append(adds, netlinkutil.Write{Kind: ktypes.OpAddVirtualServer, VirtualServer: v})
 		for k := range 2 {
-			r := model.RealServer{RSKey: model.RSKey{Address: netip.AddrFrom4([4]byte{10, 1 + byte(k), byte(i >> 8), byte(i)}), Port: 8080}, Weight: 1}
-			adds = append(adds, netlinkutil.Write{Kind: model.OpAddRealServer, VirtualServer: v, RealServer: r})
+			r := ktypes.RealServer{RSKey: ktypes.RSKey{Address: netip.AddrFrom4([4]byte{10, 1 + byte(k), byte(i >> 8), byte(i)}), Port: 8080}, Weight: 1}
+			adds = append(adds, netlinkutil.Write{Kind: ktypes.OpAddRealServer, VirtualServer: v, RealServer: r})
 		}
-		dels = append(dels, netlinkutil.Write{Kind: model.OpDeleteVirtualServer, VirtualServer: v})
+		dels = append(dels, netlinkutil.Write{Kind: ktypes.OpDeleteVirtualServer, VirtualServer: v})
 	}
 	out := map[string]float64{}
 	timed := func(name string, fn func() error) error {
@@ -51,11 +51,11 @@ func netlinkFigures(n int) error {
 		for _, w := range ws {
 			var err error
 			switch w.Kind {
-			case model.OpAddVirtualServer:
+			case ktypes.OpAddVirtualServer:
 				err = h.AddVirtualServer(w.VirtualServer)
-			case model.OpAddRealServer:
+			case ktypes.OpAddRealServer:
 				err = h.AddRealServer(w.VirtualServer.VSKey, w.RealServer)
-			case model.OpDeleteVirtualServer:
+			case ktypes.OpDeleteVirtualServer:
 				err = h.DeleteVirtualServer(w.VirtualServer.VSKey)
 			}
 			if err != nil {
@@ -74,7 +74,7 @@ func netlinkFigures(n int) error {
 	}
 	// Reads of every destination: one dump per virtual server; the same
 	// over four sockets in parallel; the bulk read.
-	perVS := func(h netlinkutil.IPVS, keys []model.VSKey) error {
+	perVS := func(h netlinkutil.IPVS, keys []ktypes.VSKey) error {
 		for _, k := range keys {
 			if _, err := h.ListRealServers(k); err != nil {
 				return err
@@ -196,7 +196,7 @@ func ipsetFigures(n int, timed func(string, func() error) error) error {
 	var entries []ipset.Entry
 	for i := range n {
 		a := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
-		entries = append(entries, ipset.Entry{Addr: a, Proto: model.TCP, Port: 8080, Addr2: a})
+		entries = append(entries, ipset.Entry{Addr: a, Proto: ktypes.TCP, Port: 8080, Addr2: a})
 	}
 	for _, mode := range []struct {
 		name, set string

@@ -16,7 +16,7 @@ import (
 	"github.com/moby/ipvs"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // settleResult is what settle prints, in seconds since the proxy started.
@@ -121,8 +121,8 @@ func readServices(file string) ([]Service, error) {
 	return svcs, nil
 }
 
-func vsKey(s Service) model.VSKey {
-	return model.VSKey{Address: netip.MustParseAddr(s.VIP), Protocol: model.TCP, Port: s.Port}
+func vsKey(s Service) ktypes.VSKey {
+	return ktypes.VSKey{Address: netip.MustParseAddr(s.VIP), Protocol: ktypes.TCP, Port: s.Port}
 }
 
 func ipvsService(s Service) *ipvs.Service {

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // Call is one recorded call, rendered as a short line such as
@@ -44,14 +44,14 @@ const (
 // IPVS is a fake IPVS table.
 type IPVS struct {
 	mu       sync.Mutex
-	vs       map[model.VSKey]model.VirtualServer
-	rs       map[model.VSKey]map[model.RSKey]model.RealServer
+	vs       map[ktypes.VSKey]ktypes.VirtualServer
+	rs       map[ktypes.VSKey]map[ktypes.RSKey]ktypes.RealServer
 	timeouts netlinkutil.Timeouts
 	calls    []Call
 	counts   counts
 	batches  []int // sizes of Apply calls
 	// bulkSkips are left out of ListAllRealServers.
-	bulkSkips map[model.VSKey]bool
+	bulkSkips map[ktypes.VSKey]bool
 	inject    ErrorFunc
 	// schedulers the fake kernel has; nil means every one.
 	schedulers map[string]bool
@@ -60,8 +60,8 @@ type IPVS struct {
 // NewIPVS returns an empty fake IPVS table.
 func NewIPVS() *IPVS {
 	return &IPVS{
-		vs: map[model.VSKey]model.VirtualServer{},
-		rs: map[model.VSKey]map[model.RSKey]model.RealServer{},
+		vs: map[ktypes.VSKey]ktypes.VirtualServer{},
+		rs: map[ktypes.VSKey]map[ktypes.RSKey]ktypes.RealServer{},
 	}
 }
 
@@ -85,7 +85,7 @@ func (f *IPVS) SetSchedulers(names ...string) {
 // SetConns sets the connection counts that the kernel keeps for a real
 // server (IPVS's ActiveConn and InActConn), as traffic would; the List
 // calls report them. It fails when the real server is not in the table.
-func (f *IPVS) SetConns(vs model.VSKey, rs model.RSKey, active, inactive int) error {
+func (f *IPVS) SetConns(vs ktypes.VSKey, rs ktypes.RSKey, active, inactive int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur, ok := f.rs[vs][rs]
@@ -202,19 +202,19 @@ func (c *counts) record(calls *[]Call, inject ErrorFunc, format string, args ...
 func (f *IPVS) Dump() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	keys := make([]model.VSKey, 0, len(f.vs))
+	keys := make([]ktypes.VSKey, 0, len(f.vs))
 	for k := range f.vs {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, model.VSKey.Compare)
+	slices.SortFunc(keys, ktypes.VSKey.Compare)
 	var out []string
 	for _, k := range keys {
 		out = append(out, f.vs[k].String())
-		rss := make([]model.RealServer, 0, len(f.rs[k]))
+		rss := make([]ktypes.RealServer, 0, len(f.rs[k]))
 		for _, r := range f.rs[k] {
 			rss = append(rss, r)
 		}
-		slices.SortFunc(rss, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+		slices.SortFunc(rss, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 		for _, r := range rss {
 			out = append(out, fmt.Sprintf("  -> %s w=%d", r.RSKey, r.Weight))
 		}
@@ -224,23 +224,23 @@ func (f *IPVS) Dump() []string {
 
 // ListVirtualServers implements netlinkutil.IPVS. Like the kernel, it
 // reports the hashed flag on every service.
-func (f *IPVS) ListVirtualServers() ([]model.VirtualServer, error) {
+func (f *IPVS) ListVirtualServers() ([]ktypes.VirtualServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ListVirtualServers"); err != nil {
 		return nil, err
 	}
-	out := make([]model.VirtualServer, 0, len(f.vs))
+	out := make([]ktypes.VirtualServer, 0, len(f.vs))
 	for _, v := range f.vs {
-		v.Flags |= model.FlagHashed
+		v.Flags |= ktypes.FlagHashed
 		out = append(out, v)
 	}
-	slices.SortFunc(out, func(a, b model.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
+	slices.SortFunc(out, func(a, b ktypes.VirtualServer) int { return a.VSKey.Compare(b.VSKey) })
 	return out, nil
 }
 
 // ListRealServers implements netlinkutil.IPVS.
-func (f *IPVS) ListRealServers(vs model.VSKey) ([]model.RealServer, error) {
+func (f *IPVS) ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ListRealServers %s", vs); err != nil {
@@ -249,11 +249,11 @@ func (f *IPVS) ListRealServers(vs model.VSKey) ([]model.RealServer, error) {
 	if _, ok := f.vs[vs]; !ok {
 		return nil, fmt.Errorf("list destinations of %s: %w", vs, unix.ESRCH)
 	}
-	out := make([]model.RealServer, 0, len(f.rs[vs]))
+	out := make([]ktypes.RealServer, 0, len(f.rs[vs]))
 	for _, r := range f.rs[vs] {
 		out = append(out, r)
 	}
-	slices.SortFunc(out, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+	slices.SortFunc(out, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 	return out, nil
 }
 
@@ -268,17 +268,17 @@ func (f *IPVS) Apply(writes []netlinkutil.Write) []error {
 	for i, w := range writes {
 		k := w.VirtualServer.VSKey
 		switch w.Kind {
-		case model.OpAddVirtualServer:
+		case ktypes.OpAddVirtualServer:
 			errs[i] = f.addVirtualServer(w.VirtualServer)
-		case model.OpUpdateVirtualServer:
+		case ktypes.OpUpdateVirtualServer:
 			errs[i] = f.updateVirtualServer(w.VirtualServer)
-		case model.OpDeleteVirtualServer:
+		case ktypes.OpDeleteVirtualServer:
 			errs[i] = f.deleteVirtualServer(k)
-		case model.OpAddRealServer:
+		case ktypes.OpAddRealServer:
 			errs[i] = f.addRealServer(k, w.RealServer)
-		case model.OpUpdateRealServer:
+		case ktypes.OpUpdateRealServer:
 			errs[i] = f.updateRealServer(k, w.RealServer)
-		case model.OpDeleteRealServer:
+		case ktypes.OpDeleteRealServer:
 			errs[i] = f.deleteRealServer(k, w.RealServer.RSKey)
 		default:
 			errs[i] = fmt.Errorf("%s is not an IPVS write", w.Kind)
@@ -290,10 +290,10 @@ func (f *IPVS) Apply(writes []netlinkutil.Write) []error {
 // SkipInBulkRead makes ListAllRealServers leave these virtual servers out,
 // as the kernel's bulk read may (see netlinkutil.IPVS); none: it leaves
 // out nothing.
-func (f *IPVS) SkipInBulkRead(keys ...model.VSKey) {
+func (f *IPVS) SkipInBulkRead(keys ...ktypes.VSKey) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.bulkSkips = map[model.VSKey]bool{}
+	f.bulkSkips = map[ktypes.VSKey]bool{}
 	for _, k := range keys {
 		f.bulkSkips[k] = true
 	}
@@ -307,29 +307,29 @@ func (f *IPVS) Batches() []int {
 }
 
 // ListAllRealServers implements netlinkutil.IPVS.
-func (f *IPVS) ListAllRealServers() (map[model.VSKey][]model.RealServer, error) {
+func (f *IPVS) ListAllRealServers() (map[ktypes.VSKey][]ktypes.RealServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ListAllRealServers"); err != nil {
 		return nil, err
 	}
-	out := make(map[model.VSKey][]model.RealServer, len(f.vs))
+	out := make(map[ktypes.VSKey][]ktypes.RealServer, len(f.vs))
 	for k := range f.vs {
 		if f.bulkSkips[k] {
 			continue
 		}
-		rss := make([]model.RealServer, 0, len(f.rs[k]))
+		rss := make([]ktypes.RealServer, 0, len(f.rs[k]))
 		for _, r := range f.rs[k] {
 			rss = append(rss, r)
 		}
-		slices.SortFunc(rss, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+		slices.SortFunc(rss, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 		out[k] = rss
 	}
 	return out, nil
 }
 
 // AddVirtualServer implements netlinkutil.IPVS.
-func (f *IPVS) AddVirtualServer(vs model.VirtualServer) error {
+func (f *IPVS) AddVirtualServer(vs ktypes.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.addVirtualServer(vs)
@@ -337,7 +337,7 @@ func (f *IPVS) AddVirtualServer(vs model.VirtualServer) error {
 
 // The writes; callers hold f.mu.
 
-func (f *IPVS) addVirtualServer(vs model.VirtualServer) error {
+func (f *IPVS) addVirtualServer(vs ktypes.VirtualServer) error {
 	if err := f.record(callAddVS, vs); err != nil {
 		return err
 	}
@@ -347,20 +347,20 @@ func (f *IPVS) addVirtualServer(vs model.VirtualServer) error {
 	if !f.knows(vs.Scheduler) {
 		return fmt.Errorf("add %s: scheduler %q: %w", vs.VSKey, vs.Scheduler, unix.ENOENT)
 	}
-	vs.Flags &= model.FlagsCompared
+	vs.Flags &= ktypes.FlagsCompared
 	f.vs[vs.VSKey] = vs
-	f.rs[vs.VSKey] = map[model.RSKey]model.RealServer{}
+	f.rs[vs.VSKey] = map[ktypes.RSKey]ktypes.RealServer{}
 	return nil
 }
 
 // UpdateVirtualServer implements netlinkutil.IPVS.
-func (f *IPVS) UpdateVirtualServer(vs model.VirtualServer) error {
+func (f *IPVS) UpdateVirtualServer(vs ktypes.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.updateVirtualServer(vs)
 }
 
-func (f *IPVS) updateVirtualServer(vs model.VirtualServer) error {
+func (f *IPVS) updateVirtualServer(vs ktypes.VirtualServer) error {
 	if err := f.record(callUpdateVS, vs); err != nil {
 		return err
 	}
@@ -370,19 +370,19 @@ func (f *IPVS) updateVirtualServer(vs model.VirtualServer) error {
 	if !f.knows(vs.Scheduler) {
 		return fmt.Errorf("update %s: scheduler %q: %w", vs.VSKey, vs.Scheduler, unix.ENOENT)
 	}
-	vs.Flags &= model.FlagsCompared
+	vs.Flags &= ktypes.FlagsCompared
 	f.vs[vs.VSKey] = vs
 	return nil
 }
 
 // DeleteVirtualServer implements netlinkutil.IPVS.
-func (f *IPVS) DeleteVirtualServer(vs model.VSKey) error {
+func (f *IPVS) DeleteVirtualServer(vs ktypes.VSKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.deleteVirtualServer(vs)
 }
 
-func (f *IPVS) deleteVirtualServer(vs model.VSKey) error {
+func (f *IPVS) deleteVirtualServer(vs ktypes.VSKey) error {
 	if err := f.record(callDeleteVS, vs); err != nil {
 		return err
 	}
@@ -395,13 +395,13 @@ func (f *IPVS) deleteVirtualServer(vs model.VSKey) error {
 }
 
 // AddRealServer implements netlinkutil.IPVS.
-func (f *IPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
+func (f *IPVS) AddRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.addRealServer(vs, rs)
 }
 
-func (f *IPVS) addRealServer(vs model.VSKey, rs model.RealServer) error {
+func (f *IPVS) addRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 	if err := f.record(callAddRS, vs, rs.RSKey, rs.Weight); err != nil {
 		return err
 	}
@@ -412,18 +412,18 @@ func (f *IPVS) addRealServer(vs model.VSKey, rs model.RealServer) error {
 	if _, ok := m[rs.RSKey]; ok {
 		return fmt.Errorf("add destination %s: %w", rs.RSKey, unix.EEXIST)
 	}
-	m[rs.RSKey] = model.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
+	m[rs.RSKey] = ktypes.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
 	return nil
 }
 
 // UpdateRealServer implements netlinkutil.IPVS.
-func (f *IPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
+func (f *IPVS) UpdateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.updateRealServer(vs, rs)
 }
 
-func (f *IPVS) updateRealServer(vs model.VSKey, rs model.RealServer) error {
+func (f *IPVS) updateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 	if err := f.record(callUpdateRS, vs, rs.RSKey, rs.Weight); err != nil {
 		return err
 	}
@@ -441,13 +441,13 @@ func (f *IPVS) updateRealServer(vs model.VSKey, rs model.RealServer) error {
 }
 
 // DeleteRealServer implements netlinkutil.IPVS.
-func (f *IPVS) DeleteRealServer(vs model.VSKey, rs model.RSKey) error {
+func (f *IPVS) DeleteRealServer(vs ktypes.VSKey, rs ktypes.RSKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.deleteRealServer(vs, rs)
 }
 
-func (f *IPVS) deleteRealServer(vs model.VSKey, rs model.RSKey) error {
+func (f *IPVS) deleteRealServer(vs ktypes.VSKey, rs ktypes.RSKey) error {
 	if err := f.record(callDeleteRS, vs, rs); err != nil {
 		return err
 	}
@@ -810,7 +810,7 @@ type Conntrack struct {
 var _ netlinkutil.Conntrack = (*Conntrack)(nil)
 
 // ClearUDP implements netlinkutil.Conntrack.
-func (c *Conntrack) ClearUDP(vs model.VSKey, rs model.RSKey) (uint, error) {
+func (c *Conntrack) ClearUDP(vs ktypes.VSKey, rs ktypes.RSKey) (uint, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	to := rs.String()

@@ -7,7 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // WriteCall renders an IPVS write as the fake IPVS records it.
@@ -15,17 +15,17 @@ func WriteCall(w netlinkutil.Write) Call {
 	k, rs := w.VirtualServer.VSKey, w.RealServer
 	var s string
 	switch w.Kind {
-	case model.OpAddVirtualServer:
+	case ktypes.OpAddVirtualServer:
 		s = fmt.Sprintf(callAddVS, w.VirtualServer)
-	case model.OpUpdateVirtualServer:
+	case ktypes.OpUpdateVirtualServer:
 		s = fmt.Sprintf(callUpdateVS, w.VirtualServer)
-	case model.OpDeleteVirtualServer:
+	case ktypes.OpDeleteVirtualServer:
 		s = fmt.Sprintf(callDeleteVS, k)
-	case model.OpAddRealServer:
+	case ktypes.OpAddRealServer:
 		s = fmt.Sprintf(callAddRS, k, rs.RSKey, rs.Weight)
-	case model.OpUpdateRealServer:
+	case ktypes.OpUpdateRealServer:
 		s = fmt.Sprintf(callUpdateRS, k, rs.RSKey, rs.Weight)
-	case model.OpDeleteRealServer:
+	case ktypes.OpDeleteRealServer:
 		s = fmt.Sprintf(callDeleteRS, k, rs.RSKey)
 	default:
 		s = w.String()
@@ -80,48 +80,48 @@ func (f *FaultyIPVS) Apply(writes []netlinkutil.Write) []error {
 }
 
 // AddVirtualServer implements netlinkutil.IPVS.
-func (f *FaultyIPVS) AddVirtualServer(vs model.VirtualServer) error {
-	if err := f.injected(netlinkutil.Write{Kind: model.OpAddVirtualServer, VirtualServer: vs}); err != nil {
+func (f *FaultyIPVS) AddVirtualServer(vs ktypes.VirtualServer) error {
+	if err := f.injected(netlinkutil.Write{Kind: ktypes.OpAddVirtualServer, VirtualServer: vs}); err != nil {
 		return err
 	}
 	return f.IPVS.AddVirtualServer(vs)
 }
 
 // UpdateVirtualServer implements netlinkutil.IPVS.
-func (f *FaultyIPVS) UpdateVirtualServer(vs model.VirtualServer) error {
-	if err := f.injected(netlinkutil.Write{Kind: model.OpUpdateVirtualServer, VirtualServer: vs}); err != nil {
+func (f *FaultyIPVS) UpdateVirtualServer(vs ktypes.VirtualServer) error {
+	if err := f.injected(netlinkutil.Write{Kind: ktypes.OpUpdateVirtualServer, VirtualServer: vs}); err != nil {
 		return err
 	}
 	return f.IPVS.UpdateVirtualServer(vs)
 }
 
 // DeleteVirtualServer implements netlinkutil.IPVS.
-func (f *FaultyIPVS) DeleteVirtualServer(vs model.VSKey) error {
-	if err := f.injected(netlinkutil.Write{Kind: model.OpDeleteVirtualServer, VirtualServer: model.VirtualServer{VSKey: vs}}); err != nil {
+func (f *FaultyIPVS) DeleteVirtualServer(vs ktypes.VSKey) error {
+	if err := f.injected(netlinkutil.Write{Kind: ktypes.OpDeleteVirtualServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}}); err != nil {
 		return err
 	}
 	return f.IPVS.DeleteVirtualServer(vs)
 }
 
 // AddRealServer implements netlinkutil.IPVS.
-func (f *FaultyIPVS) AddRealServer(vs model.VSKey, rs model.RealServer) error {
-	if err := f.injected(netlinkutil.Write{Kind: model.OpAddRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: rs}); err != nil {
+func (f *FaultyIPVS) AddRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
+	if err := f.injected(netlinkutil.Write{Kind: ktypes.OpAddRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: rs}); err != nil {
 		return err
 	}
 	return f.IPVS.AddRealServer(vs, rs)
 }
 
 // UpdateRealServer implements netlinkutil.IPVS.
-func (f *FaultyIPVS) UpdateRealServer(vs model.VSKey, rs model.RealServer) error {
-	if err := f.injected(netlinkutil.Write{Kind: model.OpUpdateRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: rs}); err != nil {
+func (f *FaultyIPVS) UpdateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
+	if err := f.injected(netlinkutil.Write{Kind: ktypes.OpUpdateRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: rs}); err != nil {
 		return err
 	}
 	return f.IPVS.UpdateRealServer(vs, rs)
 }
 
 // DeleteRealServer implements netlinkutil.IPVS.
-func (f *FaultyIPVS) DeleteRealServer(vs model.VSKey, rs model.RSKey) error {
-	w := netlinkutil.Write{Kind: model.OpDeleteRealServer, VirtualServer: model.VirtualServer{VSKey: vs}, RealServer: model.RealServer{RSKey: rs}}
+func (f *FaultyIPVS) DeleteRealServer(vs ktypes.VSKey, rs ktypes.RSKey) error {
+	w := netlinkutil.Write{Kind: ktypes.OpDeleteRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: ktypes.RealServer{RSKey: rs}}
 	if err := f.injected(w); err != nil {
 		return err
 	}

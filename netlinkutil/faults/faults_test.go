@@ -17,7 +17,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/faults"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 func newInjector(t *testing.T, rate float64, seed uint64) *faults.Injector {
@@ -29,13 +29,13 @@ func newInjector(t *testing.T, rate float64, seed uint64) *faults.Injector {
 	return in
 }
 
-func vs(i int) model.VirtualServer {
-	return model.VirtualServer{VSKey: model.VSKey{Address: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Protocol: model.TCP, Port: 80},
+func vs(i int) ktypes.VirtualServer {
+	return ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Protocol: ktypes.TCP, Port: 80},
 		Scheduler: "rr"}
 }
 
-func rs(i int) model.RealServer {
-	return model.RealServer{RSKey: model.RSKey{Address: netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)}), Port: 8080}, Weight: 1}
+func rs(i int) ktypes.RealServer {
+	return ktypes.RealServer{RSKey: ktypes.RSKey{Address: netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)}), Port: 8080}, Weight: 1}
 }
 
 func TestNewRejectsRates(t *testing.T) {
@@ -100,8 +100,8 @@ func TestApplyFailuresLandOnTheirWrites(t *testing.T) {
 	const n = 400
 	var writes []netlinkutil.Write
 	for i := range n {
-		writes = append(writes, netlinkutil.Write{Kind: model.OpAddVirtualServer, VirtualServer: vs(i)},
-			netlinkutil.Write{Kind: model.OpAddRealServer, VirtualServer: vs(i), RealServer: rs(i)})
+		writes = append(writes, netlinkutil.Write{Kind: ktypes.OpAddVirtualServer, VirtualServer: vs(i)},
+			netlinkutil.Write{Kind: ktypes.OpAddRealServer, VirtualServer: vs(i), RealServer: rs(i)})
 	}
 	errs := ipvs.Apply(writes)
 	if len(errs) != len(writes) {
@@ -197,7 +197,7 @@ func TestSetWritesFailPerEntry(t *testing.T) {
 	sets := in.WrapSets(inner)
 	var entries []ipset.Entry
 	for i := range 200 {
-		entries = append(entries, ipset.Entry{Addr: vs(i).Address, Proto: model.TCP, Port: 80})
+		entries = append(entries, ipset.Entry{Addr: vs(i).Address, Proto: ktypes.TCP, Port: 80})
 	}
 	err := sets.Add(spec.Name, entries...)
 	if !errors.Is(err, faults.ErrInjected) {

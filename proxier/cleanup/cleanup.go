@@ -16,6 +16,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
@@ -138,11 +139,11 @@ func cleanupNetfilter(ctx context.Context, chains glue.ChainOwner, sets ipset.Ow
 // cleanupVirtualServers deletes the virtual servers that the Ownership rule
 // gives to own's interface: the reconciler's rule, read the same way.
 func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership) (int, error) {
-	k, _, _, err := proxier.ReadKernel(ipvs, links, own, func(model.VSKey) bool { return false })
+	k, _, _, err := proxier.ReadKernel(ipvs, links, own, func(ktypes.VSKey) bool { return false })
 	if err != nil {
 		return 0, err
 	}
-	keys := slices.SortedFunc(maps.Keys(k.VirtualServers), model.VSKey.Compare)
+	keys := slices.SortedFunc(maps.Keys(k.VirtualServers), ktypes.VSKey.Compare)
 	var errs []error
 	n := 0
 	for _, key := range keys {

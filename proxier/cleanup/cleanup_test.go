@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -25,9 +26,9 @@ func TestCleanupVirtualServers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	key := func(ap string) model.VSKey {
+	key := func(ap string) ktypes.VSKey {
 		x := netip.MustParseAddrPort(ap)
-		return model.VSKey{Address: x.Addr(), Protocol: model.TCP, Port: x.Port()}
+		return ktypes.VSKey{Address: x.Addr(), Protocol: ktypes.TCP, Port: x.Port()}
 	}
 	for _, ap := range []string{
 		"10.96.0.10:80",    // on the interface: ours
@@ -36,7 +37,7 @@ func TestCleanupVirtualServers(t *testing.T) {
 		"10.0.2.15:8080",   // node address, other port: not ours
 		"192.0.2.50:30080", // nobody's address: not ours
 	} {
-		if err := ipvs.AddVirtualServer(model.VirtualServer{VSKey: key(ap), Scheduler: "rr"}); err != nil {
+		if err := ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: key(ap), Scheduler: "rr"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,20 +10,21 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 var (
-	tcp  = model.TCP
-	udp  = model.UDP
+	tcp  = ktypes.TCP
+	udp  = ktypes.UDP
 	addr = netip.MustParseAddr
 	pfx  = netip.MustParsePrefix
 )
 
-func vs(kind model.AddressKind, a string, proto model.Protocol, port uint16, rss ...string) model.VSPlan {
-	p := model.VSPlan{VirtualServer: model.VirtualServer{
-		VSKey: model.VSKey{Address: addr(a), Protocol: proto, Port: port}, Scheduler: "rr"}, Kind: kind}
+func vs(kind model.AddressKind, a string, proto ktypes.Protocol, port uint16, rss ...string) model.VSPlan {
+	p := model.VSPlan{VirtualServer: ktypes.VirtualServer{
+		VSKey: ktypes.VSKey{Address: addr(a), Protocol: proto, Port: port}, Scheduler: "rr"}, Kind: kind}
 	p.RealServers = modeltest.RSs(rss...)
 	return p
 }

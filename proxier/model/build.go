@@ -12,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -102,7 +103,7 @@ func (e *buildEndpoint) rank() int {
 
 type buildSlicePort struct {
 	name  string
-	proto Protocol
+	proto ktypes.Protocol
 	port  uint16
 }
 
@@ -116,7 +117,7 @@ type buildSlice struct {
 // buildCandidate is an endpoint paired with the port a Service port resolves to.
 type buildCandidate struct {
 	*buildEndpoint
-	key RSKey
+	key ktypes.RSKey
 }
 
 // buildAddr is one address a Service answers on.
@@ -142,7 +143,7 @@ type planBuilder struct {
 	families map[buildFamily]bool // the Service's IP families
 
 	vss      []VSPlan
-	seen     map[VSKey]string // who claimed each virtual server
+	seen     map[ktypes.VSKey]string // who claimed each virtual server
 	warnings []string
 
 	sourceRanges        []netip.Prefix
@@ -171,11 +172,11 @@ func (b *planBuilder) build(endpointSlices []*EndpointSlice) {
 			b.healthCheckNodePort = uint16(b.svc.Spec.HealthCheckNodePort)
 		}
 	}
-	b.seen = map[VSKey]string{}
+	b.seen = map[ktypes.VSKey]string{}
 	for i := range b.svc.Spec.Ports {
 		b.buildPort(&b.svc.Spec.Ports[i], addrs)
 	}
-	slices.SortFunc(b.vss, func(x, y VSPlan) int { return VSKey.Compare(x.VSKey, y.VSKey) })
+	slices.SortFunc(b.vss, func(x, y VSPlan) int { return ktypes.VSKey.Compare(x.VSKey, y.VSKey) })
 }
 
 // parseSourceRanges reads loadBalancerSourceRanges; invalid ones are
@@ -214,7 +215,7 @@ func (b *planBuilder) schedule() {
 	if b.svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
 		return
 	}
-	b.flags |= FlagPersistent
+	b.flags |= ktypes.FlagPersistent
 	b.timeout = buildAffinityDefault
 	if tp := b.svc.Spec.AffinityTimeout; tp != nil {
 		t := *tp
@@ -384,10 +385,10 @@ func (b *planBuilder) parseSlices(in []*EndpointSlice) {
 
 		for _, p := range s.Ports {
 			name := buildDeref(p.Name)
-			proto := TCP
+			proto := ktypes.TCP
 			if p.Protocol != nil {
 				var err error
-				if proto, err = ParseProtocol(string(*p.Protocol)); err != nil {
+				if proto, err = ktypes.ParseProtocol(string(*p.Protocol)); err != nil {
 					continue // cannot match any Service port; reported there
 				}
 			}
@@ -445,10 +446,10 @@ func buildPortLabel(p *ServicePort) string {
 // buildPort adds the virtual servers of one Service port.
 func (b *planBuilder) buildPort(p *ServicePort, addrs buildAddrs) {
 	label := buildPortLabel(p)
-	proto := TCP
+	proto := ktypes.TCP
 	if p.Protocol != "" {
 		var err error
-		if proto, err = ParseProtocol(string(p.Protocol)); err != nil {
+		if proto, err = ktypes.ParseProtocol(string(p.Protocol)); err != nil {
 			b.warn("port %s: protocol %q is not supported", label, p.Protocol)
 			return
 		}
@@ -477,8 +478,8 @@ func (b *planBuilder) buildPort(p *ServicePort, addrs buildAddrs) {
 // port a Service port resolves to: the slice port of the same name and
 // protocol. Duplicates (same address and port) are merged, the ready copy
 // winning. The result is sorted by address and port.
-func (b *planBuilder) candidates(name string, proto Protocol, label string) map[buildFamily][]buildCandidate {
-	byKey := map[RSKey]buildCandidate{}
+func (b *planBuilder) candidates(name string, proto ktypes.Protocol, label string) map[buildFamily][]buildCandidate {
+	byKey := map[ktypes.RSKey]buildCandidate{}
 	matched, anyEndpoints := false, false
 	for _, s := range b.slices {
 		anyEndpoints = anyEndpoints || len(s.endpoints) > 0
@@ -488,7 +489,7 @@ func (b *planBuilder) candidates(name string, proto Protocol, label string) map[
 			}
 			matched = true
 			for _, e := range s.endpoints {
-				key := RSKey{Address: e.addr, Port: sp.port}
+				key := ktypes.RSKey{Address: e.addr, Port: sp.port}
 				if old, dup := byKey[key]; !dup || e.rank() > old.rank() {
 					byKey[key] = buildCandidate{e, key}
 				}
@@ -504,13 +505,13 @@ func (b *planBuilder) candidates(name string, proto Protocol, label string) map[
 		out[f] = append(out[f], c)
 	}
 	for _, cs := range out {
-		slices.SortFunc(cs, func(x, y buildCandidate) int { return RSKey.Compare(x.key, y.key) })
+		slices.SortFunc(cs, func(x, y buildCandidate) int { return ktypes.RSKey.Compare(x.key, y.key) })
 	}
 	return out
 }
 
-func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, label string, cands []buildCandidate) {
-	key := VSKey{Address: a.addr, Protocol: proto, Port: port}
+func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, portName, label string, cands []buildCandidate) {
+	key := ktypes.VSKey{Address: a.addr, Protocol: proto, Port: port}
 	claim := fmt.Sprintf("%s of port %s", a.kind, label)
 	if first, dup := b.seen[key]; dup {
 		b.warn("virtual server %s is claimed twice (%s, %s); keeping the first", key, first, claim)
@@ -545,35 +546,35 @@ func (b *planBuilder) addVS(a buildAddr, proto Protocol, port uint16, portName, 
 			selected = b.topology(selected)
 		}
 	}
-	chosen := make(map[RSKey]bool, len(selected))
+	chosen := make(map[ktypes.RSKey]bool, len(selected))
 	for _, c := range selected {
 		chosen[c.key] = true
 	}
-	rss := make([]RealServer, 0, len(pool))
+	rss := make([]ktypes.RealServer, 0, len(pool))
 	for _, c := range pool {
 		switch {
 		case chosen[c.key]:
-			rss = append(rss, RealServer{RSKey: c.key, Weight: 1})
+			rss = append(rss, ktypes.RealServer{RSKey: c.key, Weight: 1})
 		case c.serving && c.terminating:
 			// Draining: a terminating endpoint that still serves keeps
 			// its real server at weight 0, so it gets no new connections
 			// but its established ones go on until the endpoint leaves
 			// the slice (deleting the real server would cut them, since
 			// expire_nodest_conn=1).
-			rss = append(rss, RealServer{RSKey: c.key, Weight: 0})
+			rss = append(rss, ktypes.RealServer{RSKey: c.key, Weight: 0})
 		case !c.ready:
 			// Not serving (failing readiness, or terminating and done
 			// serving) but still in a slice: marked Drain, the real
 			// server is kept at weight 0 only while the kernel counts
 			// connections on it (see Diff), never added.
-			rss = append(rss, RealServer{RSKey: c.key, Weight: 0, Drain: true})
+			rss = append(rss, ktypes.RealServer{RSKey: c.key, Weight: 0, Drain: true})
 		}
 	}
 	if len(rss) == 0 {
 		rss = nil
 	}
 	b.vss = append(b.vss, VSPlan{
-		VirtualServer: VirtualServer{
+		VirtualServer: ktypes.VirtualServer{
 			VSKey:     key,
 			Scheduler: b.sched.Name,
 			Flags:     b.flags,

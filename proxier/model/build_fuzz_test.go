@@ -15,6 +15,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -432,13 +433,13 @@ func checkFuzzPlan(t *testing.T, w *fuzzWorld, svc *corev1.Service, plan *model.
 			fail(vs, "an address of a family the node does not serve (IPv4 %v, IPv6 %v)", w.cfg.IPv4, w.cfg.IPv6)
 		case stdslices.ContainsFunc(w.cfg.ExcludeCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
 			fail(vs, "an address in the excluded CIDRs %v", w.cfg.ExcludeCIDRs)
-		case vs.Port == 0 || !stdslices.Contains([]model.Protocol{model.TCP, model.UDP, model.SCTP}, vs.Protocol):
+		case vs.Port == 0 || !stdslices.Contains([]ktypes.Protocol{ktypes.TCP, ktypes.UDP, ktypes.SCTP}, vs.Protocol):
 			fail(vs, "port 0 or an unknown protocol")
 		case scheduler.Validate(vs.Scheduler) != nil || (vs.Scheduler != def && w.cfg.Unavailable[vs.Scheduler]):
 			fail(vs, "scheduler %q is unknown or unavailable", vs.Scheduler)
-		case vs.Flags&^(model.FlagPersistent|model.FlagSched1|model.FlagSched2|model.FlagSched3) != 0:
+		case vs.Flags&^(ktypes.FlagPersistent|ktypes.FlagSched1|ktypes.FlagSched2|ktypes.FlagSched3) != 0:
 			fail(vs, "flags %#x", vs.Flags)
-		case (vs.Flags&model.FlagPersistent != 0) != (vs.Timeout >= 1 && vs.Timeout <= 86400):
+		case (vs.Flags&ktypes.FlagPersistent != 0) != (vs.Timeout >= 1 && vs.Timeout <= 86400):
 			fail(vs, "flags %#x with timeout %d", vs.Flags, vs.Timeout)
 		case vs.InClusterOnly && !(vs.Local && vs.Kind.External()):
 			fail(vs, "in-cluster only, but not external under a Local policy")
@@ -501,7 +502,7 @@ func checkFuzzAssign(t *testing.T, w *fuzzWorld, plans []*model.ServicePlan) {
 	d, conflicts := model.Assign(plans, own)
 
 	nodeAddrs := w.nodeAddrs()
-	wanters := map[model.VSKey][]*model.ServicePlan{}
+	wanters := map[ktypes.VSKey][]*model.ServicePlan{}
 	bound := map[netip.Addr]bool{}
 	for _, p := range plans {
 		for _, vs := range p.VirtualServers {
@@ -560,28 +561,28 @@ func checkFuzzAssign(t *testing.T, w *fuzzWorld, plans []*model.ServicePlan) {
 
 	// Against an empty kernel: bind every address, then add each virtual
 	// server with its real servers, in key order.
-	var want []model.Op
+	var want []ktypes.Op
 	addrs := make([]netip.Addr, 0, len(d.Addresses))
 	for a := range d.Addresses {
 		addrs = append(addrs, a)
 	}
 	stdslices.SortFunc(addrs, netip.Addr.Compare)
 	for _, a := range addrs {
-		want = append(want, model.Op{Kind: model.OpBind, Address: a})
+		want = append(want, ktypes.Op{Kind: ktypes.OpBind, Address: a})
 	}
-	keys := make([]model.VSKey, 0, len(d.VirtualServers))
+	keys := make([]ktypes.VSKey, 0, len(d.VirtualServers))
 	for k := range d.VirtualServers {
 		keys = append(keys, k)
 	}
-	stdslices.SortFunc(keys, model.VSKey.Compare)
+	stdslices.SortFunc(keys, ktypes.VSKey.Compare)
 	for _, k := range keys {
 		h := d.VirtualServers[k]
-		want = append(want, model.Op{Kind: model.OpAddVirtualServer, Service: h.Service, VirtualServer: h.VirtualServer})
+		want = append(want, ktypes.Op{Kind: ktypes.OpAddVirtualServer, Service: h.Service, VirtualServer: h.VirtualServer})
 		for _, rs := range h.RealServers {
 			if rs.Drain {
 				continue // never added
 			}
-			want = append(want, model.Op{Kind: model.OpAddRealServer, Service: h.Service, VirtualServer: h.VirtualServer, RealServer: rs})
+			want = append(want, ktypes.Op{Kind: ktypes.OpAddRealServer, Service: h.Service, VirtualServer: h.VirtualServer, RealServer: rs})
 		}
 	}
 	ops := model.Diff(d, model.NewKernel(nil, nil), model.Scope{All: true})

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -201,7 +202,7 @@ func forNodes(ns ...string) epOpt {
 // and real servers "addr:port", weight 1, "addr:port@0", weight 0
 // (draining), or "addr:port@d", weight 0 marked Drain (not serving: kept
 // only while the kernel counts connections on it).
-func vs(kind model.AddressKind, addrPort string, proto model.Protocol, portName string, rss ...string) model.VSPlan {
+func vs(kind model.AddressKind, addrPort string, proto ktypes.Protocol, portName string, rss ...string) model.VSPlan {
 	v := modeltest.VS(kind, addrPort, "rr", rss...)
 	v.Protocol, v.PortName = proto, portName
 	return v
@@ -254,8 +255,8 @@ const (
 	np  = model.KindNodePort
 	eip = model.KindExternalIP
 	lb  = model.KindLoadBalancer
-	tcp = model.TCP
-	udp = model.UDP
+	tcp = ktypes.TCP
+	udp = ktypes.UDP
 )
 
 var testNode = model.NodeInfo{
@@ -272,7 +273,7 @@ var planCmp = []cmp.Option{
 	cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
 	// Compare virtual servers exactly, not with their lenient Equal method.
-	cmp.Comparer(func(a, b model.VirtualServer) bool { return a == b }),
+	cmp.Comparer(func(a, b ktypes.VirtualServer) bool { return a == b }),
 }
 
 func TestBuild(t *testing.T) {
@@ -332,7 +333,7 @@ func TestBuild(t *testing.T) {
 			want: vss(
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080"), // TCP (6) < UDP (17) < SCTP (132)
 				vs(ci, "10.96.0.10:53", udp, "dns", "10.1.0.1:5353"),
-				vs(ci, "10.96.0.10:3868", model.SCTP, "sig", "10.1.0.1:3869"),
+				vs(ci, "10.96.0.10:3868", ktypes.SCTP, "sig", "10.1.0.1:3869"),
 			),
 		},
 		{
@@ -515,24 +516,24 @@ func TestBuild(t *testing.T) {
 		{
 			name: "ClientIP affinity, default timeout",
 			svc:  svc(affinity(0)),
-			want: sched("rr", model.FlagPersistent, 10800, vs(ci, "10.96.0.10:80", tcp, "http")),
+			want: sched("rr", ktypes.FlagPersistent, 10800, vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 		{
 			name: "ClientIP affinity, custom timeout",
 			svc:  svc(affinity(600)),
-			want: sched("rr", model.FlagPersistent, 600, vs(ci, "10.96.0.10:80", tcp, "http")),
+			want: sched("rr", ktypes.FlagPersistent, 600, vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 		{
 			name:  "ClientIP affinity, out-of-range timeout",
 			svc:   svc(affinity(-5)),
-			want:  sched("rr", model.FlagPersistent, 10800, vs(ci, "10.96.0.10:80", tcp, "http")),
+			want:  sched("rr", ktypes.FlagPersistent, 10800, vs(ci, "10.96.0.10:80", tcp, "http")),
 			warns: warns("sessionAffinityConfig.clientIP.timeoutSeconds -5 is out of range (1-86400); using 10800"),
 		},
 		{
 			name: "scheduler annotation sh with flags, plus affinity",
 			svc: svc(affinity(60), annotate(scheduler.AnnotationScheduler, "sh",
 				scheduler.AnnotationFlags, "sh-fallback,sh-port")),
-			want: sched("sh", model.FlagSched1|model.FlagSched2|model.FlagPersistent, 60,
+			want: sched("sh", ktypes.FlagSched1|ktypes.FlagSched2|ktypes.FlagPersistent, 60,
 				vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 		{
@@ -544,8 +545,8 @@ func TestBuild(t *testing.T) {
 		{
 			name: "default scheduler and flags from the configuration",
 			svc:  svc(),
-			cfg:  &model.BuildConfig{Scheduler: scheduler.Spec{Name: "mh", Flags: model.FlagSched2}},
-			want: sched("mh", model.FlagSched2, 0, vs(ci, "10.96.0.10:80", tcp, "http")),
+			cfg:  &model.BuildConfig{Scheduler: scheduler.Spec{Name: "mh", Flags: ktypes.FlagSched2}},
+			want: sched("mh", ktypes.FlagSched2, 0, vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
 
 		{

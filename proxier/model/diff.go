@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // Precedes reports whether Service a has precedence over Service b for a
@@ -26,7 +28,7 @@ func Precedes(a, b *ServicePlan) bool {
 
 // Conflict is a virtual server that Loser wants and Holder holds.
 type Conflict struct {
-	VirtualServer VSKey
+	VirtualServer ktypes.VSKey
 	Holder, Loser types.NamespacedName
 }
 
@@ -45,7 +47,7 @@ type Want struct {
 // its one holder), the addresses to bind to the proxy's interface and the
 // Service ranges to route as local through it.
 type Desired struct {
-	VirtualServers map[VSKey]Want
+	VirtualServers map[ktypes.VSKey]Want
 	Addresses      map[netip.Addr]bool
 	Routes         map[netip.Prefix]bool
 }
@@ -103,8 +105,8 @@ func routed(routes map[netip.Prefix]bool, a netip.Addr) bool {
 // Precedes, and lists the conflicts (sorted by virtual server, then
 // loser). Virtual servers on excluded addresses are left out.
 func Assign(plans []*ServicePlan, own Ownership) (Desired, []Conflict) {
-	d := Desired{VirtualServers: map[VSKey]Want{}, Addresses: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{}}
-	holder := map[VSKey]*ServicePlan{}
+	d := Desired{VirtualServers: map[ktypes.VSKey]Want{}, Addresses: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{}}
+	holder := map[ktypes.VSKey]*ServicePlan{}
 	var conflicts []Conflict
 	for _, p := range plans {
 		for _, vs := range p.VirtualServers {
@@ -146,10 +148,10 @@ func Assign(plans []*ServicePlan, own Ownership) (Desired, []Conflict) {
 // it. The reconciler keeps one current with its own writes; `ipvs-proxy
 // status` reads one whole.
 type Kernel struct {
-	VirtualServers map[VSKey]VirtualServer
+	VirtualServers map[ktypes.VSKey]ktypes.VirtualServer
 	// RealServers holds the destinations of the virtual servers that were
 	// read; Diff reads it only for virtual servers in its scope.
-	RealServers map[VSKey][]RealServer
+	RealServers map[ktypes.VSKey][]ktypes.RealServer
 	Bound       map[netip.Addr]bool
 	Routes      map[netip.Prefix]bool
 	perAddr     map[netip.Addr]int // virtual servers on each address
@@ -159,8 +161,8 @@ type Kernel struct {
 func (k *Kernel) Routed(a netip.Addr) bool { return routed(k.Routes, a) }
 
 // NewKernel returns a view holding vss and bound (and no routes).
-func NewKernel(vss []VirtualServer, bound []netip.Addr) *Kernel {
-	k := &Kernel{VirtualServers: map[VSKey]VirtualServer{}, RealServers: map[VSKey][]RealServer{},
+func NewKernel(vss []ktypes.VirtualServer, bound []netip.Addr) *Kernel {
+	k := &Kernel{VirtualServers: map[ktypes.VSKey]ktypes.VirtualServer{}, RealServers: map[ktypes.VSKey][]ktypes.RealServer{},
 		Bound: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{}, perAddr: map[netip.Addr]int{}}
 	for _, vs := range vss {
 		k.PutVirtualServer(vs)
@@ -172,7 +174,7 @@ func NewKernel(vss []VirtualServer, bound []netip.Addr) *Kernel {
 }
 
 // PutVirtualServer records a virtual server as added or updated.
-func (k *Kernel) PutVirtualServer(vs VirtualServer) {
+func (k *Kernel) PutVirtualServer(vs ktypes.VirtualServer) {
 	if _, ok := k.VirtualServers[vs.VSKey]; !ok {
 		k.perAddr[vs.Address]++
 	}
@@ -180,7 +182,7 @@ func (k *Kernel) PutVirtualServer(vs VirtualServer) {
 }
 
 // DeleteVirtualServer records a virtual server as deleted.
-func (k *Kernel) DeleteVirtualServer(key VSKey) {
+func (k *Kernel) DeleteVirtualServer(key ktypes.VSKey) {
 	if _, ok := k.VirtualServers[key]; !ok {
 		return
 	}
@@ -198,80 +200,9 @@ func (k *Kernel) OnAddress(a netip.Addr) int { return k.perAddr[a] }
 // and the routes when Routes (All includes them).
 type Scope struct {
 	All       bool
-	Keys      []VSKey
+	Keys      []ktypes.VSKey
 	Addresses []netip.Addr
 	Routes    bool
-}
-
-// OpKind is the kind of a kernel operation.
-type OpKind uint8
-
-// The kinds of operations, in the order a sync applies them: addresses are
-// bound before their virtual servers are added and unbound after they are
-// deleted, so that a crash in between never leaves a virtual server that
-// the ownership rule does not cover.
-const (
-	OpBind OpKind = iota
-	OpAddVirtualServer
-	OpUpdateVirtualServer
-	OpAddRealServer
-	OpUpdateRealServer
-	OpDeleteRealServer
-	OpDeleteVirtualServer
-	OpUnbind
-	// OpRoute comes before every bind and OpUnroute after every unbind
-	// (Diff orders them so; the values are kept for the kinds above).
-	OpRoute
-	OpUnroute
-)
-
-var opNames = [...]string{"bind", "add-virtual-server", "update-virtual-server", "add-real-server",
-	"update-real-server", "delete-real-server", "delete-virtual-server", "unbind", "route", "unroute"}
-
-func (k OpKind) String() string {
-	if int(k) < len(opNames) {
-		return opNames[k]
-	}
-	return fmt.Sprintf("op-%d", k)
-}
-
-// Op is one kernel write. Service is the Service it is for: the holder of
-// the virtual server (zero for a virtual server no Service wants, and for
-// addresses).
-type Op struct {
-	Kind    OpKind
-	Service types.NamespacedName
-	// VirtualServer is the wanted one (add, update), or the kernel's.
-	VirtualServer VirtualServer
-	// RealServer is the wanted one (add, update), or the kernel's.
-	RealServer RealServer
-	Address    netip.Addr
-	// Prefix is a route's (OpRoute, OpUnroute).
-	Prefix netip.Prefix
-	// Was is what the kernel held before an update: its virtual server's
-	// settings or its real server's weight.
-	WasVirtualServer VirtualServer
-	WasWeight        int
-}
-
-func (o Op) String() string {
-	switch o.Kind {
-	case OpBind, OpUnbind:
-		return fmt.Sprintf("%s %s", o.Kind, o.Address)
-	case OpRoute, OpUnroute:
-		return fmt.Sprintf("%s %s", o.Kind, o.Prefix)
-	case OpAddVirtualServer:
-		return fmt.Sprintf("%s %s", o.Kind, o.VirtualServer)
-	case OpUpdateVirtualServer:
-		return fmt.Sprintf("%s %s (was %s)", o.Kind, o.VirtualServer, o.WasVirtualServer)
-	case OpDeleteVirtualServer:
-		return fmt.Sprintf("%s %s", o.Kind, o.VirtualServer.VSKey)
-	case OpUpdateRealServer:
-		return fmt.Sprintf("%s %s %s (was w=%d)", o.Kind, o.VirtualServer.VSKey, o.RealServer, o.WasWeight)
-	case OpDeleteRealServer:
-		return fmt.Sprintf("%s %s %s", o.Kind, o.VirtualServer.VSKey, o.RealServer.RSKey)
-	}
-	return fmt.Sprintf("%s %s %s", o.Kind, o.VirtualServer.VSKey, o.RealServer)
 }
 
 // Diff returns the operations that make the kernel (have) hold want, within
@@ -286,10 +217,10 @@ func (o Op) String() string {
 // wanted real server marked Drain is never added: it is kept at weight 0
 // while have counts connections on it, and deleted once it counts none
 // (see Draining).
-func Diff(want Desired, have *Kernel, scope Scope) []Op {
+func Diff(want Desired, have *Kernel, scope Scope) []ktypes.Op {
 	keys, addrs := scope.Keys, scope.Addresses
 	if scope.All {
-		keys = make([]VSKey, 0, len(want.VirtualServers)+len(have.VirtualServers))
+		keys = make([]ktypes.VSKey, 0, len(want.VirtualServers)+len(have.VirtualServers))
 		for k := range want.VirtualServers {
 			keys = append(keys, k)
 		}
@@ -309,7 +240,7 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 		}
 	}
 	keys = slices.Clone(keys)
-	slices.SortFunc(keys, VSKey.Compare)
+	slices.SortFunc(keys, ktypes.VSKey.Compare)
 	keys = slices.Compact(keys)
 	addrs = slices.Clone(addrs)
 	slices.SortFunc(addrs, netip.Addr.Compare)
@@ -347,16 +278,16 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 			}
 		}
 	}
-	var ops []Op
+	var ops []ktypes.Op
 	if n > 0 {
-		ops = make([]Op, 0, n)
+		ops = make([]ktypes.Op, 0, n)
 	}
 	for _, p := range routes {
-		ops = append(ops, Op{Kind: OpRoute, Prefix: p})
+		ops = append(ops, ktypes.Op{Kind: ktypes.OpRoute, Prefix: p})
 	}
 	for _, a := range addrs {
 		if want.Addresses[a] && !have.Bound[a] {
-			ops = append(ops, Op{Kind: OpBind, Address: a})
+			ops = append(ops, ktypes.Op{Kind: ktypes.OpBind, Address: a})
 		}
 	}
 	deleted := map[netip.Addr]int{}
@@ -367,18 +298,18 @@ func Diff(want Desired, have *Kernel, scope Scope) []Op {
 		case wanted:
 			ops = diffVirtualServer(ops, w, cur, inKernel, have.RealServers[k])
 		case inKernel:
-			ops = append(ops, Op{Kind: OpDeleteVirtualServer, VirtualServer: cur})
+			ops = append(ops, ktypes.Op{Kind: ktypes.OpDeleteVirtualServer, VirtualServer: cur})
 			deleted[k.Address]++
 		}
 	}
 	for _, a := range addrs {
 		if !want.Addresses[a] && have.Bound[a] && (have.OnAddress(a) == deleted[a] || want.Routed(a)) {
-			ops = append(ops, Op{Kind: OpUnbind, Address: a})
+			ops = append(ops, ktypes.Op{Kind: ktypes.OpUnbind, Address: a})
 		}
 	}
 	for _, p := range unroutes {
 		if !strandedIn(p, want, have, deleted) {
-			ops = append(ops, Op{Kind: OpUnroute, Prefix: p})
+			ops = append(ops, ktypes.Op{Kind: ktypes.OpUnroute, Prefix: p})
 		}
 	}
 	return ops
@@ -412,16 +343,16 @@ func sortedPrefixes(m map[netip.Prefix]bool) []netip.Prefix {
 }
 
 // diffVirtualServer appends the operations for one wanted virtual server.
-func diffVirtualServer(ops []Op, w Want, cur VirtualServer, inKernel bool, rss []RealServer) []Op {
+func diffVirtualServer(ops []ktypes.Op, w Want, cur ktypes.VirtualServer, inKernel bool, rss []ktypes.RealServer) []ktypes.Op {
 	vs := w.VirtualServer
 	switch {
 	case !inKernel:
-		ops = append(ops, Op{Kind: OpAddVirtualServer, Service: w.Service, VirtualServer: vs})
+		ops = append(ops, ktypes.Op{Kind: ktypes.OpAddVirtualServer, Service: w.Service, VirtualServer: vs})
 		rss = nil
 	case !cur.Equal(vs):
-		ops = append(ops, Op{Kind: OpUpdateVirtualServer, Service: w.Service, VirtualServer: vs, WasVirtualServer: cur})
+		ops = append(ops, ktypes.Op{Kind: ktypes.OpUpdateVirtualServer, Service: w.Service, VirtualServer: vs, WasVirtualServer: cur})
 	}
-	have := make(map[RSKey]RealServer, len(rss))
+	have := make(map[ktypes.RSKey]ktypes.RealServer, len(rss))
 	for _, rs := range rss {
 		have[rs.RSKey] = rs
 	}
@@ -433,18 +364,18 @@ func diffVirtualServer(ops []Op, w Want, cur VirtualServer, inKernel bool, rss [
 		delete(have, rs.RSKey)
 		switch {
 		case !ok:
-			ops = append(ops, Op{Kind: OpAddRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
+			ops = append(ops, ktypes.Op{Kind: ktypes.OpAddRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
 		case old.Weight != rs.Weight:
-			ops = append(ops, Op{Kind: OpUpdateRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs, WasWeight: old.Weight})
+			ops = append(ops, ktypes.Op{Kind: ktypes.OpUpdateRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs, WasWeight: old.Weight})
 		}
 	}
-	gone := make([]RealServer, 0, len(have))
+	gone := make([]ktypes.RealServer, 0, len(have))
 	for _, rs := range have {
 		gone = append(gone, rs)
 	}
-	slices.SortFunc(gone, func(a, b RealServer) int { return a.RSKey.Compare(b.RSKey) })
+	slices.SortFunc(gone, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 	for _, rs := range gone {
-		ops = append(ops, Op{Kind: OpDeleteRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
+		ops = append(ops, ktypes.Op{Kind: ktypes.OpDeleteRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
 	}
 	return ops
 }
@@ -452,12 +383,12 @@ func diffVirtualServer(ops []Op, w Want, cur VirtualServer, inKernel bool, rss [
 // Draining reports whether the kernel's real servers (rss) of a wanted
 // virtual server include one that w marks Drain and that is busy: Diff
 // keeps it, and it must be looked at again until its connections end.
-func Draining(w VSPlan, rss []RealServer) bool {
+func Draining(w VSPlan, rss []ktypes.RealServer) bool {
 	for _, rs := range w.RealServers {
 		if !rs.Drain {
 			continue
 		}
-		if i := slices.IndexFunc(rss, func(r RealServer) bool { return r.RSKey == rs.RSKey }); i >= 0 && rss[i].Busy() {
+		if i := slices.IndexFunc(rss, func(r ktypes.RealServer) bool { return r.RSKey == rs.RSKey }); i >= 0 && rss[i].Busy() {
 			return true
 		}
 	}

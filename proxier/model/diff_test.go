@@ -9,13 +9,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 // dvs is a virtual server "addr:port" (TCP) with a scheduler.
-func dvs(addrPort, sched string) model.VirtualServer {
-	return model.VirtualServer{VSKey: modeltest.VSKey(addrPort, model.TCP), Scheduler: sched}
+func dvs(addrPort, sched string) ktypes.VirtualServer {
+	return ktypes.VirtualServer{VSKey: modeltest.VSKey(addrPort, ktypes.TCP), Scheduler: sched}
 }
 
 // drs parses a real server as modeltest.RS does: "addr:port" (weight 1),
@@ -24,7 +25,7 @@ func dvs(addrPort, sched string) model.VirtualServer {
 // "#active.inactive".
 var drs = modeltest.RS
 
-func want(svc string, kind model.AddressKind, vs model.VirtualServer, rss ...string) model.Want {
+func want(svc string, kind model.AddressKind, vs ktypes.VirtualServer, rss ...string) model.Want {
 	ns, name, _ := strings.Cut(svc, "/")
 	w := model.Want{Service: types.NamespacedName{Namespace: ns, Name: name}, VSPlan: model.VSPlan{VirtualServer: vs, Kind: kind}}
 	for _, r := range rss {
@@ -34,7 +35,7 @@ func want(svc string, kind model.AddressKind, vs model.VirtualServer, rss ...str
 }
 
 func desired(addrs []string, ws ...model.Want) model.Desired {
-	d := model.Desired{VirtualServers: map[model.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
+	d := model.Desired{VirtualServers: map[ktypes.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
 	for _, w := range ws {
 		d.VirtualServers[w.VSKey] = w
 	}
@@ -47,12 +48,12 @@ func desired(addrs []string, ws ...model.Want) model.Desired {
 // kernel is a view: virtual servers with their real servers, and bound
 // addresses.
 type kvs struct {
-	vs  model.VirtualServer
+	vs  ktypes.VirtualServer
 	rss []string
 }
 
 func kernel(bound []string, vss ...kvs) *model.Kernel {
-	var list []model.VirtualServer
+	var list []ktypes.VirtualServer
 	var addrs []netip.Addr
 	for _, v := range vss {
 		list = append(list, v.vs)
@@ -69,7 +70,7 @@ func kernel(bound []string, vss ...kvs) *model.Kernel {
 	return k
 }
 
-func opStrings(ops []model.Op) []string {
+func opStrings(ops []ktypes.Op) []string {
 	out := make([]string, len(ops))
 	for i, o := range ops {
 		out[i] = o.String()
@@ -216,7 +217,7 @@ func TestDiff(t *testing.T) {
 			// The kernel's stray virtual server on 10.96.0.10 is out of
 			// scope: a partial sync leaves it for the full one.
 			have:  kernel([]string{"10.96.0.10"}, kvs{vip, nil}),
-			scope: model.Scope{Keys: []model.VSKey{other.VSKey}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.11")}},
+			scope: model.Scope{Keys: []ktypes.VSKey{other.VSKey}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.11")}},
 			ops: []string{
 				"bind 10.96.0.11",
 				"add-virtual-server 10.96.0.11:80/TCP rr [ns/b]",
@@ -227,7 +228,7 @@ func TestDiff(t *testing.T) {
 			name: "an unwanted address in scope with a virtual server out of scope stays bound",
 			want: desired(nil),
 			have: kernel([]string{"10.96.0.10"}, kvs{vip, nil}, kvs{vip2, nil}),
-			scope: model.Scope{Keys: []model.VSKey{vip.VSKey},
+			scope: model.Scope{Keys: []ktypes.VSKey{vip.VSKey},
 				Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}},
 			ops: []string{"delete-virtual-server 10.96.0.10:80/TCP"},
 		},
@@ -245,7 +246,7 @@ func TestDiff(t *testing.T) {
 			name:  "a handover to another Service keeps the virtual server",
 			want:  desired([]string{"10.96.0.10"}, want("ns/b", model.KindExternalIP, vip, "10.0.9.9:80")),
 			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080"}}),
-			scope: model.Scope{Keys: []model.VSKey{vip.VSKey}},
+			scope: model.Scope{Keys: []ktypes.VSKey{vip.VSKey}},
 			ops: []string{
 				"add-real-server 10.96.0.10:80/TCP 10.0.9.9:80 w=1 [ns/b]",
 				"delete-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 [ns/b]",
@@ -337,7 +338,7 @@ func TestDraining(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := want("ns/a", model.KindClusterIP, vip, tc.want...)
-			var rss []model.RealServer
+			var rss []ktypes.RealServer
 			for _, r := range tc.kernel {
 				rss = append(rss, drs(r))
 			}
@@ -390,7 +391,7 @@ func TestDiffRoutes(t *testing.T) {
 			k.Routes = routes("10.96.0.0/16")
 			return k
 		}(),
-		scope: model.Scope{Keys: []model.VSKey{a.VSKey}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}},
+		scope: model.Scope{Keys: []ktypes.VSKey{a.VSKey}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}},
 		ops:   []string{"unbind 10.96.0.10"},
 	}, {
 		name:  "back to one address per clusterIP: bound, then the route goes",

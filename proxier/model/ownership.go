@@ -1,6 +1,10 @@
 package model
 
-import "net/netip"
+import (
+	"net/netip"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+)
 
 // Ownership is the rule that tells ipvs-proxy's kernel objects from anyone
 // else's. ipvs-proxy owns, and so may change or delete:
@@ -36,7 +40,7 @@ func (r PortRange) Contains(p uint16) bool { return p >= r.Min && p <= r.Max }
 
 // Owns applies the rule to a virtual server in the kernel: bound says its
 // address is on the interface, node that it is one of the node's addresses.
-func (o Ownership) Owns(vs VSKey, bound, node bool) bool {
+func (o Ownership) Owns(vs ktypes.VSKey, bound, node bool) bool {
 	return !o.Excluded(vs.Address) && (bound || (node && o.NodePortRange.Contains(vs.Port)))
 }
 

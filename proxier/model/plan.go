@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -30,7 +31,7 @@ func (k AddressKind) Bound() bool { return k != KindNodePort }
 
 // VSPlan is one virtual server that a Service needs, with its real servers.
 type VSPlan struct {
-	VirtualServer
+	ktypes.VirtualServer
 	Kind AddressKind
 	// PortName is the Service port's name ("" for a single unnamed port).
 	PortName string
@@ -39,7 +40,7 @@ type VSPlan struct {
 	// others are ready: no new connections, established ones go on);
 	// weight 0 marked Drain is an endpoint that no longer serves, kept in
 	// the kernel only while it has connections (see RealServer.Drain).
-	RealServers []RealServer
+	RealServers []ktypes.RealServer
 	// Local is set when a Local traffic policy restricts this virtual
 	// server to the node's own endpoints (externalTrafficPolicy for
 	// external kinds, internalTrafficPolicy for clusterIPs): the client's

@@ -24,6 +24,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
@@ -46,12 +47,12 @@ const (
 
 // driftKinds names the drift of each kind of operation that a sync would
 // make: drift is exactly what model.Diff says run would write.
-var driftKinds = map[model.OpKind]string{
-	model.OpAddVirtualServer: driftMissingVS, model.OpDeleteVirtualServer: driftUnwantedVS,
-	model.OpUpdateVirtualServer: driftDifferentVS, model.OpAddRealServer: driftMissingRS,
-	model.OpDeleteRealServer: driftExtraRS, model.OpUpdateRealServer: driftWeight,
-	model.OpBind: driftMissingAddr, model.OpUnbind: driftUnwantedAddr,
-	model.OpRoute: driftMissingRoute, model.OpUnroute: driftExtraRoute,
+var driftKinds = map[ktypes.OpKind]string{
+	ktypes.OpAddVirtualServer: driftMissingVS, ktypes.OpDeleteVirtualServer: driftUnwantedVS,
+	ktypes.OpUpdateVirtualServer: driftDifferentVS, ktypes.OpAddRealServer: driftMissingRS,
+	ktypes.OpDeleteRealServer: driftExtraRS, ktypes.OpUpdateRealServer: driftWeight,
+	ktypes.OpBind: driftMissingAddr, ktypes.OpUnbind: driftUnwantedAddr,
+	ktypes.OpRoute: driftMissingRoute, ktypes.OpUnroute: driftExtraRoute,
 }
 
 // statusRealServer is one real server of a virtual server.
@@ -68,10 +69,10 @@ type statusRealServer struct {
 	Drift      string `json:"drift,omitempty"`
 	WantWeight *int   `json:"wantWeight,omitempty"`
 
-	key model.RSKey
+	key ktypes.RSKey
 }
 
-func newStatusRS(rs model.RealServer, inKernel bool) statusRealServer {
+func newStatusRS(rs ktypes.RealServer, inKernel bool) statusRealServer {
 	return statusRealServer{Address: rs.Address.String(), Port: rs.Port, Weight: rs.Weight,
 		ActiveConns: rs.ActiveConns, InactiveConns: rs.InactiveConns, InKernel: inKernel, key: rs.RSKey}
 }
@@ -98,7 +99,7 @@ type statusVirtualServer struct {
 	// Drift lists the kinds of drift of this virtual server.
 	Drift []string `json:"drift,omitempty"`
 
-	key model.VSKey
+	key ktypes.VSKey
 }
 
 // statusDrift is one difference between the wanted and the kernel state:
@@ -163,7 +164,7 @@ func SchedulerMissing() func(string) bool {
 // the desired state, the conflicts, a label (namespace/name:port) for each
 // wanted virtual server, the number of Services read and warnings.
 func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr,
-	schedulerMissing func(string) bool) (model.Desired, []model.Conflict, map[model.VSKey]string, int, []string, error) {
+	schedulerMissing func(string) bool) (model.Desired, []model.Conflict, map[ktypes.VSKey]string, int, []string, error) {
 	services, err := proxier.ListServices(ctx, client)
 	if err != nil {
 		return model.Desired{}, nil, nil, 0, nil, err
@@ -216,7 +217,7 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 	for i := range services {
 		byName[types.NamespacedName{Namespace: services[i].Namespace, Name: services[i].Name}] = &services[i]
 	}
-	labels := make(map[model.VSKey]string, len(want.VirtualServers))
+	labels := make(map[ktypes.VSKey]string, len(want.VirtualServers))
 	for k, w := range want.VirtualServers {
 		labels[k] = w.Service.String() + ":" + servicePortLabel(byName[w.Service], w.PortName)
 	}
@@ -246,7 +247,7 @@ func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkuti
 	// What ipvs-proxy itself holds: not what a takeover adopts from
 	// kube-proxy's interface (as before the rule was written once).
 	own.Adopt = ""
-	k, others, _, err := proxier.ReadKernel(ipvs, links, own, func(key model.VSKey) bool {
+	k, others, _, err := proxier.ReadKernel(ipvs, links, own, func(key ktypes.VSKey) bool {
 		_, ok := want.VirtualServers[key]
 		return ok
 	})
@@ -283,9 +284,9 @@ func Collect(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, lin
 	if err != nil {
 		return rep, fmt.Errorf("read the kernel: %w", err)
 	}
-	want := model.Desired{VirtualServers: map[model.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
+	want := model.Desired{VirtualServers: map[ktypes.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
 	var conflicts []model.Conflict
-	var labels map[model.VSKey]string
+	var labels map[ktypes.VSKey]string
 	if apiErr == nil && client != nil {
 		var n int
 		want, conflicts, labels, n, rep.Warnings, apiErr = desiredState(ctx, client, cfg, nodeAddrs, schedulerMissing)
@@ -294,7 +295,7 @@ func Collect(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, lin
 		apiErr = proxier.ErrNoAPI
 	}
 	if apiErr != nil {
-		want = model.Desired{VirtualServers: map[model.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
+		want = model.Desired{VirtualServers: map[ktypes.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}
 		rep.API.Error = apiErr.Error()
 	} else {
 		rep.API.Available, rep.DriftKnown = true, true
@@ -306,12 +307,12 @@ func Collect(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, lin
 	}
 	rep.OtherVirtualServers = others
 
-	byKey := map[model.VSKey]*statusVirtualServer{}
+	byKey := map[ktypes.VSKey]*statusVirtualServer{}
 	for k, vs := range kernel.VirtualServers {
 		s := newStatusVS(k, vs)
 		s.InKernel = true
 		rss := slices.Clone(kernel.RealServers[k])
-		slices.SortFunc(rss, func(a, b model.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+		slices.SortFunc(rss, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 		for _, rs := range rss {
 			s.RealServers = append(s.RealServers, newStatusRS(rs, true))
 		}
@@ -360,30 +361,30 @@ func Collect(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, lin
 	return rep, nil
 }
 
-func newStatusVS(k model.VSKey, vs model.VirtualServer) *statusVirtualServer {
+func newStatusVS(k ktypes.VSKey, vs ktypes.VirtualServer) *statusVirtualServer {
 	s := &statusVirtualServer{Address: k.Address.String(), Protocol: k.Protocol.String(), Port: k.Port,
 		Scheduler: vs.Scheduler, Flags: flagNames(vs), RealServers: []statusRealServer{}, key: k}
-	if vs.Flags&model.FlagPersistent != 0 {
+	if vs.Flags&ktypes.FlagPersistent != 0 {
 		s.PersistenceTimeout = vs.Timeout
 	}
 	return s
 }
 
 // addressDrift explains the drift of the interface's addresses and routes.
-var addressDrift = map[model.OpKind]string{
-	model.OpBind:    "wanted, not bound to the interface",
-	model.OpUnbind:  "bound to the interface, wanted by no Service (run unbinds it on its next full sync)",
-	model.OpRoute:   "a Service range, not routed as local through the interface",
-	model.OpUnroute: "routed as local through the interface, not a Service range to route (run deletes the route on its next full sync)",
+var addressDrift = map[ktypes.OpKind]string{
+	ktypes.OpBind:    "wanted, not bound to the interface",
+	ktypes.OpUnbind:  "bound to the interface, wanted by no Service (run unbinds it on its next full sync)",
+	ktypes.OpRoute:   "a Service range, not routed as local through the interface",
+	ktypes.OpUnroute: "routed as local through the interface, not a Service range to route (run deletes the route on its next full sync)",
 }
 
 // addDrift records one operation of the diff as drift, on the report and
 // on its virtual server and real server rows.
-func (r *Report) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.Op) {
+func (r *Report) addDrift(byKey map[ktypes.VSKey]*statusVirtualServer, op ktypes.Op) {
 	kind := driftKinds[op.Kind]
 	if detail, ok := addressDrift[op.Kind]; ok {
 		where := op.Address.String()
-		if op.Kind == model.OpRoute || op.Kind == model.OpUnroute {
+		if op.Kind == ktypes.OpRoute || op.Kind == ktypes.OpUnroute {
 			where = op.Prefix.String()
 		}
 		r.Drift = append(r.Drift, statusDrift{Kind: kind, Address: where, Detail: detail})
@@ -394,13 +395,13 @@ func (r *Report) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.O
 	rs := op.RealServer
 	var detail string
 	switch op.Kind {
-	case model.OpAddVirtualServer:
+	case ktypes.OpAddVirtualServer:
 		detail = "wanted, not in the kernel: " + op.VirtualServer.String()
-	case model.OpUpdateVirtualServer:
+	case ktypes.OpUpdateVirtualServer:
 		detail = fmt.Sprintf("kernel has %s, wanted %s", op.WasVirtualServer, op.VirtualServer)
-	case model.OpDeleteVirtualServer:
+	case ktypes.OpDeleteVirtualServer:
 		detail = "owned by ipvs-proxy and wanted by no Service (run deletes it on its next full sync)"
-	case model.OpAddRealServer:
+	case ktypes.OpAddRealServer:
 		m := newStatusRS(rs, false)
 		m.Drift, m.WantWeight = "missing", &rs.Weight
 		s.RealServers = append(s.RealServers, m)
@@ -408,14 +409,14 @@ func (r *Report) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.O
 			return // part of the missing virtual server
 		}
 		detail = fmt.Sprintf("real server %s w=%d is wanted, not in the kernel", rs.RSKey, rs.Weight)
-	case model.OpUpdateRealServer:
+	case ktypes.OpUpdateRealServer:
 		for i := range s.RealServers {
 			if s.RealServers[i].key == rs.RSKey {
 				s.RealServers[i].Drift, s.RealServers[i].WantWeight = "weight", &rs.Weight
 			}
 		}
 		detail = fmt.Sprintf("real server %s has weight %d, wanted %d", rs.RSKey, op.WasWeight, rs.Weight)
-	case model.OpDeleteRealServer:
+	case ktypes.OpDeleteRealServer:
 		for i := range s.RealServers {
 			if s.RealServers[i].key == rs.RSKey {
 				s.RealServers[i].Drift = "extra"
@@ -429,16 +430,16 @@ func (r *Report) addDrift(byKey map[model.VSKey]*statusVirtualServer, op model.O
 
 // flagNames names a virtual server's flags: persistent, one-packet, and the
 // scheduler's own flags (sh-port, ...).
-func flagNames(vs model.VirtualServer) []string {
+func flagNames(vs ktypes.VirtualServer) []string {
 	var out []string
-	f := vs.Flags & model.FlagsCompared
-	if f&model.FlagPersistent != 0 {
+	f := vs.Flags & ktypes.FlagsCompared
+	if f&ktypes.FlagPersistent != 0 {
 		out = append(out, "persistent")
 	}
-	if f&model.FlagOnePacket != 0 {
+	if f&ktypes.FlagOnePacket != 0 {
 		out = append(out, "one-packet")
 	}
-	rest := f &^ (model.FlagPersistent | model.FlagOnePacket)
+	rest := f &^ (ktypes.FlagPersistent | ktypes.FlagOnePacket)
 	for _, name := range []string{"sh-fallback", "sh-port", "mh-fallback", "mh-port"} {
 		if bits, err := scheduler.ParseFlags(vs.Scheduler, name); err == nil && rest&bits != 0 {
 			out = append(out, name)

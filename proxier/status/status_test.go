@@ -24,7 +24,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/google/go-cmp/cmp"
+
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
@@ -116,19 +118,19 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 		t.Fatal(err)
 	}
 	// Another tool's virtual server, on an address that is not ours.
-	other := model.VirtualServer{VSKey: vsKey("172.16.0.1", 80), Scheduler: "wlc"}
+	other := ktypes.VirtualServer{VSKey: vsKey("172.16.0.1", 80), Scheduler: "wlc"}
 	if err := ipvs.AddVirtualServer(other); err != nil {
 		t.Fatal(err)
 	}
 	return ipvs, links
 }
 
-func vsKey(addr string, port uint16) model.VSKey {
-	return model.VSKey{Address: netip.MustParseAddr(addr), Protocol: model.TCP, Port: port}
+func vsKey(addr string, port uint16) ktypes.VSKey {
+	return ktypes.VSKey{Address: netip.MustParseAddr(addr), Protocol: ktypes.TCP, Port: port}
 }
 
-func rsKey(addr string) model.RSKey {
-	return model.RSKey{Address: netip.MustParseAddr(addr), Port: 8080}
+func rsKey(addr string) ktypes.RSKey {
+	return ktypes.RSKey{Address: netip.MustParseAddr(addr), Port: 8080}
 }
 
 func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes.Interface, apiErr error) Report {
@@ -140,7 +142,7 @@ func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes
 	return rep
 }
 
-func findVS(rep Report, k model.VSKey) *statusVirtualServer {
+func findVS(rep Report, k ktypes.VSKey) *statusVirtualServer {
 	for i := range rep.VirtualServers {
 		if rep.VirtualServers[i].key == k {
 			return &rep.VirtualServers[i]
@@ -163,7 +165,7 @@ func TestStatusNoDrift(t *testing.T) {
 		t.Errorf("other virtual servers: %d, want 1 (another tool's)", rep.OtherVirtualServers)
 	}
 	want := []struct {
-		key       model.VSKey
+		key       ktypes.VSKey
 		service   string
 		kind      string
 		scheduler string
@@ -276,8 +278,8 @@ func TestStatusDrift(t *testing.T) {
 		{
 			name: "an extra real server and a different weight",
 			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
-				must(t, ipvs.AddRealServer(web, model.RealServer{RSKey: rsKey("10.0.9.9"), Weight: 1}))
-				must(t, ipvs.UpdateRealServer(web, model.RealServer{RSKey: rsKey("10.0.1.2"), Weight: 5}))
+				must(t, ipvs.AddRealServer(web, ktypes.RealServer{RSKey: rsKey("10.0.9.9"), Weight: 1}))
+				must(t, ipvs.UpdateRealServer(web, ktypes.RealServer{RSKey: rsKey("10.0.1.2"), Weight: 5}))
 			},
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftWeight, driftExtraRS}},
 			check: func(t *testing.T, rep Report) {
@@ -291,7 +293,7 @@ func TestStatusDrift(t *testing.T) {
 		{
 			name: "a different scheduler",
 			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
-				must(t, ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: web, Scheduler: "wrr"}))
+				must(t, ipvs.UpdateVirtualServer(ktypes.VirtualServer{VSKey: web, Scheduler: "wrr"}))
 			},
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftDifferentVS}},
 			check: func(t *testing.T, rep Report) {
@@ -304,8 +306,8 @@ func TestStatusDrift(t *testing.T) {
 			name: "different persistence",
 			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
 				k := vsKey("10.96.0.12", 80)
-				must(t, ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: k, Scheduler: "sh",
-					Flags: model.FlagPersistent | model.FlagSched2, Timeout: 60}))
+				must(t, ipvs.UpdateVirtualServer(ktypes.VirtualServer{VSKey: k, Scheduler: "sh",
+					Flags: ktypes.FlagPersistent | ktypes.FlagSched2, Timeout: 60}))
 			},
 			want: map[string][]string{"10.96.0.12:80/TCP": {driftDifferentVS}},
 		},
@@ -327,14 +329,14 @@ func TestStatusDrift(t *testing.T) {
 			mutate: func(t *testing.T, ipvs *fake.IPVS, links *fake.Links) {
 				// On a bound address: owned.
 				must(t, links.AddAddress("ipvs-proxy0", netip.MustParseAddr("10.96.0.99")))
-				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("10.96.0.99", 80), Scheduler: "rr"}))
+				must(t, ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: vsKey("10.96.0.99", 80), Scheduler: "rr"}))
 				// On the node address, in the node-port range: owned.
-				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("192.168.1.10", 31999), Scheduler: "rr"}))
+				must(t, ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: vsKey("192.168.1.10", 31999), Scheduler: "rr"}))
 				// On the node address, outside the range: not ours.
-				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("192.168.1.10", 8080), Scheduler: "rr"}))
+				must(t, ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: vsKey("192.168.1.10", 8080), Scheduler: "rr"}))
 				// Bound but excluded: never ours.
 				must(t, links.AddAddress("ipvs-proxy0", netip.MustParseAddr("10.200.0.7")))
-				must(t, ipvs.AddVirtualServer(model.VirtualServer{VSKey: vsKey("10.200.0.7", 80), Scheduler: "rr"}))
+				must(t, ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: vsKey("10.200.0.7", 80), Scheduler: "rr"}))
 			},
 			want: map[string][]string{"10.96.0.99:80/TCP": {driftUnwantedVS}, "192.168.1.10:31999/TCP": {driftUnwantedVS},
 				"address 10.96.0.99": {driftUnwantedAddr}},
@@ -400,9 +402,9 @@ func sorted(s []string) []string {
 	return s
 }
 
-func mustKey(s string) model.VSKey {
+func mustKey(s string) ktypes.VSKey {
 	ap := netip.MustParseAddrPort(strings.TrimSuffix(s, "/TCP"))
-	return model.VSKey{Address: ap.Addr(), Protocol: model.TCP, Port: ap.Port()}
+	return ktypes.VSKey{Address: ap.Addr(), Protocol: ktypes.TCP, Port: ap.Port()}
 }
 
 func must(t *testing.T, err error) {
@@ -561,7 +563,7 @@ func TestStatusSchedulerFallback(t *testing.T) {
 	}
 	ipvs, links := programmed(t, objs)
 	// What run leaves in a kernel without ip_vs_mh: the default scheduler.
-	must(t, ipvs.UpdateVirtualServer(model.VirtualServer{VSKey: vsKey("10.96.0.30", 80), Scheduler: "rr"}))
+	must(t, ipvs.UpdateVirtualServer(ktypes.VirtualServer{VSKey: vsKey("10.96.0.30", 80), Scheduler: "rr"}))
 	missing := func(name string) bool { return name == "mh" }
 	for _, tt := range []struct {
 		name    string

@@ -11,21 +11,22 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // VSKey is the virtual server "addr:port" of a protocol.
-func VSKey(addrPort string, proto model.Protocol) model.VSKey {
+func VSKey(addrPort string, proto ktypes.Protocol) ktypes.VSKey {
 	ap := netip.MustParseAddrPort(addrPort)
-	return model.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
+	return ktypes.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
 }
 
 // RS parses a real server: "addr:port" (weight 1), "addr:port@W" (weight
 // W), "addr:port@d" (weight 0, marked Drain), each optionally followed by
 // the kernel's connection counts "#active" or "#active.inactive". It
 // panics on a malformed string, as the netip.Must functions do.
-func RS(s string) model.RealServer {
-	rs := model.RealServer{Weight: 1}
+func RS(s string) ktypes.RealServer {
+	rs := ktypes.RealServer{Weight: 1}
 	if a, conns, ok := strings.Cut(s, "#"); ok {
 		s = a
 		act, inact, _ := strings.Cut(conns, ".")
@@ -43,13 +44,13 @@ func RS(s string) model.RealServer {
 		}
 	}
 	ap := netip.MustParseAddrPort(s)
-	rs.RSKey = model.RSKey{Address: ap.Addr(), Port: ap.Port()}
+	rs.RSKey = ktypes.RSKey{Address: ap.Addr(), Port: ap.Port()}
 	return rs
 }
 
 // RSs parses real servers with RS; nil when there are none.
-func RSs(ss ...string) []model.RealServer {
-	var out []model.RealServer
+func RSs(ss ...string) []ktypes.RealServer {
+	var out []ktypes.RealServer
 	for _, s := range ss {
 		out = append(out, RS(s))
 	}
@@ -59,7 +60,7 @@ func RSs(ss ...string) []model.RealServer {
 // VS is the plan of a TCP virtual server "addr:port" of a kind, with a
 // scheduler and real servers parsed by RS.
 func VS(kind model.AddressKind, addrPort, sched string, rss ...string) model.VSPlan {
-	return model.VSPlan{VirtualServer: model.VirtualServer{VSKey: VSKey(addrPort, model.TCP), Scheduler: sched}, Kind: kind,
+	return model.VSPlan{VirtualServer: ktypes.VirtualServer{VSKey: VSKey(addrPort, ktypes.TCP), Scheduler: sched}, Kind: kind,
 		RealServers: RSs(rss...)}
 }
 

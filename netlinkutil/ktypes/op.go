@@ -1,0 +1,79 @@
+package ktypes
+
+import (
+	"fmt"
+	"net/netip"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// OpKind is the kind of a kernel operation.
+type OpKind uint8
+
+// The kinds of operations, in the order a sync applies them: addresses are
+// bound before their virtual servers are added and unbound after they are
+// deleted, so that a crash in between never leaves a virtual server that
+// the ownership rule does not cover.
+const (
+	OpBind OpKind = iota
+	OpAddVirtualServer
+	OpUpdateVirtualServer
+	OpAddRealServer
+	OpUpdateRealServer
+	OpDeleteRealServer
+	OpDeleteVirtualServer
+	OpUnbind
+	// OpRoute comes before every bind and OpUnroute after every unbind
+	// (Diff orders them so; the values are kept for the kinds above).
+	OpRoute
+	OpUnroute
+)
+
+var opNames = [...]string{"bind", "add-virtual-server", "update-virtual-server", "add-real-server",
+	"update-real-server", "delete-real-server", "delete-virtual-server", "unbind", "route", "unroute"}
+
+func (k OpKind) String() string {
+	if int(k) < len(opNames) {
+		return opNames[k]
+	}
+	return fmt.Sprintf("op-%d", k)
+}
+
+// Op is one kernel write. Service is the Service it is for: the holder of
+// the virtual server (zero for a virtual server no Service wants, and for
+// addresses).
+type Op struct {
+	Kind    OpKind
+	Service types.NamespacedName
+	// VirtualServer is the wanted one (add, update), or the kernel's.
+	VirtualServer VirtualServer
+	// RealServer is the wanted one (add, update), or the kernel's.
+	RealServer RealServer
+	Address    netip.Addr
+	// Prefix is a route's (OpRoute, OpUnroute).
+	Prefix netip.Prefix
+	// Was is what the kernel held before an update: its virtual server's
+	// settings or its real server's weight.
+	WasVirtualServer VirtualServer
+	WasWeight        int
+}
+
+func (o Op) String() string {
+	switch o.Kind {
+	case OpBind, OpUnbind:
+		return fmt.Sprintf("%s %s", o.Kind, o.Address)
+	case OpRoute, OpUnroute:
+		return fmt.Sprintf("%s %s", o.Kind, o.Prefix)
+	case OpAddVirtualServer:
+		return fmt.Sprintf("%s %s", o.Kind, o.VirtualServer)
+	case OpUpdateVirtualServer:
+		return fmt.Sprintf("%s %s (was %s)", o.Kind, o.VirtualServer, o.WasVirtualServer)
+	case OpDeleteVirtualServer:
+		return fmt.Sprintf("%s %s", o.Kind, o.VirtualServer.VSKey)
+	case OpUpdateRealServer:
+		return fmt.Sprintf("%s %s %s (was w=%d)", o.Kind, o.VirtualServer.VSKey, o.RealServer, o.WasWeight)
+	case OpDeleteRealServer:
+		return fmt.Sprintf("%s %s %s", o.Kind, o.VirtualServer.VSKey, o.RealServer.RSKey)
+	}
+	return fmt.Sprintf("%s %s %s", o.Kind, o.VirtualServer.VSKey, o.RealServer)
+}
