@@ -7,9 +7,9 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy/faults"
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/faults"
 )
 
 // faultFlags are the test build's fault injection flags.

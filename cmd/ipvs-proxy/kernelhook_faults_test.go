@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // TestFaultBuildFlags: the test build's run command has the flags, wraps
@@ -27,7 +27,7 @@ func TestFaultBuildFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	inner := fake.NewIPVS()
-	if err := h.IPVS(inner).DeleteVirtualServer(model.VSKey{Address: netip.MustParseAddr("10.96.0.1"), Protocol: model.TCP, Port: 80}); err == nil {
+	if err := h.IPVS(inner).DeleteVirtualServer(ktypes.VSKey{Address: netip.MustParseAddr("10.96.0.1"), Protocol: ktypes.TCP, Port: 80}); err == nil {
 		t.Error("a write at rate 1 did not fail")
 	}
 	if mfs, err := reg.Gather(); err != nil || len(mfs) != 2 {

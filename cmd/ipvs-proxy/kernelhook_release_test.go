@@ -22,7 +22,7 @@ func TestReleaseBuildHasNoFaultInjection(t *testing.T) {
 		t.Fatalf("go list -deps: %v\n%s", err, out)
 	}
 	for _, pkg := range strings.Fields(string(out)) {
-		if strings.HasSuffix(pkg, "/netlinkutil/faults") || strings.HasSuffix(pkg, "/fake") {
+		if strings.HasSuffix(pkg, "/cmd/ipvs-proxy/faults") || strings.HasSuffix(pkg, "/fake") {
 			t.Errorf("the released binary links %s", pkg)
 		}
 	}
@@ -30,7 +30,7 @@ func TestReleaseBuildHasNoFaultInjection(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps -tags faultinject: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "/netlinkutil/faults\n") {
+	if !strings.Contains(string(out), "/cmd/ipvs-proxy/faults\n") {
 		t.Errorf("the faultinject build does not link the fault injector (is the check above still meaningful?)")
 	}
 }

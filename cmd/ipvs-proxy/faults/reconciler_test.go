@@ -1,4 +1,4 @@
-package proxier
+package faults_test
 
 import (
 	"fmt"
@@ -12,8 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy/faults"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/faults"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
@@ -32,11 +33,11 @@ func TestReconcilerConvergesUnderInjectedFaults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+			ipvs, links := fake.NewIPVS(), fake.NewLinks(nodeAddr)
 			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
 			const base, maxDelay = time.Second, 8 * time.Second
-			cfg := ReconcilerConfig{Ownership: testOwnership(), RetryBase: base, RetryMax: maxDelay, Clock: clk}
-			r := NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
+			cfg := proxier.ReconcilerConfig{Ownership: ownership(), RetryBase: base, RetryMax: maxDelay, Clock: clk}
+			r := proxier.NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
 
 			const n = 200
 			name := func(i int) types.NamespacedName {
@@ -125,7 +126,7 @@ func TestReconcilerConvergesUnderInjectedFaults(t *testing.T) {
 				if diff := cmp.Diff(wantDump, ipvs.Dump()); diff != "" {
 					t.Errorf("%s: IPVS table (-want +got):\n%s", what, diff)
 				}
-				if diff := cmp.Diff(wantAddrs, links.Addresses(testIface), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+				if diff := cmp.Diff(wantAddrs, links.Addresses(dummy), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 					t.Errorf("%s: addresses (-want +got):\n%s", what, diff)
 				}
 			}
@@ -144,7 +145,7 @@ func TestReconcilerConvergesUnderInjectedFaults(t *testing.T) {
 			// while it was down: its first full sync finds their virtual
 			// servers and addresses as orphans, deleted under the same
 			// faults, and nothing of them may be left.
-			r = NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
+			r = proxier.NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
 			for i := range n {
 				if i%3 == 2 {
 					delete(want, name(i))
@@ -169,4 +170,16 @@ func keys[K comparable, V any](m map[K]V) []K {
 		out = append(out, k)
 	}
 	return out
+}
+
+// dummy is the fake node's interface for addresses; nodeAddr its address.
+const dummy = "ipvs-proxy0"
+
+var nodeAddr = netip.MustParseAddr("192.168.0.10")
+
+// ownership is the rule of the fake node: its dummy interface, the node
+// port range, and a range ipvs-proxy never touches.
+func ownership() model.Ownership {
+	return model.Ownership{Interface: dummy, NodePortRange: model.PortRange{Min: 30000, Max: 32767},
+		ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16")}}
 }

@@ -12,11 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy/faults"
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/faults"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
