@@ -4,7 +4,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/preflight"
 )
@@ -35,7 +35,7 @@ when a requirement is missing. With --load-modules it loads missing modules.`,
 			}
 			defer func() { _ = log.Sync() }()
 			sys, err := preflight.NewSystem(func() (kubernetes.Interface, error) {
-				return proxier.NewClientIfConfigured(o.Kubeconfig, userAgent())
+				return agent.NewClientIfConfigured(o.Kubeconfig, userAgent())
 			}, log)
 			if err != nil {
 				return err

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/cleanup"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
@@ -82,11 +82,11 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	ipvs, links := hook.IPVS(realIPVS), hook.Links(realLinks)
-	client, err := proxier.NewClient(o.Kubeconfig, userAgent())
+	client, err := agent.NewClient(o.Kubeconfig, userAgent())
 	if err != nil {
 		return err
 	}
-	// The glue syncs beside the reconciler (proxier.SyncOnce) and a Links
+	// The glue syncs beside the reconciler (agent.SyncOnce) and a Links
 	// is not safe for concurrent use: the glue reads the node's addresses
 	// through a socket of its own.
 	glueLinks, err := netlinkutil.NewLinks()
@@ -96,8 +96,8 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	recorder, stopEvents := eventRecorder(ctx, client, cfg.NodeName)
 	defer stopEvents()
 
-	metrics := proxier.NewMetrics(reg)
-	p := proxier.New(cfg, client, ipvs, links, recorder, metrics, log)
+	metrics := agent.NewMetrics(reg)
+	p := agent.New(cfg, client, ipvs, links, recorder, metrics, log)
 	closeReaders, err := addKernelReaders(p, log)
 	if err != nil {
 		return err
@@ -138,7 +138,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 // interface and opens the iptables glue on glueLinks (hook wraps its sets;
 // with --detect-local-mode NodeCIDR it waits for the Node's podCIDRs);
 // closeSets releases the glue's netlink socket.
-func prepareKernel(ctx context.Context, o *config.Options, cfg proxier.Config, timeouts netlinkutil.Timeouts, client kubernetes.Interface,
+func prepareKernel(ctx context.Context, o *config.Options, cfg agent.Config, timeouts netlinkutil.Timeouts, client kubernetes.Interface,
 	ipvs netlinkutil.IPVS, links, glueLinks netlinkutil.Links, hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
 	if err := sysctls.Ensure(log, cfg.IPv6); err != nil {
 		return nil, nil, err
@@ -151,7 +151,7 @@ func prepareKernel(ctx context.Context, o *config.Options, cfg proxier.Config, t
 		return nil, nil, err
 	}
 	if o.DetectLocalMode == config.DetectNodeCIDR {
-		if gcfg.ClusterCIDRs, err = proxier.NodePodCIDRs(ctx, client, cfg.NodeName, log); err != nil {
+		if gcfg.ClusterCIDRs, err = agent.NodePodCIDRs(ctx, client, cfg.NodeName, log); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -191,7 +191,7 @@ func eventRecorder(ctx context.Context, client kubernetes.Interface, node string
 // removed UDP real servers keep their entries) and the handles of its
 // periodic resync, which reads the kernel off the sync loop on handles of
 // its own (reads are never faulted: no wrapping); closeReaders closes them.
-func addKernelReaders(p *proxier.Proxier, log *zap.Logger) (closeReaders func(), err error) {
+func addKernelReaders(p *agent.Proxier, log *zap.Logger) (closeReaders func(), err error) {
 	if ct, err := netlinkutil.NewConntrack(); err != nil {
 		log.Warn("no conntrack cleanup for removed UDP real servers", zap.Error(err))
 	} else {
@@ -213,7 +213,7 @@ func addKernelReaders(p *proxier.Proxier, log *zap.Logger) (closeReaders func(),
 // serveOperations starts the operational endpoints of `ipvs-proxy run` and
 // adds the health-check node ports to the proxier; the returned function
 // stops them.
-func serveOperations(ctx context.Context, o *config.Options, cfg proxier.Config, p *proxier.Proxier, reg *prometheus.Registry,
+func serveOperations(ctx context.Context, o *config.Options, cfg agent.Config, p *agent.Proxier, reg *prometheus.Registry,
 	client kubernetes.Interface, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
 	ops, err := opsserver.Start(ctx, opsserver.Config{
 		MetricsAddr: strings.TrimSpace(o.MetricsBindAddress), HealthzAddr: strings.TrimSpace(o.HealthzBindAddress),

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/status"
@@ -41,7 +41,7 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 			if err != nil {
 				return fmt.Errorf("read the kernel: %w", err)
 			}
-			client, apiErr := proxier.NewClientIfConfigured(o.Kubeconfig, userAgent())
+			client, apiErr := agent.NewClientIfConfigured(o.Kubeconfig, userAgent())
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			rep, err := status.Collect(ctx, cfg, ipvs, links, client, apiErr, status.SchedulerMissing())

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 )
 
 // recorder is a Registerer that keeps what is registered with it.
@@ -27,7 +27,7 @@ func (r *recorder) Unregister(prometheus.Collector) bool    { return false }
 var descFields = regexp.MustCompile(`^Desc\{fqName: "([^"]+)", .*variableLabels: \{([^}]*)\}\}$`)
 
 // series are the series names the agent exports, with their label names:
-// the proxier's metrics (proxier.NewMetrics, as run registers them; a
+// the proxier's metrics (agent.NewMetrics, as run registers them; a
 // histogram as _bucket with le, _sum and _count) and the Go and process
 // collectors the operations server registers. proxierNames are the
 // proxier's metric (family) names.
@@ -35,7 +35,7 @@ func series(t *testing.T) (names map[string][]string, proxierNames []string) {
 	t.Helper()
 	names = map[string][]string{}
 	rec := &recorder{}
-	proxier.NewMetrics(rec)
+	agent.NewMetrics(rec)
 	for _, c := range rec.cs {
 		_, histogram := c.(prometheus.Histogram)
 		if _, ok := c.(*prometheus.HistogramVec); ok {

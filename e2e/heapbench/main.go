@@ -66,7 +66,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -218,7 +218,7 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 		log = l
 	}
 	rc := rest.CopyConfig(base)
-	proxier.TuneClientConfig(rc, "ipvs-proxy-heapbench")
+	agent.TuneClientConfig(rc, "ipvs-proxy-heapbench")
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return r, fmt.Errorf("create client: %w", err)
@@ -226,10 +226,10 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(netip.MustParseAddr("192.0.2.10"))
 	ipvs.KeepCalls(false)
 	links.KeepCalls(false)
-	cfg := proxier.Config{NodeName: "heapbench-node", Interface: "ipvs-proxy0", Scheduler: scheduler.Spec{Name: "rr"},
+	cfg := agent.Config{NodeName: "heapbench-node", Interface: "ipvs-proxy0", Scheduler: scheduler.Spec{Name: "rr"},
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true,
 		MinSyncPeriod: time.Second, SyncPeriod: time.Hour}
-	p := proxier.New(cfg, client, ipvs, links, &record.FakeRecorder{}, proxier.NewMetrics(prometheus.NewRegistry()), log)
+	p := agent.New(cfg, client, ipvs, links, &record.FakeRecorder{}, agent.NewMetrics(prometheus.NewRegistry()), log)
 	ipt, err := glue.NewIPTables(emptyTables{}, glue.NFT, ipset.IPv4)
 	if err != nil {
 		return r, err

@@ -17,10 +17,11 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 )
 
 // Options are what `ipvs-proxy cleanup` removes: as given to run.
@@ -70,7 +71,7 @@ func Run(ctx context.Context, o *Options, out io.Writer) error {
 		say("ipvs: skipped (%v)", err)
 	} else {
 		for _, iface := range ifaces {
-			own := proxier.Config{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}.Ownership()
+			own := agent.Config{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}.Ownership()
 			n, err := cleanupVirtualServers(ipvs, links, own)
 			if err != nil {
 				errs = append(errs, err)
@@ -139,7 +140,7 @@ func cleanupNetfilter(ctx context.Context, chains glue.ChainOwner, sets ipset.Ow
 // cleanupVirtualServers deletes the virtual servers that the Ownership rule
 // gives to own's interface: the reconciler's rule, read the same way.
 func cleanupVirtualServers(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership) (int, error) {
-	k, _, _, err := proxier.ReadKernel(ipvs, links, own, func(ktypes.VSKey) bool { return false })
+	k, _, _, err := reconciler.ReadKernel(ipvs, links, own, func(ktypes.VSKey) bool { return false })
 	if err != nil {
 		return 0, err
 	}

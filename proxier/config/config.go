@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 )
 
 // The config file (--config) is YAML whose keys are the json names of the
@@ -83,17 +83,17 @@ func (of *Flags) Resolve() (*Options, *Warning, error) {
 
 // ResolveReport is Resolve for the commands that print a report (preflight,
 // status): it also checks --output and derives the proxier's configuration.
-func (of *Flags) ResolveReport(output string) (*Options, proxier.Config, *Warning, error) {
+func (of *Flags) ResolveReport(output string) (*Options, agent.Config, *Warning, error) {
 	if output != "table" && output != "json" {
-		return nil, proxier.Config{}, nil, fmt.Errorf("--output: %q is neither table nor json", output)
+		return nil, agent.Config{}, nil, fmt.Errorf("--output: %q is neither table nor json", output)
 	}
 	o, warn, err := of.Resolve()
 	if err != nil {
-		return nil, proxier.Config{}, nil, err
+		return nil, agent.Config{}, nil, err
 	}
 	cfg, _, err := o.ProxierConfig()
 	if err != nil {
-		return nil, proxier.Config{}, nil, err
+		return nil, agent.Config{}, nil, err
 	}
 	return o, cfg, warn, nil
 }

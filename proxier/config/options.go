@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
@@ -167,8 +167,8 @@ func ParsePortRange(s string) (model.PortRange, error) {
 
 // ProxierConfig validates the options and turns them into the proxier's
 // configuration.
-func (o *Options) ProxierConfig() (proxier.Config, netlinkutil.Timeouts, error) {
-	var cfg proxier.Config
+func (o *Options) ProxierConfig() (agent.Config, netlinkutil.Timeouts, error) {
+	var cfg agent.Config
 	var err error
 	cfg.NodeName = o.HostnameOverride
 	if cfg.NodeName == "" {
@@ -243,7 +243,7 @@ func (o *Options) ProxierConfig() (proxier.Config, netlinkutil.Timeouts, error) 
 
 // GlueConfig validates the flags of the iptables glue and turns them into
 // its configuration.
-func (o *Options) GlueConfig(cfg proxier.Config) (glue.Config, error) {
+func (o *Options) GlueConfig(cfg agent.Config) (glue.Config, error) {
 	cidrs, err := ParsePrefixes("cluster-cidr", o.ClusterCIDRs)
 	if err != nil {
 		return glue.Config{}, err

@@ -4,11 +4,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 )
 
 func TestGlueConfigValidation(t *testing.T) {
-	cfg := proxier.Config{Interface: "ipvs-proxy0", IPv4: true}
+	cfg := agent.Config{Interface: "ipvs-proxy0", IPv4: true}
 	o := DefaultOptions()
 	o.ClusterCIDRs = []string{"10.100.0.0/14", " fd00:100::/24"}
 	g, err := o.GlueConfig(cfg)
@@ -30,7 +30,7 @@ func TestGlueConfigValidation(t *testing.T) {
 // values tells the glue how to tell pods' traffic; the interface modes need
 // their interface, and an unknown mode is refused.
 func TestGlueConfigDetectLocalMode(t *testing.T) {
-	cfg := proxier.Config{Interface: "ipvs-proxy0", IPv4: true}
+	cfg := agent.Config{Interface: "ipvs-proxy0", IPv4: true}
 	for _, tc := range []struct {
 		mode, bridge, prefix string
 		wantCIDRs            int

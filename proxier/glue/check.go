@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
 )
 
 // The periodic full sync's reads run off the sync loop. Reading every set
@@ -22,7 +22,7 @@ import (
 // The glue's state is the loop's alone: the goroutine reads the kernel
 // and nothing else of the glue.
 
-var _ proxier.BackgroundConsumer = (*Glue)(nil)
+var _ consumer.BackgroundConsumer = (*Glue)(nil)
 
 // checkResult is what a check read.
 type checkResult struct {
@@ -42,11 +42,11 @@ type savedRead struct {
 	err   error
 }
 
-// SetWake implements proxier.BackgroundConsumer: wake asks the sync loop
+// SetWake implements consumer.BackgroundConsumer: wake asks the sync loop
 // for a sync. Call it before the first Sync.
 func (g *Glue) SetWake(wake func()) { g.wake = wake }
 
-// Pending implements proxier.BackgroundConsumer: a check's read is done
+// Pending implements consumer.BackgroundConsumer: a check's read is done
 // and waits for a sync to apply it.
 func (g *Glue) Pending() bool { return g.check.Done() }
 

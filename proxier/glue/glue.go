@@ -7,7 +7,7 @@
 //
 // The number of iptables rules is constant (Rules, a pure function of the
 // configuration); every per-Service datum is an ipset entry (ServiceEntries,
-// a pure function of a plan). Glue implements proxier.Consumer: it keeps
+// a pure function of a plan). Glue implements consumer.Consumer: it keeps
 // each Service's entries, updates the sets by difference on every sync, and
 // on a full sync also re-reads the sets and the rules and repairs drift.
 //
@@ -30,7 +30,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -60,7 +60,7 @@ type Config struct {
 	Clock clock.PassiveClock
 }
 
-// Glue programs the iptables glue. It is a proxier.Consumer and, like the
+// Glue programs the iptables glue. It is a consumer.Consumer and, like the
 // reconciler, is driven by the proxier's one sync loop.
 type Glue struct {
 	cfg    Config
@@ -90,10 +90,10 @@ type Glue struct {
 	// check.go): wake asks the loop for a sync when the read is done (nil:
 	// full syncs run whole in the loop), check is that read.
 	wake  func()
-	check *proxier.OffLoop[checkResult]
+	check *consumer.OffLoop[checkResult]
 }
 
-var _ proxier.Consumer = (*Glue)(nil)
+var _ consumer.Consumer = (*Glue)(nil)
 
 // New returns the glue. ipt holds the iptables tools of each served family.
 func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links netlinkutil.Links, log *zap.Logger) *Glue {
@@ -106,7 +106,7 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		contrib: map[types.NamespacedName]held{},
 		refs:    map[setID]*ipset.Counts{},
 		dirty:   map[setID]struct{}{},
-		check:   proxier.NewOffLoop[checkResult](cfg.Clock),
+		check:   consumer.NewOffLoop[checkResult](cfg.Clock),
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
 		g.refs[id] = ipset.NewCounts()
@@ -134,7 +134,7 @@ func (g *Glue) SetServiceRanges(ranges []netip.Prefix) {
 	g.ranges = slices.Clone(ranges)
 }
 
-// Name implements proxier.Consumer.
+// Name implements consumer.Consumer.
 func (g *Glue) Name() string { return "iptables glue" }
 
 func (g *Glue) families() []ipset.Family {
@@ -178,7 +178,7 @@ func (g *Glue) ref(id setID, e ipset.Key, delta int32) {
 	}
 }
 
-// SetPlan implements proxier.Consumer.
+// SetPlan implements consumer.Consumer.
 func (g *Glue) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	if plan == nil {
 		delete(g.plans, name)
@@ -232,7 +232,7 @@ type Stats struct {
 	CheckSetRead, CheckRulesRead, CheckTook time.Duration
 }
 
-// Sync implements proxier.Consumer. A partial sync writes the difference of
+// Sync implements consumer.Consumer. A partial sync writes the difference of
 // the sets that changed, from memory; a full one (and the first) re-reads
 // the node's addresses, every set and the iptables rules, and repairs them.
 // Once SetWake gave it a way to ask for a sync, a periodic full sync (after
@@ -373,7 +373,7 @@ func (g *Glue) refreshNodeAddresses(st *Stats) error {
 	if err != nil {
 		return fmt.Errorf("read node addresses: %w", err)
 	}
-	addrs := proxier.FilterNodePortAddresses(all, g.cfg.NodePortAddresses)
+	addrs := model.FilterNodePortAddresses(all, g.cfg.NodePortAddresses)
 	if slices.Equal(addrs, g.nodeAddrs) {
 		return nil
 	}

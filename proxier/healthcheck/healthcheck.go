@@ -7,7 +7,7 @@
 //
 //	{"service":{"namespace":"ns","name":"svc"},"localEndpoints":2,"serviceProxyHealthy":true}
 //
-// Server is a proxier.Consumer: it learns of every Service plan and opens
+// Server is a consumer.Consumer: it learns of every Service plan and opens
 // and closes its listeners when the proxier syncs.
 package healthcheck
 
@@ -27,7 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -69,7 +69,7 @@ type instance struct {
 	srv       *http.Server
 }
 
-var _ proxier.Consumer = (*Server)(nil)
+var _ consumer.Consumer = (*Server)(nil)
 
 // New returns a Server with no ports open.
 func New(cfg Config, log *zap.Logger) *Server {
@@ -85,14 +85,14 @@ func New(cfg Config, log *zap.Logger) *Server {
 	}
 }
 
-// Name implements proxier.Consumer.
+// Name implements consumer.Consumer.
 func (s *Server) Name() string { return "health-check node ports" }
 
-// AfterReconciler implements proxier.AfterReconciler: a Service's local
+// AfterReconciler implements consumer.AfterReconciler: a Service's local
 // endpoints are counted (and answered with 200) only once IPVS has them.
 func (s *Server) AfterReconciler() {}
 
-// SetPlan implements proxier.Consumer: it records the Service's
+// SetPlan implements consumer.Consumer: it records the Service's
 // health-check node port and local endpoint count; Sync applies them.
 func (s *Server) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	s.mu.Lock()
@@ -104,7 +104,7 @@ func (s *Server) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	s.want[name] = wanted{port: plan.HealthCheckNodePort, endpoints: plan.LocalEndpoints}
 }
 
-// Sync implements proxier.Consumer: it closes the servers no longer wanted,
+// Sync implements consumer.Consumer: it closes the servers no longer wanted,
 // updates the counts, and opens the missing servers. A port that cannot be
 // opened (another process holds it) is logged and reported as an Event on
 // the Service, and retried at every later Sync; it is not a sync failure,

@@ -26,8 +26,10 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/healthcheck"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 )
 
 // healthTimeout is how long changes may stay unapplied, or the apiserver
@@ -150,7 +152,7 @@ func timePtr(t time.Time) *time.Time {
 // When healthy, lastUpdated is the current time, for kube-proxy
 // compatibility; otherwise it is the last successful sync.
 type healthz struct {
-	status  func() proxier.Status
+	status  func() agent.Status
 	api     *apiProbe // nil: not probed
 	timeout time.Duration
 	now     func() time.Time
@@ -185,7 +187,7 @@ func (h *healthz) report(withNode bool) healthReport {
 	if withNode {
 		r.NodeEligible = &st.NodeEligible
 		if !st.NodeEligible {
-			fail("node not eligible: its Node is missing, being deleted or tainted %s", proxier.ToBeDeletedTaint)
+			fail("node not eligible: its Node is missing, being deleted or tainted %s", agent.ToBeDeletedTaint)
 		}
 		if h.api != nil {
 			since, err := h.api.unreachable()
@@ -241,10 +243,10 @@ type Config struct {
 	Profiling  bool
 	SyncPeriod time.Duration
 	Registry   *prometheus.Registry
-	Status     func() proxier.Status
+	Status     func() agent.Status
 	// Problems lists the Services failing or in conflict (for /statusz);
 	// nil serves none.
-	Problems func() []proxier.ServiceStatus
+	Problems func() []reconciler.ServiceStatus
 	// APICheck probes the apiserver; nil disables the probe.
 	APICheck func(ctx context.Context) error
 	// HealthCheckAddrs are the addresses of the health-check node ports
@@ -395,7 +397,7 @@ func muxPaths(addr string, c Config) []string {
 }
 
 // HealthCheck is the server of the health-check node ports: a consumer of
-// the proxier's plans (proxier.AddConsumer).
+// the proxier's plans (agent.AddConsumer).
 func (ops *Server) HealthCheck() *healthcheck.Server { return ops.healthCheck }
 
 // Stop shuts the HTTP servers down (in-flight requests get 2 s), closes
@@ -430,12 +432,12 @@ func (r *statusRecorder) WriteHeader(code int) {
 // HealthCheckAddresses are the node addresses the health-check node ports
 // listen on: with --nodeport-addresses, the node's addresses in those
 // CIDRs (read once at start, as kube-proxy does); else every address.
-func HealthCheckAddresses(links netlinkutil.Links, cfg proxier.Config, log *zap.Logger) []netip.Addr {
+func HealthCheckAddresses(links netlinkutil.Links, cfg agent.Config, log *zap.Logger) []netip.Addr {
 	if len(cfg.NodePortAddresses) == 0 {
 		return nil
 	}
 	all, err := links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)
-	addrs := proxier.FilterNodePortAddresses(all, cfg.NodePortAddresses)
+	addrs := model.FilterNodePortAddresses(all, cfg.NodePortAddresses)
 	if err != nil || len(addrs) == 0 {
 		log.Warn("no node address matches --nodeport-addresses; health-check node ports listen on every address",
 			zap.Error(err))
@@ -460,7 +462,7 @@ type statuszBody struct {
 	Services []ServiceStatus `json:"services"`
 }
 
-func statuszHandler(problems func() []proxier.ServiceStatus, log *zap.Logger) http.Handler {
+func statuszHandler(problems func() []reconciler.ServiceStatus, log *zap.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		body := statuszBody{Services: []ServiceStatus{}}
 		if problems != nil {

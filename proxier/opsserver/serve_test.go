@@ -17,7 +17,8 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 )
 
 // fakeClock is a settable clock.
@@ -41,16 +42,16 @@ func (c *fakeClock) Step(d time.Duration) {
 // fakeStatus is a settable proxier status.
 type fakeStatus struct {
 	mu sync.Mutex
-	st proxier.Status
+	st agent.Status
 }
 
-func (f *fakeStatus) Status() proxier.Status {
+func (f *fakeStatus) Status() agent.Status {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.st
 }
 
-func (f *fakeStatus) Set(st proxier.Status) {
+func (f *fakeStatus) Set(st agent.Status) {
 	f.mu.Lock()
 	f.st = st
 	f.mu.Unlock()
@@ -122,17 +123,17 @@ func TestHealthz(t *testing.T) {
 	expect("before the first sync", 503, 503, "no successful sync yet")
 
 	synced := clock.Now()
-	status.Set(proxier.Status{LastSuccessfulSync: synced, NodeEligible: true})
+	status.Set(agent.Status{LastSuccessfulSync: synced, NodeEligible: true})
 	if r := expect("after the first sync", 200, 200, ""); !r.LastUpdated.Equal(clock.Now()) {
 		t.Errorf("healthy lastUpdated = %v, want the current time (kube-proxy)", r.LastUpdated)
 	}
 
 	// A change waits: healthy until the timeout.
 	clock.Step(time.Second)
-	status.Set(proxier.Status{LastSuccessfulSync: synced, NodeEligible: true, PendingSince: clock.Now(), Pending: 1})
+	status.Set(agent.Status{LastSuccessfulSync: synced, NodeEligible: true, PendingSince: clock.Now(), Pending: 1})
 	clock.Step(9 * time.Second)
 	expect("pending 9s", 200, 200, "")
-	status.Set(proxier.Status{LastSuccessfulSync: synced, NodeEligible: true, PendingSince: clock.Now().Add(-9 * time.Second),
+	status.Set(agent.Status{LastSuccessfulSync: synced, NodeEligible: true, PendingSince: clock.Now().Add(-9 * time.Second),
 		LastError: errors.New("injected: busy")})
 	clock.Step(time.Second)
 	r := expect("pending 10s and failing", 503, 503, "changes unapplied for 10s")
@@ -144,15 +145,15 @@ func TestHealthz(t *testing.T) {
 	}
 
 	// Synced again.
-	status.Set(proxier.Status{LastSuccessfulSync: clock.Now(), NodeEligible: true})
+	status.Set(agent.Status{LastSuccessfulSync: clock.Now(), NodeEligible: true})
 	expect("synced again", 200, 200, "")
 
 	// The node goes away: /healthz only.
-	status.Set(proxier.Status{LastSuccessfulSync: clock.Now(), NodeEligible: false})
+	status.Set(agent.Status{LastSuccessfulSync: clock.Now(), NodeEligible: false})
 	if r := expect("node not eligible", 503, 200, "node not eligible"); *r.NodeEligible {
 		t.Errorf("nodeEligible true")
 	}
-	status.Set(proxier.Status{LastSuccessfulSync: clock.Now(), NodeEligible: true})
+	status.Set(agent.Status{LastSuccessfulSync: clock.Now(), NodeEligible: true})
 
 	// The apiserver stops answering: /healthz fails after the timeout.
 	apiDown = true
@@ -194,12 +195,12 @@ func get(t *testing.T, url string) (int, string) {
 func TestStartOperations(t *testing.T) {
 	status := &fakeStatus{}
 	reg := prometheus.NewRegistry()
-	m := proxier.NewMetrics(reg)
+	m := agent.NewMetrics(reg)
 	m.VirtualServers.Set(3)
 	ops, err := Start(context.Background(), Config{MetricsAddr: "127.0.0.1:0", HealthzAddr: "127.0.0.1:0",
 		SyncPeriod: time.Second, Registry: reg, Status: status.Status,
-		APICheck: func(context.Context) error { return nil }, Problems: func() []proxier.ServiceStatus {
-			return []proxier.ServiceStatus{{Service: types.NamespacedName{Namespace: "ns", Name: "web"}, Failures: 2,
+		APICheck: func(context.Context) error { return nil }, Problems: func() []reconciler.ServiceStatus {
+			return []reconciler.ServiceStatus{{Service: types.NamespacedName{Namespace: "ns", Name: "web"}, Failures: 2,
 				LastError: "add-virtual-server 10.96.0.10:80/TCP mh: no such file or directory",
 				NextRetry: time.Date(2026, 11, 23, 10, 0, 2, 0, time.UTC)}}
 		}}, zap.NewNop())
@@ -212,7 +213,7 @@ func TestStartOperations(t *testing.T) {
 	if code, _ := get(t, base+"/healthz"); code != 503 {
 		t.Errorf("/healthz before any sync: %d", code)
 	}
-	status.Set(proxier.Status{LastSuccessfulSync: time.Now(), NodeEligible: true})
+	status.Set(agent.Status{LastSuccessfulSync: time.Now(), NodeEligible: true})
 	if code, body := get(t, base+"/livez"); code != 200 || !strings.Contains(body, `"healthy":true`) {
 		t.Errorf("/livez after a sync: %d %s", code, body)
 	}

@@ -26,7 +26,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/probe"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -103,7 +103,7 @@ type System struct {
 	// capEff returns the effective capability set.
 	capEff func() (uint64, error)
 	// schedulersInUse maps the schedulers that Services' annotations name
-	// to those Services; proxier.ErrNoAPI when there is no configuration.
+	// to those Services; agent.ErrNoAPI when there is no configuration.
 	schedulersInUse func(ctx context.Context) (map[string][]string, int, error)
 }
 
@@ -127,7 +127,7 @@ const (
 )
 
 // NewSystem returns the probes of the real node; newClient gives the
-// client that reads the Services (proxier.ErrNoAPI without a configuration).
+// client that reads the Services (agent.ErrNoAPI without a configuration).
 func NewSystem(newClient func() (kubernetes.Interface, error), log *zap.Logger) (*System, error) {
 	mods, err := kmod.NewChecker()
 	if err != nil {
@@ -193,7 +193,7 @@ func schedulersInUse(ctx context.Context, newClient func() (kubernetes.Interface
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	services, err := proxier.ListServices(ctx, client)
+	services, err := agent.ListServices(ctx, client)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -368,7 +368,7 @@ func (p *preflight) schedulers() {
 	} else {
 		inUse, n, err := p.sys.schedulersInUse(p.ctx)
 		switch {
-		case errors.Is(err, proxier.ErrNoAPI):
+		case errors.Is(err, agent.ErrNoAPI):
 			p.add("schedulers in use", statusOK, "no Kubernetes configuration: only --scheduler is checked", "")
 		case err != nil:
 			p.add("schedulers in use", statusWarn, "cannot read Services' scheduler annotations: "+err.Error()+"; only --scheduler is checked",

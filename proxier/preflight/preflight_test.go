@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -75,7 +75,7 @@ func newFakeNode() *fakeNode {
 		saveErr:  map[string]error{},
 		sysctls:  map[string]string{},
 		caps:     1<<capNetAdmin | 1<<capSysModule,
-		inUse:    func(context.Context) (map[string][]string, int, error) { return nil, 0, proxier.ErrNoAPI },
+		inUse:    func(context.Context) (map[string][]string, int, error) { return nil, 0, agent.ErrNoAPI },
 		ipsetErr: map[string]error{},
 	}
 	for _, base := range []string{"iptables", "ip6tables"} {

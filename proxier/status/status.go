@@ -25,9 +25,10 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -160,16 +161,16 @@ func SchedulerMissing() func(string) bool {
 }
 
 // desiredState lists the Services and EndpointSlices and builds the
-// desired state from them as run does (proxier.DesiredState). It returns
+// desired state from them as run does (agent.DesiredState). It returns
 // the desired state, the conflicts, a label (namespace/name:port) for each
 // wanted virtual server, the number of Services read and warnings.
-func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.Config, nodeAddrs []netip.Addr,
+func desiredState(ctx context.Context, client kubernetes.Interface, cfg agent.Config, nodeAddrs []netip.Addr,
 	schedulerMissing func(string) bool) (model.Desired, []model.Conflict, map[ktypes.VSKey]string, int, []string, error) {
-	services, err := proxier.ListServices(ctx, client)
+	services, err := agent.ListServices(ctx, client)
 	if err != nil {
 		return model.Desired{}, nil, nil, 0, nil, err
 	}
-	slicesOf, err := proxier.ListEndpointSlices(ctx, client)
+	slicesOf, err := agent.ListEndpointSlices(ctx, client)
 	if err != nil {
 		return model.Desired{}, nil, nil, 0, nil, err
 	}
@@ -187,7 +188,7 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 		}
 	}
 
-	node := model.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: proxier.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses),
+	node := model.NodeInfo{Name: cfg.NodeName, Zone: zone, NodePortAddresses: model.FilterNodePortAddresses(nodeAddrs, cfg.NodePortAddresses),
 		Addresses: nodeAddrs}
 	// run falls back to the default scheduler for a Service whose
 	// scheduler the kernel cannot load: so does status.
@@ -199,12 +200,12 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg proxier.
 			}
 		}
 	}
-	ranges, err := proxier.ListServiceRanges(ctx, client, cfg)
+	ranges, err := agent.ListServiceRanges(ctx, client, cfg)
 	if err != nil {
 		// run falls back to binding one address per clusterIP.
 		warnings = append(warnings, fmt.Sprintf("cannot read the Service ranges to route (%v): comparing with one address per clusterIP, as run does then", err))
 	}
-	want, conflicts, plans := proxier.DesiredState(cfg, cfg.Planner(unavailable).WithRanges(ranges), services, slicesOf, node)
+	want, conflicts, plans := agent.DesiredState(cfg, cfg.Planner(unavailable).WithRanges(ranges), services, slicesOf, node)
 	for _, p := range ranges {
 		want.Route(p)
 	}
@@ -238,16 +239,16 @@ func servicePortLabel(svc *corev1.Service, portName string) string {
 	return "?"
 }
 
-// readOwnedKernel reads, by run's rule (proxier.ReadKernel), the part of
+// readOwnedKernel reads, by run's rule (reconciler.ReadKernel), the part of
 // the kernel ipvs-proxy owns given what is wanted, with every owned virtual
 // server's real servers (one bulk read), and counts the others' virtual
 // servers.
-func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links, want model.Desired) (*model.Kernel, int, error) {
+func readOwnedKernel(cfg agent.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links, want model.Desired) (*model.Kernel, int, error) {
 	own := cfg.Ownership()
 	// What ipvs-proxy itself holds: not what a takeover adopts from
 	// kube-proxy's interface (as before the rule was written once).
 	own.Adopt = ""
-	k, others, _, err := proxier.ReadKernel(ipvs, links, own, func(key ktypes.VSKey) bool {
+	k, others, _, err := reconciler.ReadKernel(ipvs, links, own, func(key ktypes.VSKey) bool {
 		_, ok := want.VirtualServers[key]
 		return ok
 	})
@@ -276,7 +277,7 @@ func readOwnedKernel(cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkuti
 // Collect reads the kernel and, with a client, the Services, and
 // joins them; drift is the operations run's next full sync would make
 // (model.Diff). apiErr, when set, is why there is no client.
-func Collect(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
+func Collect(ctx context.Context, cfg agent.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
 	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (Report, error) {
 	rep := Report{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
 	// Node addresses first: node ports are built on them.
@@ -292,7 +293,7 @@ func Collect(ctx context.Context, cfg proxier.Config, ipvs netlinkutil.IPVS, lin
 		want, conflicts, labels, n, rep.Warnings, apiErr = desiredState(ctx, client, cfg, nodeAddrs, schedulerMissing)
 		rep.API.Services = n
 	} else if apiErr == nil {
-		apiErr = proxier.ErrNoAPI
+		apiErr = agent.ErrNoAPI
 	}
 	if apiErr != nil {
 		want = model.Desired{VirtualServers: map[ktypes.VSKey]model.Want{}, Addresses: map[netip.Addr]bool{}}

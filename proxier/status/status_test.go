@@ -27,9 +27,10 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -38,8 +39,8 @@ var (
 	stExcluded = netip.MustParsePrefix("10.200.0.0/16")
 )
 
-func statusConfig() proxier.Config {
-	return proxier.Config{NodeName: "node-1", Interface: "ipvs-proxy0", Scheduler: scheduler.Spec{Name: "rr"},
+func statusConfig() agent.Config {
+	return agent.Config{NodeName: "node-1", Interface: "ipvs-proxy0", Scheduler: scheduler.Spec{Name: "rr"},
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, ExcludeCIDRs: []netip.Prefix{stExcluded}, IPv4: true, IPv6: true}
 }
 
@@ -99,7 +100,7 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 	t.Helper()
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(stNodeAddr)
 	cfg := statusConfig()
-	rec := proxier.NewReconciler(ipvs, links, proxier.ReconcilerConfig{Ownership: cfg.Ownership()}, zap.NewNop())
+	rec := reconciler.NewReconciler(ipvs, links, reconciler.ReconcilerConfig{Ownership: cfg.Ownership()}, zap.NewNop())
 	node := model.NodeInfo{Name: cfg.NodeName, NodePortAddresses: []netip.Addr{stNodeAddr}}
 	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true, ExcludeCIDRs: cfg.ExcludeCIDRs}
 	slicesOf := map[string][]*discoveryv1.EndpointSlice{}
@@ -427,7 +428,7 @@ func TestStatusWithoutAPI(t *testing.T) {
 		apiErr error
 		want   string
 	}{
-		{"no configuration", nil, proxier.ErrNoAPI, "no Kubernetes configuration"},
+		{"no configuration", nil, agent.ErrNoAPI, "no Kubernetes configuration"},
 		{"a bad kubeconfig", nil, errors.New("load Kubernetes client configuration: no such file"), "no such file"},
 		{"the API fails", failing, nil, "list Services: connection refused"},
 	} {

@@ -14,9 +14,9 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy/faults"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 )
 
 // TestReconcilerConvergesUnderInjectedFaults: with 10% and 50% of IPVS and
@@ -36,8 +36,8 @@ func TestReconcilerConvergesUnderInjectedFaults(t *testing.T) {
 			ipvs, links := fake.NewIPVS(), fake.NewLinks(nodeAddr)
 			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
 			const base, maxDelay = time.Second, 8 * time.Second
-			cfg := proxier.ReconcilerConfig{Ownership: ownership(), RetryBase: base, RetryMax: maxDelay, Clock: clk}
-			r := proxier.NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
+			cfg := reconciler.ReconcilerConfig{Ownership: ownership(), RetryBase: base, RetryMax: maxDelay, Clock: clk}
+			r := reconciler.NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
 
 			const n = 200
 			name := func(i int) types.NamespacedName {
@@ -145,7 +145,7 @@ func TestReconcilerConvergesUnderInjectedFaults(t *testing.T) {
 			// while it was down: its first full sync finds their virtual
 			// servers and addresses as orphans, deleted under the same
 			// faults, and nothing of them may be left.
-			r = proxier.NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
+			r = reconciler.NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
 			for i := range n {
 				if i%3 == 2 {
 					delete(want, name(i))

@@ -1,4 +1,4 @@
-package proxier
+package reconciler
 
 // The real servers kept only while busy (ktypes.RealServer.Drain): read
 // again every DrainCheck until their connections end.

@@ -1,4 +1,4 @@
-package proxier
+package reconciler
 
 // The claims index: which Services want each virtual server and address
 // (the oldest holds a virtual server: model.Precedes), kept current as

@@ -1,4 +1,4 @@
-package proxier
+package agent
 
 import (
 	"context"
@@ -13,10 +13,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 func newTestProxier(t *testing.T) (*Proxier, *fake.IPVS) {

@@ -1,4 +1,4 @@
-package proxier
+package reconciler
 
 // The view of the kernel: its reads, and the ownership rule applied to
 // them.

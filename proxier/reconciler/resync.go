@@ -1,4 +1,4 @@
-package proxier
+package reconciler
 
 // The periodic full resync, in slices, and its kernel read off the loop.
 
@@ -12,6 +12,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -27,7 +28,7 @@ type resyncState struct {
 	realServers map[ktypes.VSKey][]ktypes.RealServer
 
 	reader  *resyncReader
-	read    *OffLoop[*KernelRead]
+	read    *consumer.OffLoop[*KernelRead]
 	offLoop *offLoopRead
 }
 
@@ -119,7 +120,7 @@ func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Li
 // Sync that adopts the read, the loop's writes are noted: their virtual
 // servers and addresses keep the loop's view, not the read's older one.
 func (r *Reconciler) StartResyncRead() (run func(), ok bool) {
-	if r.resync.reader == nil || !r.synced || r.full.due(r.clock.Now()) || len(r.resync.left) > 0 ||
+	if r.resync.reader == nil || !r.synced || r.full.Due(r.clock.Now()) || len(r.resync.left) > 0 ||
 		r.resync.offLoop != nil || r.resync.read.Running() {
 		return nil, false
 	}
@@ -155,7 +156,7 @@ func (r *Reconciler) takeOffered() *KernelRead {
 	ol := r.resync.offLoop
 	r.resync.offLoop = nil
 	kr, took, ok := r.resync.read.Take()
-	if !ok || ol == nil || !r.synced || r.full.due(r.clock.Now()) {
+	if !ok || ol == nil || !r.synced || r.full.Due(r.clock.Now()) {
 		return nil
 	}
 	if kr.err != nil {

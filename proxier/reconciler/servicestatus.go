@@ -1,4 +1,4 @@
-package proxier
+package reconciler
 
 // The per-Service status: what the last attempt did, the backoff of a
 // failing Service, and the conflicts it lost.
@@ -31,13 +31,17 @@ type ServiceStatus struct {
 	Conflicts []model.Conflict
 }
 
-// backoff is one retry schedule: failures in a row and the next attempt.
-type backoff struct {
+// Backoff is one retry schedule: failures in a row and the next attempt,
+// the delay doubled per failure up to a maximum. The zero value has no
+// failure.
+type Backoff struct {
 	failures int
 	next     time.Time
 }
 
-func (b *backoff) fail(now time.Time, base, max time.Duration) {
+// Fail records a failure at now: the next attempt is base after it, doubled
+// per earlier failure in a row, at most max.
+func (b *Backoff) Fail(now time.Time, base, max time.Duration) {
 	b.failures++
 	d := base
 	for i := 1; i < b.failures && d < max; i++ {
@@ -46,7 +50,16 @@ func (b *backoff) fail(now time.Time, base, max time.Duration) {
 	b.next = now.Add(min(d, max))
 }
 
-func (b *backoff) due(now time.Time) bool { return b.failures > 0 && !now.Before(b.next) }
+// Due reports whether a failure waits for its retry and the retry is due.
+func (b *Backoff) Due(now time.Time) bool { return b.failures > 0 && !now.Before(b.next) }
+
+// Next is when the retry is due; zero with no failure.
+func (b *Backoff) Next() time.Time {
+	if b.failures == 0 {
+		return time.Time{}
+	}
+	return b.next
+}
 
 // serviceStatuses is the status of every Service with a plan: what its
 // last attempt did, the backoff of those failing (retrying), the Services
@@ -54,13 +67,13 @@ func (b *backoff) due(now time.Time) bool { return b.failures > 0 && !now.Before
 // one (conflicted).
 type serviceStatuses struct {
 	byName          map[types.NamespacedName]*ServiceStatus
-	retrying        map[types.NamespacedName]*backoff
+	retrying        map[types.NamespacedName]*Backoff
 	conflictChanged map[types.NamespacedName]bool
 	conflicted      map[types.NamespacedName]bool
 }
 
 func newServiceStatuses() serviceStatuses {
-	return serviceStatuses{byName: map[types.NamespacedName]*ServiceStatus{}, retrying: map[types.NamespacedName]*backoff{},
+	return serviceStatuses{byName: map[types.NamespacedName]*ServiceStatus{}, retrying: map[types.NamespacedName]*Backoff{},
 		conflictChanged: map[types.NamespacedName]bool{}, conflicted: map[types.NamespacedName]bool{}}
 }
 
@@ -85,7 +98,7 @@ func (s *serviceStatuses) remove(name types.NamespacedName) {
 func (s *serviceStatuses) due(now time.Time) []types.NamespacedName {
 	var out []types.NamespacedName
 	for n, b := range s.retrying {
-		if b.due(now) {
+		if b.Due(now) {
 			out = append(out, n)
 		}
 	}
@@ -184,10 +197,10 @@ func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]boo
 		}
 		b := r.statuses.retrying[n]
 		if b == nil {
-			b = &backoff{}
+			b = &Backoff{}
 			r.statuses.retrying[n] = b
 		}
-		b.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
+		b.Fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 		s.Applied, s.Failures, s.LastError, s.NextRetry = false, b.failures, err.Error(), b.next
 		r.log.Warn("service not fully programmed; retrying it alone", zap.String("service", n.String()),
 			zap.Int("failures", b.failures), zap.Duration("retryIn", b.next.Sub(now)), zap.Time("nextRetry", b.next), zap.Error(err))

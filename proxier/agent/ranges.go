@@ -1,4 +1,4 @@
-package proxier
+package agent
 
 // Service ranges routed as local: where they come from (the flag, or the
 // cluster's ServiceCIDR objects) and how a change reaches the plans, the

@@ -1,9 +1,10 @@
-// Package proxier turns Kubernetes Services and EndpointSlices into IPVS
-// virtual servers. model.Build (a pure function) makes one Service's plan,
-// model.Diff the operations that bring the kernel to the plans, the
-// Reconciler applies them with per-Service status and retries, and the Proxier
-// watches the API and drives both from one sync loop.
-package proxier
+// Package agent is ipvs-proxy's running agent: it watches Services,
+// EndpointSlices and its Node, builds each changed Service's plan
+// (model.Build, a pure function), hands the plans to the IPVS reconciler
+// (proxier/reconciler) and the consumers (proxier/consumer: the iptables
+// glue, the health-check server), and drives them from one sync loop, with
+// metrics, health and Events.
+package agent
 
 import (
 	"context"
@@ -27,7 +28,9 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -63,39 +66,6 @@ type Config struct {
 	ServiceRanges      []netip.Prefix
 }
 
-// Consumer is another part of the node's data plane driven by the same
-// plans: the iptables glue and the health-check server. It is told of every
-// plan change, then synced after the IPVS reconciler. A failed Sync is
-// retried with a full Sync of that consumer alone, after its own backoff.
-type Consumer interface {
-	// Name names the consumer in logs and errors.
-	Name() string
-	// SetPlan records the plan of a Service; nil means it is gone.
-	SetPlan(name types.NamespacedName, plan *model.ServicePlan)
-	// Sync applies what changed; full re-reads and repairs all of it.
-	Sync(full bool) error
-}
-
-// AfterReconciler is a Consumer that syncs after the reconciler in each
-// sync, not beside it: the health-check server, whose 200 tells a load
-// balancer to send the node traffic that IPVS must already serve.
-type AfterReconciler interface {
-	Consumer
-	AfterReconciler()
-}
-
-// BackgroundConsumer is a Consumer whose periodic full sync reads the kernel
-// off the sync loop, so that it holds no change up: Sync(true) starts the
-// read and returns; when the read is done the consumer calls wake, and the
-// loop's next sync, partial, applies what it found.
-type BackgroundConsumer interface {
-	Consumer
-	// SetWake gives the function that asks the loop for a sync.
-	SetWake(wake func())
-	// Pending reports that a finished read waits for a sync.
-	Pending() bool
-}
-
 // Proxier watches Services, EndpointSlices and its Node and keeps the kernel
 // in line with them.
 type Proxier struct {
@@ -103,14 +73,14 @@ type Proxier struct {
 	clock     clock.WithTicker
 	client    kubernetes.Interface
 	links     netlinkutil.Links
-	rec       *Reconciler
+	rec       *reconciler.Reconciler
 	log       *zap.Logger
 	recorder  record.EventRecorder
 	metrics   *Metrics
-	consumers []Consumer
+	consumers []consumer.Consumer
 	// consumerRetry holds the backoff of each consumer whose last Sync
 	// failed (by index in consumers). Only the sync loop touches it.
-	consumerRetry map[int]*backoff
+	consumerRetry map[int]*reconciler.Backoff
 	// finishers run once each, after a sync in which everything succeeded
 	// (see AddFinisher). Only the sync loop touches them.
 	finishers []finisher
@@ -149,7 +119,7 @@ type Proxier struct {
 	nodeEligible bool
 	// problems are the statuses of the Services failing or in conflict,
 	// as of the last sync.
-	problems []ServiceStatus
+	problems []reconciler.ServiceStatus
 	// What the kernel reported removed from the interface since the last
 	// sync (see watchRemovals).
 	removedAddrs []netip.Addr
@@ -171,12 +141,12 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	if cfg.RetryBase <= 0 {
 		cfg.RetryBase = time.Second
 	}
-	rcfg := ReconcilerConfig{Ownership: cfg.Ownership(), RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock,
+	rcfg := reconciler.ReconcilerConfig{Ownership: cfg.Ownership(), RetryBase: cfg.RetryBase, RetryMax: max(cfg.SyncPeriod, cfg.RetryBase), Clock: cfg.Clock,
 		ResyncSlice: cfg.ResyncSlice}
 	p := &Proxier{
 		cfg: cfg, clock: cfg.Clock, client: client, links: links, log: log, recorder: recorder, metrics: metrics,
-		rec:           NewReconciler(ipvs, links, rcfg, log),
-		consumerRetry: map[int]*backoff{},
+		rec:           reconciler.NewReconciler(ipvs, links, rcfg, log),
+		consumerRetry: map[int]*reconciler.Backoff{},
 		changes:       map[types.NamespacedName]time.Time{},
 		trigger:       make(chan struct{}, 1),
 		listed:        make(chan struct{}),
@@ -240,8 +210,8 @@ func (p *Proxier) runFinishers() error {
 }
 
 // AddConsumer adds a consumer of plans; call it before Run.
-func (p *Proxier) AddConsumer(c Consumer) {
-	if bc, ok := c.(BackgroundConsumer); ok {
+func (p *Proxier) AddConsumer(c consumer.Consumer) {
+	if bc, ok := c.(consumer.BackgroundConsumer); ok {
 		bc.SetWake(p.kick)
 	}
 	p.consumers = append(p.consumers, c)
@@ -276,7 +246,7 @@ func (p *Proxier) Status() Status {
 
 // ServiceProblems returns, as of the last sync, the status of every
 // Service whose writes are failing or that lost a conflict, sorted by name.
-func (p *Proxier) ServiceProblems() []ServiceStatus {
+func (p *Proxier) ServiceProblems() []reconciler.ServiceStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return slices.Clone(p.problems)
@@ -723,8 +693,8 @@ func (p *Proxier) loop(ctx context.Context) {
 func (p *Proxier) nextRetry() time.Time {
 	next := p.rec.NextRetry()
 	for _, b := range p.consumerRetry {
-		if next.IsZero() || b.next.Before(next) {
-			next = b.next
+		if next.IsZero() || b.Next().Before(next) {
+			next = b.Next()
 		}
 	}
 	return next
@@ -916,12 +886,12 @@ func (p *Proxier) reportConflicts(name types.NamespacedName) {
 func (p *Proxier) consumersDue() bool {
 	now := p.clock.Now()
 	for _, b := range p.consumerRetry {
-		if b.due(now) {
+		if b.Due(now) {
 			return true
 		}
 	}
 	for _, c := range p.consumers {
-		if bc, ok := c.(BackgroundConsumer); ok && bc.Pending() {
+		if bc, ok := c.(consumer.BackgroundConsumer); ok && bc.Pending() {
 			return true
 		}
 	}
@@ -936,17 +906,17 @@ func (p *Proxier) syncConsumers(full, after bool) error {
 	now := p.clock.Now()
 	var errs []error
 	for i, c := range p.consumers {
-		if _, ok := c.(AfterReconciler); ok != after {
+		if _, ok := c.(consumer.AfterReconciler); ok != after {
 			continue
 		}
 		b := p.consumerRetry[i]
-		cfull := full || (b != nil && b.due(now))
+		cfull := full || (b != nil && b.Due(now))
 		if err := c.Sync(cfull); err != nil {
 			if b == nil {
-				b = &backoff{}
+				b = &reconciler.Backoff{}
 				p.consumerRetry[i] = b
 			}
-			b.fail(now, p.cfg.RetryBase, max(p.cfg.SyncPeriod, p.cfg.RetryBase))
+			b.Fail(now, p.cfg.RetryBase, max(p.cfg.SyncPeriod, p.cfg.RetryBase))
 			errs = append(errs, fmt.Errorf("%s: %w", c.Name(), err))
 			continue
 		}
@@ -960,7 +930,7 @@ func (p *Proxier) syncConsumers(full, after bool) error {
 // record takes a sync's outcome into metrics, logs and health: recErr is
 // the reconciler's, nodeErr that of the node's addresses and consumers;
 // consumers is the time the consumers' syncs took.
-func (p *Proxier) record(start time.Time, st SyncStats, consumers time.Duration, recErr, nodeErr error) {
+func (p *Proxier) record(start time.Time, st reconciler.SyncStats, consumers time.Duration, recErr, nodeErr error) {
 	kind := "partial"
 	if st.Full {
 		kind = "full"
@@ -1054,8 +1024,8 @@ func (p *Proxier) refreshNodeAddresses() error {
 	if err != nil {
 		return fmt.Errorf("read node addresses: %w", err)
 	}
-	addrs := FilterNodePortAddresses(all, p.cfg.NodePortAddresses)
-	all = FilterNodePortAddresses(all, nil) // sorted, each once
+	addrs := model.FilterNodePortAddresses(all, p.cfg.NodePortAddresses)
+	all = model.FilterNodePortAddresses(all, nil) // sorted, each once
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !slices.Equal(addrs, p.nodeAddrs) {
@@ -1068,26 +1038,6 @@ func (p *Proxier) refreshNodeAddresses() error {
 		p.rebuild = true
 	}
 	return nil
-}
-
-// FilterNodePortAddresses keeps the addresses inside the prefixes (all when
-// there are none), sorted and deduplicated.
-func FilterNodePortAddresses(addrs []netip.Addr, prefixes []netip.Prefix) []netip.Addr {
-	var out []netip.Addr
-	for _, a := range addrs {
-		keep := len(prefixes) == 0
-		for _, p := range prefixes {
-			if p.Contains(a) {
-				keep = true
-				break
-			}
-		}
-		if keep {
-			out = append(out, a)
-		}
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
 }
 
 // report logs a Service's warnings and raises an Event when they change.

@@ -1,4 +1,4 @@
-package proxier
+package agent
 
 import (
 	"net/netip"
@@ -15,6 +15,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -55,12 +56,12 @@ func TestDesiredStateIsWhatTheLoopPrograms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeInfo := model.NodeInfo{Name: cfg.NodeName, NodePortAddresses: FilterNodePortAddresses(all, cfg.NodePortAddresses)}
+	nodeInfo := model.NodeInfo{Name: cfg.NodeName, NodePortAddresses: model.FilterNodePortAddresses(all, cfg.NodePortAddresses)}
 	want, conflicts, plans := DesiredState(cfg, cfg.Planner(nil), services, slicesOf, nodeInfo)
 	if len(plans) != 3 {
 		t.Errorf("%d plans, want 3 (the headless Service is left out)", len(plans))
 	}
-	kernel, _, _, err := ReadKernel(ipvs, links, cfg.Ownership(), func(k ktypes.VSKey) bool { _, ok := want.VirtualServers[k]; return ok })
+	kernel, _, _, err := reconciler.ReadKernel(ipvs, links, cfg.Ownership(), func(k ktypes.VSKey) bool { _, ok := want.VirtualServers[k]; return ok })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package proxier
+package reconciler
 
 import (
 	"errors"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -105,7 +106,7 @@ type Reconciler struct {
 	draining drains          // virtual servers with busy real servers marked Drain
 	resync   resyncState     // the periodic full resync, in slices, and its read off the loop
 
-	full   backoff // a failed kernel read: the next full sync
+	full   Backoff // a failed kernel read: the next full sync
 	lost   bool    // a write's answer was lost: the view may be wrong, read it again
 	synced bool    // a full sync has completed once
 
@@ -124,7 +125,7 @@ type Reconciler struct {
 // no Service wants, an address to unbind) that failed: retried with one
 // backoff.
 type orphans struct {
-	backoff
+	Backoff
 	keys  map[ktypes.VSKey]bool
 	addrs map[netip.Addr]bool
 }
@@ -160,7 +161,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		statuses:      newServiceStatuses(),
 		routes:        map[netip.Prefix]bool{},
 		orphan:        orphans{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
-		resync:        resyncState{read: NewOffLoop[*KernelRead](cfg.Clock)},
+		resync:        resyncState{read: consumer.NewOffLoop[*KernelRead](cfg.Clock)},
 		draining:      drains{keys: map[ktypes.VSKey]bool{}},
 	}
 }
@@ -226,17 +227,17 @@ func (r *Reconciler) RequestFull() {
 
 // FullDue reports whether the next sync must be full: no full sync has
 // succeeded yet, or a failed kernel read's retry is due.
-func (r *Reconciler) FullDue() bool { return !r.synced || r.full.due(r.clock.Now()) }
+func (r *Reconciler) FullDue() bool { return !r.synced || r.full.Due(r.clock.Now()) }
 
 // Pending reports whether a sync now has work to do.
 func (r *Reconciler) Pending() bool {
 	now := r.clock.Now()
-	if !r.synced || r.full.due(now) || r.orphan.due(now) || len(r.resync.left) > 0 || r.drainDue(now) ||
+	if !r.synced || r.full.Due(now) || r.orphan.Due(now) || len(r.resync.left) > 0 || r.drainDue(now) ||
 		len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0 || len(r.dirtyServices) > 0 {
 		return true
 	}
 	for _, b := range r.statuses.retrying {
-		if b.due(now) {
+		if b.Due(now) {
 			return true
 		}
 	}
@@ -248,13 +249,13 @@ func (r *Reconciler) Pending() bool {
 // servers kept while busy is due; zero when none waits.
 func (r *Reconciler) NextRetry() time.Time {
 	next := r.draining.next
-	consider := func(b *backoff) {
+	consider := func(b *Backoff) {
 		if b.failures > 0 && (next.IsZero() || b.next.Before(next)) {
 			next = b.next
 		}
 	}
 	consider(&r.full)
-	consider(&r.orphan.backoff)
+	consider(&r.orphan.Backoff)
 	for _, b := range r.statuses.retrying {
 		consider(b)
 	}
@@ -290,8 +291,8 @@ type SyncDecision struct {
 // Decide tells what Sync(full) would be now; SyncAs runs it.
 func (r *Reconciler) Decide(full bool) SyncDecision {
 	now := r.clock.Now()
-	sliced := full && r.synced && !r.full.due(now)
-	full = full || !r.synced || r.full.due(now)
+	sliced := full && r.synced && !r.full.Due(now)
+	full = full || !r.synced || r.full.Due(now)
 	if sliced && len(r.resync.left) > 0 {
 		full, sliced = false, false // one resync at a time: continue it
 	}
@@ -327,7 +328,7 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 		st.Read = r.clock.Since(start)
 		if err != nil {
 			st.ReadFailed = true
-			r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
+			r.full.Fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 			st.Duration = r.clock.Since(start)
 			return st, err
 		}
@@ -352,15 +353,15 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 
 	switch {
 	case len(orphanErrs) > 0:
-		r.orphan.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
+		r.orphan.Fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 	case len(r.orphan.keys) == 0 && len(r.orphan.addrs) == 0:
-		r.orphan.backoff = backoff{} // nothing left to retry
+		r.orphan.Backoff = Backoff{} // nothing left to retry
 	}
 	if len(readFailed) > 0 || r.lost || r.routeFailed {
-		r.full.fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
+		r.full.Fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 		r.lost, r.routeFailed = false, false
 	} else if full {
-		r.full = backoff{}
+		r.full = Backoff{}
 		r.synced = true
 	}
 	errs := r.record(&st, services, now)
@@ -445,7 +446,7 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]ktypes.VS
 		for a := range r.dirtyAddrs {
 			addrSet[a] = true
 		}
-		if r.orphan.due(now) {
+		if r.orphan.Due(now) {
 			for k := range r.orphan.keys {
 				keySet[k] = true
 			}

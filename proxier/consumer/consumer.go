@@ -1,0 +1,46 @@
+// Package consumer is what the agent's sync loop drives besides the IPVS
+// reconciler: the parts of the node's data plane that follow the same plans
+// (the iptables glue, the health-check server) implement Consumer, and a
+// consumer that reads the kernel off the loop uses OffLoop. It is a leaf:
+// the agent imports it to drive consumers, and the consumers import it to be
+// driven, so neither imports the other.
+package consumer
+
+import (
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// Consumer is another part of the node's data plane driven by the same
+// plans: the iptables glue and the health-check server. It is told of every
+// plan change, then synced after the IPVS reconciler. A failed Sync is
+// retried with a full Sync of that consumer alone, after its own backoff.
+type Consumer interface {
+	// Name names the consumer in logs and errors.
+	Name() string
+	// SetPlan records the plan of a Service; nil means it is gone.
+	SetPlan(name types.NamespacedName, plan *model.ServicePlan)
+	// Sync applies what changed; full re-reads and repairs all of it.
+	Sync(full bool) error
+}
+
+// AfterReconciler is a Consumer that syncs after the reconciler in each
+// sync, not beside it: the health-check server, whose 200 tells a load
+// balancer to send the node traffic that IPVS must already serve.
+type AfterReconciler interface {
+	Consumer
+	AfterReconciler()
+}
+
+// BackgroundConsumer is a Consumer whose periodic full sync reads the kernel
+// off the sync loop, so that it holds no change up: Sync(true) starts the
+// read and returns; when the read is done the consumer calls wake, and the
+// loop's next sync, partial, applies what it found.
+type BackgroundConsumer interface {
+	Consumer
+	// SetWake gives the function that asks the loop for a sync.
+	SetWake(wake func())
+	// Pending reports that a finished read waits for a sync.
+	Pending() bool
+}
