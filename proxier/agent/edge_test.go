@@ -40,8 +40,8 @@ func TestTakeoverNodePortsSkipKubeProxyVIPs(t *testing.T) {
 	svc := testService("web", "10.96.0.10", "rr")
 	svc.Spec.Type = corev1.ServiceTypeNodePort
 	svc.Spec.Ports[0].NodePort = 30080
-	p.onService(svc, false)
-	p.onSlice(testSlice("web", "10.0.1.2"), false)
+	p.tracker.onService(svc, false)
+	p.tracker.onSlice(testSlice("web", "10.0.1.2"), false)
 	if err := p.SyncOnce(true); err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +59,8 @@ func TestExternalIPOnNodeAddress(t *testing.T) {
 	p := newEdgeProxier(ipvs, links, time.Minute, "")
 	svc := testService("web", "10.96.0.10", "rr")
 	svc.Spec.ExternalIPs = []string{node.String(), "203.0.113.5"}
-	p.onService(svc, false)
-	p.onSlice(testSlice("web", "10.0.1.2"), false)
+	p.tracker.onService(svc, false)
+	p.tracker.onSlice(testSlice("web", "10.0.1.2"), false)
 	if err := p.SyncOnce(true); err != nil {
 		t.Fatal(err)
 	}
@@ -79,14 +79,14 @@ func TestExternalIPOnNodeAddress(t *testing.T) {
 	// virtual server, on a node address outside the node-port range, is
 	// not owned by the rule, but the agent made it).
 	for _, full := range []bool{false, true} {
-		p.onService(svc, true)
+		p.tracker.onService(svc, true)
 		if err := p.SyncOnce(full); err != nil {
 			t.Fatal(err)
 		}
 		if d := ipvs.Dump(); len(d) != 0 {
 			t.Errorf("kernel after the Service is deleted (full sync %v): %v", full, d)
 		}
-		p.onService(svc, false)
+		p.tracker.onService(svc, false)
 		if err := p.SyncOnce(false); err != nil {
 			t.Fatal(err)
 		}
@@ -106,16 +106,16 @@ func TestZoneChangeRebuildsAtOnce(t *testing.T) {
 	sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.2.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
 	sl.Endpoints[0].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
 	sl.Endpoints[1].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-b"}}}
-	p.onNode(nodeIn("zone-a"), false)
-	p.onService(testService("web", "10.96.0.10", "rr"), false)
-	p.onSlice(sl, false)
+	p.tracker.onNode(nodeIn("zone-a"), false)
+	p.tracker.onService(testService("web", "10.96.0.10", "rr"), false)
+	p.tracker.onSlice(sl, false)
 	if err := p.SyncOnce(true); err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff([]string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1"}, ipvs.Dump()); diff != "" {
 		t.Errorf("in zone-a (-want +got):\n%s", diff)
 	}
-	p.onNode(nodeIn("zone-b"), false)
+	p.tracker.onNode(nodeIn("zone-b"), false)
 	if err := p.SyncOnce(false); err != nil {
 		t.Fatal(err)
 	}
@@ -136,8 +136,8 @@ func TestNodeAddressChangeFollowedAtOnce(t *testing.T) {
 	svc := testService("web", "10.96.0.10", "rr")
 	svc.Spec.Type = corev1.ServiceTypeNodePort
 	svc.Spec.Ports[0].NodePort = 30080
-	p.onService(svc, false)
-	p.onSlice(testSlice("web", "10.0.1.2"), false)
+	p.tracker.onService(svc, false)
+	p.tracker.onSlice(testSlice("web", "10.0.1.2"), false)
 	if err := p.SyncOnce(true); err != nil {
 		t.Fatal(err)
 	}
@@ -171,10 +171,10 @@ func TestTombstones(t *testing.T) {
 			ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
 			p := newEdgeProxier(ipvs, links, time.Minute, "")
 			web, sl := testService("web", "10.96.0.10", "rr"), testSlice("web", "10.0.1.2")
-			p.onService(web, false)
-			p.onSlice(sl, false)
-			p.onService(testService("db", "10.96.0.11", "rr"), false)
-			p.onSlice(testSlice("db", "10.0.1.3"), false)
+			p.tracker.onService(web, false)
+			p.tracker.onSlice(sl, false)
+			p.tracker.onService(testService("db", "10.96.0.11", "rr"), false)
+			p.tracker.onSlice(testSlice("db", "10.0.1.3"), false)
 			if err := p.SyncOnce(true); err != nil {
 				t.Fatal(err)
 			}
@@ -184,7 +184,7 @@ func TestTombstones(t *testing.T) {
 				}
 				return cache.DeletedFinalStateUnknown{Key: key, Obj: obj}
 			}
-			p.onSlice(tomb(sl.Namespace+"/"+sl.Name, model.SliceOf(sl)), true)
+			p.tracker.onSlice(tomb(sl.Namespace+"/"+sl.Name, model.SliceOf(sl)), true)
 			if err := p.SyncOnce(false); err != nil {
 				t.Fatal(err)
 			}
@@ -192,7 +192,7 @@ func TestTombstones(t *testing.T) {
 			if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
 				t.Errorf("after the slice's tombstone (-want +got):\n%s", diff)
 			}
-			p.onService(tomb(web.Namespace+"/"+web.Name, model.ServiceOf(web)), true)
+			p.tracker.onService(tomb(web.Namespace+"/"+web.Name, model.ServiceOf(web)), true)
 			if err := p.SyncOnce(false); err != nil {
 				t.Fatal(err)
 			}

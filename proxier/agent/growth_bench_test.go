@@ -68,8 +68,8 @@ func growthProxier(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) 
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true, MinSyncPeriod: time.Second, SyncPeriod: time.Hour}
 	p := New(cfg, k8sfake.NewClientset(), ipvs, links, nil, nil, zap.NewNop())
 	for i := range svcs {
-		p.onService(svcs[i], false)
-		p.onSlice(slices[i], false)
+		p.tracker.onService(svcs[i], false)
+		p.tracker.onSlice(slices[i], false)
 	}
 	return p, ipvs
 }
@@ -158,7 +158,7 @@ func BenchmarkGrowthChange(b *testing.B) {
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
-				p.onSlice(versions[i%2], false)
+				p.tracker.onSlice(versions[i%2], false)
 				mustSyncOnce(b, p, false)
 				i++
 			}

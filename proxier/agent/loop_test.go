@@ -178,9 +178,9 @@ func TestLoopRetriesAloneUnderEvents(t *testing.T) {
 	b.setEndpoints("b", "10.0.1.11", "10.0.2.11", "10.0.3.11")
 	b.setEndpoints("b", "10.0.1.11", "10.0.3.11")
 	b.eventually("the informer's delivery of the last change", func() bool {
-		b.p.mu.Lock()
-		defer b.p.mu.Unlock()
-		have := b.p.slices[types.NamespacedName{Namespace: "default", Name: "b"}]
+		b.p.tracker.mu.Lock()
+		defer b.p.tracker.mu.Unlock()
+		have := b.p.tracker.slices[types.NamespacedName{Namespace: "default", Name: "b"}]
 		if len(have) != 1 || have[0].Name != "b-1" {
 			return false
 		}
@@ -203,9 +203,9 @@ func TestLoopRetriesAloneUnderEvents(t *testing.T) {
 	for i := 2; i <= 31; i++ {
 		b.setEndpoints("b", "10.0.1.11", fmt.Sprintf("10.0.9.%d", i))
 		b.eventually("b's change reaching the loop", func() bool {
-			b.p.mu.Lock()
-			defer b.p.mu.Unlock()
-			return len(b.p.dirty) > 0
+			b.p.tracker.mu.Lock()
+			defer b.p.tracker.mu.Unlock()
+			return len(b.p.tracker.dirty) > 0
 		})
 		b.clk.Step(time.Second)
 		b.eventually(fmt.Sprintf("b's change %d", i), func() bool {
@@ -259,9 +259,9 @@ func TestLoopResyncInSlicesLetsChangesThrough(t *testing.T) {
 			once.Do(func() {
 				b.setEndpoints("c", "10.0.1.12", "10.0.2.12")
 				b.eventually("c's change reaching the loop", func() bool {
-					b.p.mu.Lock()
-					defer b.p.mu.Unlock()
-					return len(b.p.dirty) > 0
+					b.p.tracker.mu.Lock()
+					defer b.p.tracker.mu.Unlock()
+					return len(b.p.tracker.dirty) > 0
 				})
 			})
 		}
@@ -548,10 +548,10 @@ func TestLoopServiceWithSeveralSlices(t *testing.T) {
 	held := func(want ...string) {
 		t.Helper()
 		b.eventually(fmt.Sprintf("the informer's delivery of %v", want), func() bool {
-			b.p.mu.Lock()
-			defer b.p.mu.Unlock()
+			b.p.tracker.mu.Lock()
+			defer b.p.tracker.mu.Unlock()
 			var got []string
-			for _, s := range b.p.slices[types.NamespacedName{Namespace: "default", Name: "b"}] {
+			for _, s := range b.p.tracker.slices[types.NamespacedName{Namespace: "default", Name: "b"}] {
 				got = append(got, s.Name+"="+s.Endpoints[0].Addresses[0])
 			}
 			slices.Sort(got)
@@ -636,9 +636,9 @@ func TestLoopServiceCIDRRanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.eventually("the informer's delivery of the new ServiceCIDR", func() bool {
-		b.p.mu.Lock()
-		defer b.p.mu.Unlock()
-		return len(b.p.ranges) == 2
+		b.p.tracker.mu.Lock()
+		defer b.p.tracker.mu.Unlock()
+		return len(b.p.tracker.ranges.prefixes) == 2
 	})
 	b.clk.Step(time.Second)
 	b.eventually("the new ServiceCIDR routed", func() bool { return routes() == "10.96.0.0/16 10.97.0.0/16" })

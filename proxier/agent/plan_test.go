@@ -45,8 +45,8 @@ func TestDesiredStateIsWhatTheLoopPrograms(t *testing.T) {
 	for i, svc := range services {
 		s := testSlice(svc.Name, netip.AddrFrom4([4]byte{10, 0, 1, byte(i + 1)}).String())
 		slicesOf[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = []*discoveryv1.EndpointSlice{s}
-		p.onService(&services[i], false)
-		p.onSlice(s, false)
+		p.tracker.onService(&services[i], false)
+		p.tracker.onSlice(s, false)
 	}
 	if err := p.SyncOnce(true); err != nil {
 		t.Fatal(err)

@@ -50,10 +50,10 @@ func TestUnavailableSchedulerFallsBack(t *testing.T) {
 	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute},
 		nil, ipvs, links, events, nil, zap.NewNop())
-	p.onService(testService("hashed", "10.96.0.10", "mh"), false)
-	p.onSlice(testSlice("hashed", "10.0.1.2"), false)
-	p.onService(testService("sticky", "10.96.0.11", "sh"), false)
-	p.onSlice(testSlice("sticky", "10.0.1.3"), false)
+	p.tracker.onService(testService("hashed", "10.96.0.10", "mh"), false)
+	p.tracker.onSlice(testSlice("hashed", "10.0.1.2"), false)
+	p.tracker.onService(testService("sticky", "10.96.0.11", "sh"), false)
+	p.tracker.onSlice(testSlice("sticky", "10.0.1.3"), false)
 
 	err := p.SyncOnce(false)
 	if err == nil || !strings.Contains(err.Error(), "default/hashed") {

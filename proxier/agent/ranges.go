@@ -87,34 +87,23 @@ func ListServiceRanges(ctx context.Context, client kubernetes.Interface, cfg Con
 
 // setRanges records the Service ranges to route: a change rebuilds every
 // plan and reaches the reconciler and the consumers at the next sync.
-func (p *Proxier) setRanges(ranges []netip.Prefix) {
+func (t *tracker) setRanges(ranges []netip.Prefix) {
 	ranges = RoutableRanges(ranges)
-	p.mu.Lock()
-	changed := !slices.Equal(ranges, p.ranges) || !p.rangesKnown
+	t.mu.Lock()
+	changed := !slices.Equal(ranges, t.ranges.prefixes) || !t.ranges.known
 	if changed {
-		p.ranges, p.rangesKnown, p.rangesChanged = ranges, true, true
-		p.rebuild = true
-		p.queuedLocked()
+		t.ranges = rangeFacts{prefixes: ranges, known: true, changed: true}
+		t.rebuild = true
+		t.queuedLocked()
 	}
-	p.mu.Unlock()
+	t.mu.Unlock()
 	if changed {
 		if len(ranges) == 0 {
-			p.log.Info("no IPv4 Service range to route as local: every clusterIP is bound")
+			t.log.Info("no IPv4 Service range to route as local: every clusterIP is bound")
 		} else {
-			p.log.Info("Service ranges routed as local", zap.Stringers("ranges", ranges))
+			t.log.Info("Service ranges routed as local", zap.Stringers("ranges", ranges))
 		}
-		p.kick()
-	}
-}
-
-// applyRanges hands a change of the ranges to the reconciler and the
-// consumers, before the plans built with them.
-func (p *Proxier) applyRanges(ranges []netip.Prefix) {
-	p.rec.SetRoutes(ranges)
-	for _, c := range p.consumers {
-		if rc, ok := c.(RangeConsumer); ok {
-			rc.SetServiceRanges(ranges)
-		}
+		t.wake()
 	}
 }
 
@@ -125,10 +114,10 @@ func (p *Proxier) applyRanges(ranges []netip.Prefix) {
 // a timeout) is retried with backoff, logged, until ctx ends: the first
 // full sync waits for the apiserver anyway, and a node that booted before
 // its apiserver answered must not bind for good.
-func (p *Proxier) probeServiceCIDRs(ctx context.Context) error {
+func (t *tracker) probeServiceCIDRs(ctx context.Context, client kubernetes.Interface) error {
 	delay := 500 * time.Millisecond
 	for {
-		_, err := p.client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
+		_, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
 		switch {
 		case err == nil:
 			return nil
@@ -136,7 +125,7 @@ func (p *Proxier) probeServiceCIDRs(ctx context.Context) error {
 			apierrors.IsMethodNotSupported(err):
 			return fmt.Errorf("list ServiceCIDRs: %w", err)
 		}
-		p.log.Warn("cannot list the cluster's ServiceCIDRs yet; retrying", zap.Duration("in", delay), zap.Error(err))
+		t.log.Warn("cannot list the cluster's ServiceCIDRs yet; retrying", zap.Duration("in", delay), zap.Error(err))
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("list ServiceCIDRs: %w", ctx.Err())
@@ -151,11 +140,11 @@ func (p *Proxier) probeServiceCIDRs(ctx context.Context) error {
 // Kubernetes 1.33, a ClusterRole without the right) is an error, and the
 // caller binds one address per clusterIP instead. The returned func tells
 // when the first list has been handled.
-func (p *Proxier) watchServiceCIDRs(ctx context.Context) (cache.InformerSynced, error) {
-	if err := p.probeServiceCIDRs(ctx); err != nil {
+func (t *tracker) watchServiceCIDRs(ctx context.Context, client kubernetes.Interface) (cache.InformerSynced, error) {
+	if err := t.probeServiceCIDRs(ctx, client); err != nil {
 		return nil, err
 	}
-	f := informers.NewSharedInformerFactory(p.client, 0)
+	f := informers.NewSharedInformerFactory(client, 0)
 	inf := f.Networking().V1().ServiceCIDRs().Informer()
 	update := func() {
 		var objs []*networkingv1.ServiceCIDR
@@ -164,7 +153,7 @@ func (p *Proxier) watchServiceCIDRs(ctx context.Context) (cache.InformerSynced, 
 				objs = append(objs, sc)
 			}
 		}
-		p.setRanges(serviceCIDRPrefixes(objs))
+		t.setRanges(serviceCIDRPrefixes(objs))
 	}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { update() },

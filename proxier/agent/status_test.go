@@ -52,7 +52,7 @@ func TestStatusPendingSince(t *testing.T) {
 	}
 
 	before := time.Now()
-	p.onService(clusterIPService("a", "10.96.0.10"), false)
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false)
 	st := p.Status()
 	if st.Pending != 1 || st.PendingSince.Before(before) {
 		t.Fatalf("after a change: %+v, want one pending since %v", st, before)
@@ -71,7 +71,7 @@ func TestStatusPendingSince(t *testing.T) {
 		t.Fatalf("SyncOnce = %v, want the injected error", err)
 	}
 	// A second change while failing does not make the pending time younger.
-	p.onService(clusterIPService("b", "10.96.0.11"), false)
+	p.tracker.onService(clusterIPService("b", "10.96.0.11"), false)
 	if err := p.SyncOnce(true); !errors.Is(err, errRead) {
 		t.Fatalf("SyncOnce = %v, want the injected error", err)
 	}
@@ -98,7 +98,7 @@ func TestStatusPendingSince(t *testing.T) {
 		}
 		return nil
 	})
-	p.onService(clusterIPService("c", "10.96.0.12"), false)
+	p.tracker.onService(clusterIPService("c", "10.96.0.12"), false)
 	if err := p.SyncOnce(false); !errors.Is(err, errBusy) {
 		t.Fatalf("SyncOnce = %v, want the injected error", err)
 	}
@@ -115,7 +115,7 @@ func TestStatusPendingSince(t *testing.T) {
 // queued (the kernel refuses a repair) also starts the pending clock.
 func TestStatusFailureWithoutChanges(t *testing.T) {
 	p, ipvs := newTestProxier(t)
-	p.onService(clusterIPService("a", "10.96.0.10"), false)
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false)
 	if err := p.SyncOnce(true); err != nil {
 		t.Fatal(err)
 	}
@@ -136,30 +136,30 @@ func TestStatusNodeEligible(t *testing.T) {
 		t.Fatal("eligible before the Node was seen")
 	}
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
-	p.onNode(n, false)
+	p.tracker.onNode(n, false)
 	if !p.Status().NodeEligible {
 		t.Fatal("not eligible with a plain Node")
 	}
 	other := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}
-	p.onNode(other, true)
+	p.tracker.onNode(other, true)
 	if !p.Status().NodeEligible {
 		t.Fatal("another node's deletion changed eligibility")
 	}
 	tainted := n.DeepCopy()
 	tainted.Spec.Taints = []corev1.Taint{{Key: ToBeDeletedTaint, Effect: corev1.TaintEffectNoSchedule}}
-	p.onNode(tainted, false)
+	p.tracker.onNode(tainted, false)
 	if p.Status().NodeEligible {
 		t.Fatal("eligible with the to-be-deleted taint")
 	}
-	p.onNode(n, false)
+	p.tracker.onNode(n, false)
 	deleting := n.DeepCopy()
 	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
-	p.onNode(deleting, false)
+	p.tracker.onNode(deleting, false)
 	if p.Status().NodeEligible {
 		t.Fatal("eligible while being deleted")
 	}
-	p.onNode(n, false)
-	p.onNode(n, true)
+	p.tracker.onNode(n, false)
+	p.tracker.onNode(n, true)
 	if p.Status().NodeEligible {
 		t.Fatal("eligible after the Node was deleted")
 	}
@@ -198,7 +198,7 @@ func TestLatencyOfChangeThatFailedFirst(t *testing.T) {
 		}
 		return nil
 	})
-	p.onService(clusterIPService("a", "10.96.0.10"), false)
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false)
 	clk.Step(time.Second)
 	if err := p.SyncOnce(false); err == nil {
 		t.Fatal("the sync succeeded with the write failing")
@@ -235,7 +235,7 @@ func TestFinisherAfterFullSuccess(t *testing.T) {
 		}
 		return nil
 	})
-	p.onService(clusterIPService("a", "10.96.0.10"), false)
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false)
 	if err := p.SyncOnce(true); err == nil {
 		t.Fatal("sync succeeded with a failing write")
 	}

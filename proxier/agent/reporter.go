@@ -1,0 +1,210 @@
+package agent
+
+// The reporter: what the agent tells about its syncs and Services, in
+// metrics, logs, Events and the health that /healthz and /livez read.
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
+)
+
+// reporter keeps the outcome of the syncs: the health, each Service's
+// warnings and problems, and when each change not yet programmed was made
+// (for the programming latency).
+type reporter struct {
+	metrics  *Metrics
+	recorder record.EventRecorder // nil: no Events
+	clock    clock.PassiveClock
+	log      *zap.Logger
+	// changes holds, per Service, when its oldest change not yet in the
+	// kernel was made. Only the sync loop touches it.
+	changes map[types.NamespacedName]time.Time
+
+	mu       sync.Mutex // guards the fields below
+	warnings map[types.NamespacedName]string
+	problems []reconciler.ServiceStatus // failing or in conflict, as of the last sync
+	lastOK   time.Time
+	lastErr  error
+}
+
+// outcome is what the reporter reads of the reconciler after a sync.
+type outcome interface {
+	Counts() (virtualServers, realServers int)
+	Problems() []reconciler.ServiceStatus
+	Failing(name types.NamespacedName) bool
+}
+
+func newReporter(metrics *Metrics, recorder record.EventRecorder, clk clock.PassiveClock, log *zap.Logger) *reporter {
+	return &reporter{metrics: metrics, recorder: recorder, clock: clk, log: log,
+		changes: map[types.NamespacedName]time.Time{}, warnings: map[types.NamespacedName]string{}}
+}
+
+// health is the last successful sync and the last sync's error.
+func (r *reporter) health() (time.Time, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastOK, r.lastErr
+}
+
+// serviceProblems returns the problems as of the last sync.
+func (r *reporter) serviceProblems() []reconciler.ServiceStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.problems)
+}
+
+// changed records when the Services' changes were made; the earliest one
+// not yet programmed counts.
+func (r *reporter) changed(changes map[types.NamespacedName]time.Time) {
+	for n, at := range changes {
+		if old, ok := r.changes[n]; !ok || at.Before(old) {
+			r.changes[n] = at
+		}
+	}
+}
+
+// warn logs a Service's warnings and raises an Event when they change.
+func (r *reporter) warn(name types.NamespacedName, svc *model.Service, warnings []string) {
+	msg := strings.Join(warnings, "; ")
+	r.mu.Lock()
+	old := r.warnings[name]
+	if msg == "" {
+		delete(r.warnings, name)
+	} else {
+		r.warnings[name] = msg
+	}
+	n := len(r.warnings)
+	r.mu.Unlock()
+	r.metrics.ServicesWithWarning.Set(float64(n))
+	if msg == "" || msg == old {
+		return
+	}
+	r.log.Warn("service has problems; programmed what could be", zap.String("service", name.String()), zap.Strings("problems", warnings))
+	if r.recorder != nil && svc != nil {
+		r.recorder.Event(svc.Ref(), corev1.EventTypeWarning, "IPVSProxyConfig", msg)
+	}
+}
+
+// conflicts logs a Service's conflicts and raises an Event on it.
+func (r *reporter) conflicts(name types.NamespacedName, st reconciler.ServiceStatus, svc *model.Service) {
+	if len(st.Conflicts) == 0 {
+		r.log.Info("service no longer in conflict", zap.String("service", name.String()))
+		if r.recorder != nil && svc != nil {
+			r.recorder.Event(svc.Ref(), corev1.EventTypeNormal, "VirtualServerConflictResolved", "the Service holds every virtual server it wants")
+		}
+		return
+	}
+	msgs := make([]string, len(st.Conflicts))
+	for i, c := range st.Conflicts {
+		msgs[i] = c.String()
+	}
+	msg := strings.Join(msgs, "; ") + "; this Service gets no traffic there"
+	r.log.Warn("virtual servers held by an older Service", zap.String("service", name.String()), zap.Strings("conflicts", msgs))
+	if r.recorder != nil && svc != nil {
+		r.recorder.Event(svc.Ref(), corev1.EventTypeWarning, "VirtualServerConflict", msg)
+	}
+}
+
+// record takes a sync's outcome into metrics, logs and health: recErr is
+// the reconciler's, nodeErr that of the node's addresses and consumers;
+// consumers is the time the consumers' syncs took. It returns the error
+// that makes the node unhealthy: a failed kernel read or node-wide
+// failure (nil when healthy); per-Service failures are the Services' own
+// (status, Events, metrics).
+func (r *reporter) record(start time.Time, st reconciler.SyncStats, consumers time.Duration, rec outcome, recErr, nodeErr error) error {
+	now := r.clock.Now()
+	r.logSync(st, consumers, now.Sub(start))
+	problems := r.countServices(st, rec)
+	if !st.ReadFailed { // a failed kernel read applied nothing
+		r.observeLatency(now, rec)
+	}
+	if recErr != nil || nodeErr != nil {
+		r.metrics.SyncErrors.Inc()
+	}
+	var healthErr error
+	if st.ReadFailed {
+		healthErr = recErr
+	}
+	healthErr = errors.Join(healthErr, nodeErr)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.problems = problems
+	r.lastErr = errors.Join(recErr, nodeErr)
+	if healthErr == nil {
+		r.metrics.LastSuccessfulSync.Set(float64(now.Unix()))
+		r.lastOK = now
+	}
+	return healthErr
+}
+
+// logSync observes a sync's duration and writes, and logs it.
+func (r *reporter) logSync(st reconciler.SyncStats, consumers, total time.Duration) {
+	kind := "partial"
+	if st.Full {
+		kind = "full"
+	}
+	r.metrics.SyncDuration.WithLabelValues(kind).Observe(total.Seconds())
+	r.metrics.WritesPerSync.Observe(float64(st.Writes))
+	logAt := r.log.Debug
+	if st.Full {
+		logAt = r.log.Info
+	}
+	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),
+		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
+		zap.Duration("read", st.Read), zap.Duration("bind", st.Bind), zap.Duration("readOffLoop", st.ReadOffLoop), zap.Duration("consumers", consumers),
+		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft))
+	if st.ResyncDone {
+		r.metrics.SyncDuration.WithLabelValues("resync").Observe(st.ResyncTook.Seconds())
+		r.log.Info("full resync complete", zap.Duration("took", st.ResyncTook))
+	}
+}
+
+// countServices sets the gauges of kernel objects and of Services failing
+// or in conflict, and returns the reconciler's problems.
+func (r *reporter) countServices(st reconciler.SyncStats, rec outcome) []reconciler.ServiceStatus {
+	r.metrics.ServiceFailures.Add(float64(len(st.Failed)))
+	vs, rs := rec.Counts()
+	r.metrics.VirtualServers.Set(float64(vs))
+	r.metrics.RealServers.Set(float64(rs))
+	failing, conflicts := 0, 0
+	problems := rec.Problems()
+	for _, s := range problems {
+		if s.Failures > 0 {
+			failing++
+		}
+		if len(s.Conflicts) > 0 {
+			conflicts++
+		}
+	}
+	r.metrics.ServicesFailing.Set(float64(failing))
+	r.metrics.ServicesInConflict.Set(float64(conflicts))
+	return problems
+}
+
+// observeLatency observes the programming latency of every change whose
+// Service is not failing: it is programmed.
+func (r *reporter) observeLatency(now time.Time, rec outcome) {
+	held := len(r.changes)
+	for n, at := range r.changes {
+		if rec.Failing(n) {
+			continue
+		}
+		r.metrics.ProgrammingLatency.Observe(now.Sub(at).Seconds())
+		delete(r.changes, n)
+	}
+	if len(r.changes) == 0 && held > 64 { // a map keeps its largest size
+		r.changes = map[types.NamespacedName]time.Time{}
+	}
+}

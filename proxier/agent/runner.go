@@ -1,0 +1,146 @@
+package agent
+
+// The sync runner: when syncs run, and whether each is full.
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+)
+
+// runner paces the syncs: a partial one when something changed (kick), no
+// more often than minPeriod; a full one every period; and a partial one
+// when a retry is due (a failed Service, consumer or kernel read, each with
+// its own backoff). The retry time is taken from that state at every turn,
+// so events never postpone or drop it.
+type runner struct {
+	clock     clock.WithTicker
+	minPeriod time.Duration
+	period    time.Duration
+	trigger   chan struct{}
+	log       *zap.Logger
+}
+
+// syncer is what the runner runs: one sync, and when the earliest retry is
+// due (zero: none waits).
+type syncer interface {
+	SyncOnce(full bool) error
+	nextRetry() time.Time
+}
+
+// resyncer is the reconciler's periodic resync, whose kernel read runs off
+// the loop when it can.
+type resyncer interface {
+	StartResyncRead() (run func(), ok bool)
+	ResyncReadDone() bool
+	Resyncing() bool
+}
+
+func newRunner(clk clock.WithTicker, minPeriod, period time.Duration, log *zap.Logger) *runner {
+	return &runner{clock: clk, minPeriod: minPeriod, period: period, trigger: make(chan struct{}, 1), log: log}
+}
+
+// kick asks for a sync; kicks before it starts are one.
+func (r *runner) kick() {
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// turns is the runner's state between syncs.
+type turns struct {
+	full           bool
+	last, nextFull time.Time
+	// reading: a periodic resync's kernel read off the loop runs.
+	reading bool
+}
+
+// run syncs until ctx ends.
+func (r *runner) run(ctx context.Context, s syncer, rs resyncer) {
+	t := turns{full: true}
+	for {
+		// The slices of a periodic resync follow one another at once
+		// (changes that come meanwhile join the next one); other syncs
+		// are at least minPeriod apart.
+		if !r.waitMinPeriod(ctx, t.last, rs.Resyncing()) {
+			return
+		}
+		t.last = r.clock.Now()
+		if t.full {
+			r.startFull(&t, rs)
+		}
+		if err := s.SyncOnce(t.full); err != nil {
+			r.log.Error("sync failed; what failed is retried with backoff", zap.Error(err),
+				zap.Time("nextRetry", s.nextRetry()))
+		}
+		t.full = false
+		r.waitNext(ctx, &t, s.nextRetry())
+		if t.reading && rs.ResyncReadDone() {
+			// The read is in: the resync's full sync takes it.
+			t.reading = false
+			t.full = true
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// waitMinPeriod waits until minPeriod has passed since last (not during a
+// resync); false when ctx ended.
+func (r *runner) waitMinPeriod(ctx context.Context, last time.Time, resyncing bool) bool {
+	wait := r.minPeriod - r.clock.Since(last)
+	if wait <= 0 || last.IsZero() || resyncing {
+		return true
+	}
+	timer := r.clock.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C():
+		return true
+	}
+}
+
+// startFull schedules the next periodic sync. The periodic resync reads
+// the kernel off the loop when it can: this turn then syncs only what
+// changed, and the resync starts when the read is in.
+func (r *runner) startFull(t *turns, rs resyncer) {
+	t.nextFull = t.last.Add(r.period)
+	if run, ok := rs.StartResyncRead(); ok {
+		t.reading = true
+		go func() {
+			run()
+			r.kick()
+		}()
+		t.full = false
+	}
+}
+
+// waitNext waits for a kick, the periodic sync (which makes the next turn
+// full unless a read off the loop still runs: that read is this period's),
+// the retry at retryAt, or the end of ctx.
+func (r *runner) waitNext(ctx context.Context, t *turns, retryAt time.Time) {
+	periodic := r.clock.NewTimer(t.nextFull.Sub(r.clock.Now()))
+	defer periodic.Stop()
+	var retry <-chan time.Time
+	if !retryAt.IsZero() {
+		retryTimer := r.clock.NewTimer(retryAt.Sub(r.clock.Now()))
+		defer retryTimer.Stop()
+		retry = retryTimer.C()
+	}
+	select {
+	case <-ctx.Done():
+	case <-r.trigger:
+	case <-periodic.C():
+		t.full = !t.reading
+		if !t.full {
+			t.nextFull = r.clock.Now().Add(r.period)
+		}
+	case <-retry:
+	}
+}
