@@ -20,28 +20,35 @@ type drains struct {
 	next time.Time
 }
 
-// drainDue reports whether the check of the draining real servers is due.
-func (r *Reconciler) drainDue(now time.Time) bool {
-	return !r.draining.next.IsZero() && !now.Before(r.draining.next)
+// due reports whether the check of the draining real servers is due.
+func (d *drains) due(now time.Time) bool { return !d.next.IsZero() && !now.Before(d.next) }
+
+// takeInto puts every draining virtual server into a sync's scope; the
+// next check is scheduled after that sync (note).
+func (d *drains) takeInto(sc *scopeSet) {
+	for k := range d.keys {
+		sc.keys[k] = true
+	}
+	d.next = time.Time{}
 }
 
-// noteDraining records which virtual servers in a sync's scope keep a busy
-// real server marked Drain (by the kernel's real servers just read), and
-// schedules their next check: the sync at DrainCheck from now reads them
-// again, and the diff deletes each real server whose connections ended.
-func (r *Reconciler) noteDraining(keys []ktypes.VSKey, want model.Desired, now time.Time) {
+// note records which virtual servers in a sync's scope keep a busy real
+// server marked Drain (by the kernel's real servers just read, have), and
+// schedules their next check: the sync at check from now reads them again,
+// and the diff deletes each real server whose connections ended.
+func (d *drains) note(keys []ktypes.VSKey, want model.Desired, have map[ktypes.VSKey][]ktypes.RealServer, now time.Time, check time.Duration) {
 	for _, k := range keys {
-		if w, ok := want.VirtualServers[k]; ok && model.Draining(w.VSPlan, r.kernel.RealServers[k]) {
-			r.draining.keys[k] = true
+		if w, ok := want.VirtualServers[k]; ok && model.Draining(w.VSPlan, have[k]) {
+			d.keys[k] = true
 		} else {
-			delete(r.draining.keys, k)
+			delete(d.keys, k)
 		}
 	}
 	switch {
-	case len(r.draining.keys) == 0:
-		r.draining.keys = emptied(r.draining.keys)
-		r.draining.next = time.Time{}
-	case r.draining.next.IsZero():
-		r.draining.next = now.Add(r.cfg.DrainCheck)
+	case len(d.keys) == 0:
+		d.keys = emptied(d.keys)
+		d.next = time.Time{}
+	case d.next.IsZero():
+		d.next = now.Add(check)
 	}
 }

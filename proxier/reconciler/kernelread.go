@@ -191,29 +191,3 @@ func (raw rawKernel) view(own model.Ownership, wanted func(ktypes.VSKey) bool) (
 	}
 	return k, len(raw.vss) - len(mine)
 }
-
-// AddressesRemoved takes the addresses that the kernel reports removed
-// from the interface out of the view of the kernel, and returns how many
-// it took: those still wanted are bound again by the next sync, a partial
-// one (a full one for a range's anchor). Removals of the reconciler's own
-// unbinding find the view already without them and are ignored.
-func (r *Reconciler) AddressesRemoved(addrs []netip.Addr) int {
-	n := 0
-	for _, a := range addrs {
-		if !r.kernel.Bound[a] {
-			continue
-		}
-		delete(r.kernel.Bound, a)
-		r.dirtyAddrs[a] = true
-		if r.resync.offLoop != nil {
-			r.resync.offLoop.addrs[a] = true
-		}
-		if model.Anchors(r.routes)[a] {
-			// If it was the interface's last IPv4 address, the kernel
-			// took the routes through it along: a full sync reads them.
-			r.RequestFull()
-		}
-		n++
-	}
-	return n
-}

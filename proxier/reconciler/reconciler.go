@@ -2,12 +2,9 @@ package reconciler
 
 import (
 	"errors"
-	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
-	"sort"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -121,15 +118,6 @@ type Reconciler struct {
 	routeFailed bool
 }
 
-// orphans are the writes no Service is answerable for (a virtual server
-// no Service wants, an address to unbind) that failed: retried with one
-// backoff.
-type orphans struct {
-	Backoff
-	keys  map[ktypes.VSKey]bool
-	addrs map[netip.Addr]bool
-}
-
 // NewReconciler returns a reconciler with no desired state; its first sync
 // is full.
 func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg ReconcilerConfig, log *zap.Logger) *Reconciler {
@@ -160,7 +148,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Reconcile
 		dirtyServices: map[types.NamespacedName]bool{},
 		statuses:      newServiceStatuses(),
 		routes:        map[netip.Prefix]bool{},
-		orphan:        orphans{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}},
+		orphan:        newOrphans(),
 		resync:        resyncState{read: consumer.NewOffLoop[*KernelRead](cfg.Clock)},
 		draining:      drains{keys: map[ktypes.VSKey]bool{}},
 	}
@@ -225,6 +213,30 @@ func (r *Reconciler) RequestFull() {
 	r.full.next = r.clock.Now()
 }
 
+// AddressesRemoved takes the addresses that the kernel reports removed
+// from the interface out of the view of the kernel, and returns how many
+// it took: those still wanted are bound again by the next sync, a partial
+// one (a full one for a range's anchor). Removals of the reconciler's own
+// unbinding find the view already without them and are ignored.
+func (r *Reconciler) AddressesRemoved(addrs []netip.Addr) int {
+	n := 0
+	for _, a := range addrs {
+		if !r.kernel.Bound[a] {
+			continue
+		}
+		delete(r.kernel.Bound, a)
+		r.dirtyAddrs[a] = true
+		r.resync.touchedAddress(a)
+		if model.Anchors(r.routes)[a] {
+			// If it was the interface's last IPv4 address, the kernel
+			// took the routes through it along: a full sync reads them.
+			r.RequestFull()
+		}
+		n++
+	}
+	return n
+}
+
 // FullDue reports whether the next sync must be full: no full sync has
 // succeeded yet, or a failed kernel read's retry is due.
 func (r *Reconciler) FullDue() bool { return !r.synced || r.full.Due(r.clock.Now()) }
@@ -232,7 +244,7 @@ func (r *Reconciler) FullDue() bool { return !r.synced || r.full.Due(r.clock.Now
 // Pending reports whether a sync now has work to do.
 func (r *Reconciler) Pending() bool {
 	now := r.clock.Now()
-	if !r.synced || r.full.Due(now) || r.orphan.Due(now) || len(r.resync.left) > 0 || r.drainDue(now) ||
+	if !r.synced || r.full.Due(now) || r.orphan.Due(now) || r.resync.running() || r.draining.due(now) ||
 		len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0 || len(r.dirtyServices) > 0 {
 		return true
 	}
@@ -293,7 +305,7 @@ func (r *Reconciler) Decide(full bool) SyncDecision {
 	now := r.clock.Now()
 	sliced := full && r.synced && !r.full.Due(now)
 	full = full || !r.synced || r.full.Due(now)
-	if sliced && len(r.resync.left) > 0 {
+	if sliced && r.resync.running() {
 		full, sliced = false, false // one resync at a time: continue it
 	}
 	return SyncDecision{Full: full, sliced: sliced, at: now}
@@ -313,15 +325,14 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 	case full:
 		// This sync reads the kernel itself: a read off the loop that
 		// began before is older.
-		r.resync.read.Drop()
-		r.resync.offLoop = nil
+		r.resync.dropRead()
 	}
 	switch {
 	case full && sliced && offered != nil:
 		// The periodic resync's read, made off the loop: adopt it.
 		st.Reads += offered.reads
 		st.ReadOffLoop = offered.took
-		r.resync.left, r.resync.realServers = nil, nil
+		r.resync.stop()
 		r.startResync(now)
 	case full:
 		err := r.readKernel(&st)
@@ -332,7 +343,7 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 			st.Duration = r.clock.Since(start)
 			return st, err
 		}
-		r.resync.left, r.resync.realServers = nil, nil
+		r.resync.stop()
 		if sliced {
 			r.startResync(now)
 		}
@@ -347,16 +358,11 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 		st.Failed[w.Service] = errors.Join(st.Failed[w.Service], err)
 	}
 
-	r.noteDraining(keys, want, now)
+	r.draining.note(keys, want, r.kernel.RealServers, now, r.cfg.DrainCheck)
 	orphanErrs := r.applyPieces(&st, want, keys, addrs, full)
 	r.kernel.RealServers = map[ktypes.VSKey][]ktypes.RealServer{} // no copy of the dump outlives the sync
 
-	switch {
-	case len(orphanErrs) > 0:
-		r.orphan.Fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
-	case len(r.orphan.keys) == 0 && len(r.orphan.addrs) == 0:
-		r.orphan.Backoff = Backoff{} // nothing left to retry
-	}
+	r.orphan.settle(len(orphanErrs) > 0, now, r.cfg.RetryBase, r.cfg.RetryMax)
 	if len(readFailed) > 0 || r.lost || r.routeFailed {
 		r.full.Fail(now, r.cfg.RetryBase, r.cfg.RetryMax)
 		r.lost, r.routeFailed = false, false
@@ -367,132 +373,8 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 	errs := r.record(&st, services, now)
 	st.Services = len(services)
 	st.Duration = r.clock.Since(start)
-	if !r.resync.start.IsZero() {
-		st.ResyncLeft = len(r.resync.left)
-		if len(r.resync.left) == 0 {
-			st.ResyncDone, st.ResyncTook = true, r.clock.Since(r.resync.start)
-			r.resync.start = time.Time{}
-		}
-	}
+	r.resync.progress(&st, r.clock.Now())
 	return st, errors.Join(append(errs, orphanErrs...)...)
-}
-
-// scope lists the virtual servers, addresses and Services a sync looks at,
-// and clears what it takes of the dirty sets. full takes everything; else
-// what changed, the due retries and the next slice of a running resync
-// (and, when allAddrs, every address).
-func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]ktypes.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
-	services := map[types.NamespacedName]bool{}
-	keySet := map[ktypes.VSKey]bool{}
-	addrSet := map[netip.Addr]bool{}
-	if full || allAddrs {
-		for a := range r.claims.addrs {
-			addrSet[a] = true
-		}
-		for a := range r.kernel.Bound {
-			addrSet[a] = true
-		}
-		for a := range model.Anchors(r.routes) {
-			addrSet[a] = true
-		}
-	}
-	if r.drainDue(now) || full {
-		// This sync looks at every draining virtual server; the next
-		// check is scheduled after it (noteDraining).
-		for k := range r.draining.keys {
-			keySet[k] = true
-		}
-		r.draining.next = time.Time{}
-	}
-	if n := min(r.cfg.ResyncSlice, len(r.resync.left)); n > 0 && !full {
-		for _, k := range r.resync.left[:n] {
-			keySet[k] = true
-		}
-		r.resync.left = r.resync.left[n:]
-		if len(r.resync.left) == 0 {
-			r.resync.left = nil
-		}
-	}
-	if full {
-		for n := range r.claims.plans {
-			services[n] = true
-		}
-		for n := range r.dirtyServices { // removed ones
-			services[n] = true
-		}
-		for k := range r.claims.byKey {
-			keySet[k] = true
-		}
-		for k := range r.kernel.VirtualServers {
-			keySet[k] = true
-		}
-		r.orphan.keys = emptied(r.orphan.keys)
-		r.orphan.addrs = emptied(r.orphan.addrs)
-	} else {
-		for n := range r.dirtyServices {
-			services[n] = true
-		}
-		for _, n := range r.statuses.due(now) {
-			services[n] = true
-			for _, v := range r.claims.plans[n].VirtualServers {
-				if !r.own.Excluded(v.Address) {
-					keySet[v.VSKey] = true
-				}
-			}
-		}
-		for k := range r.dirtyKeys {
-			keySet[k] = true
-		}
-		for a := range r.dirtyAddrs {
-			addrSet[a] = true
-		}
-		if r.orphan.Due(now) {
-			for k := range r.orphan.keys {
-				keySet[k] = true
-			}
-			for a := range r.orphan.addrs {
-				addrSet[a] = true
-			}
-			r.orphan.keys = emptied(r.orphan.keys)
-			r.orphan.addrs = emptied(r.orphan.addrs)
-		}
-	}
-	r.dirtyKeys = emptied(r.dirtyKeys)
-	r.dirtyAddrs = emptied(r.dirtyAddrs)
-	r.dirtyServices = emptied(r.dirtyServices)
-	// The holder answers for what happens to its virtual servers; a
-	// failing one comes whole, so that its status says all of it.
-	var whole []types.NamespacedName
-	for k := range keySet {
-		if cl := r.claims.byKey[k]; len(cl) > 0 && !services[cl[0]] {
-			services[cl[0]] = true
-			if _, failing := r.statuses.retrying[cl[0]]; failing && !full {
-				whole = append(whole, cl[0])
-			}
-		}
-	}
-	for _, n := range whole {
-		for _, v := range r.claims.plans[n].VirtualServers {
-			if !r.own.Excluded(v.Address) && !keySet[v.VSKey] {
-				keySet[v.VSKey] = true
-				if cl := r.claims.byKey[v.VSKey]; len(cl) > 0 {
-					services[cl[0]] = true
-				}
-			}
-		}
-	}
-	keys := make([]ktypes.VSKey, 0, len(keySet))
-	for k := range keySet {
-		keys = append(keys, k)
-		addrSet[k.Address] = true
-	}
-	addrs := make([]netip.Addr, 0, len(addrSet))
-	for a := range addrSet {
-		addrs = append(addrs, a)
-	}
-	slices.SortFunc(keys, ktypes.VSKey.Compare)
-	slices.SortFunc(addrs, netip.Addr.Compare)
-	return keys, addrs, services
 }
 
 // defaultPieceOps: a cold sync at 2,000 Services × 50 endpoints writes
@@ -577,266 +459,6 @@ func (r *Reconciler) pieces(want model.Desired, keys []ktypes.VSKey, addrs []net
 	return out
 }
 
-// apply makes the writes of ops, keeping the view of the kernel current. A
-// failed write is recorded against the op's Service in st.Failed; the
-// failures of writes no Service answers for are returned. Addresses are
-// bound first and unbound last, one at a time; the IPVS writes go in two
-// batches (IPVS.Apply): the virtual servers added or updated, then the
-// real server writes of those that succeeded and the deletes. unrouted
-// holds the routes that failed in this sync: its failures are added, and
-// no virtual server is added in one of them on an address not bound.
-func (r *Reconciler) apply(st *SyncStats, ops []ktypes.Op, unrouted map[netip.Prefix]error) []error {
-	r.touched(ops)
-	var orphan []error
-	unbound := map[netip.Addr]error{} // binds that failed
-	skip := map[ktypes.VSKey]bool{}   // virtual servers whose add or update failed
-	fail := func(op ktypes.Op, err error) {
-		if op.Service == (types.NamespacedName{}) {
-			orphan = append(orphan, err)
-			if op.Kind == ktypes.OpUnbind || op.Kind == ktypes.OpBind {
-				r.orphan.addrs[op.Address] = true
-			} else {
-				r.orphan.keys[op.VirtualServer.VSKey] = true
-			}
-			return
-		}
-		st.Failed[op.Service] = errors.Join(st.Failed[op.Service], err)
-	}
-	// The three groups are indexes into ops, not copies: a cold sync at
-	// 10,000 Services has 10,000s of ops of 240 bytes.
-	var vsOps, rest, unbinds, unroutes []int
-	for i := range ops {
-		op := &ops[i]
-		switch op.Kind {
-		case ktypes.OpRoute:
-			err := r.write(st, *op, func() error {
-				return r.links.AddLocalRoute(r.own.Interface, netlinkutil.LocalRoute{Prefix: op.Prefix})
-			})
-			if err != nil {
-				unrouted[op.Prefix] = err
-				orphan = append(orphan, fmt.Errorf("%s: %w", op, err))
-				r.routeFailed = true
-				continue
-			}
-			r.kernel.Routes[op.Prefix] = true
-		case ktypes.OpUnroute:
-			unroutes = append(unroutes, i)
-		case ktypes.OpBind:
-			bindStart := r.clock.Now()
-			err := r.write(st, *op, func() error { return r.links.AddAddress(r.own.Interface, op.Address) })
-			st.Bind += r.clock.Since(bindStart)
-			if err != nil {
-				unbound[op.Address] = err
-				continue
-			}
-			r.kernel.Bound[op.Address] = true
-		case ktypes.OpAddVirtualServer, ktypes.OpUpdateVirtualServer:
-			k := op.VirtualServer.VSKey
-			if berr, ok := unbound[k.Address]; ok {
-				// Not on an owned address: a crash would leak it.
-				skip[k] = true
-				fail(*op, fmt.Errorf("%s: address not bound: %w", op, berr))
-				continue
-			}
-			if p, rerr := routeFailure(unrouted, k.Address); rerr != nil && !r.kernel.Bound[k.Address] {
-				skip[k] = true
-				fail(*op, fmt.Errorf("%s: range %s not routed: %w", op, p, rerr))
-				continue
-			}
-			vsOps = append(vsOps, i)
-		case ktypes.OpUnbind:
-			unbinds = append(unbinds, i)
-		default:
-			rest = append(rest, i)
-		}
-	}
-	for i, err := range r.applyIPVS(st, ops, vsOps) {
-		op := &ops[vsOps[i]]
-		if err != nil {
-			if op.Kind == ktypes.OpAddVirtualServer && (errors.Is(err, netlinkutil.ErrOutcomeUnknown) || errors.Is(err, syscall.EEXIST)) {
-				// It may be (EEXIST: it is) in the kernel: the view keeps
-				// it, so that its address stays bound (owned) and its
-				// Service's removal deletes it, until a full read settles
-				// it.
-				r.kernel.PutVirtualServer(op.VirtualServer)
-				r.lost = true
-			}
-			r.noteScheduler(op.VirtualServer.Scheduler, err)
-			skip[op.VirtualServer.VSKey] = true
-			fail(*op, fmt.Errorf("%s: %w", op, err))
-			continue
-		}
-		r.kernel.PutVirtualServer(op.VirtualServer)
-	}
-	rest = slices.DeleteFunc(rest, func(i int) bool {
-		return ops[i].Kind != ktypes.OpDeleteVirtualServer && skip[ops[i].VirtualServer.VSKey]
-	})
-	for i, err := range r.applyIPVS(st, ops, rest) {
-		op := &ops[rest[i]]
-		k := op.VirtualServer.VSKey
-		switch {
-		case err != nil:
-			fail(*op, fmt.Errorf("%s: %w", op, err))
-		case op.Kind == ktypes.OpDeleteRealServer && k.Protocol == ktypes.UDP:
-			r.clearUDP(k, op.RealServer.RSKey)
-		case op.Kind == ktypes.OpDeleteVirtualServer:
-			r.kernel.DeleteVirtualServer(k)
-			if k.Protocol == ktypes.UDP {
-				r.clearUDP(k, ktypes.RSKey{}) // its real servers went with it
-			}
-		}
-	}
-	for _, i := range unbinds {
-		op := &ops[i]
-		if r.kernel.OnAddress(op.Address) > 0 && !r.kernel.Routed(op.Address) {
-			// A failed delete left a virtual server on it: it stays
-			// bound, so that the virtual server stays owned.
-			continue
-		}
-		if err := r.write(st, *op, func() error { return r.links.DeleteAddress(r.own.Interface, op.Address) }); err != nil {
-			fail(*op, fmt.Errorf("%s: %w", op, err))
-			continue
-		}
-		delete(r.kernel.Bound, op.Address)
-	}
-	for _, i := range unroutes {
-		op := &ops[i]
-		if r.stranded(op.Prefix) {
-			// A failed write left a virtual server in it on no bound
-			// address: the route stays, so that it stays owned.
-			continue
-		}
-		err := r.write(st, *op, func() error {
-			return r.links.DeleteLocalRoute(r.own.Interface, netlinkutil.LocalRoute{Prefix: op.Prefix})
-		})
-		if err != nil {
-			orphan = append(orphan, fmt.Errorf("%s: %w", op, err))
-			r.routeFailed = true
-			continue
-		}
-		delete(r.kernel.Routes, op.Prefix)
-	}
-	for a, err := range unbound {
-		if !slices.ContainsFunc(ops, func(op ktypes.Op) bool {
-			return op.Service != (types.NamespacedName{}) && op.VirtualServer.Address == a
-		}) {
-			fail(ktypes.Op{Kind: ktypes.OpBind, Address: a}, fmt.Errorf("bind %s: %w", a, err))
-		}
-	}
-	return orphan
-}
-
-// routeFailure returns a range of failed routes that holds a, and its
-// error (nil if none).
-func routeFailure(failed map[netip.Prefix]error, a netip.Addr) (netip.Prefix, error) {
-	for p, err := range failed {
-		if p.Contains(a) {
-			return p, err
-		}
-	}
-	return netip.Prefix{}, nil
-}
-
-// stranded reports whether a virtual server of the view lies in p on an
-// address that is not bound: without p's route nothing would own it.
-func (r *Reconciler) stranded(p netip.Prefix) bool {
-	for k := range r.kernel.VirtualServers {
-		if p.Contains(k.Address) && !r.kernel.Bound[k.Address] {
-			return true
-		}
-	}
-	return false
-}
-
-// applyChunk is how many IPVS writes one batch makes at most. A batch's
-// writes are copied and encoded at once: the cold sync's 30,000 writes at
-// 10,000 Services in one batch were about 12 MB alive at the first sync's
-// collections, beside the iptables glue's writes.
-const applyChunk = 2048
-
-// applyIPVS makes the IPVS writes of ops[idx...] in batches of at most
-// applyChunk, in order, counting and logging them like single writes, and
-// returns each one's error (in idx's order).
-func (r *Reconciler) applyIPVS(st *SyncStats, ops []ktypes.Op, idx []int) []error {
-	if len(idx) == 0 {
-		return nil
-	}
-	errs := make([]error, 0, len(idx))
-	for chunk := range slices.Chunk(idx, applyChunk) {
-		writes := make([]ktypes.Op, len(chunk))
-		for i, j := range chunk {
-			writes[i] = ops[j]
-		}
-		errs = append(errs, r.ipvs.Apply(writes)...)
-	}
-	st.Writes += len(idx)
-	for _, err := range errs {
-		if errors.Is(err, netlinkutil.ErrOutcomeUnknown) {
-			r.lost = true // like a failed read: the next sync is full
-		}
-	}
-	if r.log.Core().Enabled(zap.DebugLevel) {
-		for i, j := range idx {
-			op := ops[j]
-			r.log.Debug("kernel write", zap.Stringer("op", op), zap.String("service", op.Service.String()), zap.Error(errs[i]))
-		}
-	}
-	return errs
-}
-
-// clearUDP deletes the conntrack entries of UDP flows to a real server just
-// removed (to every real server when rs is zero: the virtual server went),
-// so that a client that keeps its source port reaches the remaining ones
-// (or the virtual server programmed again) instead of the stale entry. A failure is logged,
-// not retried: the entries time out (--ipvs-udp-timeout) on their own.
-func (r *Reconciler) clearUDP(vs ktypes.VSKey, rs ktypes.RSKey) {
-	if r.conntrack == nil {
-		return
-	}
-	n, err := r.conntrack.ClearUDP(vs, rs)
-	if err != nil {
-		r.log.Warn("clear conntrack entries of a removed UDP real server", zap.Stringer("virtualServer", vs),
-			zap.Stringer("realServer", rs), zap.Error(err))
-		return
-	}
-	if ce := r.log.Check(zap.DebugLevel, "cleared conntrack entries"); ce != nil {
-		ce.Write(zap.Stringer("virtualServer", vs), zap.Stringer("realServer", rs), zap.Uint("entries", n))
-	}
-}
-
 // SetConntrack makes the reconciler clear the conntrack entries of removed
 // UDP real servers (nil: it does not).
 func (r *Reconciler) SetConntrack(c netlinkutil.Conntrack) { r.conntrack = c }
-
-// noteScheduler remembers a scheduler that the kernel refused.
-func (r *Reconciler) noteScheduler(name string, err error) {
-	if !netlinkutil.SchedulerUnavailable(err) || r.unavailable[name] {
-		return
-	}
-	if r.unavailable == nil {
-		r.unavailable = map[string]bool{}
-	}
-	r.unavailable[name] = true
-	r.log.Warn("the kernel has no such IPVS scheduler", zap.String("scheduler", name), zap.Error(err))
-}
-
-// UnavailableSchedulers lists, sorted, the schedulers that the kernel
-// refused since the reconciler started.
-func (r *Reconciler) UnavailableSchedulers() []string {
-	out := make([]string, 0, len(r.unavailable))
-	for n := range r.unavailable {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// write makes one kernel write, counting it and logging it at debug level.
-func (r *Reconciler) write(st *SyncStats, op ktypes.Op, fn func() error) error {
-	st.Writes++
-	err := fn()
-	if ce := r.log.Check(zap.DebugLevel, "kernel write"); ce != nil {
-		ce.Write(zap.Stringer("op", op), zap.String("service", op.Service.String()), zap.Error(err))
-	}
-	return err
-}

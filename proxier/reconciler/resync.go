@@ -59,7 +59,7 @@ type KernelRead struct {
 
 // Resyncing reports whether a periodic full resync is in progress: the
 // next syncs check its remaining virtual servers.
-func (r *Reconciler) Resyncing() bool { return len(r.resync.left) > 0 }
+func (r *Reconciler) Resyncing() bool { return r.resync.running() }
 
 // startResync lists every virtual server a sliced resync checks: those
 // the plans claim and those in the kernel's view just read.
@@ -120,7 +120,7 @@ func (r *Reconciler) SetResyncReader(ipvs netlinkutil.IPVS, links netlinkutil.Li
 // Sync that adopts the read, the loop's writes are noted: their virtual
 // servers and addresses keep the loop's view, not the read's older one.
 func (r *Reconciler) StartResyncRead() (run func(), ok bool) {
-	if r.resync.reader == nil || !r.synced || r.full.Due(r.clock.Now()) || len(r.resync.left) > 0 ||
+	if r.resync.reader == nil || !r.synced || r.full.Due(r.clock.Now()) || r.resync.running() ||
 		r.resync.offLoop != nil || r.resync.read.Running() {
 		return nil, false
 	}
@@ -206,18 +206,68 @@ func (r *Reconciler) takeOffered() *KernelRead {
 }
 
 // touched notes what ops write while a read off the loop runs.
-func (r *Reconciler) touched(ops []ktypes.Op) {
-	if r.resync.offLoop == nil {
+func (rs *resyncState) touched(ops []ktypes.Op) {
+	if rs.offLoop == nil {
 		return
 	}
 	for _, op := range ops {
 		switch op.Kind {
 		case ktypes.OpBind, ktypes.OpUnbind:
-			r.resync.offLoop.addrs[op.Address] = true
+			rs.offLoop.addrs[op.Address] = true
 		case ktypes.OpRoute, ktypes.OpUnroute:
 			// Written by full syncs only, which drop a read off the loop.
 		default:
-			r.resync.offLoop.keys[op.VirtualServer.VSKey] = true
+			rs.offLoop.keys[op.VirtualServer.VSKey] = true
 		}
+	}
+}
+
+// nextSlice puts the next n virtual servers the running resync has still
+// to check into a sync's scope.
+func (rs *resyncState) nextSlice(n int, sc *scopeSet) {
+	n = min(n, len(rs.left))
+	if n == 0 {
+		return
+	}
+	for _, k := range rs.left[:n] {
+		sc.keys[k] = true
+	}
+	rs.left = rs.left[n:]
+	if len(rs.left) == 0 {
+		rs.left = nil
+	}
+}
+
+// stop forgets a resync in progress (a full read begins another, or none).
+func (rs *resyncState) stop() { rs.left, rs.realServers = nil, nil }
+
+// progress reports the running resync in a sync's stats, and ends it when
+// its last slice was checked.
+func (rs *resyncState) progress(st *SyncStats, now time.Time) {
+	if rs.start.IsZero() {
+		return
+	}
+	st.ResyncLeft = len(rs.left)
+	if len(rs.left) == 0 {
+		st.ResyncDone, st.ResyncTook = true, now.Sub(rs.start)
+		rs.start = time.Time{}
+	}
+}
+
+// running reports whether a resync has virtual servers still to check.
+func (rs *resyncState) running() bool { return len(rs.left) > 0 }
+
+// dropRead makes a read off the loop under way stale: the loop reads the
+// kernel itself.
+func (rs *resyncState) dropRead() {
+	rs.read.Drop()
+	rs.offLoop = nil
+}
+
+// touchedAddress notes an address whose state the loop learned while a read
+// off the loop runs.
+func (rs *resyncState) touchedAddress(a netip.Addr) {
+	if rs.offLoop != nil {
+		rs.offLoop.addrs[a] = true
 	}
 }

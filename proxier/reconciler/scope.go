@@ -1,0 +1,146 @@
+package reconciler
+
+// A sync's scope: the virtual servers, addresses and Services it looks at.
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// scopeSet is a scope being gathered.
+type scopeSet struct {
+	services map[types.NamespacedName]bool
+	keys     map[ktypes.VSKey]bool
+	addrs    map[netip.Addr]bool
+}
+
+// scope lists the virtual servers, addresses and Services a sync looks at,
+// and clears what it takes of the dirty sets. full takes everything; else
+// what changed, the due retries and the next slice of a running resync
+// (and, when allAddrs, every address).
+func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]ktypes.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
+	sc := &scopeSet{services: map[types.NamespacedName]bool{}, keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+	if full || allAddrs {
+		r.scopeAddresses(sc)
+	}
+	if full || r.draining.due(now) {
+		r.draining.takeInto(sc)
+	}
+	if full {
+		r.scopeAll(sc)
+	} else {
+		r.resync.nextSlice(r.cfg.ResyncSlice, sc)
+		r.scopeChanged(sc, now)
+	}
+	r.dirtyKeys = emptied(r.dirtyKeys)
+	r.dirtyAddrs = emptied(r.dirtyAddrs)
+	r.dirtyServices = emptied(r.dirtyServices)
+	r.scopeHolders(sc, full)
+	keys, addrs := sc.sorted()
+	return keys, addrs, sc.services
+}
+
+// scopeAddresses takes every address: wanted, bound, or a range's anchor.
+func (r *Reconciler) scopeAddresses(sc *scopeSet) {
+	for a := range r.claims.addrs {
+		sc.addrs[a] = true
+	}
+	for a := range r.kernel.Bound {
+		sc.addrs[a] = true
+	}
+	for a := range model.Anchors(r.routes) {
+		sc.addrs[a] = true
+	}
+}
+
+// scopeAll takes every Service (those removed too) and every virtual
+// server wanted or in the kernel's view; the orphans' retries are in it.
+func (r *Reconciler) scopeAll(sc *scopeSet) {
+	for n := range r.claims.plans {
+		sc.services[n] = true
+	}
+	for n := range r.dirtyServices { // removed ones
+		sc.services[n] = true
+	}
+	for k := range r.claims.byKey {
+		sc.keys[k] = true
+	}
+	for k := range r.kernel.VirtualServers {
+		sc.keys[k] = true
+	}
+	r.orphan.clear()
+}
+
+// scopeChanged takes what changed since the last sync and the retries that
+// are due: failed Services (their virtual servers) and orphans.
+func (r *Reconciler) scopeChanged(sc *scopeSet, now time.Time) {
+	for n := range r.dirtyServices {
+		sc.services[n] = true
+	}
+	for _, n := range r.statuses.due(now) {
+		sc.services[n] = true
+		for _, v := range r.claims.plans[n].VirtualServers {
+			if !r.own.Excluded(v.Address) {
+				sc.keys[v.VSKey] = true
+			}
+		}
+	}
+	for k := range r.dirtyKeys {
+		sc.keys[k] = true
+	}
+	for a := range r.dirtyAddrs {
+		sc.addrs[a] = true
+	}
+	if r.orphan.Due(now) {
+		r.orphan.takeInto(sc)
+	}
+}
+
+// scopeHolders adds the holder of each virtual server in scope: it
+// answers for what happens to its virtual servers. A failing one comes
+// whole (unless the sync is full: everything is in it), so that its
+// status says all of it.
+func (r *Reconciler) scopeHolders(sc *scopeSet, full bool) {
+	var whole []types.NamespacedName
+	for k := range sc.keys {
+		if cl := r.claims.byKey[k]; len(cl) > 0 && !sc.services[cl[0]] {
+			sc.services[cl[0]] = true
+			if _, failing := r.statuses.retrying[cl[0]]; failing && !full {
+				whole = append(whole, cl[0])
+			}
+		}
+	}
+	for _, n := range whole {
+		for _, v := range r.claims.plans[n].VirtualServers {
+			if !r.own.Excluded(v.Address) && !sc.keys[v.VSKey] {
+				sc.keys[v.VSKey] = true
+				if cl := r.claims.byKey[v.VSKey]; len(cl) > 0 {
+					sc.services[cl[0]] = true
+				}
+			}
+		}
+	}
+}
+
+// sorted returns the scope's virtual servers and addresses (with the
+// virtual servers' own), sorted.
+func (sc *scopeSet) sorted() ([]ktypes.VSKey, []netip.Addr) {
+	keys := make([]ktypes.VSKey, 0, len(sc.keys))
+	for k := range sc.keys {
+		keys = append(keys, k)
+		sc.addrs[k.Address] = true
+	}
+	addrs := make([]netip.Addr, 0, len(sc.addrs))
+	for a := range sc.addrs {
+		addrs = append(addrs, a)
+	}
+	slices.SortFunc(keys, ktypes.VSKey.Compare)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return keys, addrs
+}
