@@ -27,8 +27,13 @@ image: build
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
 		$(GO) run ./deploy/image --binary bin/ipvs-proxy --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
 
-# Unit tests run on this machine, then the Helm chart's, in deploy/helm, a
-# module of its own so that Helm's SDK stays out of the agent's go.mod.
+# e2e/framework/nettest is a module of its own (netlinkutil's tests and
+# the bed import it); its tests run here by import path.
+NETTEST := github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest
+
+# Unit tests run on this machine (nettest's with them), then the Helm
+# chart's, in deploy/helm, a module of its own so that Helm's SDK stays
+# out of the agent's go.mod.
 # VM_ONLY_TESTS need the VM's kernel (IPVS, dummy links) or change the
 # network of the machine they run on: on the host they are left out by
 # name, never skipped; the bed runs them inside its VM
@@ -36,7 +41,7 @@ image: build
 # host fails `make unit` until it is named here.
 VM_ONLY_TESTS = TestIPVSBatch|TestIPVSBatchLarge|TestConntrackClearUDP|TestIPVSTable|TestIPVSRealTraffic|TestIPVSMissingScheduler|TestDummy|TestNFTViewOnKernel|TestIPVSViewMissingOnKernel|TestServeAndHitAcrossNamespaces|TestHold|TestNetnsErrors
 unit:
-	set -o pipefail; $(GO) test -json -count=1 -skip '^($(VM_ONLY_TESTS))$$' $$($(GO) list ./... | grep -v /e2e) | $(GO) run ./e2e/testlog -suite unit -out $(RESULTS)
+	set -o pipefail; $(GO) test -json -count=1 -skip '^($(VM_ONLY_TESTS))$$' $$($(GO) list ./... | grep -v /e2e) $(NETTEST) | $(GO) run ./e2e/testlog -suite unit -out $(RESULTS)
 	set -o pipefail; $(GO) -C deploy/helm test -json -count=1 ./... | $(GO) run ./e2e/testlog -suite unit-chart -out $(RESULTS)
 
 # The bed's tests (the e2e package: a real kube-apiserver, QEMU VMs with
@@ -141,7 +146,7 @@ fuzz:
 # of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
 # on a fresh machine the downloads overlap instead of each waiting behind
 # the compiles of the build before it.
-MODULES := . e2e/k8sbin e2e/k8se2e e2e/ginkgo e2e/coredns deploy/helm
+MODULES := . e2e/framework/nettest e2e/k8sbin e2e/k8se2e e2e/ginkgo e2e/coredns deploy/helm
 deps:
 	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
 		status=0; for p in $$pids; do wait $$p || status=1; done; \
@@ -153,7 +158,7 @@ bed:
 
 lint:
 	@bad=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet ./... $(NETTEST)
 	cd deploy/helm && $(GO) vet ./...
 
 demo:

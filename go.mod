@@ -7,6 +7,7 @@ require (
 	github.com/google/go-cmp v0.7.0
 	github.com/google/go-containerregistry v0.20.6
 	github.com/google/nftables v0.3.0
+	github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest v0.0.0-00010101000000-000000000000
 	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42
 	github.com/moby/ipvs v1.1.0
 	github.com/prometheus/client_golang v1.23.2
@@ -87,3 +88,7 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.3 // indirect
 )
+
+// The agent's netlinkutil tests and the bed share e2e/framework/nettest,
+// a module of its own.
+replace github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest => ./e2e/framework/nettest
