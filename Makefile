@@ -48,14 +48,14 @@ NETTEST := github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest
 # host fails `make unit` until it is named here.
 VM_ONLY_TESTS = TestIPVSBatch|TestIPVSBatchLarge|TestConntrackClearUDP|TestIPVSTable|TestIPVSRealTraffic|TestIPVSMissingScheduler|TestDummy|TestNFTViewOnKernel|TestIPVSViewMissingOnKernel|TestServeAndHitAcrossNamespaces|TestHold|TestNetnsErrors
 unit:
-	set -o pipefail; $(GO) test -json -count=1 -skip '^($(VM_ONLY_TESTS))$$' ./... $(NETTEST) | $(E2E_CMD) ./testlog -suite unit -out $(RESULTS)
-	set -o pipefail; $(GO) -C deploy/helm test -json -count=1 ./... | $(E2E_CMD) ./testlog -suite unit-chart -out $(RESULTS)
+	set -o pipefail; $(GO) test -json -count=1 -skip '^($(VM_ONLY_TESTS))$$' ./... $(NETTEST) | $(E2E_CMD) ./cmd/testlog -suite unit -out $(RESULTS)
+	set -o pipefail; $(GO) -C deploy/helm test -json -count=1 ./... | $(E2E_CMD) ./cmd/testlog -suite unit-chart -out $(RESULTS)
 
 # The bed's tests (the e2e package: a real kube-apiserver, QEMU VMs with
 # Debian's kernel, real clusters) are chosen by -run and -skip lists, never
 # by t.Skip. `make test` runs all but TEST_SKIP, a deny-list: a new test
 # joins CI unless named here. The named targets below run the rest. Every
-# run goes through e2e/testlog: per-test times, a table of the slowest,
+# run goes through e2e/cmd/testlog: per-test times, a table of the slowest,
 # a failure on any skipped test, and the figures as data in bin/results.
 E2E_CHAOS_LONG := TestChaosAPIServerDown|TestChaosEndpointChurn|TestChaosManualDamage|TestChaosRollingUpdate
 E2E_TAKEOVER := TestKubeProxyIPVSMode|TestTakeoverFromKubeProxy|TestTakeoverNodePortsOnNodeAddressesOnly
@@ -68,7 +68,7 @@ E2E_SUITE ?= e2e
 RESULTS ?= $(CURDIR)/bin/results
 # Where every suite writes its figures (framework/results).
 export RESULTS_DIR = $(RESULTS)
-TESTLOG = $(E2E_CMD) ./testlog -v -suite $(E2E_SUITE) -out $(RESULTS)
+TESTLOG = $(E2E_CMD) ./cmd/testlog -v -suite $(E2E_SUITE) -out $(RESULTS)
 
 # One `go test` in the e2e module of E2E_PKGS (the e2e package and its
 # framework, whose tests boot VMs and control planes too) with E2E_RUN/E2E_SKIP, the
@@ -79,7 +79,7 @@ e2e-run:
 	rm -rf $(CHAOS_OUT)
 	set -o pipefail; CHAOS_SIZE=$(CHAOS_SIZE) CHAOS_OUT=$(CHAOS_OUT) $(E2E_GO) test -json -count=1 -timeout $(E2E_TIMEOUT) \
 		-run '$(E2E_RUN)' -skip '^($(VM_ONLY_TESTS))$$$(if $(E2E_SKIP),|$(E2E_SKIP))' $(E2E_PKGS) | $(TESTLOG); \
-		status=$$?; if ls $(CHAOS_OUT)/*.json >/dev/null 2>&1; then $(E2E_CMD) ./chaos/table -dir $(CHAOS_OUT) || status=1; fi; exit $$status
+		status=$$?; if ls $(CHAOS_OUT)/*.json >/dev/null 2>&1; then $(E2E_CMD) ./cmd/chaostable -dir $(CHAOS_OUT) || status=1; fi; exit $$status
 
 # `make test`, what CI runs: the bed built beside lint and unit tests;
 # then the bed's kernel tests in one VM (schedulers, glue, node edges,
@@ -153,15 +153,15 @@ fuzz:
 # of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
 # on a fresh machine the downloads overlap instead of each waiting behind
 # the compiles of the build before it.
-MODULES := . e2e e2e/framework/nettest e2e/k8sbin e2e/k8se2e e2e/ginkgo e2e/coredns deploy/helm
+MODULES := . e2e e2e/framework/nettest e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns deploy/helm
 deps:
 	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
 		status=0; for p in $$pids; do wait $$p || status=1; done; \
 		echo "deps: $(words $(MODULES)) modules' dependencies downloaded in $$(( $$(date +%s) - t0 )) s"; exit $$status
 
 bed:
-	$(E2E_CMD) ./prepare
-	$(E2E_CMD) ./conformance --images --procs 2 >/dev/null
+	$(E2E_CMD) ./cmd/prepare
+	$(E2E_CMD) ./cmd/conformance --images --procs 2 >/dev/null
 
 lint:
 	@bad=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
@@ -170,14 +170,14 @@ lint:
 	cd deploy/helm && $(GO) vet ./...
 
 demo:
-	$(E2E_CMD) ./demo
+	$(E2E_CMD) ./cmd/demo
 
 # ipvs-proxy and kube-proxy v1.36.3 in IPVS and nftables modes side by side
 # in the bed (not a test: it prints), at 1,000 and 10,000 Services of two
 # endpoints and 2,000 and 5,000 of fifty; e.g.
 # BENCH_ARGS="-proxies ipvs-proxy,kube-proxy-nftables -shapes 1000x2".
 bench:
-	$(E2E_CMD) ./bench $(BENCH_ARGS)
+	$(E2E_CMD) ./cmd/bench $(BENCH_ARGS)
 
 # Where the agent's memory goes, on the host (no VM): the bed's
 # kube-apiserver with HEAP_SIZES Services, the proxier and its informers
@@ -186,7 +186,7 @@ bench:
 # `make test-full` runs 1,000 Services.
 HEAP_SIZES ?= 1000,10000
 bench-heap:
-	$(E2E_CMD) ./heapbench -sizes $(HEAP_SIZES) -out bin/heapbench
+	$(E2E_CMD) ./cmd/heapbench -sizes $(HEAP_SIZES) -out bin/heapbench
 
 # Growth of the agent's own work (build + reconcile against the fake
 # kernel) at 1k, 10k and 100k Services: time and allocations per Service,
@@ -216,7 +216,7 @@ NODES ?= 1
 CONFORMANCE_PROCS ?= 1
 CONFORMANCE_FLAKE_ATTEMPTS ?= 1
 conformance:
-	$(E2E_CMD) ./conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) $(if $(CONFORMANCE_PART),--part $(CONFORMANCE_PART)) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
+	$(E2E_CMD) ./cmd/conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) $(if $(CONFORMANCE_PART),--part $(CONFORMANCE_PART)) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
 
 # Every [Conformance] test of the focus (`make test` runs a core of 13), two at
 # a time, on the bed's own cluster of two nodes with ipvs-proxy's DaemonSet;
@@ -226,7 +226,7 @@ conformance-ci:
 	$(MAKE) --no-print-directory conformance KUBECONFIG= PROXY=ipvs-proxy NODES=2 CONFORMANCE_ONLY=1 CONFORMANCE_PROCS=2 CONFORMANCE_FLAKE_ATTEMPTS=2
 
 conformance-list:
-	$(E2E_CMD) ./conformance --list
+	$(E2E_CMD) ./cmd/conformance --list
 
 # Lost exec outputs counted per path in the bed's cluster (ctr, CRI,
 # kubelet, apiserver SPDY/WebSocket): the diagnosis of containerd 1.6.20's
@@ -239,7 +239,7 @@ exec-paths:
 # the chaos table, the conformance runs, the bench and heapbench) into
 # docs/results and writes e2e/README.md's generated tables from them.
 results:
-	$(E2E_CMD) ./figures -from bin/results -dir docs/results -readme e2e/README.md
+	$(E2E_CMD) ./cmd/figures -from bin/results -dir docs/results -readme e2e/README.md
 
 clean:
 	rm -rf bin

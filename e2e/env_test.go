@@ -82,7 +82,7 @@ func setup(t *testing.T) env {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
 		shared.bed, shared.err = bed.Start(ctx, assets, bed.Options{
-			Log: bedLog, Packages: []string{"github.com/ipvs-proxy/ipvs-proxy/e2e/vmkube"}, TestPackages: kernelTestPackages, AgentArgs: agentArgs,
+			Log: bedLog, Packages: []string{"github.com/ipvs-proxy/ipvs-proxy/e2e/guest/vmkube"}, TestPackages: kernelTestPackages, AgentArgs: agentArgs,
 		})
 	})
 	if shared.err != nil {

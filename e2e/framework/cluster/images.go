@@ -20,7 +20,7 @@ import (
 // IfNotPresent finds them (no registry is reachable).
 const (
 	// PauseImage is the sandbox image of kubelet v1.36.3 (and e2e's
-	// test/utils/image: registry.k8s.io/pause:3.10.2), here e2e/pause.
+	// test/utils/image: registry.k8s.io/pause:3.10.2), here e2e/guest/pause.
 	PauseImage = "registry.k8s.io/pause:3.10.2"
 	// ServerImage holds the bed's agent binary as /vmagent: `vmagent serve`
 	// answers "<name> <client-ip>", `vmagent hit` and `vmagent http` are

@@ -66,7 +66,7 @@ func BuildTestBinary(ctx context.Context, pkg, out string) error {
 }
 
 // AgentPackage is the guest agent's import path.
-const AgentPackage = "github.com/ipvs-proxy/ipvs-proxy/e2e/vmagent"
+const AgentPackage = "github.com/ipvs-proxy/ipvs-proxy/e2e/guest/vmagent"
 
 var agentBuild struct {
 	sync.Mutex
