@@ -27,8 +27,16 @@ image: build
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
 		$(GO) run ./deploy/image --binary bin/ipvs-proxy --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
 
-# Unit tests run on this machine, then the Helm chart's, in deploy/helm, a
-# module of its own so that Helm's SDK stays out of the agent's go.mod.
+# The bed is a module of its own in e2e/, which requires this one through
+# a replace: its tests and commands build there. E2E_GO runs go in it;
+# E2E_CMD runs one of its commands here, at the repository's root, where
+# they find deploy/ and write bin/.
+E2E_GO = $(GO) -C e2e
+E2E_CMD = $(E2E_GO) run -exec 'env -C $(CURDIR)'
+
+# Unit tests run on this machine, then the Helm
+# chart's, in deploy/helm, a module of its own so that Helm's SDK stays
+# out of the agent's go.mod.
 # VM_ONLY_TESTS need the VM's kernel (IPVS, dummy links) or change the
 # network of the machine they run on: on the host they are left out by
 # name, never skipped; the bed runs them inside its VM
@@ -36,14 +44,14 @@ image: build
 # host fails `make unit` until it is named here.
 VM_ONLY_TESTS = TestIPVSBatch|TestIPVSBatchLarge|TestConntrackClearUDP|TestIPVSTable|TestIPVSRealTraffic|TestIPVSMissingScheduler|TestDummy|TestNFTViewOnKernel|TestIPVSViewMissingOnKernel|TestServeAndHitAcrossNamespaces|TestHold|TestNetnsErrors
 unit:
-	set -o pipefail; $(GO) test -json -count=1 -skip '^($(VM_ONLY_TESTS))$$' $$($(GO) list ./... | grep -v /e2e) | $(GO) run ./e2e/testlog -suite unit -out $(RESULTS)
-	set -o pipefail; $(GO) -C deploy/helm test -json -count=1 ./... | $(GO) run ./e2e/testlog -suite unit-chart -out $(RESULTS)
+	set -o pipefail; $(GO) test -json -count=1 -skip '^($(VM_ONLY_TESTS))$$' ./... | $(E2E_CMD) ./cmd/testlog -suite unit -out $(RESULTS)
+	set -o pipefail; $(GO) -C deploy/helm test -json -count=1 ./... | $(E2E_CMD) ./cmd/testlog -suite unit-chart -out $(RESULTS)
 
 # The bed's tests (the e2e package: a real kube-apiserver, QEMU VMs with
 # Debian's kernel, real clusters) are chosen by -run and -skip lists, never
 # by t.Skip. `make test` runs all but TEST_SKIP, a deny-list: a new test
 # joins CI unless named here. The named targets below run the rest. Every
-# run goes through e2e/testlog: per-test times, a table of the slowest,
+# run goes through e2e/cmd/testlog: per-test times, a table of the slowest,
 # a failure on any skipped test, and the figures as data in bin/results.
 E2E_CHAOS_LONG := TestChaosAPIServerDown|TestChaosEndpointChurn|TestChaosManualDamage|TestChaosRollingUpdate
 E2E_TAKEOVER := TestKubeProxyIPVSMode|TestTakeoverFromKubeProxy|TestTakeoverNodePortsOnNodeAddressesOnly
@@ -51,23 +59,23 @@ E2E_CLUSTER := TestClusterNode
 TEST_SKIP = ^($(E2E_CHAOS_LONG)|$(E2E_TAKEOVER)|$(E2E_CLUSTER))$$$$|^TestChaosKernelFaults$$$$/^kernel-faults-(0|10)pct$$$$
 E2E_RUN ?= .
 E2E_SKIP ?=
-E2E_PKGS ?= ./e2e/...
+E2E_PKGS ?= ./...
 E2E_SUITE ?= e2e
 RESULTS ?= $(CURDIR)/bin/results
 # Where every suite writes its figures (framework/results).
 export RESULTS_DIR = $(RESULTS)
-TESTLOG = $(GO) run ./e2e/testlog -v -suite $(E2E_SUITE) -out $(RESULTS)
+TESTLOG = $(E2E_CMD) ./cmd/testlog -v -suite $(E2E_SUITE) -out $(RESULTS)
 
-# One `go test` of E2E_PKGS (the e2e package and its framework, whose
-# tests boot VMs and control planes too) with E2E_RUN/E2E_SKIP, the
+# One `go test` in the e2e module of E2E_PKGS (the e2e package and its
+# framework, whose tests boot VMs and control planes too) with E2E_RUN/E2E_SKIP, the
 # VM-only tests always left out (they run inside the VM); the chaos cases
 # among them (TestChaos*, at CHAOS_SIZE Services) leave one row of
 # figures each in CHAOS_OUT, printed as a table after.
 e2e-run:
 	rm -rf $(CHAOS_OUT)
-	set -o pipefail; CHAOS_SIZE=$(CHAOS_SIZE) CHAOS_OUT=$(CHAOS_OUT) $(GO) test -json -count=1 -timeout $(E2E_TIMEOUT) \
+	set -o pipefail; CHAOS_SIZE=$(CHAOS_SIZE) CHAOS_OUT=$(CHAOS_OUT) $(E2E_GO) test -json -count=1 -timeout $(E2E_TIMEOUT) \
 		-run '$(E2E_RUN)' -skip '^($(VM_ONLY_TESTS))$$$(if $(E2E_SKIP),|$(E2E_SKIP))' $(E2E_PKGS) | $(TESTLOG); \
-		status=$$?; if ls $(CHAOS_OUT)/*.json >/dev/null 2>&1; then $(GO) run ./e2e/chaos/table -dir $(CHAOS_OUT) || status=1; fi; exit $$status
+		status=$$?; if ls $(CHAOS_OUT)/*.json >/dev/null 2>&1; then $(E2E_CMD) ./cmd/chaostable -dir $(CHAOS_OUT) || status=1; fi; exit $$status
 
 # `make test`, what CI runs: the bed built beside lint and unit tests;
 # then the bed's kernel tests in one VM (schedulers, glue, node edges,
@@ -79,7 +87,7 @@ test:
 	$(MAKE) --no-print-directory deps
 	$(MAKE) --no-print-directory -j2 bed checks
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-bed E2E_SKIP='$(TEST_SKIP)|^TestTwoNodes$$$$'
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-cluster E2E_PKGS=./e2e/ E2E_RUN='^TestTwoNodes$$$$'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-cluster E2E_PKGS=. E2E_RUN='^TestTwoNodes$$$$'
 
 # The whole e2e package: every kernel, chaos, takeover and cluster test.
 e2e:
@@ -92,17 +100,17 @@ e2e:
 CHAOS_SIZE ?= 300
 CHAOS_OUT ?= $(CURDIR)/bin/chaos
 chaos:
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-tests E2E_PKGS=./e2e/ E2E_RUN='^TestChaos'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-tests E2E_PKGS=. E2E_RUN='^TestChaos'
 
 # Taking a node over from kube-proxy's IPVS mode (kube-proxy v1.36.3 runs
 # in the bed's VM first).
 takeover:
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=takeover E2E_PKGS=./e2e/ E2E_RUN='^($(E2E_TAKEOVER))$$$$'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=takeover E2E_PKGS=. E2E_RUN='^($(E2E_TAKEOVER))$$$$'
 
 # The one-node cluster: ipvs-proxy from deploy/ and from the Helm chart
 # with non-default values.
 cluster:
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=cluster E2E_PKGS=./e2e/ E2E_RUN='^($(E2E_CLUSTER))$$$$'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=cluster E2E_PKGS=. E2E_RUN='^($(E2E_CLUSTER))$$$$'
 
 # Today's everything-at-once: the bed and checks, the bounded fuzz run,
 # the Go benchmarks and the heap bench at 1,000 Services, the whole e2e
@@ -120,7 +128,7 @@ test-full:
 # runs the fuzzers) and a build of the e2e test binaries (they run none).
 checks: lint
 	$(MAKE) --no-print-directory unit
-	$(GO) test -count=1 -run '^$$' ./e2e/... >/dev/null
+	$(E2E_GO) test -count=1 -run '^$$' ./... >/dev/null
 
 # Each fuzz target for FUZZTIME (one -fuzz target per go test run); `make
 # test` runs only their seed corpora, as unit tests. The default is a
@@ -141,30 +149,31 @@ fuzz:
 # of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
 # on a fresh machine the downloads overlap instead of each waiting behind
 # the compiles of the build before it.
-MODULES := . e2e/k8sbin e2e/k8se2e e2e/ginkgo e2e/coredns deploy/helm
+MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns deploy/helm
 deps:
 	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
 		status=0; for p in $$pids; do wait $$p || status=1; done; \
 		echo "deps: $(words $(MODULES)) modules' dependencies downloaded in $$(( $$(date +%s) - t0 )) s"; exit $$status
 
 bed:
-	$(GO) run ./e2e/prepare
-	$(GO) run ./e2e/conformance --images --procs 2 >/dev/null
+	$(E2E_CMD) ./cmd/prepare
+	$(E2E_CMD) ./cmd/conformance --images --procs 2 >/dev/null
 
 lint:
 	@bad=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
+	$(E2E_GO) vet ./...
 	cd deploy/helm && $(GO) vet ./...
 
 demo:
-	$(GO) run ./e2e/demo
+	$(E2E_CMD) ./cmd/demo
 
 # ipvs-proxy and kube-proxy v1.36.3 in IPVS and nftables modes side by side
 # in the bed (not a test: it prints), at 1,000 and 10,000 Services of two
 # endpoints and 2,000 and 5,000 of fifty; e.g.
 # BENCH_ARGS="-proxies ipvs-proxy,kube-proxy-nftables -shapes 1000x2".
 bench:
-	$(GO) run ./e2e/bench $(BENCH_ARGS)
+	$(E2E_CMD) ./cmd/bench $(BENCH_ARGS)
 
 # Where the agent's memory goes, on the host (no VM): the bed's
 # kube-apiserver with HEAP_SIZES Services, the proxier and its informers
@@ -173,7 +182,7 @@ bench:
 # `make test-full` runs 1,000 Services.
 HEAP_SIZES ?= 1000,10000
 bench-heap:
-	$(GO) run ./e2e/heapbench -sizes $(HEAP_SIZES) -out bin/heapbench
+	$(E2E_CMD) ./cmd/heapbench -sizes $(HEAP_SIZES) -out bin/heapbench
 
 # Growth of the agent's own work (build + reconcile against the fake
 # kernel) at 1k, 10k and 100k Services: time and allocations per Service,
@@ -203,7 +212,7 @@ NODES ?= 1
 CONFORMANCE_PROCS ?= 1
 CONFORMANCE_FLAKE_ATTEMPTS ?= 1
 conformance:
-	$(GO) run ./e2e/conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) $(if $(CONFORMANCE_PART),--part $(CONFORMANCE_PART)) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
+	$(E2E_CMD) ./cmd/conformance --proxy '$(PROXY)' --nodes $(NODES) $(if $(KUBECONFIG),--kubeconfig '$(KUBECONFIG)') $(if $(CONFORMANCE_ONLY),--conformance-only) $(if $(CONFORMANCE_PART),--part $(CONFORMANCE_PART)) --procs $(CONFORMANCE_PROCS) --flake-attempts $(CONFORMANCE_FLAKE_ATTEMPTS) $(CONFORMANCE_ARGS)
 
 # Every [Conformance] test of the focus (`make test` runs a core of 13), two at
 # a time, on the bed's own cluster of two nodes with ipvs-proxy's DaemonSet;
@@ -213,20 +222,20 @@ conformance-ci:
 	$(MAKE) --no-print-directory conformance KUBECONFIG= PROXY=ipvs-proxy NODES=2 CONFORMANCE_ONLY=1 CONFORMANCE_PROCS=2 CONFORMANCE_FLAKE_ATTEMPTS=2
 
 conformance-list:
-	$(GO) run ./e2e/conformance --list
+	$(E2E_CMD) ./cmd/conformance --list
 
 # Lost exec outputs counted per path in the bed's cluster (ctr, CRI,
 # kubelet, apiserver SPDY/WebSocket): the diagnosis of containerd 1.6.20's
 # exec bug (README, "Known loss, upstream's"). EXEC_PATHS=all adds the
 # kubelet's paths.
 exec-paths:
-	$(GO) test -count=1 -tags execpaths -timeout 30m -run TestClusterExecPaths -v ./e2e/
+	$(E2E_GO) test -count=1 -tags execpaths -timeout 30m -run TestClusterExecPaths -v .
 
 # Keeps the runs' figures: moves bin/results/*.json (written by testlog,
 # the chaos table, the conformance runs, the bench and heapbench) into
 # docs/results and writes e2e/README.md's generated tables from them.
 results:
-	$(GO) run ./e2e/figures -from bin/results -dir docs/results -readme e2e/README.md
+	$(E2E_CMD) ./cmd/figures -from bin/results -dir docs/results -readme e2e/README.md
 
 clean:
 	rm -rf bin

@@ -21,8 +21,8 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // TestChaosRollingUpdate: in the shared one-node cluster (oneNodeCluster:

@@ -24,8 +24,8 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/execcount"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // TestClusterExecPaths runs 20 execs of a command that prints a random
@@ -82,7 +82,7 @@ func TestClusterExecPaths(t *testing.T) {
 	}
 	// Inside the VM: the execprobe tool, next to the kubelet.
 	probe := filepath.Join(t.TempDir(), "execprobe")
-	if err := vm.BuildGoBinary(ctx, "github.com/ipvs-proxy/ipvs-proxy/e2e/execprobe", probe); err != nil {
+	if err := vm.BuildGoBinary(ctx, "github.com/ipvs-proxy/ipvs-proxy/e2e/guest/execprobe", probe); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.VM.CopyFile(ctx, probe, "/usr/local/bin/execprobe"); err != nil {

@@ -24,8 +24,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // oneNode is the package's one-node cluster (kubelet, containerd and crun

@@ -272,7 +272,7 @@ func TestDeployLeastPrivilege(t *testing.T) {
 	ctx := context.Background()
 	ns := e.namespace(t)
 	capexec := filepath.Join(t.TempDir(), "capexec")
-	if err := vm.BuildGoBinary(ctx, "github.com/ipvs-proxy/ipvs-proxy/e2e/capexec", capexec); err != nil {
+	if err := vm.BuildGoBinary(ctx, "github.com/ipvs-proxy/ipvs-proxy/e2e/guest/capexec", capexec); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(capexec)

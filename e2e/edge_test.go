@@ -15,7 +15,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // terminatingServing marks one endpoint as a pod that shuts down but

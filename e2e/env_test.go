@@ -20,8 +20,8 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // Short names for the bed's constants.
@@ -82,7 +82,7 @@ func setup(t *testing.T) env {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
 		shared.bed, shared.err = bed.Start(ctx, assets, bed.Options{
-			Log: bedLog, Packages: []string{"github.com/ipvs-proxy/ipvs-proxy/e2e/vmkube"}, TestPackages: kernelTestPackages, AgentArgs: agentArgs,
+			Log: bedLog, Packages: []string{"github.com/ipvs-proxy/ipvs-proxy/e2e/guest/vmkube"}, TestPackages: kernelTestPackages, AgentArgs: agentArgs,
 		})
 	})
 	if shared.err != nil {

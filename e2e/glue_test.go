@@ -16,9 +16,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 )
 

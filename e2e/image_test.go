@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ocitest"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/repo"
 )
 
 // resolve follows symlinks of a path inside root (absolute targets are
@@ -58,14 +59,20 @@ func TestImage(t *testing.T) {
 	dir := t.TempDir()
 	bin, archive := filepath.Join(dir, "ipvs-proxy"), filepath.Join(dir, "ipvs-proxy-image.tar")
 	start := time.Now()
+	repoRoot, err := repo.Root() // both are the root module's
+	if err != nil {
+		t.Fatal(err)
+	}
 	// As `make build` does: static and stripped.
 	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy")
+	build.Dir = repoRoot
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build ipvs-proxy: %v\n%s", err, out)
 	}
 	cmd := exec.CommandContext(ctx, "go", "run", "github.com/ipvs-proxy/ipvs-proxy/deploy/image",
 		"--binary", bin, "--output", archive, "--tag", "ipvs-proxy:e2e", "--version", "e2e")
+	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the image: %v\n%s", err, out)

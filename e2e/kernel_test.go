@@ -12,7 +12,7 @@ import (
 // IPVS_PROXY_KERNEL_TESTS=1, which turns a missing feature into a failure.
 var kernelTestPackages = []string{"github.com/ipvs-proxy/ipvs-proxy/netlinkutil", "github.com/ipvs-proxy/ipvs-proxy/ipset",
 	// the bench's readers of IPVS and of kube-proxy's nftables table
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/ipvsbench"}
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/guest/ipvsbench"}
 
 func TestKernelPackagesInVM(t *testing.T) {
 	e := setup(t)

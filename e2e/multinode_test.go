@@ -19,9 +19,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // Addresses of the two-node tests on the nodes' segment.

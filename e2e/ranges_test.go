@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // TestServiceRangesRouted: by default (--route-service-cidrs) the agent

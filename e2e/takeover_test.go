@@ -16,8 +16,8 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // traffic is steady new connections (`vmagent hit --interval`) to one

@@ -13,8 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
 )
 

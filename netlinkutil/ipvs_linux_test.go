@@ -10,7 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"

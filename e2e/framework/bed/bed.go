@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // Fixed names and addresses of the bed.

@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/repo"
 )
 
 // Row is one case's figures.
@@ -41,24 +43,17 @@ type Row struct {
 // DirEnv names the environment variable of the rows' directory.
 const DirEnv = "CHAOS_OUT"
 
-// Dir is $CHAOS_OUT, else bin/chaos at the root of the module that holds
-// the working directory (tests run in their package's directory).
+// Dir is $CHAOS_OUT, else bin/chaos at the repository's root (the bin/
+// of the Makefile; tests run in their package's directory).
 func Dir() string {
 	if d := os.Getenv(DirEnv); d != "" {
 		return d
 	}
-	wd, err := os.Getwd()
+	root, err := repo.Root()
 	if err != nil {
 		return filepath.Join("bin", "chaos")
 	}
-	for d := wd; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return filepath.Join(d, "bin", "chaos")
-		}
-		if filepath.Dir(d) == d {
-			return filepath.Join(wd, "bin", "chaos")
-		}
-	}
+	return filepath.Join(root, "bin", "chaos")
 }
 
 var caseName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)

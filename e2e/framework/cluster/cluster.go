@@ -19,7 +19,7 @@
 //
 // Images (no registry is reachable) are built here and imported into
 // containerd under the names kubelet and the manifests use: the pause
-// image (e2e/pause), a test server (the bed's agent), CoreDNS (e2e/coredns)
+// image (e2e/guest/pause), a test server (the bed's agent), CoreDNS (e2e/tools/coredns)
 // and ipvs-proxy's.
 //
 // The cluster's DNS is CoreDNS behind the kube-dns Service at DNSServiceIP,
@@ -210,7 +210,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("cluster: kubelet: %w", err)
 	}
 	images := map[string]string{} // guest path -> host archive
-	pause, err := staticImage(ctx, cache, c.tmp, "github.com/ipvs-proxy/ipvs-proxy/e2e/pause", "pause", PauseImage)
+	pause, err := staticImage(ctx, cache, c.tmp, "github.com/ipvs-proxy/ipvs-proxy/e2e/guest/pause", "pause", PauseImage)
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
 )
 
-// The cluster's DNS: CoreDNS built here (the wrapper module e2e/coredns)
+// The cluster's DNS: CoreDNS built here (the wrapper module e2e/tools/coredns)
 // behind the kube-dns Service, the address kubelet gives pods as their
 // nameserver.
 const (
@@ -46,11 +46,11 @@ const corefile = `cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
 }
 `
 
-// dnsImage builds CoreDNS from e2e/coredns (cached like the Kubernetes
+// dnsImage builds CoreDNS from e2e/tools/coredns (cached like the Kubernetes
 // binaries) and returns its image archive (cached by the binary's digest).
 func dnsImage(ctx context.Context, cacheDir string) (string, error) {
-	dir, err := controlplane.EnsureModuleBinaries(ctx, cacheDir, "e2e/coredns", "coredns",
-		[]controlplane.WrapperPackage{{Path: "github.com/ipvs-proxy/ipvs-proxy/e2e/coredns", Binary: dnsName}})
+	dir, err := controlplane.EnsureModuleBinaries(ctx, cacheDir, "e2e/tools/coredns", "coredns",
+		[]controlplane.WrapperPackage{{Path: "github.com/ipvs-proxy/ipvs-proxy/e2e/tools/coredns", Binary: dnsName}})
 	if err != nil {
 		return "", fmt.Errorf("cluster: build CoreDNS: %w", err)
 	}

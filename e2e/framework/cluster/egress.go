@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // egressProxy is the apiserver's way into the node: an HTTP CONNECT proxy

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/repo"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
@@ -19,7 +20,7 @@ import (
 // IfNotPresent finds them (no registry is reachable).
 const (
 	// PauseImage is the sandbox image of kubelet v1.36.3 (and e2e's
-	// test/utils/image: registry.k8s.io/pause:3.10.2), here e2e/pause.
+	// test/utils/image: registry.k8s.io/pause:3.10.2), here e2e/guest/pause.
 	PauseImage = "registry.k8s.io/pause:3.10.2"
 	// ServerImage holds the bed's agent binary as /vmagent: `vmagent serve`
 	// answers "<name> <client-ip>", `vmagent hit` and `vmagent http` are
@@ -68,9 +69,14 @@ func binaryImage(cacheDir, bin, name, ref string) (string, error) {
 // stripped binary and deploy/image (Debian's iptables and kmod). The
 // archive is cached in cacheDir/images by the binary's digest.
 func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...any)) (string, error) {
+	root, err := repo.Root() // both are the root module's
+	if err != nil {
+		return "", err
+	}
 	bin := filepath.Join(tmp, "ipvs-proxy")
 	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin,
 		"github.com/ipvs-proxy/ipvs-proxy/cmd/ipvs-proxy")
+	build.Dir = root
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build ipvs-proxy: %w\n%s", err, b)
@@ -85,6 +91,7 @@ func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...
 	}
 	cmd := exec.CommandContext(ctx, "go", "run", "github.com/ipvs-proxy/ipvs-proxy/deploy/image",
 		"--binary", bin, "--output", out, "--tag", ProxyImage, "--version", "e2e")
+	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(imageEpoch.Unix(), 10))
 	b, err := cmd.CombinedOutput()
 	if err != nil {

@@ -75,7 +75,7 @@ func CacheDir() string {
 
 // EnsureBinaries returns a directory holding kube-apiserver, etcd,
 // kube-controller-manager, kube-scheduler and kubelet, built in one `go
-// build` from the wrapper module e2e/k8sbin
+// build` from the wrapper module e2e/tools/k8sbin
 // with the Go toolchain on PATH (or /usr/local/go/bin/go). The directory is
 // <cacheDir>/k8s-<version>-<hash>, where the hash covers the wrapper's
 // build list (`go list -m all`: every module's version and replacement)
@@ -120,7 +120,7 @@ type WrapperPackage struct{ Path, Binary string }
 
 // EnsureWrapperBinaries is EnsureBinaries for packages of another wrapper
 // module: module is its folder relative to the repository root (e.g.
-// "e2e/k8se2e"), with its own go.mod requiring k8s.io/kubernetes. The
+// "e2e/tools/k8se2e"), with its own go.mod requiring k8s.io/kubernetes. The
 // directory is keyed by that module's build list, so each wrapper module
 // has its own cache key.
 func EnsureWrapperBinaries(ctx context.Context, cacheDir, module string, pkgs []WrapperPackage) (string, error) {
@@ -132,11 +132,11 @@ func EnsureWrapperBinaries(ctx context.Context, cacheDir, module string, pkgs []
 }
 
 func ensure(ctx context.Context, cacheDir string, commands []command) (string, error) {
-	return ensureModule(ctx, cacheDir, "e2e/k8sbin", commands)
+	return ensureModule(ctx, cacheDir, "e2e/tools/k8sbin", commands)
 }
 
 // EnsureModuleBinaries is EnsureWrapperBinaries for a wrapper module of
-// another project than Kubernetes (e.g. "e2e/coredns"): its binaries are
+// another project than Kubernetes (e.g. "e2e/tools/coredns"): its binaries are
 // not version-stamped and go to a directory of cacheDir named name-<hash
 // of the module's build list>.
 func EnsureModuleBinaries(ctx context.Context, cacheDir, module, name string, pkgs []WrapperPackage) (string, error) {
@@ -420,7 +420,7 @@ func binaryNames(commands []command) string {
 	return strings.Join(names, ", ")
 }
 
-// wrapperModuleDir finds a wrapper module (rel, e.g. e2e/k8sbin): next to
+// wrapperModuleDir finds a wrapper module (rel, e.g. e2e/tools/k8sbin): next to
 // this source file when the test binary was built without -trimpath, else
 // above the working directory (go test runs a test binary in its package's
 // folder).

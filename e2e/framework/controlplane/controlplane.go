@@ -1,6 +1,6 @@
 // Package controlplane runs a real Kubernetes control plane for end-to-end
 // tests: etcd, kube-apiserver and, when asked, kube-controller-manager,
-// built from the wrapper module e2e/k8sbin (see EnsureBinaries) and listening
+// built from the wrapper module e2e/tools/k8sbin (see EnsureBinaries) and listening
 // on free ports of 127.0.0.1 only.
 //
 // The apiserver authorizes with RBAC; the fixture's credentials are a static

@@ -1,7 +1,7 @@
 // Package kubeproxy runs upstream kube-proxy in IPVS mode in the bed's VM,
 // against the bed's apiserver: the kube-proxy to compare ipvs-proxy with
 // and to migrate from. Its binary is built from the wrapper module
-// e2e/k8sbin on first use (controlplane.EnsureKubeProxy) and copied into
+// e2e/tools/k8sbin on first use (controlplane.EnsureKubeProxy) and copied into
 // the running VM on first Start, so beds that do not run it pay nothing.
 //
 // kube-proxy and ipvs-proxy's agent must not run at the same time: both

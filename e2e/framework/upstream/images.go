@@ -156,7 +156,7 @@ func testImages(agnhost, boomServer string) []testImage {
 // tests start (agnhost, BusyBox, RegressionIssue74839 and
 // DistrolessIptables), keyed by the file name a node imports each from
 // (agnhost.tar, ...): the images are made from the suite's agnhost, the
-// boom-server built from e2e/k8se2e, and Debian packages (fetched with
+// boom-server built from e2e/tools/k8se2e, and Debian packages (fetched with
 // apt-get download, unpacked, nothing installed). Each is cached in
 // cacheDir/images, keyed by its recipe and binaries; concurrent callers
 // build it once.

@@ -34,7 +34,7 @@ type imageCheck struct {
 }
 
 // TestTestImages assembles the test images around a stand-in agnhost and
-// the real boom-server (built from e2e/k8se2e), checks their names,
+// the real boom-server (built from e2e/tools/k8se2e), checks their names,
 // entrypoints and files, and runs, chrooted into each unpacked
 // filesystem, the commands the tests exec in their pods.
 func TestTestImages(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package upstream provides Kubernetes' own end-to-end suite to the test
 // bed: e2e.test, the kubectl it runs and the agnhost command, built from
-// the wrapper module e2e/k8se2e at the bed's Kubernetes version and cached
+// the wrapper module e2e/tools/k8se2e at the bed's Kubernetes version and cached
 // like the control plane's binaries; and the test images those tests
 // start, assembled as OCI archives under the exact names the suite uses.
 package upstream
@@ -15,7 +15,7 @@ import (
 
 // The wrapper module and the binaries built from it.
 const (
-	module     = "e2e/k8se2e"
+	module     = "e2e/tools/k8se2e"
 	BinE2ETest = "e2e.test"
 	BinKubectl = "kubectl"
 	BinAgnhost = "agnhost"
@@ -25,9 +25,9 @@ const (
 )
 
 var suitePackages = []controlplane.WrapperPackage{
-	// The network tests alone under upstream's framework (e2e/k8se2e/netsuite):
+	// The network tests alone under upstream's framework (e2e/tools/k8se2e/netsuite):
 	// every test of the focus, a third fewer packages to build than test/e2e.
-	{Path: "github.com/ipvs-proxy/ipvs-proxy/e2e/k8se2e/netsuite", Binary: BinE2ETest},
+	{Path: "github.com/ipvs-proxy/ipvs-proxy/e2e/tools/k8se2e/netsuite", Binary: BinE2ETest},
 	{Path: "k8s.io/kubernetes/cmd/kubectl", Binary: BinKubectl},
 	{Path: "k8s.io/kubernetes/test/images/agnhost", Binary: BinAgnhost},
 }
@@ -48,11 +48,11 @@ func (s Suite) Kubectl() string { return filepath.Join(s.Dir, BinKubectl) }
 func (s Suite) Agnhost() string { return filepath.Join(s.Dir, BinAgnhost) }
 
 // EnsureGinkgo builds Ginkgo's command-line runner, at the version the
-// suite is built with, from the wrapper module e2e/ginkgo into a directory
+// suite is built with, from the wrapper module e2e/tools/ginkgo into a directory
 // of cacheDir keyed by its build list, unless it is there, and returns
 // its path.
 func EnsureGinkgo(ctx context.Context, cacheDir string) (string, error) {
-	dir, err := controlplane.EnsureModuleBinaries(ctx, cacheDir, "e2e/ginkgo", "ginkgo",
+	dir, err := controlplane.EnsureModuleBinaries(ctx, cacheDir, "e2e/tools/ginkgo", "ginkgo",
 		[]controlplane.WrapperPackage{{Path: "github.com/onsi/ginkgo/v2/ginkgo", Binary: "ginkgo"}})
 	if err != nil {
 		return "", fmt.Errorf("build Ginkgo's runner: %w", err)
@@ -60,9 +60,9 @@ func EnsureGinkgo(ctx context.Context, cacheDir string) (string, error) {
 	return filepath.Join(dir, "ginkgo"), nil
 }
 
-// EnsureSuite builds e2e.test (`go test -c` of e2e/k8se2e/netsuite: the
+// EnsureSuite builds e2e.test (`go test -c` of e2e/tools/k8se2e/netsuite: the
 // network tests of test/e2e), kubectl and
-// agnhost into a directory of cacheDir keyed by e2e/k8se2e's build list
+// agnhost into a directory of cacheDir keyed by e2e/tools/k8se2e's build list
 // (static, -trimpath, version-stamped), unless it is there. A cold build
 // compiles most of Kubernetes: many minutes and a few GB of memory.
 func EnsureSuite(ctx context.Context, cacheDir string) (Suite, error) {
@@ -71,7 +71,7 @@ func EnsureSuite(ctx context.Context, cacheDir string) (Suite, error) {
 }
 
 // EnsureImageBinaries builds the commands of the test images other than
-// agnhost (the boom-server of regression-issue-74839) from e2e/k8se2e,
+// agnhost (the boom-server of regression-issue-74839) from e2e/tools/k8se2e,
 // as EnsureSuite builds agnhost, into a directory of cacheDir of their
 // own, unless they are there, and returns it.
 func EnsureImageBinaries(ctx context.Context, cacheDir string) (string, error) {

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/repo"
 )
 
 // goTool is the go command: from PATH (go test puts its own first), else
@@ -20,9 +22,21 @@ func goTool() string {
 	return "/usr/local/go/bin/go"
 }
 
-func runGo(ctx context.Context, args ...string) error {
+// runGo runs the go command for package pkg in the module that holds it
+// (repo.ModuleDir), or in the working directory for a ./relative pkg.
+func runGo(ctx context.Context, pkg string, args ...string) error {
+	dir := ""
+	if !strings.HasPrefix(pkg, ".") {
+		d, err := repo.ModuleDir(pkg)
+		if err != nil {
+			return err
+		}
+		dir = d
+	}
+	args = append(args, pkg)
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, goTool(), args...)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -31,28 +45,28 @@ func runGo(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// BuildGoBinary builds package pkg (an import path or a ./relative
-// directory, resolved in the current directory's module) into a static
-// binary at out that runs in the guest.
+// BuildGoBinary builds package pkg (an import path, built in the module
+// that holds it, or a ./relative directory, resolved in the current
+// directory's module) into a static binary at out that runs in the guest.
 func BuildGoBinary(ctx context.Context, pkg, out string) error {
-	return runGo(ctx, "build", "-trimpath", "-o", out, pkg)
+	return runGo(ctx, pkg, "build", "-trimpath", "-o", out)
 }
 
 // buildStripped is BuildGoBinary without symbol tables: smaller, so the
 // guest kernel unpacks it faster (under TCG that is about 60 ms per MiB).
 func buildStripped(ctx context.Context, pkg, out string) error {
-	return runGo(ctx, "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	return runGo(ctx, pkg, "build", "-trimpath", "-ldflags=-s -w", "-o", out)
 }
 
 // BuildTestBinary builds the tests of package pkg (`go test -c`) into a
 // static binary at out that runs in the guest; run it there with -test.v
 // and friends.
 func BuildTestBinary(ctx context.Context, pkg, out string) error {
-	return runGo(ctx, "test", "-c", "-trimpath", "-o", out, pkg)
+	return runGo(ctx, pkg, "test", "-c", "-trimpath", "-o", out)
 }
 
 // AgentPackage is the guest agent's import path.
-const AgentPackage = "github.com/ipvs-proxy/ipvs-proxy/e2e/vmagent"
+const AgentPackage = "github.com/ipvs-proxy/ipvs-proxy/e2e/guest/vmagent"
 
 var agentBuild struct {
 	sync.Mutex
@@ -68,11 +82,11 @@ func buildAgent(ctx context.Context, cacheDir, out string, logf func(string, ...
 	defer agentBuild.Unlock()
 	dir := agentBuild.dir
 	if dir == "" {
-		mod, err := runCmd(ctx, "", goTool(), "env", "GOMOD")
+		mod, err := checkoutKey()
 		if err != nil {
 			return fmt.Errorf("vmagent: %w", err)
 		}
-		dir = filepath.Join(cacheDir, "vmagent-"+shortHash(strings.TrimSpace(mod)))
+		dir = filepath.Join(cacheDir, "vmagent-"+shortHash(mod))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("vmagent: %w", err)
 		}
@@ -92,6 +106,17 @@ func buildAgent(ctx context.Context, cacheDir, out string, logf func(string, ...
 	return copyFile(bin, out, 0o755)
 }
 
+// checkoutKey names this checkout in cache keys: the path of the root
+// module's go.mod (what `go env GOMOD` said when the bed was part of the
+// root module, so the cached builds keep their folders).
+func checkoutKey() (string, error) {
+	root, err := repo.Root()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "go.mod"), nil
+}
+
 func copyFile(src, dst string, perm os.FileMode) error {
 	b, err := os.ReadFile(src)
 	if err != nil {
@@ -107,12 +132,12 @@ func copyFile(src, dst string, perm os.FileMode) error {
 // says), so a second build with nothing changed costs a check. A file lock
 // keeps concurrent test processes apart.
 func BuildVariant(ctx context.Context, cacheDir, pkg string, tags []string, logf func(string, ...any)) (string, error) {
-	mod, err := runCmd(ctx, "", goTool(), "env", "GOMOD")
+	mod, err := checkoutKey()
 	if err != nil {
 		return "", fmt.Errorf("build %s: %w", pkg, err)
 	}
 	tagList := strings.Join(tags, ",")
-	dir := filepath.Join(cacheDir, "variants", filepath.Base(pkg)+"-"+strings.ReplaceAll(tagList, ",", "-")+"-"+shortHash(strings.TrimSpace(mod)))
+	dir := filepath.Join(cacheDir, "variants", filepath.Base(pkg)+"-"+strings.ReplaceAll(tagList, ",", "-")+"-"+shortHash(mod))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("build %s: %w", pkg, err)
 	}
@@ -122,7 +147,7 @@ func BuildVariant(ctx context.Context, cacheDir, pkg string, tags []string, logf
 	}
 	defer unlock()
 	bin := filepath.Join(dir, filepath.Base(pkg))
-	if err := runGo(ctx, "build", "-trimpath", "-tags", tagList, "-o", bin, pkg); err != nil {
+	if err := runGo(ctx, pkg, "build", "-trimpath", "-tags", tagList, "-o", bin); err != nil {
 		return "", err
 	}
 	return bin, nil

@@ -17,8 +17,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // call sends one request to the agent and decodes its answer into out

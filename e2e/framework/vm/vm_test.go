@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // TestSmoke boots a VM and checks the test bed end to end: IPVS tools,
@@ -32,7 +32,7 @@ func TestSmoke(t *testing.T) {
 
 	// nettest's own tests run inside the guest (they skip on the host).
 	nettestBin := filepath.Join(t.TempDir(), "nettest.test")
-	if err := vm.BuildTestBinary(ctx, "github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest", nettestBin); err != nil {
+	if err := vm.BuildTestBinary(ctx, "github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest", nettestBin); err != nil {
 		t.Fatal(err)
 	}
 

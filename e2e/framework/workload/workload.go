@@ -1,6 +1,6 @@
 // Package workload creates the benchmarks' Services: N Services, each with
 // one port and an EndpointSlice of two ready endpoints (or more), as the
-// bench in the VM (e2e/bench) and the host's memory bench (e2e/heapbench)
+// bench in the VM (e2e/cmd/bench) and the host's memory bench (e2e/cmd/heapbench)
 // both need.
 package workload
 

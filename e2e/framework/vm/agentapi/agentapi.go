@@ -1,5 +1,5 @@
 // Package agentapi is the wire format between the test VM's guest agent
-// (e2e/vmagent, running inside the VM) and its host-side client (package
+// (e2e/guest/vmagent, running inside the VM) and its host-side client (package
 // e2e/framework/vm). It holds plain JSON types and constants only, so that
 // both sides can import it without pulling in the other.
 //

@@ -13,11 +13,11 @@ import (
 // TestTreeTablesAreTheFiles: every generated table of e2e/README.md is
 // what docs/results gives, so that each figure there traces to a run.
 func TestTreeTablesAreTheFiles(t *testing.T) {
-	page, err := os.ReadFile("../README.md")
+	page, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables, err := render("../../docs/results")
+	tables, err := render("../../../docs/results")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestReplaceSections(t *testing.T) {
 // testlog is one the test-runs table lists, and none is the name of
 // another kind of record (the chaos rows, a conformance run, the bench).
 func TestMakefileSuitesAreTestRuns(t *testing.T) {
-	b, err := os.ReadFile("../../Makefile")
+	b, err := os.ReadFile("../../../Makefile")
 	if err != nil {
 		t.Fatal(err)
 	}

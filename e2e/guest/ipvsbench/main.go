@@ -1,4 +1,4 @@
-// Command ipvsbench runs inside the test VM for the benchmark (e2e/bench):
+// Command ipvsbench runs inside the test VM for the benchmark (e2e/cmd/bench):
 //
 //	ipvsbench floor FILE
 //	    creates the objects listed in FILE (JSON: [{"vip":"10.96.0.10","port":80,

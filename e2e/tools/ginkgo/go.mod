@@ -1,4 +1,4 @@
-module github.com/ipvs-proxy/ipvs-proxy/e2e/ginkgo
+module github.com/ipvs-proxy/ipvs-proxy/e2e/tools/ginkgo
 
 go 1.26.0
 

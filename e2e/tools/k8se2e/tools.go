@@ -5,7 +5,7 @@
 // ./netsuite), the kubectl it runs for exec, and the
 // commands of the agnhost and regression-issue-74839 test images, at the
 // version of the bed's other Kubernetes binaries. It is a module of its
-// own, apart from e2e/k8sbin, so that the suite's many test-only
+// own, apart from e2e/tools/k8sbin, so that the suite's many test-only
 // dependencies do not change the cache key of the control-plane binaries,
 // and the main module's ./... never sees it.
 package k8se2e

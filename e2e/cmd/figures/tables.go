@@ -148,7 +148,7 @@ func replaceSections(page string, tables map[string]string) (string, error) {
 	return out, nil
 }
 
-// benchShape is what the table reads of the bench's figures (e2e/bench's
+// benchShape is what the table reads of the bench's figures (e2e/cmd/bench's
 // sizeFigures: the printed table's cells).
 type benchShape struct {
 	Shape   string   `json:"shape"`

@@ -9,16 +9,19 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
 )
+
+// envInVM is agentapi.EnvInVM, which the guest agent sets to "1" for
+// everything it runs. (nettest is a module of its own, which the agent's
+// netlinkutil tests require, so it imports nothing of the bed's.)
+const envInVM = "IPVS_PROXY_IN_VM"
 
 // These tests change the network of the machine they run on, so they run
 // only inside the test VM (vm.TestSmoke builds and runs them there).
 func inVM(t *testing.T) {
 	t.Helper()
-	if os.Getenv(agentapi.EnvInVM) != "1" {
-		t.Skipf("runs only inside the test VM (%s=1); see e2e/framework/vm", agentapi.EnvInVM)
+	if os.Getenv(envInVM) != "1" {
+		t.Skipf("runs only inside the test VM (%s=1); see e2e/framework/vm", envInVM)
 	}
 }
 

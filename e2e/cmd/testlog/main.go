@@ -6,7 +6,7 @@
 // and none was skipped: the Makefile's suites choose their tests with
 // -run and -skip lists, never with t.Skip.
 //
-//	go test -json -run ... ./e2e/ | go run ./e2e/testlog -suite NAME -out bin/results
+//	cd e2e && go test -json -run ... . | go run ./cmd/testlog -suite NAME -out ../bin/results
 package main
 
 import (

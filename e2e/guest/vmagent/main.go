@@ -43,8 +43,8 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 const usage = `usage:

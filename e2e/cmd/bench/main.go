@@ -24,7 +24,7 @@
 //     compared line by line; for ipvs-proxy also the writes it counts.
 //
 // For ipvs-proxy it also compares its cold sync with a floor: the same
-// objects created with bare netlink calls one at a time (e2e/ipvsbench).
+// objects created with bare netlink calls one at a time (e2e/guest/ipvsbench).
 //
 // Absolute times are inflated by software emulation; compare ratios.
 package main
@@ -150,7 +150,7 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	b, err := bed.Start(ctx, assets, bed.Options{Log: logf, NoAgent: true, MemoryMB: 3072,
-		Packages:  []string{"github.com/ipvs-proxy/ipvs-proxy/e2e/ipvsbench"},
+		Packages:  []string{"github.com/ipvs-proxy/ipvs-proxy/e2e/guest/ipvsbench"},
 		AgentArgs: ipvsProxyArgs})
 	if err != nil {
 		return err

@@ -3,7 +3,7 @@
 // uses: the kubernetes plugin answers cluster.local from the apiserver,
 // cache, errors, health and ready serve the Deployment's probes. It has no
 // forward plugin: names outside the cluster's zones are refused, so no
-// query leaves the machine. A module of its own (like e2e/k8sbin), so
+// query leaves the machine. A module of its own (like e2e/tools/k8sbin), so
 // CoreDNS's dependencies stay out of the main module.
 package main
 

@@ -1,4 +1,4 @@
-module github.com/ipvs-proxy/ipvs-proxy/e2e/coredns
+module github.com/ipvs-proxy/ipvs-proxy/e2e/tools/coredns
 
 go 1.26.0
 

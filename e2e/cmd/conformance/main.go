@@ -1,13 +1,15 @@
 // Command conformance runs Kubernetes' own end-to-end tests of Services
 // (e2e.test v1.36.3, built from Go modules and cached) against a running
-// cluster and writes a JUnit report and a summary table:
+// cluster and writes a JUnit report and a summary table. It runs at the
+// repository's root (it reads deploy/ and writes bin/), as the Makefile's
+// E2E_CMD runs it: go -C e2e run -exec 'env -C ..' ./cmd/conformance ARGS.
 //
-//	go run ./e2e/conformance [--proxy ipvs-proxy] [--conformance-only]    # starts the bed's one-node cluster
-//	go run ./e2e/conformance --kubeconfig KUBECONFIG [--proxy ipvs-proxy|kube-proxy] [--conformance-only]
-//	go run ./e2e/conformance --list                # the focus, what is skipped and why
-//	go run ./e2e/conformance --images              # build the test images (OCI archives)
-//	go run ./e2e/conformance --bare-control-plane  # the host control plane, no node
-//	go run ./e2e/conformance --nodes 2 --compare 'ipvs-proxy=DIR,DIR' --compare 'kube-proxy=DIR'  # a table of runs' reports
+//	conformance [--proxy ipvs-proxy] [--conformance-only]    # starts the bed's one-node cluster
+//	conformance --kubeconfig KUBECONFIG [--proxy ipvs-proxy|kube-proxy] [--conformance-only]
+//	conformance --list                # the focus, what is skipped and why
+//	conformance --images              # build the test images (OCI archives)
+//	conformance --bare-control-plane  # the host control plane, no node
+//	conformance --nodes 2 --compare 'ipvs-proxy=DIR,DIR' --compare 'kube-proxy=DIR'  # a table of runs' reports
 //
 // The focus is the Services tests of sig-network plus EndpointSlice,
 // Networking Granular Checks: Services, Conntrack and KubeProxy; the skip
