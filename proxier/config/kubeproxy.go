@@ -38,30 +38,13 @@ func kubeProxyAPI() (strictAPI, error) {
 	return newStrictAPI(kubeProxyKind, kubeProxyType, kubeproxyconfig.AddToScheme)
 }
 
-// decodeKubeProxyConfig decodes a config file that has an apiVersion or a
-// kind (data, and j, the same as JSON): it must be a KubeProxyConfiguration.
+// decodeKubeProxyConfig decodes a KubeProxyConfiguration (data, and j, the
+// same as JSON).
 func decodeKubeProxyConfig(data, j []byte) (configFile, error) {
 	cf := configFile{kind: kubeProxyKind, opts: DefaultOptions(), field: map[string]string{}}
-	var tm metav1.TypeMeta
-	if err := json.Unmarshal(j, &tm); err != nil {
-		return cf, fmt.Errorf("apiVersion and kind must be strings: %w", err)
-	}
-	want := kubeproxyconfig.SchemeGroupVersion.WithKind(kubeProxyKind)
-	if tm.GroupVersionKind() != want {
-		return cf, fmt.Errorf("apiVersion %q, kind %q is not a configuration ipvs-proxy reads: that is kind %s, apiVersion %s, or ipvs-proxy's own options, without apiVersion and kind",
-			tm.APIVersion, tm.Kind, want.Kind, want.GroupVersion())
-	}
-	api, err := kubeProxyAPI()
+	kp, leaves, err := decodeStrict[*kubeproxyconfig.KubeProxyConfiguration](kubeProxyAPI, data, j)
 	if err != nil {
 		return cf, err
-	}
-	obj, leaves, err := api.decode(data, j, nil)
-	if err != nil {
-		return cf, err
-	}
-	kp, ok := obj.(*kubeproxyconfig.KubeProxyConfiguration)
-	if !ok {
-		return cf, fmt.Errorf("decoded a %T, not a %s", obj, kubeProxyKind)
 	}
 	cf.fromKubeProxy(kp, leaves)
 	return cf, nil

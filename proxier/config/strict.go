@@ -25,6 +25,9 @@ type strictAPI struct {
 	kind string       // the type's kind, for messages
 	typ  reflect.Type // the Go type, a struct
 	dec  runtime.Decoder
+	// moved maps a top-level field that is unknown to where the type
+	// has it (the flat options' keys in an IPVSProxyConfiguration).
+	moved map[string]string
 }
 
 // newStrictAPI is the strict decoder of the types that add registers, of
@@ -64,19 +67,28 @@ func jsonLeaves(prefix string, v any, out []jsonLeaf) []jsonLeaf {
 
 var unknownFieldError = regexp.MustCompile(`^unknown field "(.+)"$`)
 
-// decode decodes data (and j, the same as JSON) into into (nil: a new
-// object), and lists the leaves of the file.
-func (a strictAPI) decode(data, j []byte, into runtime.Object) (runtime.Object, []jsonLeaf, error) {
+// decodeStrict decodes data (and j, the same as JSON) into a T with the
+// API that newAPI builds, and lists the leaves of the file.
+func decodeStrict[T runtime.Object](newAPI func() (strictAPI, error), data, j []byte) (T, []jsonLeaf, error) {
+	var zero T
+	a, err := newAPI()
+	if err != nil {
+		return zero, nil, err
+	}
 	var tree map[string]any
 	if err := json.Unmarshal(j, &tree); err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", a.kind, err)
+		return zero, nil, fmt.Errorf("read %s: %w", a.kind, err)
 	}
 	leaves := jsonLeaves("", tree, nil)
-	obj, _, err := a.dec.Decode(data, nil, into)
+	obj, _, err := a.dec.Decode(data, nil, nil)
 	if err != nil {
-		return nil, nil, a.decodeError(err, leaves)
+		return zero, nil, a.decodeError(err, leaves)
 	}
-	return obj, leaves, nil
+	t, ok := obj.(T)
+	if !ok {
+		return zero, nil, fmt.Errorf("decoded a %T, not a %s", obj, a.kind)
+	}
+	return t, leaves, nil
 }
 
 // decodeError turns an error of the decoder into one that names
@@ -133,6 +145,9 @@ func (a strictAPI) describeUnknownField(err error) error {
 	if match == nil {
 		return err
 	}
+	if to, ok := a.moved[match[1]]; ok {
+		return fmt.Errorf("unknown field %q (%s has it at %q)", match[1], a.kind, to)
+	}
 	parent, name, prefix := "", match[1], ""
 	if i := strings.LastIndex(name, "."); i >= 0 {
 		parent, name, prefix = name[:i], name[i+1:], name[:i+1]
@@ -171,9 +186,13 @@ func (a strictAPI) valueErrors(leaves []jsonLeaf) (errs []error, good []jsonLeaf
 			continue
 		}
 		raw, _ := json.Marshal(l.value)
-		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) {
+		te := (*json.UnmarshalTypeError)(nil)
+		switch {
+		case errors.As(err, &te) && jsonKind(raw) == "a number" && describeType(t) == "an integer":
+			errs = append(errs, fmt.Errorf("%s: %s is not an integer that fits in %s", l.path, raw, t))
+		case te != nil:
 			errs = append(errs, fmt.Errorf("%s: want %s, got %s", l.path, describeType(t), jsonKind(raw)))
-		} else {
+		default:
 			errs = append(errs, fmt.Errorf("%s: %s is not %s", l.path, raw, describeType(t)))
 		}
 	}
