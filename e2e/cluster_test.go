@@ -74,7 +74,7 @@ func oneNodeCluster(t *testing.T) *cluster.Cluster {
 			return
 		}
 		logf("cluster: TIMING node Ready: %s", c.NodeReady.Round(time.Millisecond))
-		if err := c.DeployIPVSProxyChart(ctx, chartDir, map[string]any{"config": map[string]any{"scheduler": "wrr"}}); err != nil {
+		if err := c.DeployIPVSProxyChart(ctx, chartDir, map[string]any{"config": map[string]any{"ipvs": map[string]any{"scheduler": "wrr"}}}); err != nil {
 			c.Close()
 			oneNode.err = err
 			return

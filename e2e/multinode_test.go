@@ -280,7 +280,7 @@ func TestTwoNodes(t *testing.T) {
 	restartAgentsWithConfig(ctx, t, c,
 		"strictARP: false", "strictARP: true",
 		"detectLocalMode: ClusterCIDR", "detectLocalMode: BridgeInterface",
-		`podBridgeInterface: ""`, "podBridgeInterface: cni0")
+		`bridgeInterface: ""`, "bridgeInterface: cni0")
 	t.Run("pod to a Local Service's external addresses on the other node", func(t *testing.T) {
 		for _, addr := range []string{twoNodeExternalIP + ":80", twoNodeLBIP + ":80"} {
 			hit := podHit(ctx, t, c, ns, "client", addr, 2)

@@ -88,6 +88,9 @@ func noCrash(t *testing.T, what, out string) {
 	}
 }
 
+// versionedConfig heads an IPVSProxyConfiguration, the config file's form.
+const versionedConfig = "apiVersion: config.ipvs-proxy.io/v1alpha1\nkind: IPVSProxyConfiguration\n"
+
 // TestPreflightInVM: against the VM's Debian kernel, preflight passes:
 // exit 0, every check OK or WARN, every scheduler's module OK with
 // --all-schedulers; a Service's scheduler annotation adds its scheduler;
@@ -192,7 +195,7 @@ func TestPreflightInVM(t *testing.T) {
 
 	// A config file sets the options; a flag on the command line wins.
 	const cfgFile = "/etc/ipvs-proxy/test-config.yaml"
-	if err := e.VM.WriteFile(ctx, cfgFile, []byte("scheduler: wlc\nstrictARP: true\niptablesBackend: auto\n"), 0o644); err != nil {
+	if err := e.VM.WriteFile(ctx, cfgFile, []byte(versionedConfig+"ipvs: {scheduler: wlc, strictARP: true}\niptables: {backend: auto}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, err = e.VM.RunOK(ctx, bed.GuestBinary, "preflight", "--config", cfgFile, "--output", "json")
@@ -218,7 +221,7 @@ func TestPreflightInVM(t *testing.T) {
 	}
 
 	const badFile = "/etc/ipvs-proxy/bad-config.yaml"
-	if err := e.VM.WriteFile(ctx, badFile, []byte("schedular: wlc\nsyncPeriod: soon\n"), 0o644); err != nil {
+	if err := e.VM.WriteFile(ctx, badFile, []byte(versionedConfig+"ipvs: {schedular: wlc, syncPeriod: soon}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	res, err = e.VM.Run(ctx, bed.GuestBinary, "preflight", "--config", badFile)
@@ -227,9 +230,9 @@ func TestPreflightInVM(t *testing.T) {
 	}
 	t.Logf("a bad config file (exit %d): %s", res.ExitCode, res.Stderr)
 	noCrash(t, "preflight --config bad", res.Stdout+res.Stderr)
-	if res.ExitCode == 0 || !strings.Contains(res.Stderr, badFile) || !strings.Contains(res.Stderr, `unknown field "schedular"`) ||
-		!strings.Contains(res.Stderr, "syncPeriod") {
-		t.Errorf("a bad config file: exit %d, stderr %q; want a failure naming the file, schedular and syncPeriod", res.ExitCode, res.Stderr)
+	if res.ExitCode == 0 || !strings.Contains(res.Stderr, badFile) || !strings.Contains(res.Stderr, `unknown field "ipvs.schedular"`) ||
+		!strings.Contains(res.Stderr, "ipvs.syncPeriod") {
+		t.Errorf("a bad config file: exit %d, stderr %q; want a failure naming the file, ipvs.schedular and ipvs.syncPeriod", res.ExitCode, res.Stderr)
 	}
 }
 

@@ -43,16 +43,19 @@ func TestDeployConfigMap(t *testing.T) {
 		t.Fatalf("ConfigMap keys %v, want config.yaml and kubeconfig.conf", slices.Sorted(maps.Keys(cm.Data)))
 	}
 
-	// Every option is spelled out, under its json name.
-	var keys map[string]any
-	if err := yaml.Unmarshal([]byte(cfgYAML), &keys); err != nil {
+	// An IPVSProxyConfiguration that spells out every option, at its path.
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(cfgYAML), &doc); err != nil {
 		t.Fatal(err)
+	}
+	if doc["apiVersion"] != "config.ipvs-proxy.io/v1alpha1" || doc["kind"] != "IPVSProxyConfiguration" {
+		t.Errorf("config.yaml is apiVersion %v, kind %v; want an IPVSProxyConfiguration", doc["apiVersion"], doc["kind"])
 	}
 	typ := reflect.TypeOf(config.Options{})
 	for i := range typ.NumField() {
-		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
-		if _, ok := keys[name]; !ok && name != "hostnameOverride" {
-			t.Errorf("config.yaml does not list option %q", name)
+		path := typ.Field(i).Tag.Get("versioned")
+		if !hasPath(doc, path) && path != "hostnameOverride" {
+			t.Errorf("config.yaml does not set %q (option %s)", path, typ.Field(i).Name)
 		}
 	}
 
@@ -67,9 +70,12 @@ func TestDeployConfigMap(t *testing.T) {
 	if err := cmd.Flags().Parse([]string{"--config", path, "--hostname-override", "node-1"}); err != nil {
 		t.Fatal(err)
 	}
-	o, _, err := of.Resolve()
+	o, warn, err := of.Resolve()
 	if err != nil {
 		t.Fatalf("the ConfigMap's config.yaml: %v", err)
+	}
+	if warn != nil {
+		t.Errorf("the ConfigMap's config.yaml: warning %s", warn)
 	}
 	want := config.DefaultOptions()
 	want.Kubeconfig = "/etc/ipvs-proxy/kubeconfig.conf"
@@ -95,6 +101,21 @@ func TestDeployConfigMap(t *testing.T) {
 	if tf := kc.AuthInfos[ctx.AuthInfo].TokenFile; tf != "/var/run/secrets/kubernetes.io/serviceaccount/token" {
 		t.Errorf("kubeconfig.conf token file %q, want the pod's service account token", tf)
 	}
+}
+
+// hasPath tells whether the YAML document doc has a value at the dotted
+// path ("ipvs.scheduler").
+func hasPath(doc map[string]any, path string) bool {
+	parts := strings.Split(path, ".")
+	for _, p := range parts[:len(parts)-1] {
+		next, ok := doc[p].(map[string]any)
+		if !ok {
+			return false
+		}
+		doc = next
+	}
+	_, ok := doc[parts[len(parts)-1]]
+	return ok
 }
 
 // TestDeployDaemonSet checks what the issue asks of the DaemonSet, and

@@ -24,7 +24,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCommand(), newPreflightCommand(), newStatusCommand(), newCleanupCommand(), newVersionCommand())
+	root.AddCommand(newRunCommand(), newPreflightCommand(), newStatusCommand(), newCleanupCommand(), newConfigCommand(), newVersionCommand())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "ipvs-proxy:", err)
 		os.Exit(1)

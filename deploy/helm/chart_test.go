@@ -186,10 +186,12 @@ func TestValues(t *testing.T) {
 		vals string
 		want map[string]any
 	}{
-		{"scheduler", `config: {scheduler: wlc, schedulerFlags: ""}`, map[string]any{
-			cm + "config.yaml.scheduler": "wlc"}},
-		{"strict ARP", `config: {strictARP: true}`, map[string]any{
-			cm + "config.yaml.strictARP": true}},
+		{"scheduler", `config: {ipvs: {scheduler: wlc, schedulerFlags: ""}}`, map[string]any{
+			cm + "config.yaml.ipvs.scheduler": "wlc"}},
+		{"strict ARP", `config: {ipvs: {strictARP: true}}`, map[string]any{
+			cm + "config.yaml.ipvs.strictARP": true}},
+		{"conntrack", `config: {conntrack: {maxPerCore: 0}}`, map[string]any{
+			cm + "config.yaml.conntrack.maxPerCore": float64(0)}},
 		{"cluster CIDRs", `config: {clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/56"]}`, map[string]any{
 			cm + "config.yaml.clusterCIDRs":    nil,
 			cm + "config.yaml.clusterCIDRs[0]": "10.244.0.0/16",
@@ -285,12 +287,14 @@ func TestNamespace(t *testing.T) {
 // names it, not an agent that fails on the node.
 func TestBadValues(t *testing.T) {
 	for _, tc := range []struct{ vals, want string }{
-		{`config: {strictArp: true}`, "strictArp"},
-		{`config: {syncPeriod: 30}`, "syncPeriod"},
+		{`config: {ipvs: {strictArp: true}}`, "strictArp"},
+		{`config: {strictARP: true}`, "strictARP"},
+		{`config: {ipvs: {syncPeriod: 30}}`, "syncPeriod"},
+		{`config: {clientConnection: {kubeconfig: /x}}`, "clientConnection"},
 		{`config: {clusterCIDRs: 10.244.0.0/16}`, "clusterCIDRs"},
 		{`config: {healthzBindAddress: "127.0.0.1:10256"}`, "the kubelet probes"},
 		{`config: {metricsBindAddress: "0.0.0.0"}`, "metricsBindAddress"},
-		{`config: {logFormat: text}`, "logFormat"},
+		{`config: {logging: {format: text}}`, "format"},
 		{`toleration: []`, "toleration"},
 		{`apiServer: ""`, "apiServer"},
 	} {
@@ -325,14 +329,12 @@ func TestNotes(t *testing.T) {
 }
 
 // TestSchemaNamesEveryConfigKey: values.schema.json, which refuses unknown
-// config keys, knows every key of values.yaml's config (and so, by
-// TestDefaultRenderingIsDeploy, of deploy/'s config.yaml).
+// config keys, knows every key of values.yaml's config, in its group (and
+// so, by TestDefaultRenderingIsDeploy, of deploy/'s config.yaml).
 func TestSchemaNamesEveryConfigKey(t *testing.T) {
 	var schema struct {
 		Properties struct {
-			Config struct {
-				Properties map[string]any `json:"properties"`
-			} `json:"config"`
+			Config schemaObject `json:"config"`
 		} `json:"properties"`
 	}
 	var values struct {
@@ -347,8 +349,43 @@ func TestSchemaNamesEveryConfigKey(t *testing.T) {
 			t.Fatalf("%s: %v", f, err)
 		}
 	}
-	got, want := slices.Sorted(maps.Keys(schema.Properties.Config.Properties)), slices.Sorted(maps.Keys(values.Config))
+	got, want := schema.Properties.Config.paths(""), configPaths("", values.Config)
+	slices.Sort(want)
+	slices.Sort(got)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the schema's config keys differ from values.yaml's (-values +schema):\n%s", diff)
 	}
+}
+
+// schemaObject is an object of a JSON schema, with its properties.
+type schemaObject struct {
+	Type       string                  `json:"type"`
+	Properties map[string]schemaObject `json:"properties"`
+}
+
+// paths lists the dotted paths of o's leaf properties, under prefix.
+func (o schemaObject) paths(prefix string) []string {
+	var out []string
+	for name, p := range o.Properties {
+		if p.Type == "object" && len(p.Properties) > 0 {
+			out = append(out, p.paths(prefix+name+".")...)
+		} else {
+			out = append(out, prefix+name)
+		}
+	}
+	return out
+}
+
+// configPaths lists the dotted paths of the values in config that are no
+// mapping, under prefix.
+func configPaths(prefix string, config map[string]any) []string {
+	var out []string
+	for name, v := range config {
+		if m, ok := v.(map[string]any); ok {
+			out = append(out, configPaths(prefix+name+".", m)...)
+		} else {
+			out = append(out, prefix+name)
+		}
+	}
+	return out
 }

@@ -17,19 +17,26 @@ import (
 
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/config/v1alpha1"
 )
 
-// The config file (--config) is YAML whose keys are the json names of the
-// options' fields (kubeconfig, scheduler, syncPeriod, ...): the same
-// settings as the flags. Values start from the defaults, the file
-// overrides them, and flags given on the command line override the file.
-// This format has no apiVersion and kind; it is decoded here field by
-// field, so that an error says what a value must look like and a list may
-// be one comma-separated string, as on the command line. A file with an
-// apiVersion and kind is kube-proxy's KubeProxyConfiguration (kubeproxy.go).
+// The config file (--config) is YAML with the same settings as the flags.
+// Values start from the defaults, the file overrides them, and flags given
+// on the command line override the file. The file is one of:
+//
+//   - ipvs-proxy's IPVSProxyConfiguration (config.ipvs-proxy.io/v1alpha1,
+//     versioned.go): the options in kube-proxy's groups;
+//   - kube-proxy's KubeProxyConfiguration (kubeproxy.go), translated;
+//   - deprecated: ipvs-proxy's flat options, with no apiVersion and kind,
+//     keyed by the json names of the options' fields (kubeconfig,
+//     scheduler, syncPeriod, ...). It is decoded here field by field, so
+//     that an error says what a value must look like and a list may be one
+//     comma-separated string, as on the command line; it loads with one
+//     warning that names the versioned form (Convert writes it).
 
 // Flags binds the options to a command's flags, with --config.
 type Flags struct {
@@ -42,7 +49,7 @@ type Flags struct {
 func NewFlags(fs *pflag.FlagSet) *Flags {
 	of := &Flags{opts: DefaultOptions(), fs: fs}
 	of.opts.addFlags(fs)
-	fs.StringVar(&of.configFile, "config", "", "YAML file of options, keyed by their camelCase names (e.g. syncPeriod: 30s), or kube-proxy's KubeProxyConfiguration; flags on the command line override it.")
+	fs.StringVar(&of.configFile, "config", "", "YAML file of options: an IPVSProxyConfiguration (apiVersion "+v1alpha1.GroupVersion().String()+"), kube-proxy's KubeProxyConfiguration, or (deprecated) the options keyed by their camelCase names; flags on the command line override it.")
 	return of
 }
 
@@ -75,8 +82,8 @@ func (of *Flags) Resolve() (*Options, *Warning, error) {
 		return nil, nil, fmt.Errorf("%w (options from the command line and config file %s)", err, of.configFile)
 	}
 	var warn *Warning
-	if len(cf.ignored) > 0 {
-		warn = &Warning{File: of.configFile, Kind: cf.kind, Ignored: cf.ignored}
+	if len(cf.ignored) > 0 || cf.deprecated != "" {
+		warn = &Warning{File: of.configFile, Kind: cf.kind, Ignored: cf.ignored, Deprecated: cf.deprecated}
 	}
 	return &o, warn, nil
 }
@@ -100,7 +107,7 @@ func (of *Flags) ResolveReport(output string) (*Options, agent.Config, *Warning,
 
 // configFile is what a config file sets.
 type configFile struct {
-	kind string   // KubeProxyConfiguration, or "" for ipvs-proxy's own options
+	kind string   // IPVSProxyConfiguration, KubeProxyConfiguration, or "" for the flat options
 	opts Options  // the defaults, overridden by the file
 	keys []string // the options the file sets, by json name
 	// field names an option as the file spells it where that differs from
@@ -109,31 +116,71 @@ type configFile struct {
 	// ignored are the settings the file sets that ipvs-proxy does not
 	// apply, as "path: value".
 	ignored []string
+	// deprecated says what replaces the file's form, when it is
+	// deprecated.
+	deprecated string
 }
 
 // Warning is the one warning about a config file: the settings it
-// sets that ipvs-proxy does not apply.
+// sets that ipvs-proxy does not apply, or that its form is deprecated.
 type Warning struct {
 	File    string
-	Kind    string
+	Kind    string // "" for the flat options
 	Ignored []string
+	// Deprecated says what replaces the file's form; "" when it is not
+	// deprecated.
+	Deprecated string
 }
 
 // String is the warning as one line.
 func (w *Warning) String() string {
-	return fmt.Sprintf("config file %s (%s): ipvs-proxy ignores %d setting(s) it does not support: %s",
-		w.File, w.Kind, len(w.Ignored), strings.Join(w.Ignored, "; "))
+	var parts []string
+	if w.Deprecated != "" {
+		parts = append(parts, w.Deprecated)
+	}
+	if len(w.Ignored) > 0 {
+		parts = append(parts, fmt.Sprintf("ipvs-proxy ignores %d setting(s) it does not support: %s",
+			len(w.Ignored), strings.Join(w.Ignored, "; ")))
+	}
+	file := "config file " + w.File
+	if w.Kind != "" {
+		file += " (" + w.Kind + ")"
+	}
+	return file + ": " + strings.Join(parts, "; ")
 }
 
-// readConfigFile reads and decodes the config file at path.
-func readConfigFile(path string) (configFile, error) {
+// Remedy says what to do about the warning.
+func (w *Warning) Remedy() string {
+	if w.Deprecated != "" {
+		return "convert the file: ipvs-proxy config convert --config " + w.File
+	}
+	return "ipvs-proxy has no equivalent of these settings: drop them, or accept that they have no effect"
+}
+
+// flatDeprecation is the warning about a flat options file.
+func flatDeprecation() string {
+	return fmt.Sprintf("ipvs-proxy's flat options (no apiVersion and kind) are deprecated: write apiVersion: %s, kind: %s, with the options in their groups (ipvs-proxy config convert prints the file so)",
+		v1alpha1.GroupVersion(), v1alpha1.Kind)
+}
+
+// readFile reads the config file at path.
+func readFile(path string) ([]byte, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return configFile{}, fmt.Errorf("config file %s: %w", path, err)
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return data, nil
+}
+
+// readConfigFile reads and decodes the config file at path.
+func readConfigFile(path string) (configFile, error) {
+	data, err := readFile(path)
+	if err != nil {
+		return configFile{}, err
 	}
 	cf, err := decodeConfigFile(data)
 	if err != nil {
@@ -142,9 +189,10 @@ func readConfigFile(path string) (configFile, error) {
 	return cf, nil
 }
 
-// decodeConfigFile decodes a config file: ipvs-proxy's own options, or,
-// when it has an apiVersion or a kind, kube-proxy's KubeProxyConfiguration.
-// YAML that is not valid or has a duplicate key is an error in both.
+// decodeConfigFile decodes a config file: by its apiVersion and kind, an
+// IPVSProxyConfiguration or kube-proxy's KubeProxyConfiguration; without
+// them, the flat options. YAML that is not valid or has a duplicate key is
+// an error in all.
 func decodeConfigFile(data []byte) (configFile, error) {
 	cf := configFile{opts: DefaultOptions()}
 	j, err := yaml.YAMLToJSONStrict(data)
@@ -161,11 +209,32 @@ func decodeConfigFile(data []byte) (configFile, error) {
 	}
 	_, hasVersion := m["apiVersion"]
 	_, hasKind := m["kind"]
-	if hasVersion || hasKind {
+	if !hasVersion && !hasKind {
+		cf.keys, err = decodeOptions(m, &cf.opts)
+		if len(cf.keys) > 0 {
+			cf.deprecated = flatDeprecation()
+		}
+		return cf, err
+	}
+	return decodeTyped(data, j)
+}
+
+// decodeTyped decodes a config file that has an apiVersion or a kind (data,
+// and j, the same as JSON) by them.
+func decodeTyped(data, j []byte) (configFile, error) {
+	var tm metav1.TypeMeta
+	if err := json.Unmarshal(j, &tm); err != nil {
+		return configFile{}, fmt.Errorf("apiVersion and kind must be strings: %w", err)
+	}
+	kubeProxy := kubeproxyconfig.SchemeGroupVersion.WithKind(kubeProxyKind)
+	switch tm.GroupVersionKind() {
+	case v1alpha1.GroupVersionKind():
+		return decodeVersioned(data, j)
+	case kubeProxy:
 		return decodeKubeProxyConfig(data, j)
 	}
-	cf.keys, err = decodeOptions(m, &cf.opts)
-	return cf, err
+	return configFile{}, fmt.Errorf("apiVersion %q, kind %q is not a configuration ipvs-proxy reads: that is kind %s, apiVersion %s, or ipvs-proxy's own options, without apiVersion and kind (deprecated) or of kind %s, apiVersion %s",
+		tm.APIVersion, tm.Kind, kubeProxy.Kind, kubeProxy.GroupVersion(), v1alpha1.Kind, v1alpha1.GroupVersion())
 }
 
 // replayFlags sets on o every option flag that was set on fs.
@@ -195,10 +264,12 @@ func replayFlags(fs *pflag.FlagSet, o *Options) error {
 
 // configField is one option as the config file names it.
 type configField struct {
-	index int // in options
+	index int    // in options
+	path  string // in an IPVSProxyConfiguration, dotted
 }
 
-// configFields lists the options' fields by their json names.
+// configFields lists the options' fields by their json names (their keys
+// in the flat file).
 func configFields() map[string]configField {
 	t := reflect.TypeOf(Options{})
 	out := map[string]configField{}
@@ -208,7 +279,7 @@ func configFields() map[string]configField {
 		if name == "" || name == "-" || !f.IsExported() {
 			continue
 		}
-		out[name] = configField{index: i}
+		out[name] = configField{index: i, path: f.Tag.Get("versioned")}
 	}
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +17,8 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/config/v1alpha1"
 )
 
 // configFuzzSeeds are config files for both fuzz tests.
@@ -35,12 +38,23 @@ var configFuzzSeeds = []string{
 	"base: &b {scheduler: rr}\n<<: *b\n",
 	"hostnameOverride: \"n\\x7f\\u0085\\t\\u2028\\U0001F600\\0\"\nkubeconfig: \"\\xff\"\ninterface: \" eth0\"\n",
 	"{\"scheduler\": \"wlc\", \"ipFamilies\": [\"IPv4\", null], \"syncPeriod\": \" 1h \", \"tcpTimeout\": \"0\"}",
+	// IPVSProxyConfiguration
+	"apiVersion: config.ipvs-proxy.io/v1alpha1\nkind: IPVSProxyConfiguration\n",
+	"apiVersion: config.ipvs-proxy.io/v1alpha1\nkind: IPVSProxyConfiguration\nclientConnection: {kubeconfig: /etc/ipvs-proxy/kubeconfig}\n" +
+		"ipvs:\n  scheduler: sh\n  schedulerFlags: sh-port\n  syncPeriod: 1m\n  excludeCIDRs: [10.1.0.0/16]\n" +
+		"conntrack: {maxPerCore: 0, min: 1000, tcpBeLiberal: true}\nlogging: {level: debug, format: console}\nipFamilies: [IPv4]\n",
+	"apiVersion: config.ipvs-proxy.io/v1alpha1\nkind: IPVSProxyConfiguration\nipvs: null\ndetectLocal: {}\niptables: {backend: null}\n",
+	"apiVersion: config.ipvs-proxy.io/v1alpha1\nkind: IPVSProxyConfiguration\nscheduler: rr\nipvs: {schedular: rr, syncPeriod: 30}\nconntrack: {min: 99999999999}\n",
+	"{\"apiVersion\": \"config.ipvs-proxy.io/v1alpha1\", \"kind\": \"IPVSProxyConfiguration\", \"hostnameOverride\": \"n\\u0085\", \"ipvs\": {\"interface\": \"eth0\"}}",
+	"apiVersion: config.ipvs-proxy.io/v1beta1\nkind: IPVSProxyConfiguration\n",
 }
 
 // FuzzConfigFile: whatever the config file holds, decoding does not panic;
 // the options resolve to an error that names the file or to options that
-// validate and are what decodeConfigFile read; and options that decode, written
-// back as YAML under their json names, decode to the same options.
+// validate and are what decodeConfigFile read; and options that decode,
+// written back as YAML under their json names and as an
+// IPVSProxyConfiguration, decode to the same options, and a flat file
+// converts to an IPVSProxyConfiguration of the same options.
 func FuzzConfigFile(f *testing.F) {
 	for _, s := range configFuzzSeeds {
 		f.Add([]byte(s))
@@ -58,7 +72,7 @@ func FuzzConfigFile(f *testing.F) {
 		if err := fs.Parse([]string{"--config", path}); err != nil {
 			t.Fatal(err)
 		}
-		resolved, _, err := of.Resolve()
+		resolved, warn, err := of.Resolve()
 		switch {
 		case err != nil:
 			// No flag was given: the file alone is to blame, by its name.
@@ -73,6 +87,10 @@ func FuzzConfigFile(f *testing.F) {
 			if err := resolved.validate(); err != nil {
 				t.Fatalf("resolved options do not validate: %v", err)
 			}
+			// One deprecation warning, for a flat file that sets options.
+			if deprecated := warn != nil && warn.Deprecated != ""; deprecated != (cf.kind == "" && len(keys) > 0) {
+				t.Fatalf("file of kind %q with %d options: warning %v", cf.kind, len(keys), warn)
+			}
 		}
 		if decodeErr != nil {
 			return
@@ -86,6 +104,9 @@ func FuzzConfigFile(f *testing.F) {
 			if _, ok := fields[k]; !ok {
 				t.Fatalf("decoded an unknown key %q", k)
 			}
+			if cf.kind == v1alpha1.Kind && cf.field[k] != fields[k].path {
+				t.Fatalf("option %s set by %q, not by its path %s", k, cf.field[k], fields[k].path)
+			}
 		}
 
 		// Written back as JSON (flow YAML) and as block YAML. A file may
@@ -95,29 +116,74 @@ func FuzzConfigFile(f *testing.F) {
 		// turns NEL (U+0085) into a line break. So the JSON escapes them,
 		// and block YAML is checked only without them.
 		m := configAsMap(decoded)
-		asJSON, err := json.Marshal(m)
+		checkWrittenBack(t, decoded, "", m, func() ([]byte, error) { return yaml.Marshal(m) })
+		if !fitsVersioned(decoded) {
+			return
+		}
+		all := slices.Sorted(maps.Keys(fields))
+		doc := versionedDoc(decoded, all)
+		doc["apiVersion"], doc["kind"] = v1alpha1.GroupVersion().String(), v1alpha1.Kind
+		checkWrittenBack(t, decoded, v1alpha1.Kind, doc, func() ([]byte, error) { return versionedYAML(decoded, all) })
+
+		if cf.kind != "" || strings.ContainsFunc(fmt.Sprint(decoded), isC1) {
+			return
+		}
+		conv, err := Convert(data)
+		if err != nil {
+			t.Fatalf("a flat file that decodes does not convert: %v", err)
+		}
+		back, err := decodeConfigFile(conv)
+		if err != nil || back.kind != v1alpha1.Kind || !slices.Equal(back.keys, keys) {
+			t.Fatalf("converted: kind %q, keys %q, want %q; %v\n%s", back.kind, back.keys, keys, err, conv)
+		}
+		if diff := cmp.Diff(decoded, back.opts, cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("converted, the options differ (-flat +versioned):\n%s\n%s", diff, conv)
+		}
+	})
+}
+
+// checkWrittenBack checks that doc, the options want as a file of kind
+// kind ("" for the flat options), decodes to want when written as JSON,
+// and as block YAML (by asYAML) when it holds no control character U+007F
+// to U+009F.
+func checkWrittenBack(t *testing.T, want Options, kind string, doc map[string]any, asYAML func() ([]byte, error)) {
+	t.Helper()
+	asJSON, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := [][]byte{escapeC1(asJSON)}
+	if !bytes.ContainsFunc(asJSON, isC1) {
+		out, err := asYAML()
 		if err != nil {
 			t.Fatal(err)
 		}
-		outs := [][]byte{escapeC1(asJSON)}
-		if !bytes.ContainsFunc(asJSON, isC1) {
-			asYAML, err := yaml.Marshal(m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			outs = append(outs, asYAML)
+		outs = append(outs, out)
+	}
+	for _, out := range outs {
+		back, err := decodeConfigFile(out)
+		if err != nil {
+			t.Fatalf("options written back do not decode: %v\n%s", err, out)
 		}
-		for _, out := range outs {
-			back, err := decodeConfigFile(out)
-			again := back.opts
-			if err != nil {
-				t.Fatalf("options written back do not decode: %v\n%s", err, out)
-			}
-			if diff := cmp.Diff(decoded, again, cmpopts.EquateEmpty()); diff != "" {
-				t.Fatalf("options written back decode differently (-first +again):\n%s\n%s", diff, out)
-			}
+		if back.kind != kind {
+			t.Fatalf("options written back as kind %q decode as kind %q", kind, back.kind)
 		}
-	})
+		if diff := cmp.Diff(want, back.opts, cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("options written back decode differently (-first +again):\n%s\n%s", diff, out)
+		}
+	}
+}
+
+// fitsVersioned tells whether o's integers fit in the int32 fields of an
+// IPVSProxyConfiguration (the flat file's are ints).
+func fitsVersioned(o Options) bool {
+	v := reflect.ValueOf(o)
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.Int && f.Int() != int64(int32(f.Int())) {
+			return false
+		}
+	}
+	return true
 }
 
 func isC1(r rune) bool { return r >= 0x7f && r <= 0x9f }
@@ -142,15 +208,7 @@ func configAsMap(o Options) map[string]any {
 	v := reflect.ValueOf(o)
 	out := map[string]any{}
 	for name, f := range configFields() {
-		fv := v.Field(f.index)
-		switch {
-		case fv.Type() == durationType:
-			out[name] = fv.Interface().(interface{ String() string }).String()
-		case fv.Kind() == reflect.Slice && fv.IsNil():
-			out[name] = []string{}
-		default:
-			out[name] = fv.Interface()
-		}
+		out[name] = optionValue(v.Field(f.index))
 	}
 	return out
 }

@@ -2,19 +2,14 @@ package config
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"reflect"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
 )
 
@@ -38,45 +33,18 @@ const kubeProxyKind = "KubeProxyConfiguration"
 
 var kubeProxyType = reflect.TypeOf(kubeproxyconfig.KubeProxyConfiguration{})
 
-// kubeProxyDecoder decodes kube-proxy's config API strictly (unknown and
-// duplicate fields are errors), without conversion or defaulting.
-func kubeProxyDecoder() (runtime.Decoder, error) {
-	scheme := runtime.NewScheme()
-	if err := kubeproxyconfig.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("register kube-proxy's config API: %w", err)
-	}
-	return serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer(), nil
+// kubeProxyAPI decodes kube-proxy's config API strictly.
+func kubeProxyAPI() (strictAPI, error) {
+	return newStrictAPI(kubeProxyKind, kubeProxyType, kubeproxyconfig.AddToScheme)
 }
 
-// decodeKubeProxyConfig decodes a config file that has an apiVersion or a
-// kind (data, and j, the same as JSON): it must be a KubeProxyConfiguration.
+// decodeKubeProxyConfig decodes a KubeProxyConfiguration (data, and j, the
+// same as JSON).
 func decodeKubeProxyConfig(data, j []byte) (configFile, error) {
 	cf := configFile{kind: kubeProxyKind, opts: DefaultOptions(), field: map[string]string{}}
-	var tm metav1.TypeMeta
-	if err := json.Unmarshal(j, &tm); err != nil {
-		return cf, fmt.Errorf("apiVersion and kind must be strings: %w", err)
-	}
-	want := kubeproxyconfig.SchemeGroupVersion.WithKind(kubeProxyKind)
-	if tm.GroupVersionKind() != want {
-		return cf, fmt.Errorf("apiVersion %q, kind %q is not a configuration ipvs-proxy reads: that is kind %s, apiVersion %s, or ipvs-proxy's own options, without apiVersion and kind",
-			tm.APIVersion, tm.Kind, want.Kind, want.GroupVersion())
-	}
-	var tree map[string]any
-	if err := json.Unmarshal(j, &tree); err != nil {
-		return cf, fmt.Errorf("read %s: %w", kubeProxyKind, err)
-	}
-	leaves := jsonLeaves("", tree, nil)
-	dec, err := kubeProxyDecoder()
+	kp, leaves, err := decodeStrict[*kubeproxyconfig.KubeProxyConfiguration](kubeProxyAPI, data, j)
 	if err != nil {
 		return cf, err
-	}
-	obj, _, err := dec.Decode(data, nil, nil)
-	if err != nil {
-		return cf, kubeProxyDecodeError(dec, err, leaves)
-	}
-	kp, ok := obj.(*kubeproxyconfig.KubeProxyConfiguration)
-	if !ok {
-		return cf, fmt.Errorf("decoded a %T, not a %s", obj, kubeProxyKind)
 	}
 	cf.fromKubeProxy(kp, leaves)
 	return cf, nil
@@ -207,29 +175,6 @@ func withDefaultPort(addr, port string) string {
 	return addr
 }
 
-// jsonLeaf is a value in a JSON document that is not a non-empty mapping,
-// with its dotted path.
-type jsonLeaf struct {
-	path  string
-	value any
-}
-
-// jsonLeaves appends the leaves of v, under prefix, to out, in order.
-func jsonLeaves(prefix string, v any, out []jsonLeaf) []jsonLeaf {
-	m, ok := v.(map[string]any)
-	if !ok || len(m) == 0 {
-		return append(out, jsonLeaf{path: prefix, value: v})
-	}
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		p := k
-		if prefix != "" {
-			p = prefix + "." + k
-		}
-		out = jsonLeaves(p, m[k], out)
-	}
-	return out
-}
-
 // zeroJSON tells whether a JSON value is a zero value (null, false, 0, "",
 // a zero duration or quantity, an empty list or mapping): how kubeadm
 // writes a field it leaves to kube-proxy's default.
@@ -262,158 +207,4 @@ func jsonText(v any) string {
 		return fmt.Sprint(v)
 	}
 	return string(b)
-}
-
-var unknownFieldError = regexp.MustCompile(`^unknown field "(.+)"$`)
-
-// kubeProxyDecodeError turns an error of the decoder into one that names
-// the fields at fault: the unknown fields, then the values that do not
-// decode (the decoder stops at the first of those, without a name when
-// the value's own decoding fails).
-func kubeProxyDecodeError(dec runtime.Decoder, err error, leaves []jsonLeaf) error {
-	var valueErrs []error
-	if _, ok := runtime.AsStrictDecodingError(err); !ok {
-		var good []jsonLeaf
-		valueErrs, good = kubeProxyValueErrors(leaves)
-		if len(valueErrs) == 0 {
-			return fmt.Errorf("decode %s: %w", kubeProxyKind, err)
-		}
-		// Decode the rest again for its unknown fields.
-		rest, merr := json.Marshal(jsonDoc(good))
-		if merr != nil {
-			return joinErrors(valueErrs)
-		}
-		_, _, err = dec.Decode(rest, nil, nil)
-	}
-	var errs []error
-	if strict, ok := runtime.AsStrictDecodingError(err); ok {
-		for _, e := range strict.Errors() {
-			errs = append(errs, describeUnknownField(e))
-		}
-	}
-	return joinErrors(append(errs, valueErrs...))
-}
-
-// jsonDoc is the JSON document of leaves.
-func jsonDoc(leaves []jsonLeaf) map[string]any {
-	doc := map[string]any{}
-	for _, l := range leaves {
-		m := doc
-		parts := strings.Split(l.path, ".")
-		for _, p := range parts[:len(parts)-1] {
-			next, ok := m[p].(map[string]any)
-			if !ok {
-				next = map[string]any{}
-				m[p] = next
-			}
-			m = next
-		}
-		m[parts[len(parts)-1]] = l.value
-	}
-	return doc
-}
-
-// describeUnknownField adds the field that was probably meant to an
-// unknown field error of the strict decoder.
-func describeUnknownField(err error) error {
-	match := unknownFieldError.FindStringSubmatch(err.Error())
-	if match == nil {
-		return err
-	}
-	parent, name, prefix := "", match[1], ""
-	if i := strings.LastIndex(name, "."); i >= 0 {
-		parent, name, prefix = name[:i], name[i+1:], name[:i+1]
-	}
-	t := kubeProxyType
-	if parent != "" {
-		var ok bool
-		if t, ok = jsonPathType(t, parent); !ok {
-			return err
-		}
-	}
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t.Kind() != reflect.Struct {
-		return err
-	}
-	return unknownField(prefix, name, slices.Collect(maps.Keys(jsonFieldsOf(t))))
-}
-
-// kubeProxyValueErrors finds the leaves whose values do not decode, each
-// alone, to name them; good are the others.
-func kubeProxyValueErrors(leaves []jsonLeaf) (errs []error, good []jsonLeaf) {
-	for _, l := range leaves {
-		b, err := json.Marshal(jsonDoc([]jsonLeaf{l}))
-		if err != nil {
-			continue
-		}
-		var kp kubeproxyconfig.KubeProxyConfiguration
-		if err = json.Unmarshal(b, &kp); err == nil {
-			good = append(good, l)
-			continue
-		}
-		t, ok := jsonPathType(kubeProxyType, l.path)
-		if !ok {
-			errs = append(errs, fmt.Errorf("%s: %w", l.path, err))
-			continue
-		}
-		raw, _ := json.Marshal(l.value)
-		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) {
-			errs = append(errs, fmt.Errorf("%s: want %s, got %s", l.path, describeType(t), jsonKind(raw)))
-		} else {
-			errs = append(errs, fmt.Errorf("%s: %s is not %s", l.path, raw, describeType(t)))
-		}
-	}
-	return errs, good
-}
-
-// jsonFieldsOf maps the json names of a struct's fields, with those of
-// inlined structs, to their types.
-func jsonFieldsOf(t reflect.Type) map[string]reflect.Type {
-	out := map[string]reflect.Type{}
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		switch {
-		case name == "-" || !f.IsExported():
-		case name == "" && f.Anonymous && f.Type.Kind() == reflect.Struct:
-			maps.Copy(out, jsonFieldsOf(f.Type))
-		case name == "":
-			out[f.Name] = f.Type
-		default:
-			out[name] = f.Type
-		}
-	}
-	return out
-}
-
-// jsonPathType is the type of the value at a dotted path ("ipvs.scheduler",
-// "logging.vmodule[0]") in a value of type t.
-func jsonPathType(t reflect.Type, path string) (reflect.Type, bool) {
-	for _, seg := range strings.Split(path, ".") {
-		name, _, indexed := strings.Cut(seg, "[")
-		for t.Kind() == reflect.Pointer {
-			t = t.Elem()
-		}
-		switch t.Kind() {
-		case reflect.Struct:
-			ft, ok := jsonFieldsOf(t)[name]
-			if !ok {
-				return nil, false
-			}
-			t = ft
-		case reflect.Map:
-			t = t.Elem()
-		default:
-			return nil, false
-		}
-		if indexed {
-			if t.Kind() != reflect.Slice {
-				return nil, false
-			}
-			t = t.Elem()
-		}
-	}
-	return t, true
 }

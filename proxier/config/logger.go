@@ -27,9 +27,16 @@ func NewLogger(level, format string) (*zap.Logger, error) {
 	return zc.Build()
 }
 
-// LogWarning logs the warning about the config file, if any.
+// LogWarning logs the warning about the config file, if any: that its
+// form is deprecated, and the settings it sets that ipvs-proxy ignores.
 func LogWarning(log *zap.Logger, warn *Warning) {
-	if warn != nil {
+	if warn == nil {
+		return
+	}
+	if warn.Deprecated != "" {
+		log.Warn("the config file's form is deprecated", zap.String("file", warn.File), zap.String("deprecation", warn.Deprecated))
+	}
+	if len(warn.Ignored) > 0 {
 		log.Warn("ignoring the settings of the config file that ipvs-proxy does not support", zap.String("file", warn.File),
 			zap.String("kind", warn.Kind), zap.Strings("ignored", warn.Ignored))
 	}

@@ -24,54 +24,56 @@ import (
 )
 
 // Options are the settings of `ipvs-proxy run`. Flag names follow
-// kube-proxy's where they mean the same thing.
+// kube-proxy's where they mean the same thing. An option's json tag is its
+// key in the flat config file (deprecated), its versioned tag its path in
+// an IPVSProxyConfiguration (package v1alpha1).
 type Options struct {
-	Kubeconfig        string        `json:"kubeconfig"`
-	HostnameOverride  string        `json:"hostnameOverride"`
-	Interface         string        `json:"interface"`
-	Scheduler         string        `json:"scheduler"`
-	SchedulerFlags    string        `json:"schedulerFlags"`
-	NodePortAddresses []string      `json:"nodePortAddresses"`
-	NodePortRange     string        `json:"nodePortRange"`
-	ExcludeCIDRs      []string      `json:"excludeCIDRs"`
-	IPFamilies        []string      `json:"ipFamilies"`
-	RouteServiceCIDRs bool          `json:"routeServiceCIDRs"`
-	ServiceCIDRs      []string      `json:"serviceCIDRs"`
-	MinSyncPeriod     time.Duration `json:"minSyncPeriod"`
-	SyncPeriod        time.Duration `json:"syncPeriod"`
-	TCPTimeout        time.Duration `json:"tcpTimeout"`
-	TCPFinTimeout     time.Duration `json:"tcpFinTimeout"`
-	UDPTimeout        time.Duration `json:"udpTimeout"`
-	LogLevel          string        `json:"logLevel"`
-	LogFormat         string        `json:"logFormat"`
+	Kubeconfig        string        `json:"kubeconfig" versioned:"clientConnection.kubeconfig"`
+	HostnameOverride  string        `json:"hostnameOverride" versioned:"hostnameOverride"`
+	Interface         string        `json:"interface" versioned:"ipvs.interface"`
+	Scheduler         string        `json:"scheduler" versioned:"ipvs.scheduler"`
+	SchedulerFlags    string        `json:"schedulerFlags" versioned:"ipvs.schedulerFlags"`
+	NodePortAddresses []string      `json:"nodePortAddresses" versioned:"nodePortAddresses"`
+	NodePortRange     string        `json:"nodePortRange" versioned:"nodePortRange"`
+	ExcludeCIDRs      []string      `json:"excludeCIDRs" versioned:"ipvs.excludeCIDRs"`
+	IPFamilies        []string      `json:"ipFamilies" versioned:"ipFamilies"`
+	RouteServiceCIDRs bool          `json:"routeServiceCIDRs" versioned:"ipvs.routeServiceCIDRs"`
+	ServiceCIDRs      []string      `json:"serviceCIDRs" versioned:"ipvs.serviceCIDRs"`
+	MinSyncPeriod     time.Duration `json:"minSyncPeriod" versioned:"ipvs.minSyncPeriod"`
+	SyncPeriod        time.Duration `json:"syncPeriod" versioned:"ipvs.syncPeriod"`
+	TCPTimeout        time.Duration `json:"tcpTimeout" versioned:"ipvs.tcpTimeout"`
+	TCPFinTimeout     time.Duration `json:"tcpFinTimeout" versioned:"ipvs.tcpFinTimeout"`
+	UDPTimeout        time.Duration `json:"udpTimeout" versioned:"ipvs.udpTimeout"`
+	LogLevel          string        `json:"logLevel" versioned:"logging.level"`
+	LogFormat         string        `json:"logFormat" versioned:"logging.format"`
 
 	// Connection tracking, as kube-proxy's conntrack settings.
-	ConntrackMaxPerCore            int           `json:"conntrackMaxPerCore"`
-	ConntrackMin                   int           `json:"conntrackMin"`
-	ConntrackTCPEstablishedTimeout time.Duration `json:"conntrackTCPEstablishedTimeout"`
-	ConntrackTCPCloseWaitTimeout   time.Duration `json:"conntrackTCPCloseWaitTimeout"`
-	ConntrackTCPBeLiberal          bool          `json:"conntrackTCPBeLiberal"`
-	ConntrackUDPTimeout            time.Duration `json:"conntrackUDPTimeout"`
-	ConntrackUDPStreamTimeout      time.Duration `json:"conntrackUDPStreamTimeout"`
+	ConntrackMaxPerCore            int           `json:"conntrackMaxPerCore" versioned:"conntrack.maxPerCore"`
+	ConntrackMin                   int           `json:"conntrackMin" versioned:"conntrack.min"`
+	ConntrackTCPEstablishedTimeout time.Duration `json:"conntrackTCPEstablishedTimeout" versioned:"conntrack.tcpEstablishedTimeout"`
+	ConntrackTCPCloseWaitTimeout   time.Duration `json:"conntrackTCPCloseWaitTimeout" versioned:"conntrack.tcpCloseWaitTimeout"`
+	ConntrackTCPBeLiberal          bool          `json:"conntrackTCPBeLiberal" versioned:"conntrack.tcpBeLiberal"`
+	ConntrackUDPTimeout            time.Duration `json:"conntrackUDPTimeout" versioned:"conntrack.udpTimeout"`
+	ConntrackUDPStreamTimeout      time.Duration `json:"conntrackUDPStreamTimeout" versioned:"conntrack.udpStreamTimeout"`
 
 	// The iptables glue.
-	ClusterCIDRs  []string `json:"clusterCIDRs"`
-	MasqueradeAll bool     `json:"masqueradeAll"`
+	ClusterCIDRs  []string `json:"clusterCIDRs" versioned:"clusterCIDRs"`
+	MasqueradeAll bool     `json:"masqueradeAll" versioned:"iptables.masqueradeAll"`
 	// How pods' (in-cluster) traffic is told apart, as kube-proxy's
 	// detectLocalMode and detectLocal.
-	DetectLocalMode        string `json:"detectLocalMode"`
-	PodBridgeInterface     string `json:"podBridgeInterface"`
-	PodInterfaceNamePrefix string `json:"podInterfaceNamePrefix"`
-	IPTablesBackend        string `json:"iptablesBackend"`
-	StrictARP              bool   `json:"strictARP"`
+	DetectLocalMode        string `json:"detectLocalMode" versioned:"detectLocalMode"`
+	PodBridgeInterface     string `json:"podBridgeInterface" versioned:"detectLocal.bridgeInterface"`
+	PodInterfaceNamePrefix string `json:"podInterfaceNamePrefix" versioned:"detectLocal.interfaceNamePrefix"`
+	IPTablesBackend        string `json:"iptablesBackend" versioned:"iptables.backend"`
+	StrictARP              bool   `json:"strictARP" versioned:"ipvs.strictARP"`
 
 	// Operations.
-	MetricsBindAddress string `json:"metricsBindAddress"`
-	HealthzBindAddress string `json:"healthzBindAddress"`
-	Profiling          bool   `json:"profiling"`
+	MetricsBindAddress string `json:"metricsBindAddress" versioned:"metricsBindAddress"`
+	HealthzBindAddress string `json:"healthzBindAddress" versioned:"healthzBindAddress"`
+	Profiling          bool   `json:"profiling" versioned:"enableProfiling"`
 
 	// Migration.
-	TakeoverKubeProxy bool `json:"takeoverKubeProxy"`
+	TakeoverKubeProxy bool `json:"takeoverKubeProxy" versioned:"takeoverKubeProxy"`
 }
 
 func DefaultOptions() Options {

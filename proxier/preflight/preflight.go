@@ -116,7 +116,7 @@ type Config struct {
 	AllSchedulers   bool
 	LoadModules     bool
 	// ConfigWarning lists the settings of the config file that run
-	// ignores; nil if none.
+	// ignores, or says that its form is deprecated; nil if neither.
 	ConfigWarning *config.Warning
 }
 
@@ -256,10 +256,11 @@ func (p *preflight) add(name, status, detail, remedy string) {
 	p.checks = append(p.checks, Check{Name: name, Status: status, Detail: detail, Remedy: remedy})
 }
 
-// configFile warns of the settings of the config file that run ignores.
+// configFile warns of the settings of the config file that run ignores,
+// or of its deprecated form.
 func (p *preflight) configFile() {
 	if w := p.cfg.ConfigWarning; w != nil {
-		p.add("config file", statusWarn, w.String(), "ipvs-proxy has no equivalent of these settings: drop them, or accept that they have no effect")
+		p.add("config file", statusWarn, w.String(), w.Remedy())
 	}
 }
 

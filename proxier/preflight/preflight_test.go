@@ -206,6 +206,17 @@ func TestPreflight(t *testing.T) {
 			},
 		},
 		{
+			name: "a deprecated config file warns, with the command that converts it",
+			ok:   true,
+			cfg: func(c *Config) {
+				c.ConfigWarning = &config.Warning{File: "/etc/ipvs-proxy/config.yaml", Deprecated: "flat options are deprecated"}
+			},
+			expect: map[string]expect{
+				"config file": {statusWarn, "config file /etc/ipvs-proxy/config.yaml: flat options are deprecated",
+					"ipvs-proxy config convert --config /etc/ipvs-proxy/config.yaml"},
+			},
+		},
+		{
 			name: "from kernel 5.9 conn_reuse_mode is left as the kernel sets it",
 			ok:   true,
 			node: func(n *fakeNode) {

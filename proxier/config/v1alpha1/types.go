@@ -1,0 +1,150 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// IPVSProxyConfiguration is ipvs-proxy's configuration file. A field the
+// file does not set keeps ipvs-proxy's default (null too); flags given on
+// the command line override the file. Durations are strings such as 30s
+// or 1m30s; lists are lists.
+type IPVSProxyConfiguration struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// ClientConnection is how ipvs-proxy reaches the apiserver
+	// (--kubeconfig).
+	ClientConnection ClientConnectionConfiguration `json:"clientConnection"`
+	// HostnameOverride is the name of this node; empty: the host name
+	// (--hostname-override).
+	HostnameOverride string `json:"hostnameOverride"`
+	// IPFamilies are the IP families to program, IPv4, IPv6 or both
+	// (--ip-families). At the top: the IPVS and the iptables sides both
+	// follow them.
+	IPFamilies []string `json:"ipFamilies"`
+	// NodePortAddresses are the CIDRs of the node addresses that serve
+	// node ports; empty: all but loopback and the proxy's interface
+	// (--nodeport-addresses).
+	NodePortAddresses []string `json:"nodePortAddresses"`
+	// NodePortRange is the apiserver's node-port range, e.g. 30000-32767
+	// (--service-node-port-range). At the top: a fact of the cluster, not
+	// a setting of one of the groups.
+	NodePortRange string `json:"nodePortRange"`
+	// ClusterCIDRs are the pods' CIDRs (--cluster-cidr; kube-proxy's
+	// clusterCIDR, there one comma-separated string).
+	ClusterCIDRs []string `json:"clusterCIDRs"`
+	// DetectLocalMode is how pods' traffic is told from the rest:
+	// ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix
+	// (--detect-local-mode).
+	DetectLocalMode string `json:"detectLocalMode"`
+	// DetectLocal holds the interfaces of the detectLocalMode that need
+	// one.
+	DetectLocal DetectLocalConfiguration `json:"detectLocal"`
+	// IPVS is the IPVS side: the interface, schedulers, syncs and
+	// timeouts.
+	IPVS IPVSConfiguration `json:"ipvs"`
+	// IPTables is the iptables glue.
+	IPTables IPTablesConfiguration `json:"iptables"`
+	// Conntrack is the connection tracking table and its timeouts.
+	Conntrack ConntrackConfiguration `json:"conntrack"`
+	// MetricsBindAddress is the host:port of /metrics; empty disables it
+	// (--metrics-bind-address).
+	MetricsBindAddress string `json:"metricsBindAddress"`
+	// HealthzBindAddress is the host:port of /healthz and /livez; empty
+	// disables them (--healthz-bind-address).
+	HealthzBindAddress string `json:"healthzBindAddress"`
+	// EnableProfiling serves Go's pprof profiles on the metrics address
+	// (--profiling).
+	EnableProfiling bool `json:"enableProfiling"`
+	// Logging is the log's level and format.
+	Logging LoggingConfiguration `json:"logging"`
+	// TakeoverKubeProxy takes the node over from a stopped kube-proxy in
+	// IPVS mode, in place (--takeover-kube-proxy). At the top: a one-off
+	// switch of the migration, of no group.
+	TakeoverKubeProxy bool `json:"takeoverKubeProxy"`
+}
+
+// ClientConnectionConfiguration is how ipvs-proxy reaches the apiserver.
+type ClientConnectionConfiguration struct {
+	// Kubeconfig is the path of a kubeconfig; empty: the in-cluster
+	// configuration (--kubeconfig).
+	Kubeconfig string `json:"kubeconfig"`
+}
+
+// DetectLocalConfiguration names the interfaces pods' traffic arrives on.
+type DetectLocalConfiguration struct {
+	// BridgeInterface, with detectLocalMode BridgeInterface
+	// (--pod-bridge-interface).
+	BridgeInterface string `json:"bridgeInterface"`
+	// InterfaceNamePrefix, with detectLocalMode InterfaceNamePrefix
+	// (--pod-interface-name-prefix).
+	InterfaceNamePrefix string `json:"interfaceNamePrefix"`
+}
+
+// IPVSConfiguration is the IPVS side of ipvs-proxy.
+type IPVSConfiguration struct {
+	// Interface is the dummy interface that holds the virtual IPs, as
+	// kube-proxy's kube-ipvs0 (--interface).
+	Interface string `json:"interface"`
+	// Scheduler is the default IPVS scheduler (--scheduler).
+	Scheduler string `json:"scheduler"`
+	// SchedulerFlags are the default scheduler's flags (--scheduler-flags).
+	SchedulerFlags string `json:"schedulerFlags"`
+	// SyncPeriod is the period of the full resync (--sync-period).
+	SyncPeriod metav1.Duration `json:"syncPeriod"`
+	// MinSyncPeriod is the least time between syncs (--min-sync-period).
+	MinSyncPeriod metav1.Duration `json:"minSyncPeriod"`
+	// ExcludeCIDRs are CIDRs whose virtual servers are never touched
+	// (--exclude-cidrs).
+	ExcludeCIDRs []string `json:"excludeCIDRs"`
+	// StrictARP keeps the interface's VIPs out of ARP (--strict-arp).
+	StrictARP bool `json:"strictARP"`
+	// TCPTimeout, TCPFinTimeout and UDPTimeout are IPVS's timeouts; 0s
+	// leaves the kernel's (--ipvs-tcp-timeout, --ipvs-tcpfin-timeout,
+	// --ipvs-udp-timeout).
+	TCPTimeout    metav1.Duration `json:"tcpTimeout"`
+	TCPFinTimeout metav1.Duration `json:"tcpFinTimeout"`
+	UDPTimeout    metav1.Duration `json:"udpTimeout"`
+	// RouteServiceCIDRs routes the IPv4 Service ranges as local through
+	// the interface instead of binding each clusterIP to it
+	// (--route-service-cidrs).
+	RouteServiceCIDRs bool `json:"routeServiceCIDRs"`
+	// ServiceCIDRs are the ranges routeServiceCIDRs routes; empty: the
+	// cluster's ServiceCIDR objects (--service-cidrs).
+	ServiceCIDRs []string `json:"serviceCIDRs"`
+}
+
+// IPTablesConfiguration is ipvs-proxy's iptables glue.
+type IPTablesConfiguration struct {
+	// MasqueradeAll masquerades all traffic to clusterIPs
+	// (--masquerade-all).
+	MasqueradeAll bool `json:"masqueradeAll"`
+	// Backend is auto, nft or legacy (--iptables-backend).
+	Backend string `json:"backend"`
+}
+
+// ConntrackConfiguration is the connection tracking ipvs-proxy sets, as
+// kube-proxy's conntrack.
+type ConntrackConfiguration struct {
+	// MaxPerCore is nf_conntrack_max per CPU; 0 leaves the kernel's
+	// (--conntrack-max-per-core).
+	MaxPerCore int32 `json:"maxPerCore"`
+	// Min is the least nf_conntrack_max (--conntrack-min).
+	Min int32 `json:"min"`
+	// The timeouts; 0s leaves the kernel's.
+	TCPEstablishedTimeout metav1.Duration `json:"tcpEstablishedTimeout"`
+	TCPCloseWaitTimeout   metav1.Duration `json:"tcpCloseWaitTimeout"`
+	// TCPBeLiberal sets nf_conntrack_tcp_be_liberal
+	// (--conntrack-tcp-be-liberal).
+	TCPBeLiberal     bool            `json:"tcpBeLiberal"`
+	UDPTimeout       metav1.Duration `json:"udpTimeout"`
+	UDPStreamTimeout metav1.Duration `json:"udpStreamTimeout"`
+}
+
+// LoggingConfiguration is the agent's log.
+type LoggingConfiguration struct {
+	// Level is debug, info, warn or error (--log-level).
+	Level string `json:"level"`
+	// Format is json or console (--log-format; kube-proxy's
+	// logging.format is json or text).
+	Format string `json:"format"`
+}
