@@ -9,11 +9,12 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
 )
 
 // Kernel implements Interface over one nfnetlink socket in the network
@@ -226,7 +227,7 @@ func (k *Kernel) dump(name string, flags uint32, fn func(msg []byte) error) erro
 			return ferr == nil
 		})
 	})
-	if errno, ok := err.(syscall.Errno); ok && int(errno) >= nl.IPSET_ERR_PRIVATE {
+	if errno := syscall.Errno(0); errors.As(err, &errno) && int(errno) >= nl.IPSET_ERR_PRIVATE {
 		err = nl.IPSetError(uintptr(errno))
 	}
 	if err == nil {

@@ -3,6 +3,7 @@ package netlinkutil
 import (
 	"bufio"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -86,7 +87,7 @@ func parseProcTable(r *bufio.Reader) (map[ktypes.VSKey][]ktypes.RealServer, erro
 	have := false // cur is a virtual server whose destinations are read
 	for n := 1; ; n++ {
 		line, err := r.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
+		if errors.Is(err, bufio.ErrBufferFull) {
 			return nil, fmt.Errorf("line %d too long", n)
 		}
 		if len(line) > 0 {

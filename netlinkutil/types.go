@@ -160,9 +160,6 @@ type Removal struct {
 	Addr netip.Addr // the address removed from it; invalid: the link itself is gone
 }
 
-// RemovalWatcher reports removals as the kernel announces them (route
-// netlink's multicast groups), its own writes' included: an agent tells
-// them from someone else's by its view of what it bound.
 // NodeAddressWatcher reports changes of the node's own addresses.
 type NodeAddressWatcher interface {
 	// WatchNodeAddresses calls changed, on a goroutine of its own, when an
@@ -172,6 +169,9 @@ type NodeAddressWatcher interface {
 	WatchNodeAddresses(ctx context.Context, changed func(), onErr func(error), exclude ...string) error
 }
 
+// RemovalWatcher reports removals as the kernel announces them (route
+// netlink's multicast groups), its own writes' included: an agent tells
+// them from someone else's by its view of what it bound.
 type RemovalWatcher interface {
 	// WatchRemovals calls fn, on a goroutine of its own, for every address
 	// removed from link and when link itself is removed, until ctx ends;

@@ -15,7 +15,11 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-func main() {
+func main() { os.Exit(execute()) }
+
+// execute runs the command line and returns the exit code; its deferred
+// calls run before main exits.
+func execute() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := &cobra.Command{
@@ -27,8 +31,9 @@ func main() {
 	root.AddCommand(newRunCommand(), newPreflightCommand(), newStatusCommand(), newCleanupCommand(), newConfigCommand(), newVersionCommand())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "ipvs-proxy:", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // userAgent names this build to the apiserver.

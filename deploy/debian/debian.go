@@ -33,7 +33,7 @@ func run(ctx context.Context, dir, name string, args ...string) (string, error) 
 	out, err := cmd.Output()
 	if err != nil {
 		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 			stderr = strings.TrimSpace(string(ee.Stderr))
 		}
 		if len(stderr) > 2000 {
@@ -84,7 +84,7 @@ func Download(ctx context.Context, dir string, pkgs []string) error {
 	}
 	args = append(args, pkgs...)
 	if _, err := run(ctx, dir, "apt-get", args...); err != nil {
-		return fmt.Errorf("%w: %v", ErrDownload, err)
+		return fmt.Errorf("%w: %w", ErrDownload, err)
 	}
 	return nil
 }
@@ -141,7 +141,7 @@ func Unpack(ctx context.Context, dir string, pkgs []string, logf func(string, ..
 	if errors.Is(err, ErrDownload) {
 		logf("debian packages: %v", err)
 		if uerr := Update(ctx, logf); uerr != nil {
-			return "", nil, fmt.Errorf("debian packages: %w (apt-get update: %v)", err, uerr)
+			return "", nil, fmt.Errorf("debian packages: %w (apt-get update: %w)", err, uerr)
 		}
 		err = Download(ctx, debs, pkgs)
 	}

@@ -3,11 +3,11 @@ package main
 import (
 	"debug/elf"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 )
 
@@ -82,14 +82,4 @@ func assemble(s spec) (v1.Image, error) {
 		Entrypoint: []string{binaryPath}, Cmd: []string{"run"}, Env: []string{imagePATH},
 		Labels: s.Labels,
 	})
-}
-
-// sortedLabels is labels as sorted "k=v" lines (for printing).
-func sortedLabels(l map[string]string) []string {
-	var out []string
-	for k, v := range l {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -155,7 +155,7 @@ func (f *IPVS) record(format string, args ...any) error {
 	return f.counts.record(&f.calls, f.inject, format, args...)
 }
 
-// KeepCalls(false) makes the fake only count calls (Counts), not render and
+// KeepCalls with false makes the fake only count calls (Counts), not render and
 // keep them, unless an injector needs to see them: for benchmarks, where
 // rendering every call would cost more than the code measured.
 func (f *IPVS) KeepCalls(keep bool) {
@@ -671,7 +671,7 @@ func (l *Links) sorted(name string) []netip.Addr {
 	return out
 }
 
-// KeepCalls(false) makes the fake only count calls (see IPVS.KeepCalls).
+// KeepCalls with false makes the fake only count calls (see IPVS.KeepCalls).
 func (l *Links) KeepCalls(keep bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

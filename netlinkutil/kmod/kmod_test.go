@@ -108,12 +108,12 @@ func TestCheck(t *testing.T) {
 }
 
 func TestName(t *testing.T) {
-	for in, want := range map[string]string{
-		"ip_vs": "ip_vs", "ip-vs-rr": "ip_vs_rr", "kernel/net/x/ip_vs_sh.ko": "ip_vs_sh",
-		"/lib/modules/6.1/kernel/drivers/net/dummy.ko.xz": "dummy", " nf_nat.ko.zst ": "nf_nat",
+	for _, c := range [][2]string{
+		{"ip_vs", "ip_vs"}, {"ip-vs-rr", "ip_vs_rr"}, {"kernel/net/x/ip_vs_sh.ko", "ip_vs_sh"},
+		{"/lib/modules/6.1/kernel/drivers/net/dummy.ko.xz", "dummy"}, {" nf_nat.ko.zst ", "nf_nat"}, // spaces trimmed
 	} {
-		if got := Name(in); got != want {
-			t.Errorf("Name(%q) = %q, want %q", in, got, want)
+		if got := Name(c[0]); got != c[1] {
+			t.Errorf("Name(%q) = %q, want %q", c[0], got, c[1])
 		}
 	}
 }

@@ -3,6 +3,7 @@ package nettest
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -116,7 +117,7 @@ func askTCP(conn net.Conn, timeout time.Duration) func(first bool) (string, erro
 		_ = conn.SetReadDeadline(time.Now().Add(timeout))
 		line, err := r.ReadString('\n')
 		if err != nil {
-			if line == "" && err == io.EOF {
+			if line == "" && errors.Is(err, io.EOF) {
 				err = fmt.Errorf("connection closed: %w", err)
 			}
 			return "", err

@@ -132,7 +132,7 @@ func NodePodCIDRs(ctx context.Context, client kubernetes.Interface, node string,
 		for _, c := range cidrs {
 			p, err := netip.ParsePrefix(c)
 			if err != nil {
-				return false, fmt.Errorf("Node %s spec.podCIDRs: %w", node, err)
+				return false, fmt.Errorf("node %s: spec.podCIDRs: %w", node, err)
 			}
 			out = append(out, p.Masked())
 		}

@@ -43,7 +43,7 @@ type Config struct {
 	// doubled per failure up to SyncPeriod; default 1s.
 	RetryBase time.Duration
 	// ResyncSlice is the number of virtual servers a periodic full resync
-	// checks per sync (ReconcilerConfig.ResyncSlice; default 500).
+	// checks per sync (Config.ResyncSlice; default 500).
 	ResyncSlice int
 	// Clock defaults to the real clock (tests pass a fake one).
 	Clock clock.WithTicker
@@ -94,7 +94,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		cfg.RetryBase = time.Second
 	}
 	retryMax := max(cfg.SyncPeriod, cfg.RetryBase)
-	rcfg := reconciler.ReconcilerConfig{Ownership: cfg.Ownership(), RetryBase: cfg.RetryBase, RetryMax: retryMax, Clock: cfg.Clock,
+	rcfg := reconciler.Config{Ownership: cfg.Ownership(), RetryBase: cfg.RetryBase, RetryMax: retryMax, Clock: cfg.Clock,
 		ResyncSlice: cfg.ResyncSlice}
 	run := newRunner(cfg.Clock, cfg.MinSyncPeriod, cfg.SyncPeriod, log)
 	readAddresses := func() ([]netip.Addr, error) {

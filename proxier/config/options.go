@@ -76,6 +76,8 @@ type Options struct {
 	TakeoverKubeProxy bool `json:"takeoverKubeProxy" versioned:"takeoverKubeProxy"`
 }
 
+// DefaultOptions returns the options' defaults: kube-proxy's where the same
+// setting exists.
 func DefaultOptions() Options {
 	return Options{
 		Interface:     "ipvs-proxy0",
@@ -141,6 +143,7 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address of /healthz and /livez; empty disables them.")
 }
 
+// ParsePrefixes parses CIDRs (what names them in errors).
 func ParsePrefixes(what string, in []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, s := range in {
@@ -157,6 +160,7 @@ func ParsePrefixes(what string, in []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// ParsePortRange parses a port range of the form "30000-32767".
 func ParsePortRange(s string) (model.PortRange, error) {
 	lo, hi, ok := strings.Cut(s, "-")
 	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)

@@ -245,7 +245,7 @@ logging: {level: debug}
 		args []string
 		want func(o *Options)
 	}{
-		{name: "the file over the defaults", want: func(o *Options) {}},
+		{name: "the file over the defaults", want: func(*Options) {}},
 		{name: "flags over the file", args: []string{"--scheduler", "lc", "--nodeport-addresses", "192.168.0.0/16,172.16.0.0/12", "--masquerade-all=false"},
 			want: func(o *Options) {
 				o.Scheduler, o.NodePortAddresses, o.MasqueradeAll = "lc", []string{"192.168.0.0/16", "172.16.0.0/12"}, false

@@ -190,7 +190,7 @@ func (g *Glue) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 
 // recompute replaces a Service's entries with those of its current plan.
 func (g *Glue) recompute(name types.NamespacedName) {
-	next := ServiceEntries(g.plans[name], g.nodeAddrs)
+	next := serviceEntries(g.plans[name], g.nodeAddrs)
 	prev := g.contrib[name]
 	for _, se := range next {
 		g.ref(se.set.id(), se.k, 1)

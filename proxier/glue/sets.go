@@ -162,10 +162,10 @@ func (h *held) add(base string, fam ipset.Family, en ipset.Entry) {
 	*h = append(*h, setEntry{refOf(setID{base, fam}), en.Key()})
 }
 
-// ServiceEntries computes the set entries of one Service's plan: a pure
+// serviceEntries computes the set entries of one Service's plan: a pure
 // function of the plan and the node's addresses (which decide whether the
 // node itself may reach a LoadBalancer IP that has source ranges).
-func ServiceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
+func serviceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 	if plan == nil {
 		return nil
 	}

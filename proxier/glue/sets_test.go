@@ -64,7 +64,7 @@ func TestServiceEntries(t *testing.T) {
 		},
 		HealthCheckNodePort: 31000,
 	}
-	got := ServiceEntries(plan, []netip.Addr{addr("10.0.2.15")}).render()
+	got := serviceEntries(plan, []netip.Addr{addr("10.0.2.15")}).render()
 	want := []string{
 		"IPVSP-6-CLUSTER-IP: fd00:96::a,udp:53",
 		"IPVSP-6-HAIRPIN: fd00:101::2,udp:5353,fd00:101::2",
@@ -117,7 +117,7 @@ func TestServiceEntriesSourceRanges(t *testing.T) {
 				v.SourceRanges = append(v.SourceRanges, pfx(r))
 			}
 			var got []string
-			for _, l := range ServiceEntries(&model.ServicePlan{VirtualServers: []model.VSPlan{v}}, node).render() {
+			for _, l := range serviceEntries(&model.ServicePlan{VirtualServers: []model.VSPlan{v}}, node).render() {
 				if set, _, _ := strings.Cut(l, ":"); slices.Contains([]string{"IPVSP-LB-FW", "IPVSP-LB-SRC", "IPVSP-LB-SRC-IP"}, set) {
 					got = append(got, l)
 				}
@@ -144,7 +144,7 @@ func TestServiceEntriesNodeAddress(t *testing.T) {
 		"IPVSP-HAIRPIN: 10.100.1.2,tcp:8080,10.100.1.2",
 		"IPVSP-SERVICE: 10.0.2.15,tcp:80 10.0.3.15,tcp:80",
 	}
-	if diff := cmp.Diff(want, ServiceEntries(plan, nil).render()); diff != "" {
+	if diff := cmp.Diff(want, serviceEntries(plan, nil).render()); diff != "" {
 		t.Errorf("entries (-want +got):\n%s", diff)
 	}
 }

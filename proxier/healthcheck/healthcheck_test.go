@@ -12,10 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 var (

@@ -26,7 +26,7 @@ func fatMeta(name string, labels, annotations map[string]string) metav1.ObjectMe
 		Labels: labels, Annotations: annotations, Finalizers: []string{"example.com/keep"},
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "u"}},
 		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply,
-			FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{"f:ports":{}}}` + strings.Repeat(" ", 600))}}}}
+			FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:ports":{}}}` + strings.Repeat(" ", 600))}}}
 }
 
 func TestCompact(t *testing.T) {

@@ -44,6 +44,8 @@ func (o Ownership) Owns(vs ktypes.VSKey, bound, node bool) bool {
 	return !o.Excluded(vs.Address) && (bound || (node && o.NodePortRange.Contains(vs.Port)))
 }
 
+// Excluded reports whether a lies in ExcludeCIDRs: ipvs-proxy never touches
+// virtual servers there.
 func (o Ownership) Excluded(a netip.Addr) bool {
 	for _, p := range o.ExcludeCIDRs {
 		if p.Contains(a) {

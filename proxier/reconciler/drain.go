@@ -10,7 +10,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
-// defaultDrainCheck is ReconcilerConfig.DrainCheck's default.
+// defaultDrainCheck is Config.DrainCheck's default.
 const defaultDrainCheck = 2 * time.Second
 
 // drains are the virtual servers that keep a busy real server marked

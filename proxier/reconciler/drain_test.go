@@ -152,7 +152,7 @@ func TestReconcilerDrainsNotServingEndpoint(t *testing.T) {
 			}, b.ipvs.Reads())
 
 			// A restart finds the UDP real server still busy: it stays.
-			r2 := NewReconciler(b.ipvs, fake.NewLinks(node), ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+			r2 := NewReconciler(b.ipvs, fake.NewLinks(node), Config{Ownership: testOwnership()}, zap.NewNop())
 			b.r = r2
 			b.setEndpoints(endpoint("10.0.1.2", false, false, tc.terminating), endpoint("10.0.2.2", true, true, nil),
 				endpoint("10.0.3.2", false, false, nil))

@@ -51,10 +51,10 @@ func (o *orphans) clear() {
 
 // settle schedules the retry after a sync in which some failed, or resets
 // the backoff when nothing is left to retry.
-func (o *orphans) settle(failed bool, now time.Time, base, max time.Duration) {
+func (o *orphans) settle(failed bool, now time.Time, base, maxDelay time.Duration) {
 	switch {
 	case failed:
-		o.Fail(now, base, max)
+		o.Fail(now, base, maxDelay)
 	case len(o.keys) == 0 && len(o.addrs) == 0:
 		o.Backoff = Backoff{}
 	}

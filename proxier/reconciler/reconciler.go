@@ -50,8 +50,8 @@ type SyncStats struct {
 	ResyncTook time.Duration
 }
 
-// ReconcilerConfig configures a Reconciler.
-type ReconcilerConfig struct {
+// Config configures a Reconciler.
+type Config struct {
 	Ownership model.Ownership
 	// RetryBase is the first retry delay of a failed Service (then doubled
 	// per failure up to RetryMax); defaults 1s and 1m.
@@ -85,7 +85,7 @@ type Reconciler struct {
 	ipvs      netlinkutil.IPVS
 	links     netlinkutil.Links
 	conntrack netlinkutil.Conntrack // optional
-	cfg       ReconcilerConfig
+	cfg       Config
 	own       model.Ownership
 	clock     clock.PassiveClock
 	log       *zap.Logger
@@ -120,7 +120,7 @@ type Reconciler struct {
 
 // NewReconciler returns a reconciler with no desired state; its first sync
 // is full.
-func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg ReconcilerConfig, log *zap.Logger) *Reconciler {
+func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Config, log *zap.Logger) *Reconciler {
 	if cfg.RetryBase <= 0 {
 		cfg.RetryBase = time.Second
 	}

@@ -43,7 +43,7 @@ func newTestReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links) {
 	t.Helper()
 	ipvs := fake.NewIPVS()
 	links := fake.NewLinks(node)
-	return NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop()), ipvs, links
+	return NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop()), ipvs, links
 }
 
 func mustSync(t *testing.T, r *Reconciler, full bool) SyncStats {
@@ -192,7 +192,7 @@ func TestReconcilerResyncAndRestartMakeNoWrites(t *testing.T) {
 
 	// A restart: a new reconciler on the same kernel adopts its state.
 	resetCalls(ipvs, links)
-	r2 := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+	r2 := NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop())
 	twoServices(t, r2)
 	callsDiff(t, "restart writes", nil, ipvs.Writes())
 	callsDiff(t, "restart link writes", nil, links.Writes())
@@ -287,7 +287,7 @@ func newLoggedReconciler(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links, *c
 	ipvs := fake.NewIPVS()
 	links := fake.NewLinks(node)
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
-	cfg := ReconcilerConfig{Ownership: testOwnership(), RetryBase: time.Second, RetryMax: 8 * time.Second, Clock: clk}
+	cfg := Config{Ownership: testOwnership(), RetryBase: time.Second, RetryMax: 8 * time.Second, Clock: clk}
 	core, logs := observer.New(zap.InfoLevel)
 	return NewReconciler(ipvs, links, cfg, zap.New(core)), ipvs, links, clk, logs
 }
@@ -733,7 +733,7 @@ func TestReconcilerAdoptsKubeProxy(t *testing.T) {
 	links := fake.NewLinks(node)
 	own := testOwnership()
 	own.Adopt = "kube-ipvs0"
-	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: own}, zap.NewNop())
+	r := NewReconciler(ipvs, links, Config{Ownership: own}, zap.NewNop())
 	// kube-proxy's state: two VIPs on kube-ipvs0, each with a virtual server.
 	must := func(err error) {
 		t.Helper()
@@ -765,7 +765,7 @@ func TestReconcilerAdoptsKubeProxy(t *testing.T) {
 // sync, with the next slice, not after the whole resync.
 func TestReconcilerSlicedResync(t *testing.T) {
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), ResyncSlice: 2}, zap.NewNop())
+	r := NewReconciler(ipvs, links, Config{Ownership: testOwnership(), ResyncSlice: 2}, zap.NewNop())
 	names := make([]types.NamespacedName, 5)
 	for i := range names {
 		names[i] = types.NamespacedName{Namespace: "ns", Name: fmt.Sprintf("svc-%d", i+1)}
@@ -836,7 +836,7 @@ func TestReconcilerSlicedResync(t *testing.T) {
 // in-loop read, or one that failed, is not adopted: the sync reads itself.
 func TestReconcilerResyncReadOffLoop(t *testing.T) {
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+	r := NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop())
 	if _, ok := r.StartResyncRead(); ok {
 		t.Fatal("a read off the loop began without a resync reader")
 	}
@@ -1024,7 +1024,7 @@ func TestReconcilerRoutes(t *testing.T) {
 			"AddAddress ipvs-proxy0 10.96.0.0"}, links.Writes())
 		callsDiff(t, "ipvs writes", []string{"AddVirtualServer 10.96.0.10:80/TCP rr", "AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1"}, ipvs.Writes())
 		// A restart reads the route back and owns what is in it.
-		r2 := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+		r2 := NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop())
 		r2.SetRoutes([]netip.Prefix{rng})
 		resetCalls(ipvs, links)
 		mustSync(t, r2, false) // no plans yet: the virtual server is owned through the route, and deleted
@@ -1070,7 +1070,7 @@ func TestReconcilerRoutes(t *testing.T) {
 	// nobody's; one on an address configured nowhere is the agent's.
 	t.Run("kube-proxy's and the node's addresses in the range", func(t *testing.T) {
 		ipvs, links := fake.NewIPVS(), fake.NewLinks(node, netip.MustParseAddr("10.96.0.40"))
-		r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+		r := NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop())
 		for _, err := range []error{
 			links.EnsureDummy(netlinkutil.KubeProxyInterface),
 			links.AddAddress(netlinkutil.KubeProxyInterface, netip.MustParseAddr("10.96.0.20")),
@@ -1095,7 +1095,7 @@ func TestReconcilerRoutes(t *testing.T) {
 	t.Run("a failed route", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
 		ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-		r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), Clock: clk}, zap.NewNop())
+		r := NewReconciler(ipvs, links, Config{Ownership: testOwnership(), Clock: clk}, zap.NewNop())
 		failing := true
 		links.InjectErrors(func(c fake.Call) error {
 			if failing && strings.HasPrefix(string(c), "AddLocalRoute") {
@@ -1132,7 +1132,7 @@ func TestReconcilerRoutes(t *testing.T) {
 // fails in a later batch fails its own Service, not another.
 func TestReconcilerBatchesInChunks(t *testing.T) {
 	ipvs := fake.NewIPVS()
-	r := NewReconciler(ipvs, fake.NewLinks(node), ReconcilerConfig{Ownership: testOwnership(), PieceOps: 1 << 20}, zap.NewNop())
+	r := NewReconciler(ipvs, fake.NewLinks(node), Config{Ownership: testOwnership(), PieceOps: 1 << 20}, zap.NewNop())
 	bad := types.NamespacedName{Namespace: "default", Name: "s2900"}
 	ipvs.InjectErrors(func(c fake.Call) error {
 		if strings.HasPrefix(string(c), "AddRealServer 10.96.11.84:80/TCP ") { // s2900's
@@ -1187,7 +1187,7 @@ func TestReconcilerAppliesInPieces(t *testing.T) {
 		}
 		ipvs.InjectErrors(hook("ipvs"))
 		links.InjectErrors(hook("links"))
-		r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), PieceOps: pieceOps}, zap.NewNop())
+		r := NewReconciler(ipvs, links, Config{Ownership: testOwnership(), PieceOps: pieceOps}, zap.NewNop())
 		r.SetRoutes([]netip.Prefix{rng})
 		return bed{r, ipvs, links, seq}
 	}
@@ -1350,7 +1350,7 @@ func TestReconcilerPiecesKeepTheRangeRoute(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), PieceOps: 10}, zap.NewNop())
+	r := NewReconciler(ipvs, links, Config{Ownership: testOwnership(), PieceOps: 10}, zap.NewNop())
 	r.SetRoutes([]netip.Prefix{rng})
 	r.SetPlan(svcA, routedPlan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
 	resetCalls(ipvs, links)

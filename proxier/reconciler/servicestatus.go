@@ -40,14 +40,14 @@ type Backoff struct {
 }
 
 // Fail records a failure at now: the next attempt is base after it, doubled
-// per earlier failure in a row, at most max.
-func (b *Backoff) Fail(now time.Time, base, max time.Duration) {
+// per earlier failure in a row, at most maxDelay.
+func (b *Backoff) Fail(now time.Time, base, maxDelay time.Duration) {
 	b.failures++
 	d := base
-	for i := 1; i < b.failures && d < max; i++ {
+	for i := 1; i < b.failures && d < maxDelay; i++ {
 		d *= 2
 	}
-	b.next = now.Add(min(d, max))
+	b.next = now.Add(min(d, maxDelay))
 }
 
 // Due reports whether a failure waits for its retry and the retry is due.

@@ -84,7 +84,7 @@ func planN(i int) *model.ServicePlan {
 func tornResyncRead(t *testing.T) (*Reconciler, *fake.IPVS, *fake.Links) {
 	t.Helper()
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
-	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+	r := NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop())
 	for i := 1; i <= 3; i++ {
 		r.SetPlan(svcN(i), planN(i))
 	}
@@ -124,7 +124,7 @@ func TestTornOffLoopDumpNotAdopted(t *testing.T) {
 	}
 	if un := unownedVS(ipvs, links); len(un) > 0 {
 		// A new agent over this kernel does not own it either.
-		r2 := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership()}, zap.NewNop())
+		r2 := NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop())
 		r2.SetPlan(svcN(3), planN(3))
 		mustSync(t, r2, true)
 		t.Errorf("virtual servers left on addresses neither bound nor routed: %v (after a restart: %v); kernel:\n%v",
@@ -159,7 +159,7 @@ func TestLostAddAnswerKeepsTheAddress(t *testing.T) {
 	inner, links := fake.NewIPVS(), fake.NewLinks(node)
 	ipvs := &lostAnswers{IPVS: inner}
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 27, 20, 0, 0, 0, time.UTC))
-	r := NewReconciler(ipvs, links, ReconcilerConfig{Ownership: testOwnership(), Clock: clk}, zap.NewNop())
+	r := NewReconciler(ipvs, links, Config{Ownership: testOwnership(), Clock: clk}, zap.NewNop())
 	r.SetPlan(svcN(1), planN(1))
 	mustSync(t, r, true)
 

@@ -100,7 +100,7 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 	t.Helper()
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(stNodeAddr)
 	cfg := statusConfig()
-	rec := reconciler.NewReconciler(ipvs, links, reconciler.ReconcilerConfig{Ownership: cfg.Ownership()}, zap.NewNop())
+	rec := reconciler.NewReconciler(ipvs, links, reconciler.Config{Ownership: cfg.Ownership()}, zap.NewNop())
 	node := model.NodeInfo{Name: cfg.NodeName, NodePortAddresses: []netip.Addr{stNodeAddr}}
 	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true, ExcludeCIDRs: cfg.ExcludeCIDRs}
 	slicesOf := map[string][]*discoveryv1.EndpointSlice{}

@@ -36,7 +36,7 @@ func TestReconcilerConvergesUnderInjectedFaults(t *testing.T) {
 			ipvs, links := fake.NewIPVS(), fake.NewLinks(nodeAddr)
 			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
 			const base, maxDelay = time.Second, 8 * time.Second
-			cfg := reconciler.ReconcilerConfig{Ownership: ownership(), RetryBase: base, RetryMax: maxDelay, Clock: clk}
+			cfg := reconciler.Config{Ownership: ownership(), RetryBase: base, RetryMax: maxDelay, Clock: clk}
 			r := reconciler.NewReconciler(in.WrapIPVS(ipvs), in.WrapLinks(links), cfg, zap.NewNop())
 
 			const n = 200

@@ -123,7 +123,7 @@ func tarMode(m fs.FileMode) fs.FileMode {
 	return out
 }
 
-// tree adds the directory tree at root (in lexical order; hard links
+// Tree adds the directory tree at root (in lexical order; hard links
 // become copies).
 func (t *TarWriter) Tree(root string) error {
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
