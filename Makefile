@@ -149,7 +149,7 @@ fuzz:
 # of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
 # on a fresh machine the downloads overlap instead of each waiting behind
 # the compiles of the build before it.
-MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns deploy/helm
+MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint deploy/helm
 deps:
 	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
 		status=0; for p in $$pids; do wait $$p || status=1; done; \
@@ -159,11 +159,19 @@ bed:
 	$(E2E_CMD) ./cmd/prepare
 	$(E2E_CMD) ./cmd/conformance --images --procs 2 >/dev/null
 
+# golangci-lint (.golangci.yml; pinned by e2e/tools/golangci-lint's go.mod,
+# built into bin/) over the three modules whose code is ours, after gofmt
+# over every file and go vet.
+GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
 lint:
 	@bad=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	$(E2E_GO) vet ./...
 	cd deploy/helm && $(GO) vet ./...
+	$(GO) -C e2e/tools/golangci-lint build -o $(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	$(GOLANGCI_LINT) run ./...
+	cd e2e && $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
+	cd deploy/helm && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
 
 demo:
 	$(E2E_CMD) ./cmd/demo

@@ -704,9 +704,9 @@ func checkBackoff(t *testing.T, what string, lines []retryLine, ns string) strin
 		services, len(lines), maxF, strings.Join(delays, ", "))
 }
 
-// linesNaming returns up to max lines of log that name an IPv4 address
+// linesNaming returns up to limit lines of log that name an IPv4 address
 // found in one of what.
-func linesNaming(log string, what []string, max int) string {
+func linesNaming(log string, what []string, limit int) string {
 	addrs := map[string]bool{}
 	for _, w := range what {
 		for _, f := range strings.FieldsFunc(w, func(r rune) bool { return r == ' ' || r == ':' || r == ',' || r == ';' }) {
@@ -723,7 +723,7 @@ func linesNaming(log string, what []string, max int) string {
 				break
 			}
 		}
-		if len(out) == max {
+		if len(out) == limit {
 			break
 		}
 	}

@@ -119,15 +119,15 @@ func TestImage(t *testing.T) {
 		"/usr/sbin/iptables-legacy-restore", "/usr/sbin/ip6tables-nft-restore", "/usr/sbin/iptables", "/sbin/modprobe"}
 	var elves []string
 	for _, p := range execs {
-		real := resolve(t, root, p)
-		if real == "" {
+		resolved := resolve(t, root, p)
+		if resolved == "" {
 			t.Errorf("the image has no %s", p)
 			continue
 		}
-		if st, err := os.Stat(real); err != nil || st.Mode().Perm()&0o111 == 0 {
+		if st, err := os.Stat(resolved); err != nil || st.Mode().Perm()&0o111 == 0 {
 			t.Errorf("%s is not executable: %v", p, err)
 		}
-		elves = append(elves, real)
+		elves = append(elves, resolved)
 	}
 	xt, _ := filepath.Glob(filepath.Join(root, "usr/lib/*/xtables/*.so"))
 	if len(xt) == 0 {

@@ -137,8 +137,11 @@ func TestKubeProxyIPVSMode(t *testing.T) {
 		t.Helper()
 		eventually(t, 2*time.Minute, func() error {
 			out, err := e.VM.RunOK(context.Background(), "ip", "-o", "addr", "show", "dev", kubeproxy.Interface)
-			if err != nil || !strings.Contains(out, " "+ip+"/32 ") {
-				return fmt.Errorf("%s: clusterIP %s not on %s: %v\n%s", when, ip, kubeproxy.Interface, err, out)
+			if err != nil {
+				return fmt.Errorf("%s: clusterIP %s not on %s: %w\n%s", when, ip, kubeproxy.Interface, err, out)
+			}
+			if !strings.Contains(out, " "+ip+"/32 ") {
+				return fmt.Errorf("%s: clusterIP %s not on %s\n%s", when, ip, kubeproxy.Interface, out)
 			}
 			return nil
 		})

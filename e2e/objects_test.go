@@ -248,7 +248,7 @@ func (h *heldConn) verify(within time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	if err := h.proc.WaitFor(ctx, fmt.Sprintf("answer %d %s ", n+1, h.backend)); err != nil {
-		return fmt.Errorf("the held %s flow stopped answering from %s after %d answers: %v\n%s", h.proto, h.backend, n, err,
+		return fmt.Errorf("the held %s flow stopped answering from %s after %d answers: %w\n%s", h.proto, h.backend, n, err,
 			tailLines(h.proc.Output(), 5))
 	}
 	for _, l := range strings.Split(strings.TrimSpace(h.proc.Output()), "\n") {

@@ -286,7 +286,7 @@ func TestHealthCheckNodePort(t *testing.T) {
 			}
 			var a answer
 			if err := json.Unmarshal([]byte(body), &a); err != nil {
-				return fmt.Errorf("GET %s: %q: %v", url, body, err)
+				return fmt.Errorf("GET %s: %q: %w", url, body, err)
 			}
 			if a.LocalEndpoints != wantCount || a.Service.Namespace != ns || a.Service.Name != "local" {
 				return fmt.Errorf("GET %s: %s, want %d local endpoints of %s/local", url, body, wantCount, ns)

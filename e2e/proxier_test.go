@@ -461,7 +461,9 @@ func connCount(t *testing.T, out string) int {
 		t.Fatalf("no stats line in:\n%s", out)
 	}
 	var n int
-	fmt.Sscan(m[1], &n)
+	if _, err := fmt.Sscan(m[1], &n); err != nil {
+		t.Fatalf("connection counter %q: %v", m[1], err)
+	}
 	return n
 }
 

@@ -98,8 +98,9 @@ func main() {
 		usage("-rounds must be positive, -resync-rounds not negative, -burst positive and at most half the smallest size")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, c); err != nil {
+	err = run(ctx, c)
+	stop() // before os.Exit, which runs no deferred call
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

@@ -186,8 +186,12 @@ func (bn *bench) helper(ctx context.Context, out any, args ...string) error {
 // from the kernel and checks that IPVS is empty.
 func (bn *bench) clean(ctx context.Context) error {
 	for _, p := range proxyKinds {
-		if r, err := bn.bed.VM.Run(ctx, "pidof", p.comm); err != nil || r.ExitCode == 0 {
-			return fmt.Errorf("%s still runs (pidof: %q, %v)", p.name, r.Stdout, err)
+		r, err := bn.bed.VM.Run(ctx, "pidof", p.comm)
+		if err != nil {
+			return fmt.Errorf("%s still runs (pidof: %q, %w)", p.name, r.Stdout, err)
+		}
+		if r.ExitCode == 0 {
+			return fmt.Errorf("%s still runs (pidof: %q)", p.name, r.Stdout)
 		}
 	}
 	said, err := kubeproxy.Cleanup(ctx, bn.bed)

@@ -98,8 +98,9 @@ func main() {
 	flag.Parse()
 	o.extra = flag.Args()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
+	err := run(ctx, o)
+	stop() // before os.Exit, which runs no deferred call
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		os.Exit(1)
 	}

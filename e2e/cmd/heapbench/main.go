@@ -93,8 +93,9 @@ func main() {
 		ns = append(ns, n)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, ns, *per, *out, *cpuProfile, gcPercents{list: *listGOGC, after: *gogc}); err != nil {
+	err := run(ctx, ns, *per, *out, *cpuProfile, gcPercents{list: *listGOGC, after: *gogc})
+	stop() // before os.Exit, which runs no deferred call
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "heapbench: %v\n", err)
 		os.Exit(1)
 	}

@@ -19,6 +19,13 @@ import (
 )
 
 func main() {
+	if failed := prepare(); failed && os.Getenv("CI") == "true" {
+		os.Exit(1)
+	}
+}
+
+// prepare assembles the parts and reports whether any of them failed.
+func prepare() (failed bool) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
@@ -49,7 +56,6 @@ func main() {
 		errs[1] = err
 	}()
 	wg.Wait()
-	failed := false
 	for _, err := range errs {
 		if err != nil {
 			logf("%v", err)
@@ -57,7 +63,5 @@ func main() {
 		}
 	}
 	logf("done in %v", time.Since(start).Round(time.Second))
-	if failed && os.Getenv("CI") == "true" {
-		os.Exit(1)
-	}
+	return failed
 }

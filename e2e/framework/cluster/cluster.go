@@ -165,9 +165,11 @@ type Node struct {
 	kubelet    *vm.Proc
 }
 
-// KubeletLog and ContainerdLog are the output of n's daemons so far (for
-// failure messages).
-func (n *Node) KubeletLog() string    { return procOutput(n.kubelet) }
+// KubeletLog is the output of n's kubelet so far (for failure messages).
+func (n *Node) KubeletLog() string { return procOutput(n.kubelet) }
+
+// ContainerdLog is the output of n's containerd so far (for failure
+// messages).
 func (n *Node) ContainerdLog() string { return procOutput(n.containerd) }
 
 // Start builds what the node needs, starts the control plane and the VM,
@@ -451,11 +453,11 @@ func (c *Cluster) bootNode(ctx context.Context, n *Node, opts vm.Options) error 
 	stopWatch()
 	var lost *nodeLostError
 	if cause := context.Cause(bctx); err != nil && errors.As(cause, &lost) {
-		err = &nodeLostError{fmt.Errorf("%w (bring-up stopped at: %v)", cause, err)}
+		err = &nodeLostError{fmt.Errorf("%w (bring-up stopped at: %w)", cause, err)}
 	}
 	if dead, qerr := v.Exited(); err != nil && dead {
 		if !errors.As(err, &lost) {
-			err = &nodeLostError{fmt.Errorf("%w (the VM's QEMU had exited: %v; console:\n%s)", err, qerr, tailString(v.ConsoleLog(), 4000))}
+			err = &nodeLostError{fmt.Errorf("%w (the VM's QEMU had exited: %w; console:\n%s)", err, vm.ExitStatus(qerr), tailString(v.ConsoleLog(), 4000))}
 		}
 	}
 	return err
@@ -533,8 +535,8 @@ func (c *Cluster) waitNodeReady(ctx context.Context, n *Node) error {
 	var unanswered time.Time // since when the agent has not answered
 	for {
 		if dead, qerr := n.VM.Exited(); dead {
-			return &nodeLostError{fmt.Errorf("cluster: the VM's QEMU exited (%v) before node %s was Ready (%s)\nkubelet:\n%s\nconsole:\n%s",
-				qerr, n.Name, last, tailString(n.kubelet.Output(), 3000), tailString(n.VM.ConsoleLog(), 4000))}
+			return &nodeLostError{fmt.Errorf("cluster: the VM's QEMU exited (%w) before node %s was Ready (%s)\nkubelet:\n%s\nconsole:\n%s",
+				vm.ExitStatus(qerr), n.Name, last, tailString(n.kubelet.Output(), 3000), tailString(n.VM.ConsoleLog(), 4000))}
 		}
 		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err == nil {
@@ -700,9 +702,12 @@ func (c *Cluster) Node(name string) *Node {
 	return nil
 }
 
-// KubeletLog and ContainerdLog are the output of the first node's
-// daemons so far (for failure messages).
-func (c *Cluster) KubeletLog() string    { return c.Nodes[0].KubeletLog() }
+// KubeletLog is the output of the first node's kubelet so far (for
+// failure messages).
+func (c *Cluster) KubeletLog() string { return c.Nodes[0].KubeletLog() }
+
+// ContainerdLog is the output of the first node's containerd so far (for
+// failure messages).
 func (c *Cluster) ContainerdLog() string { return c.Nodes[0].ContainerdLog() }
 
 func procOutput(p *vm.Proc) string {

@@ -92,16 +92,20 @@ func EnsureBinaries(ctx context.Context, cacheDir string) (string, error) {
 	return ensure(ctx, cacheDir, clusterCommands)
 }
 
-// EnsureControllerManager, EnsureScheduler and EnsureKubelet are
-// EnsureBinaries under the name of the binary the caller wants.
+// EnsureControllerManager is EnsureBinaries under the name of the binary
+// the caller wants (kube-controller-manager).
 func EnsureControllerManager(ctx context.Context, cacheDir string) (string, error) {
 	return EnsureBinaries(ctx, cacheDir)
 }
 
+// EnsureScheduler is EnsureBinaries under the name of the binary the
+// caller wants (kube-scheduler).
 func EnsureScheduler(ctx context.Context, cacheDir string) (string, error) {
 	return EnsureBinaries(ctx, cacheDir)
 }
 
+// EnsureKubelet is EnsureBinaries under the name of the binary the caller
+// wants (kubelet).
 func EnsureKubelet(ctx context.Context, cacheDir string) (string, error) {
 	return EnsureBinaries(ctx, cacheDir)
 }
@@ -274,7 +278,9 @@ func hashLocalSources(h io.Writer, modDir string) error {
 		}
 		rel, _ := filepath.Rel(modDir, p)
 		fmt.Fprintf(h, "%s %d\n", rel, len(b))
-		h.Write(b)
+		if _, err := h.Write(b); err != nil {
+			return fmt.Errorf("wrapper module %s: %w", modDir, err)
+		}
 	}
 	return nil
 }

@@ -126,12 +126,25 @@ func (p *process) failure(reason error) error {
 	logTail := tail(readFileTail(p.logPath, 16<<10), 40)
 	err := fmt.Errorf("%s: %w", p.name, reason)
 	if p.exited() {
-		err = fmt.Errorf("%s exited (%v): %w", p.name, p.waitErr, reason)
+		err = fmt.Errorf("%s exited (%w): %w", p.name, exitStatus(p.waitErr), reason)
 	}
 	if bytes.Contains(logTail, []byte("address already in use")) {
 		err = fmt.Errorf("%w (%w)", err, errPortInUse)
 	}
 	return fmt.Errorf("%w; last lines of %s:\n%s", err, p.logPath, logTail)
+}
+
+// errCleanExit stands for the nil error of a process that exited with
+// status 0, in an error that wraps its exit status.
+var errCleanExit = errors.New("exit status 0")
+
+// exitStatus is a process's exit status (Wait's error) as an error to
+// wrap: err itself, or errCleanExit for a clean exit.
+func exitStatus(err error) error {
+	if err == nil {
+		return errCleanExit
+	}
+	return err
 }
 
 // readFileTail returns up to the last n bytes of a file.

@@ -283,7 +283,7 @@ func (k *KubeProxy) waitSynced(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -300,8 +300,12 @@ func (k *KubeProxy) synced(ctx context.Context, families []string) error {
 			return fmt.Errorf("no %s sync yet", f)
 		}
 	}
-	if status, body, err := k.vm.HTTPGet(ctx, HealthzURL); err != nil || status != 200 {
-		return fmt.Errorf("GET %s: %d %s %v", HealthzURL, status, body, err)
+	status, body, err := k.vm.HTTPGet(ctx, HealthzURL)
+	if err != nil {
+		return fmt.Errorf("GET %s: %d %s %w", HealthzURL, status, body, err)
+	}
+	if status != 200 {
+		return fmt.Errorf("GET %s: %d %s", HealthzURL, status, body)
 	}
 	return nil
 }

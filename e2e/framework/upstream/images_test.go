@@ -75,7 +75,10 @@ func TestTestImages(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(time.Minute))
+		if err := c.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+			heard <- err.Error()
+			return
+		}
 		line, _ := bufio.NewReader(c).ReadString('\n')
 		heard <- line
 	}()
@@ -203,7 +206,7 @@ func checkImage(t *testing.T, archive string, c imageCheck) string {
 		t.Fatal(err)
 	}
 	names := map[string]bool{}
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil {
 			names[d.Name()] = true
 		}

@@ -44,9 +44,13 @@ type junitMessage struct {
 // Outcome is what became of one test.
 type Outcome string
 
+// The outcomes of a test.
 const (
-	Passed  Outcome = "passed"
-	Failed  Outcome = "failed"
+	// Passed is a test that ran and passed.
+	Passed Outcome = "passed"
+	// Failed is a test that ran and failed.
+	Failed Outcome = "failed"
+	// Skipped is a test that the suite skipped.
 	Skipped Outcome = "skipped"
 	// NotRun is a selected test that did not run: the suite stopped
 	// before it (a failed [SynchronizedBeforeSuite], a timeout).

@@ -133,7 +133,10 @@ func (s Suite) Run(ctx context.Context, p *Plan, o RunOptions) (Summary, error) 
 	}
 	logf("%s: wall time %s; report %s, summary %s", o.Proxy, wall.Round(time.Second), junit, summaryPath)
 	if sum.Failed > 0 || sum.NotRun > 0 || sum.Passed == 0 {
-		return sum, fmt.Errorf("%d failed, %d not run, %d passed (e2e.test: %v)", sum.Failed, sum.NotRun, sum.Passed, runErr)
+		if runErr != nil {
+			return sum, fmt.Errorf("%d failed, %d not run, %d passed (e2e.test: %w)", sum.Failed, sum.NotRun, sum.Passed, runErr)
+		}
+		return sum, fmt.Errorf("%d failed, %d not run, %d passed (e2e.test: exit status 0)", sum.Failed, sum.NotRun, sum.Passed)
 	}
 	return sum, nil
 }

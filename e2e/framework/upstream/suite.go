@@ -42,9 +42,13 @@ var imagePackages = []controlplane.WrapperPackage{
 // Suite is a directory of the suite's binaries.
 type Suite struct{ Dir string }
 
-// E2ETest, Kubectl and Agnhost are the binaries' paths.
+// E2ETest is the path of the suite's e2e.test binary.
 func (s Suite) E2ETest() string { return filepath.Join(s.Dir, BinE2ETest) }
+
+// Kubectl is the path of the suite's kubectl binary.
 func (s Suite) Kubectl() string { return filepath.Join(s.Dir, BinKubectl) }
+
+// Agnhost is the path of the suite's agnhost binary.
 func (s Suite) Agnhost() string { return filepath.Join(s.Dir, BinAgnhost) }
 
 // EnsureGinkgo builds Ginkgo's command-line runner, at the version the

@@ -227,7 +227,7 @@ func ensureAssets(ctx context.Context, cacheDir string, logf func(string, ...any
 			return a, nil
 		}
 		if uerr := debian.Update(ctx, logf); uerr != nil {
-			return nil, fmt.Errorf("vm assets: resolve kernel ABI: %w (apt-get update: %v)", err, uerr)
+			return nil, fmt.Errorf("vm assets: resolve kernel ABI: %w (apt-get update: %w)", err, uerr)
 		}
 		updated = true
 		if abi, err = kernelABI(ctx, cacheDir); err != nil {
@@ -242,7 +242,7 @@ func ensureAssets(ctx context.Context, cacheDir string, logf func(string, ...any
 		// Stale package lists name files the mirror no longer has.
 		logf("vm: %v", err)
 		if uerr := debian.Update(ctx, logf); uerr != nil {
-			return nil, fmt.Errorf("vm assets: %w (apt-get update: %v)", err, uerr)
+			return nil, fmt.Errorf("vm assets: %w (apt-get update: %w)", err, uerr)
 		}
 		updated = true
 		if abi, err = kernelABI(ctx, cacheDir); err != nil {
@@ -476,7 +476,7 @@ func extractVmlinux(ctx context.Context, xz, vmlinuz, out string) error {
 	if err != nil {
 		return fmt.Errorf("vmlinux: %w", err)
 	}
-	var lastErr error = errors.New("no xz payload found")
+	lastErr := errors.New("no xz payload found")
 	for off := 0; ; {
 		i := bytes.Index(img[off:], xzMagic)
 		if i < 0 {

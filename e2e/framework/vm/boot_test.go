@@ -43,7 +43,9 @@ func TestStartRetriesHungBoot(t *testing.T) {
 	began := time.Now()
 	v, err := Start(context.Background(), Options{Assets: a, BootTimeout: time.Second})
 	if err == nil {
-		v.Shutdown()
+		if err := v.Shutdown(); err != nil {
+			t.Logf("Shutdown: %v", err)
+		}
 		t.Fatal("Start with a QEMU that never boots: no error")
 	}
 	if !errors.Is(err, errBootHung) {
@@ -63,7 +65,9 @@ func TestStartNoRetryWhenCallerGaveUp(t *testing.T) {
 	defer cancel()
 	v, err := Start(ctx, Options{Assets: a, BootTimeout: time.Minute})
 	if err == nil {
-		v.Shutdown()
+		if err := v.Shutdown(); err != nil {
+			t.Logf("Shutdown: %v", err)
+		}
 		t.Fatal("Start with a QEMU that never boots: no error")
 	}
 	if errors.Is(err, errBootHung) {

@@ -373,6 +373,10 @@ func (v *VM) Dial(ctx context.Context, addr string) (net.Conn, error) {
 		conn.Close()
 		return nil, fmt.Errorf("vm: dial %s: %w", addr, err)
 	}
+	// A 101's body is http.NoBody (the connection itself carries the
+	// stream); any other status's body is closed after conn, so that
+	// closing it does not wait to drain it.
+	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		var e agentapi.ErrorResponse
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

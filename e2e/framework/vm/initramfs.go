@@ -321,12 +321,12 @@ func addLibraries(ar *archive, root string, elves []string) error {
 			if found == "" {
 				return fmt.Errorf("%s needs %s, which no unpacked package has: add its package", p, lib)
 			}
-			real, err := resolveIn(root, found)
+			resolved, err := resolveIn(root, found)
 			if err != nil {
 				return err
 			}
-			ar.file(path.Join(guestLibDir, lib), real, 0o755)
-			elves = append(elves, real)
+			ar.file(path.Join(guestLibDir, lib), resolved, 0o755)
+			elves = append(elves, resolved)
 		}
 	}
 	return nil

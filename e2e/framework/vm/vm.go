@@ -281,6 +281,19 @@ var errPortTaken = errors.New("host port for the agent was taken")
 // never answered.
 var errBootHung = errors.New("the guest hung while booting")
 
+// errCleanExit stands for QEMU's nil exit error (status 0) in an error
+// that wraps its exit status.
+var errCleanExit = errors.New("exit status 0")
+
+// ExitStatus is a process's exit status (QEMU's Wait error) as an error to wrap: err
+// itself, or errCleanExit for a clean exit.
+func ExitStatus(err error) error {
+	if err == nil {
+		return errCleanExit
+	}
+	return err
+}
+
 func (v *VM) boot(ctx context.Context, accel []string, initrd string) error {
 	port, err := freePort()
 	if err != nil {
@@ -390,12 +403,12 @@ func (v *VM) waitReady(parent context.Context, start time.Time) error {
 		}
 		select {
 		case <-v.exited:
-			return fmt.Errorf("qemu exited before the agent answered: %v", v.waitErr)
+			return fmt.Errorf("qemu exited before the agent answered: %w", ExitStatus(v.waitErr))
 		case <-ctx.Done():
 			if parent.Err() == nil {
-				return fmt.Errorf("%w: agent did not answer within %v (last error: %v)", errBootHung, v.opts.BootTimeout, err)
+				return fmt.Errorf("%w: agent did not answer within %v (last error: %w)", errBootHung, v.opts.BootTimeout, err)
 			}
-			return fmt.Errorf("agent did not answer within %v: %w (last error: %v)", v.opts.BootTimeout, ctx.Err(), err)
+			return fmt.Errorf("agent did not answer within %v: %w (last error: %w)", v.opts.BootTimeout, ctx.Err(), err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -450,7 +463,7 @@ func (v *VM) shutdown() error {
 	var err error
 	select {
 	case <-v.exited:
-		err = fmt.Errorf("vm: qemu had exited before Shutdown: %v; console:\n%s", v.waitErr, tail(v.ConsoleLog(), 3000))
+		err = fmt.Errorf("vm: qemu had exited before Shutdown: %w; console:\n%s", ExitStatus(v.waitErr), tail(v.ConsoleLog(), 3000))
 	default:
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if perr := v.call(ctx, "POST", agentapi.PathPoweroff, struct{}{}, nil); perr != nil {

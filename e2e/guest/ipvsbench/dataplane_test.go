@@ -114,7 +114,7 @@ add element ip kube-proxy service-ips { 10.96.0.11 . udp . 80 : goto ` + chain +
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		nltest.Require(t, "nf_tables", fmt.Errorf("%v: %s", err, out))
+		nltest.Require(t, "nf_tables", fmt.Errorf("%w: %s", err, out))
 	}
 	left, err := v.missing([]Service{{VIP: "10.96.0.10", Port: 80}, {VIP: "10.96.0.11", Port: 80}})
 	if err != nil || len(left) != 1 || left[0].VIP != "10.96.0.11" {

@@ -152,10 +152,17 @@ func netlinkFigures(n int) error {
 
 // inFreshNetns runs fn on a locked thread in a new network namespace with a
 // route to 10.0.0.0/8 (IPVS refuses a NAT real server without a route), and
-// comes back.
-func inFreshNetns(fn func() error) error {
+// comes back. Failing to come back is an error, and leaves the thread
+// locked, so that the runtime ends it with the goroutine instead of running
+// other goroutines in the fresh namespace.
+func inFreshNetns(fn func() error) (err error) {
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	restored := true
+	defer func() {
+		if restored {
+			runtime.UnlockOSThread()
+		}
+	}()
 	orig, err := netns.Get()
 	if err != nil {
 		return err
@@ -166,7 +173,12 @@ func inFreshNetns(fn func() error) error {
 		return fmt.Errorf("new netns: %w", err)
 	}
 	defer ns.Close()
-	defer netns.Set(orig)
+	defer func() {
+		if serr := netns.Set(orig); serr != nil {
+			restored = false
+			err = errors.Join(err, fmt.Errorf("back to the original netns: %w", serr))
+		}
+	}()
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = "nlbench0"
 	if err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: attrs}); err != nil {

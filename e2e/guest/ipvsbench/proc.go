@@ -130,8 +130,7 @@ func sampleCPU(pid int) (cpuSample, error) {
 		return cpuSample{}, fmt.Errorf("process %d has ended", pid)
 	}
 	s := cpuSample{at: at, self: st.self, children: st.children}
-	var descends func(p int) bool
-	descends = func(p int) bool {
+	descends := func(p int) bool {
 		for depth := 0; p > 1 && depth < 32; depth++ {
 			if p == pid {
 				return true

@@ -75,7 +75,10 @@ func settle(args []string) error {
 	var problem error
 	for start := time.Now(); ; time.Sleep(*interval) {
 		if time.Since(start) > *timeout {
-			return fmt.Errorf("settle: %w after %v (virtual servers: %d missing; last check: %v)", errNotSettled, *timeout, len(missing), problem)
+			if problem == nil {
+				return fmt.Errorf("settle: %w after %v (virtual servers: %d missing; not checked yet)", errNotSettled, *timeout, len(missing))
+			}
+			return fmt.Errorf("settle: %w after %v (virtual servers: %d missing; last check: %w)", errNotSettled, *timeout, len(missing), problem)
 		}
 		if _, err := log.sample(); err != nil {
 			return err

@@ -23,7 +23,7 @@ func httpCmd(args []string, stdout io.Writer) error {
 	timeout := fs.Duration("timeout", 5*time.Second, "timeout of the request")
 	caFile := fs.String("cacert", "", "PEM file of the CA certificates that verify an https server")
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: http: %v", errUsage, err)
+		return fmt.Errorf("%w: http: %w", errUsage, err)
 	}
 	if fs.NArg() != 1 {
 		return fmt.Errorf("%w: http: want one URL", errUsage)

@@ -105,7 +105,7 @@ func newFlags(name string) *flag.FlagSet {
 
 func parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %s: %v", errUsage, fs.Name(), err)
+		return fmt.Errorf("%w: %s: %w", errUsage, fs.Name(), err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: %s: unexpected arguments %q", errUsage, fs.Name(), fs.Args())
