@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes/ktypestest"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 // table reads the whole IPVS table both ways, one destination dump per
@@ -80,9 +80,9 @@ func TestIPVSBatch(t *testing.T) {
 	}
 	errs := h.Apply([]Write{
 		addVS(tcp), addVS(udp), addVS(sctp), addVS(v6),
-		addRS(tcp, modeltest.RS("10.0.1.2:8080@1")), addRS(tcp, modeltest.RS("10.0.2.2:8080@1")),
-		addRS(udp, modeltest.RS("10.0.1.2:53@0")), addRS(sctp, modeltest.RS("10.0.1.3:3868@2")),
-		addRS(v6, modeltest.RS("[fd00:1::2]:8443@3")),
+		addRS(tcp, ktypestest.RS("10.0.1.2:8080@1")), addRS(tcp, ktypestest.RS("10.0.2.2:8080@1")),
+		addRS(udp, ktypestest.RS("10.0.1.2:53@0")), addRS(sctp, ktypestest.RS("10.0.1.3:3868@2")),
+		addRS(v6, ktypestest.RS("[fd00:1::2]:8443@3")),
 	})
 	for i, err := range errs {
 		if err != nil {
@@ -107,11 +107,11 @@ func TestIPVSBatch(t *testing.T) {
 		{Kind: ktypes.OpUpdateVirtualServer, VirtualServer: tcp2},
 		{Kind: ktypes.OpUpdateVirtualServer, VirtualServer: udp2}, // unknown scheduler: ENOENT
 		addVS(v6), // already there: EEXIST
-		{Kind: ktypes.OpUpdateRealServer, VirtualServer: tcp, RealServer: modeltest.RS("10.0.2.2:8080@5")},
-		{Kind: ktypes.OpDeleteRealServer, VirtualServer: tcp, RealServer: modeltest.RS("10.0.1.2:8080@0")},
-		addRS(ghost, modeltest.RS("10.0.1.9:80@1")), // no such virtual server: ESRCH
+		{Kind: ktypes.OpUpdateRealServer, VirtualServer: tcp, RealServer: ktypestest.RS("10.0.2.2:8080@5")},
+		{Kind: ktypes.OpDeleteRealServer, VirtualServer: tcp, RealServer: ktypestest.RS("10.0.1.2:8080@0")},
+		addRS(ghost, ktypestest.RS("10.0.1.9:80@1")), // no such virtual server: ESRCH
 		{Kind: ktypes.OpDeleteVirtualServer, VirtualServer: sctp},
-		addRS(v6, modeltest.RS("[fd00:1::3]:8443@1")),
+		addRS(v6, ktypestest.RS("[fd00:1::3]:8443@1")),
 	}
 	errs = h.Apply(writes)
 	wantErr := map[int]error{1: unix.ENOENT, 2: unix.EEXIST, 5: unix.ESRCH}

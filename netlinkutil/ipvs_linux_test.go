@@ -10,8 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vishvananda/netlink"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes/ktypestest"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nltest"
@@ -69,12 +69,12 @@ func TestIPVSTable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, r := range []ktypes.RealServer{modeltest.RS("10.0.1.2:8080@1"), modeltest.RS("10.0.2.2:8080@1")} {
+	for _, r := range []ktypes.RealServer{ktypestest.RS("10.0.1.2:8080@1"), ktypestest.RS("10.0.2.2:8080@1")} {
 		if err := h.AddRealServer(tcp.VSKey, r); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := h.AddRealServer(v6.VSKey, modeltest.RS("[fd00:1::2]:8443@3")); err != nil {
+	if err := h.AddRealServer(v6.VSKey, ktypestest.RS("[fd00:1::2]:8443@3")); err != nil {
 		t.Fatal(err)
 	}
 	got, err := h.ListVirtualServers()
@@ -95,10 +95,10 @@ func TestIPVSTable(t *testing.T) {
 	}
 
 	// Update a weight, the scheduler; delete a real server; read back.
-	if err := h.UpdateRealServer(tcp.VSKey, modeltest.RS("10.0.2.2:8080@5")); err != nil {
+	if err := h.UpdateRealServer(tcp.VSKey, ktypestest.RS("10.0.2.2:8080@5")); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.DeleteRealServer(tcp.VSKey, modeltest.RS("10.0.1.2:8080@0").RSKey); err != nil {
+	if err := h.DeleteRealServer(tcp.VSKey, ktypestest.RS("10.0.1.2:8080@0").RSKey); err != nil {
 		t.Fatal(err)
 	}
 	tcp.Scheduler = "wlc"
@@ -109,14 +109,14 @@ func TestIPVSTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]ktypes.RealServer{modeltest.RS("10.0.2.2:8080@5")}, dests, addrCmp); diff != "" {
+	if diff := cmp.Diff([]ktypes.RealServer{ktypestest.RS("10.0.2.2:8080@5")}, dests, addrCmp); diff != "" {
 		t.Errorf("real servers (-want +got):\n%s", diff)
 	}
 	dests6, err := h.ListRealServers(v6.VSKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]ktypes.RealServer{modeltest.RS("[fd00:1::2]:8443@3")}, dests6, addrCmp); diff != "" {
+	if diff := cmp.Diff([]ktypes.RealServer{ktypestest.RS("[fd00:1::2]:8443@3")}, dests6, addrCmp); diff != "" {
 		t.Errorf("IPv6 real servers (-want +got):\n%s", diff)
 	}
 	if err := h.SetTimeouts(Timeouts{TCP: 900e9, UDP: 30e9}); err != nil {
@@ -185,7 +185,7 @@ func TestIPVSRealTraffic(t *testing.T) {
 		if err := h.AddVirtualServer(vs); err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range []ktypes.RealServer{modeltest.RS("10.0.1.2:8080@1"), modeltest.RS("10.0.2.2:8080@1")} {
+		for _, r := range []ktypes.RealServer{ktypestest.RS("10.0.1.2:8080@1"), ktypestest.RS("10.0.2.2:8080@1")} {
 			if err := h.AddRealServer(vs.VSKey, r); err != nil {
 				t.Fatal(err)
 			}

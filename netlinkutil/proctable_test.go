@@ -8,7 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes/ktypestest"
 )
 
 // TestParseProcTable reads the kernel's text table (as Linux 6.1 prints
@@ -36,9 +36,9 @@ TCP  0A60000A:0050 rr
 		t.Fatal(err)
 	}
 	want := map[ktypes.VSKey][]ktypes.RealServer{
-		modeltest.VSKey("10.96.0.10:80", ktypes.TCP):         modeltest.RSs("10.0.1.2:8080@1#3.7", "10.0.2.2:8080@0"),
-		modeltest.VSKey("10.96.0.10:53", ktypes.UDP):         {},
-		modeltest.VSKey("[fd00:10:96::10]:443", ktypes.SCTP): modeltest.RSs("[fd00:1::2]:8443@3"),
+		ktypestest.VSKey("10.96.0.10:80", ktypes.TCP):         ktypestest.RSs("10.0.1.2:8080@1#3.7", "10.0.2.2:8080@0"),
+		ktypestest.VSKey("10.96.0.10:53", ktypes.UDP):         {},
+		ktypestest.VSKey("[fd00:10:96::10]:443", ktypes.SCTP): ktypestest.RSs("[fd00:1::2]:8443@3"),
 	}
 	if diff := cmp.Diff(want, got, addrCmp); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes/ktypestest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 var (
@@ -25,7 +25,7 @@ var (
 func vs(kind model.AddressKind, a string, proto ktypes.Protocol, port uint16, rss ...string) model.VSPlan {
 	p := model.VSPlan{VirtualServer: ktypes.VirtualServer{
 		VSKey: ktypes.VSKey{Address: addr(a), Protocol: proto, Port: port}, Scheduler: "rr"}, Kind: kind}
-	p.RealServers = modeltest.RSs(rss...)
+	p.RealServers = ktypestest.RSs(rss...)
 	return p
 }
 

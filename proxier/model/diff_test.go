@@ -10,20 +10,20 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes/ktypestest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
 
 // dvs is a virtual server "addr:port" (TCP) with a scheduler.
 func dvs(addrPort, sched string) ktypes.VirtualServer {
-	return ktypes.VirtualServer{VSKey: modeltest.VSKey(addrPort, ktypes.TCP), Scheduler: sched}
+	return ktypes.VirtualServer{VSKey: ktypestest.VSKey(addrPort, ktypes.TCP), Scheduler: sched}
 }
 
-// drs parses a real server as modeltest.RS does: "addr:port" (weight 1),
+// drs parses a real server as ktypestest.RS does: "addr:port" (weight 1),
 // "addr:port@w", "addr:port@d" (weight 0, marked Drain), each optionally
 // followed by the kernel's connection counts "#active" or
 // "#active.inactive".
-var drs = modeltest.RS
+var drs = ktypestest.RS
 
 func want(svc string, kind model.AddressKind, vs ktypes.VirtualServer, rss ...string) model.Want {
 	ns, name, _ := strings.Cut(svc, "/")

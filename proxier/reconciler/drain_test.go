@@ -16,8 +16,8 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes/ktypestest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
-	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
 
@@ -44,7 +44,7 @@ func newDrainBed(t *testing.T) *drainBed {
 			}},
 	}
 	return &drainBed{t: t, ipvs: ipvs, r: r, clk: clk, svc: svc,
-		tcp: modeltest.VSKey("10.96.0.10:80", ktypes.TCP), udp: modeltest.VSKey("10.96.0.10:53", ktypes.UDP)}
+		tcp: ktypestest.VSKey("10.96.0.10:80", ktypes.TCP), udp: ktypestest.VSKey("10.96.0.10:53", ktypes.UDP)}
 }
 
 // setEndpoints builds the Service's plan from one slice with these

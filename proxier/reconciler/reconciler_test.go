@@ -22,6 +22,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes/ktypestest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model/modeltest"
 )
@@ -208,14 +209,14 @@ func TestReconcilerRepairsDrift(t *testing.T) {
 	r, ipvs, links := newTestReconciler(t)
 	twoServices(t, r)
 	want := ipvs.Dump()
-	ipvs.SkipInBulkRead(modeltest.VSKey("10.96.0.10:80", ktypes.TCP))
+	ipvs.SkipInBulkRead(ktypestest.VSKey("10.96.0.10:80", ktypes.TCP))
 
 	// Someone deletes a real server, and changes a scheduler, by hand.
-	k := modeltest.VSKey("10.96.0.10:80", ktypes.TCP)
+	k := ktypestest.VSKey("10.96.0.10:80", ktypes.TCP)
 	if err := ipvs.DeleteRealServer(k, ktypes.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ipvs.UpdateVirtualServer(ktypes.VirtualServer{VSKey: modeltest.VSKey("10.96.0.11:53", ktypes.TCP), Scheduler: "wrr"}); err != nil {
+	if err := ipvs.UpdateVirtualServer(ktypes.VirtualServer{VSKey: ktypestest.VSKey("10.96.0.11:53", ktypes.TCP), Scheduler: "wrr"}); err != nil {
 		t.Fatal(err)
 	}
 	resetCalls(ipvs, links)
@@ -237,12 +238,12 @@ func TestReconcilerOwnership(t *testing.T) {
 	// foreign VS on a node address outside the node-port range, an excluded
 	// VS on our interface, and a stale VS of ours on our interface.
 	foreign := []ktypes.VirtualServer{
-		{VSKey: modeltest.VSKey("172.16.0.1:80", ktypes.TCP), Scheduler: "wlc"},
-		{VSKey: modeltest.VSKey("192.168.0.10:8443", ktypes.TCP), Scheduler: "rr"},
-		{VSKey: modeltest.VSKey("10.200.0.1:80", ktypes.TCP), Scheduler: "rr"},
+		{VSKey: ktypestest.VSKey("172.16.0.1:80", ktypes.TCP), Scheduler: "wlc"},
+		{VSKey: ktypestest.VSKey("192.168.0.10:8443", ktypes.TCP), Scheduler: "rr"},
+		{VSKey: ktypestest.VSKey("10.200.0.1:80", ktypes.TCP), Scheduler: "rr"},
 	}
-	for _, v := range append(foreign, ktypes.VirtualServer{VSKey: modeltest.VSKey("10.96.0.99:80", ktypes.TCP), Scheduler: "rr"},
-		ktypes.VirtualServer{VSKey: modeltest.VSKey("192.168.0.10:30999", ktypes.TCP), Scheduler: "rr"}) {
+	for _, v := range append(foreign, ktypes.VirtualServer{VSKey: ktypestest.VSKey("10.96.0.99:80", ktypes.TCP), Scheduler: "rr"},
+		ktypes.VirtualServer{VSKey: ktypestest.VSKey("192.168.0.10:30999", ktypes.TCP), Scheduler: "rr"}) {
 		if err := ipvs.AddVirtualServer(v); err != nil {
 			t.Fatal(err)
 		}
@@ -547,7 +548,7 @@ func TestReconcilerConflict(t *testing.T) {
 				t.Errorf("conflict changes (-want +got):\n%s", diff)
 			}
 			sa, _ := r.Status(svcA)
-			wantConflicts := []model.Conflict{{VirtualServer: modeltest.VSKey("172.20.0.5:80", ktypes.TCP), Holder: svcB, Loser: svcA}}
+			wantConflicts := []model.Conflict{{VirtualServer: ktypestest.VSKey("172.20.0.5:80", ktypes.TCP), Holder: svcB, Loser: svcA}}
 			if diff := cmp.Diff(wantConflicts, sa.Conflicts, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 				t.Errorf("conflicts of the younger Service (-want +got):\n%s", diff)
 			}
@@ -744,11 +745,11 @@ func TestReconcilerAdoptsKubeProxy(t *testing.T) {
 	must(links.EnsureDummy("kube-ipvs0"))
 	for _, vip := range []string{"10.96.0.10", "10.96.0.99"} {
 		must(links.AddAddress("kube-ipvs0", netip.MustParseAddr(vip)))
-		k := modeltest.VSKey(vip+":80", ktypes.TCP)
+		k := ktypestest.VSKey(vip+":80", ktypes.TCP)
 		must(ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: k, Scheduler: "rr"}))
 		must(ipvs.AddRealServer(k, ktypes.RealServer{RSKey: ktypes.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}, Weight: 1}))
 	}
-	must(ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: modeltest.VSKey("172.16.0.1:80", ktypes.TCP), Scheduler: "wlc"}))
+	must(ipvs.AddVirtualServer(ktypes.VirtualServer{VSKey: ktypestest.VSKey("172.16.0.1:80", ktypes.TCP), Scheduler: "wlc"}))
 	resetCalls(ipvs, links)
 
 	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
@@ -778,9 +779,9 @@ func TestReconcilerSlicedResync(t *testing.T) {
 	// Drift by hand in the first, second and last slices.
 	rs := func(a string) ktypes.RSKey { return ktypes.RSKey{Address: netip.MustParseAddr(a), Port: 8080} }
 	for _, err := range []error{
-		ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", ktypes.TCP), rs("10.0.1.1")),
-		ipvs.UpdateRealServer(modeltest.VSKey("10.96.0.3:80", ktypes.TCP), ktypes.RealServer{RSKey: rs("10.0.1.3"), Weight: 7}),
-		ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.5:80", ktypes.TCP), rs("10.0.1.5")),
+		ipvs.DeleteRealServer(ktypestest.VSKey("10.96.0.1:80", ktypes.TCP), rs("10.0.1.1")),
+		ipvs.UpdateRealServer(ktypestest.VSKey("10.96.0.3:80", ktypes.TCP), ktypes.RealServer{RSKey: rs("10.0.1.3"), Weight: 7}),
+		ipvs.DeleteRealServer(ktypestest.VSKey("10.96.0.5:80", ktypes.TCP), rs("10.0.1.5")),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -850,7 +851,7 @@ func TestReconcilerResyncReadOffLoop(t *testing.T) {
 	mustSync(t, r, true)
 
 	// Drift by hand, then the read, then changes written by the loop.
-	if err := ipvs.DeleteRealServer(modeltest.VSKey("10.96.0.1:80", ktypes.TCP), ktypes.RSKey{Address: netip.MustParseAddr("10.0.1.1"), Port: 8080}); err != nil {
+	if err := ipvs.DeleteRealServer(ktypestest.VSKey("10.96.0.1:80", ktypes.TCP), ktypes.RSKey{Address: netip.MustParseAddr("10.0.1.1"), Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
 	run, ok := r.StartResyncRead()
@@ -1346,7 +1347,7 @@ func TestReconcilerPiecesKeepTheRangeRoute(t *testing.T) {
 		}
 	}
 	for i := range 12 { // a piece of its own with PieceOps 10
-		if err := ipvs.AddRealServer(gone.VSKey, modeltest.RS(fmt.Sprintf("10.0.2.%d:8080", i+1))); err != nil {
+		if err := ipvs.AddRealServer(gone.VSKey, ktypestest.RS(fmt.Sprintf("10.0.2.%d:8080", i+1))); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,78 +1,24 @@
 // Package modeltest builds the plain values of package model from short
-// strings, for the tests of every package that handles them (the model, the
-// reconciler, the glue, the kernel adapters), so that each writes its cases
-// the same way.
+// strings (the kernel's value types with ktypestest), for the tests of
+// every package that handles plans: the model, the reconciler, the glue.
 package modeltest
 
 import (
-	"net/netip"
-	"strconv"
-	"strings"
-
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes/ktypestest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
-
-// VSKey is the virtual server "addr:port" of a protocol.
-func VSKey(addrPort string, proto ktypes.Protocol) ktypes.VSKey {
-	ap := netip.MustParseAddrPort(addrPort)
-	return ktypes.VSKey{Address: ap.Addr(), Protocol: proto, Port: ap.Port()}
-}
-
-// RS parses a real server: "addr:port" (weight 1), "addr:port@W" (weight
-// W), "addr:port@d" (weight 0, marked Drain), each optionally followed by
-// the kernel's connection counts "#active" or "#active.inactive". It
-// panics on a malformed string, as the netip.Must functions do.
-func RS(s string) ktypes.RealServer {
-	rs := ktypes.RealServer{Weight: 1}
-	if a, conns, ok := strings.Cut(s, "#"); ok {
-		s = a
-		act, inact, _ := strings.Cut(conns, ".")
-		rs.ActiveConns = mustAtoi(act)
-		if inact != "" {
-			rs.InactiveConns = mustAtoi(inact)
-		}
-	}
-	if a, w, ok := strings.Cut(s, "@"); ok {
-		s = a
-		if w == "d" {
-			rs.Weight, rs.Drain = 0, true
-		} else {
-			rs.Weight = mustAtoi(w)
-		}
-	}
-	ap := netip.MustParseAddrPort(s)
-	rs.RSKey = ktypes.RSKey{Address: ap.Addr(), Port: ap.Port()}
-	return rs
-}
-
-// RSs parses real servers with RS; nil when there are none.
-func RSs(ss ...string) []ktypes.RealServer {
-	var out []ktypes.RealServer
-	for _, s := range ss {
-		out = append(out, RS(s))
-	}
-	return out
-}
 
 // VS is the plan of a TCP virtual server "addr:port" of a kind, with a
 // scheduler and real servers parsed by RS.
 func VS(kind model.AddressKind, addrPort, sched string, rss ...string) model.VSPlan {
-	return model.VSPlan{VirtualServer: ktypes.VirtualServer{VSKey: VSKey(addrPort, ktypes.TCP), Scheduler: sched}, Kind: kind,
-		RealServers: RSs(rss...)}
+	return model.VSPlan{VirtualServer: ktypes.VirtualServer{VSKey: ktypestest.VSKey(addrPort, ktypes.TCP), Scheduler: sched}, Kind: kind,
+		RealServers: ktypestest.RSs(rss...)}
 }
 
 // Plan is a Service's plan with these virtual servers.
 func Plan(name types.NamespacedName, vss ...model.VSPlan) *model.ServicePlan {
 	return &model.ServicePlan{Service: name, VirtualServers: vss}
-}
-
-func mustAtoi(s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		panic("modeltest: " + err.Error())
-	}
-	return n
 }
