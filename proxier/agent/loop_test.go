@@ -851,14 +851,14 @@ func TestLoopPreparesBesideTheLists(t *testing.T) {
 }
 
 // TestLoopPreparationFailureEndsRun: a preparation that fails ends Run with
-// its error at once, before any sync, even while the lists are held.
+// its error at once, before any sync, even while the lists are not in. (The
+// list of slices fails rather than blocks: the fake clientset runs its
+// reactors under one lock, so a blocked list would hold every other call,
+// the Node's watch too, and with it the informers' stop.)
 func TestLoopPreparationFailureEndsRun(t *testing.T) {
 	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"))
-	hold := make(chan struct{})
-	defer close(hold)
 	b.client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
-		<-hold
-		return false, nil, nil
+		return true, nil, errors.New("the apiserver is slow")
 	})
 	b.p.SetPrepare(func(context.Context) error { return errors.New("no ip_vs module") })
 	done := make(chan error, 1)
