@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -74,6 +75,9 @@ type Proxier struct {
 	rec       *reconciler.Reconciler
 	consumers *consumerSet
 	reporter  *reporter
+	// statusMu makes a sync's outcome (the reporter's health, the
+	// tracker's pendingSince) one change as Status sees it.
+	statusMu sync.Mutex
 	// listed is closed once the initial lists of Services, slices and the
 	// Node are in (Listed).
 	listed chan struct{}
@@ -156,6 +160,8 @@ const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
 // Status returns the sync status.
 func (p *Proxier) Status() Status {
+	p.statusMu.Lock()
+	defer p.statusMu.Unlock()
 	lastOK, lastErr := p.reporter.health()
 	pending, since, eligible := p.tracker.status()
 	return Status{LastSuccessfulSync: lastOK, LastError: lastErr, Pending: pending, PendingSince: since, NodeEligible: eligible}
@@ -306,15 +312,24 @@ func (p *Proxier) SyncOnce(full bool) error {
 	if recErr == nil && nodeErr == nil && len(p.consumers.finishers) > 0 {
 		nodeErr = p.consumers.runFinishers()
 	}
-	if healthErr := p.reporter.record(start, a.stats, a.consumers, p.rec, recErr, nodeErr); healthErr != nil {
-		p.tracker.queued()
-	} else {
-		p.tracker.settle(start, p.rec.FullDue() || p.consumers.retrying())
-		if p.rec.Pending() {
-			p.runner.kick()
-		}
+	if healthy := p.recordOutcome(start, a, recErr, nodeErr); healthy && p.rec.Pending() {
+		p.runner.kick()
 	}
 	return errors.Join(recErr, nodeErr)
+}
+
+// recordOutcome has the reporter record a sync and the tracker settle what
+// it applied (or keep it pending), as one change for Status; it reports
+// whether the node is healthy.
+func (p *Proxier) recordOutcome(start time.Time, a applied, recErr, nodeErr error) bool {
+	p.statusMu.Lock()
+	defer p.statusMu.Unlock()
+	if healthErr := p.reporter.record(start, a.stats, a.consumers, p.rec, recErr, nodeErr); healthErr != nil {
+		p.tracker.queued()
+		return false
+	}
+	p.tracker.settle(start, p.rec.FullDue() || p.consumers.retrying())
+	return true
 }
 
 // apply runs the reconciler's sync and the consumers'. The consumers (the
