@@ -83,8 +83,36 @@ func TestHealthCheckCountsReadyOnly(t *testing.T) {
 	e.expectBackends(t, "tcp", np, names(bes))
 }
 
+// TestConnReuseModeRestored: on this kernel (past 5.9) a conn_reuse_mode
+// forced to 0, as an older ipvs-proxy did on every kernel, is the kernel's
+// default 1 again once the agent has started, and the agent says what it
+// was.
+func TestConnReuseModeRestored(t *testing.T) {
+	e := setup(t)
+	if err := e.StopAgent(); err != nil {
+		t.Fatal(err)
+	}
+	started := false
+	t.Cleanup(func() {
+		if !started {
+			_ = e.StartAgent(context.Background())
+		}
+	})
+	e.vmRun(t, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/vs/conn_reuse_mode")
+	if err := e.StartAgent(context.Background()); err != nil {
+		t.Fatalf("restart the agent: %v", err)
+	}
+	started = true
+	if v := strings.TrimSpace(e.vmRun(t, "cat", "/proc/sys/net/ipv4/vs/conn_reuse_mode")); v != "1" {
+		t.Errorf("net.ipv4.vs.conn_reuse_mode = %s after the agent started, want the kernel's default 1", v)
+	}
+	if want := `"name":"net/ipv4/vs/conn_reuse_mode","value":"1","was":"0"`; !strings.Contains(e.AgentOutput(), want) {
+		t.Errorf("the agent did not log restoring conn_reuse_mode (%s)", want)
+	}
+}
+
 // TestConnReuseDrainingRealServer: on this kernel (Debian's 6.1, past 5.9)
-// the agent leaves conn_reuse_mode at the kernel's 1, and a client that
+// the agent keeps conn_reuse_mode at the kernel's 1, and a client that
 // reuses its source port is scheduled afresh: after its backend turns
 // draining (weight 0), the reconnections from the same port reach the
 // other backend, not the draining one. (On 6.1 the reconnections would do

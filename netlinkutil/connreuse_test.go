@@ -14,9 +14,9 @@ func TestConnReuseMode(t *testing.T) {
 		{release: "4.1.0", value: "0", set: true},           // the first with the setting
 		{release: "4.19.0-27-amd64", value: "0", set: true}, // the 1 s stall
 		{release: "5.8.18-100.fc31.x86_64", value: "0", set: true},
-		{release: "5.9.0"}, // fixed: the kernel's default stays
-		{release: "5.10.0-28-amd64"},
-		{release: "6.1.0-18-amd64\n"}, // Debian 12, as read from /proc
+		{release: "5.9.0", value: "1", set: true}, // fixed: the kernel's default, restored if forced to 0
+		{release: "5.10.0-28-amd64", value: "1", set: true},
+		{release: "6.1.0-18-amd64\n", value: "1", set: true}, // Debian 12, as read from /proc
 		{release: "", err: true},
 		{release: "linux", err: true},
 	} {

@@ -216,14 +216,22 @@ func TestPreflight(t *testing.T) {
 			},
 		},
 		{
-			name: "from kernel 5.9 conn_reuse_mode is left as the kernel sets it",
+			name: "from kernel 5.9 conn_reuse_mode is the kernel's 1",
 			ok:   true,
 			node: func(n *fakeNode) {
 				n.kernel = "6.1.0-18-amd64"
 				n.sysctls["net/ipv4/vs/conn_reuse_mode"] = "1"
 			},
-			expect: map[string]expect{"sysctl net.ipv4.vs.conntrack": {status: statusOK}},
-			absent: []string{"sysctl net.ipv4.vs.conn_reuse_mode"},
+			expect: map[string]expect{"sysctl net.ipv4.vs.conn_reuse_mode": {statusOK, "= 1, as run sets it", ""}},
+		},
+		{
+			name: "from kernel 5.9 a conn_reuse_mode forced to 0 is restored by run",
+			ok:   true,
+			node: func(n *fakeNode) {
+				n.kernel = "6.1.0-18-amd64"
+				n.sysctls["net/ipv4/vs/conn_reuse_mode"] = "0"
+			},
+			expect: map[string]expect{"sysctl net.ipv4.vs.conn_reuse_mode": {statusOK, "= 0, run sets 1", ""}},
 		},
 		{
 			name: "no IPVS",

@@ -39,9 +39,9 @@ var StrictARP = []Setting{
 }
 
 // ForKernel returns the settings IPVS needs on a kernel of this release
-// (uname -r): IPVS, conn_reuse_mode where netlinkutil.ConnReuseMode
-// sets it (from 5.9 the kernel's default stays), and IPv6Forwarding when
-// ipv6.
+// (uname -r): IPVS, conn_reuse_mode as netlinkutil.ConnReuseMode
+// decides it (0 before 5.9, the kernel's default 1 from then on), and
+// IPv6Forwarding when ipv6.
 func ForKernel(release string, ipv6 bool) ([]Setting, error) {
 	all := slices.Clone(IPVS)
 	v, set, err := netlinkutil.ConnReuseMode(release)
