@@ -280,10 +280,10 @@ func Start(ctx context.Context, c Config, log *zap.Logger) (*Server, error) {
 	ops := &Server{addrs: map[string]net.Addr{}, log: log}
 	ctx, ops.cancel = context.WithCancel(ctx)
 	healthzTotal := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kubeproxy_healthz_total", Help: "Cumulative proxy healthz HTTP status.",
+		Name: "kubeproxy_proxy_healthz_total", Help: "Cumulative proxy healthz HTTP status.",
 	}, []string{"code"})
 	livezTotal := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kubeproxy_livez_total", Help: "Cumulative proxy livez HTTP status.",
+		Name: "kubeproxy_proxy_livez_total", Help: "Cumulative proxy livez HTTP status.",
 	}, []string{"code"})
 	if c.Registry != nil {
 		for _, col := range []prometheus.Collector{healthzTotal, livezTotal,

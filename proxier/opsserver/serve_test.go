@@ -218,8 +218,8 @@ func TestStartOperations(t *testing.T) {
 		t.Errorf("/livez after a sync: %d %s", code, body)
 	}
 	code, body := get(t, base+"/metrics")
-	for _, want := range []string{"ipvs_proxy_virtual_servers 3", `kubeproxy_healthz_total{code="503"} 1`,
-		`kubeproxy_livez_total{code="200"} 1`, "go_goroutines", "process_start_time_seconds"} {
+	for _, want := range []string{"ipvs_proxy_virtual_servers 3", `kubeproxy_proxy_healthz_total{code="503"} 1`,
+		`kubeproxy_proxy_livez_total{code="200"} 1`, "go_goroutines", "process_start_time_seconds"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics (%d) lacks %q", code, want)
 		}
