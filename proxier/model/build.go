@@ -164,12 +164,12 @@ func (b *planBuilder) build(endpointSlices []*EndpointSlice) {
 	addrs := b.addresses()
 
 	b.sourceRanges = b.parseSourceRanges()
-	b.localAddrs = map[netip.Addr]bool{}
-	if b.svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && b.svc.Spec.HealthCheckNodePort > 0 {
-		if b.svc.Spec.HealthCheckNodePort > 65535 {
-			b.warn("healthCheckNodePort %d is out of range", b.svc.Spec.HealthCheckNodePort)
-		} else {
-			b.healthCheckNodePort = uint16(b.svc.Spec.HealthCheckNodePort)
+	if b.svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+		b.localAddrs = b.readyLocal()
+		if hc := b.svc.Spec.HealthCheckNodePort; hc > 65535 {
+			b.warn("healthCheckNodePort %d is out of range", hc)
+		} else if hc > 0 {
+			b.healthCheckNodePort = uint16(hc)
 		}
 	}
 	b.seen = map[ktypes.VSKey]string{}
@@ -595,16 +595,6 @@ func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, por
 	if a.kind == KindClusterIP {
 		b.vss[len(b.vss)-1].Routed = InRanges(b.cfg.ServiceRanges, a.addr)
 	}
-	if local && a.kind.External() && !inClusterOnly {
-		// The health check counts ready endpoints only (kube-proxy's
-		// rule): the serving-terminating fallback still routes here, but
-		// load balancers are told to drain the node.
-		for _, c := range selected {
-			if c.ready {
-				b.localAddrs[c.key.Address] = true
-			}
-		}
-	}
 }
 
 // InRanges reports whether one of the prefixes holds a.
@@ -650,6 +640,30 @@ func buildUsable(cs []buildCandidate) (usable []buildCandidate, fallback bool) {
 		return ready, false
 	}
 	return buildFilter(cs, func(c buildCandidate) bool { return c.serving && c.terminating }), true
+}
+
+// readyLocal is what the health check counts (kube-proxy's rule): the
+// distinct ready endpoint addresses on this node in any of the Service's
+// slices that has a port, whether or not the node serves an external
+// address of the Service (no node ports, a hostname-only ingress, an IP not
+// yet assigned). The serving-terminating fallback still routes here but is
+// not counted, so load balancers drain the node.
+func (b *planBuilder) readyLocal() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	if b.node.Name == "" {
+		return out
+	}
+	for _, s := range b.slices {
+		if len(s.ports) == 0 {
+			continue
+		}
+		for _, e := range s.endpoints {
+			if e.ready && e.nodeName == b.node.Name {
+				out[e.addr] = true
+			}
+		}
+	}
+	return out
 }
 
 // onNode returns the endpoints on this node (Local traffic policy).
