@@ -298,3 +298,32 @@ func TestExternalIPIsNodeAddress(t *testing.T) {
 			failed, attempts, errs)
 	}
 }
+
+// TestNodePortAddressesPerFamily: the bed's agent names an IPv4 prefix
+// only (--nodeport-addresses 10.0.2.0/24). A RequireDualStack Local
+// LoadBalancer still gets its IPv6 node port on the node's IPv6 addresses
+// (the client namespace's gateway is one) and its health-check node port
+// answers there, as kube-proxy takes every address of a family the list
+// does not name; its IPv4 node port stays off the addresses outside the
+// prefix.
+func TestNodePortAddressesPerFamily(t *testing.T) {
+	e := setup(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 1)
+	svc := e.createService(t, ns, "dual", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv6, bes)
+	np := svc.Spec.Ports[0].NodePort
+	e.expectTable(t, []string{"TCP  " + hostPort(bed.ClientGateway6, np) + " ", "TCP  " + hostPort(nodeAddr, np) + " "},
+		[]string{"TCP  " + hostPort("10.250.0.1", np) + " "})
+	e.expectClients(t, bed.ClientNetns, hostPort(bed.ClientGateway6, np), bed.ClientAddr6)
+	url := fmt.Sprintf("http://%s/", hostPort(bed.ClientGateway6, svc.Spec.HealthCheckNodePort))
+	if body := e.waitHealth(t, url, 200, 30*time.Second); body["localEndpoints"] != 1.0 {
+		t.Errorf("GET %s: %v, want localEndpoints 1", url, body)
+	}
+}

@@ -46,7 +46,11 @@ func podIPv6(t *testing.T, p *corev1.Pod) string {
 // routed to each node, internalTrafficPolicy Local, source ranges and an
 // endpoint moving across nodes under traffic; and that no node advertises
 // the LoadBalancer IP by neighbour discovery.
-func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, server, client *corev1.Pod) {
+//
+// It returns the node ports of its NodePort Service (policy Cluster) and
+// of its Local LoadBalancer's health check, for the checks that follow a
+// change of the agents' configuration.
+func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, server, client *corev1.Pod) (npPort int32, hcPort string) {
 	cs := c.Client
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
 	serverIP, clientIP := podIPv6(t, server), podIPv6(t, client)
@@ -83,8 +87,9 @@ func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 	}
 	hostPort := func(host string, port int32) string { return net.JoinHostPort(host, strconv.Itoa(int(port))) }
 	vip := hostPort(clusterIP.Spec.ClusterIP, 80)
-	npPort, localPort := npCluster.Spec.Ports[0].NodePort, npLocal.Spec.Ports[0].NodePort
-	hcPort := strconv.Itoa(int(npLocal.Spec.HealthCheckNodePort))
+	npPort = npCluster.Spec.Ports[0].NodePort
+	localPort := npLocal.Spec.Ports[0].NodePort
+	hcPort = strconv.Itoa(int(npLocal.Spec.HealthCheckNodePort))
 
 	for _, n := range c.Nodes {
 		for _, addr := range []string{vip, hostPort(twoNodeLBIP6, 80), hostPort(twoNodeRangesLBIP6, 80)} {
@@ -147,5 +152,31 @@ func twoNodesIPv6(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 	sourceRangesOnEveryNode(ctx, t, c, segmentIPv6, lbRanges, twoNodeRangesLBIP6, notOutside6)
 	t.Run("IPv6: endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
 		moveEndpointAcrossNodes(ctx, t, c, ns, segmentIPv6, clientIP)
+	})
+	return npPort, hcPort
+}
+
+// ipv6NodePortsKept: with nodePortAddresses naming the segment's IPv4
+// prefix only, the IPv6 node ports and health checks serve as before (a
+// family the list does not name keeps all its addresses, kube-proxy's
+// rule), while the IPv4 node ports leave the addresses outside the prefix.
+func ipv6NodePortsKept(ctx context.Context, t *testing.T, c *cluster.Cluster, npPort6 int32, hcPort6, npPort4 string) {
+	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+	t.Run("nodePortAddresses of IPv4 only: the IPv6 node ports stay", func(t *testing.T) {
+		addr := net.JoinHostPort(nodeA.IP6, strconv.Itoa(int(npPort6)))
+		if hit := vmHit(ctx, t, c.Outside, addr, 3); hit.Answers["server"] != 3 || hit.Clients[nodeA.IP6] != 3 {
+			t.Errorf("outside -> %s: %+v; want 3 answers, masqueraded to %s", addr, hit, nodeA.IP6)
+		}
+		if got, out := healthCheckAt(ctx, c, nodeB.IP6, hcPort6); got != 200 {
+			t.Errorf("outside GET [%s]:%s: %s; want status 200", nodeB.IP6, hcPort6, out)
+		}
+		if hit := vmHit(ctx, t, c.Outside, nodeA.IP+":"+npPort4, 3); hit.Answers["server"] != 3 {
+			t.Errorf("outside -> %s:%s (inside the prefix): %+v; want 3 answers", nodeA.IP, npPort4, hit)
+		}
+		// The VM's own 10.0.2.15 (its restricted uplink) is outside the
+		// prefix: no IPv4 node port there.
+		if out, err := nodeA.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", "10.0.2.15:"+npPort4); err == nil {
+			t.Errorf("%s: node port on 10.0.2.15, outside nodePortAddresses:\n%s", nodeA.Name, out)
+		}
 	})
 }

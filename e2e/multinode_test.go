@@ -254,7 +254,7 @@ func TestTwoNodes(t *testing.T) {
 		}
 	})
 	sourceRangesOnEveryNode(ctx, t, c, segmentIPv4, lbRanges, twoNodeRangesLBIP, notOutside)
-	twoNodesIPv6(ctx, t, c, ns, pods["server"], pods["client"])
+	npPort6, hcPort6 := twoNodesIPv6(ctx, t, c, ns, pods["server"], pods["client"])
 	var moving *corev1.Service
 	t.Run("endpoint moving from node-1 to node-2 under traffic", func(t *testing.T) {
 		moving = moveEndpointAcrossNodes(ctx, t, c, ns, segmentIPv4, clientIP)
@@ -276,11 +276,14 @@ func TestTwoNodes(t *testing.T) {
 
 	// The agents learn how to tell pods' traffic (the ConfigMap as an
 	// operator changes it: detectLocalMode BridgeInterface, the CNI's
-	// bridge, still no cluster CIDR), restarted as a rollout would.
+	// bridge, still no cluster CIDR) and serve IPv4 node ports on the
+	// segment only, restarted as a rollout would.
 	restartAgentsWithConfig(ctx, t, c,
 		"strictARP: false", "strictARP: true",
 		"detectLocalMode: ClusterCIDR", "detectLocalMode: BridgeInterface",
-		`bridgeInterface: ""`, "bridgeInterface: cni0")
+		`bridgeInterface: ""`, "bridgeInterface: cni0",
+		"nodePortAddresses: []", "nodePortAddresses: ["+cluster.SegmentCIDR+"]")
+	ipv6NodePortsKept(ctx, t, c, npPort6, hcPort6, npPort)
 	t.Run("pod to a Local Service's external addresses on the other node", func(t *testing.T) {
 		for _, addr := range []string{twoNodeExternalIP + ":80", twoNodeLBIP + ":80"} {
 			hit := podHit(ctx, t, c, ns, "client", addr, 2)

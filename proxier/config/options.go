@@ -110,7 +110,7 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Interface, "interface", o.Interface, "Dummy interface that holds the virtual IPs (created if missing).")
 	fs.StringVar(&o.Scheduler, "scheduler", o.Scheduler, "Default IPVS scheduler: "+strings.Join(scheduler.Names(), ", ")+".")
 	fs.StringVar(&o.SchedulerFlags, "scheduler-flags", o.SchedulerFlags, "Flags of the default scheduler (sh-fallback, sh-port, mh-fallback, mh-port).")
-	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs of the node addresses that serve node ports (default: all but loopback and the proxy's interface).")
+	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs of the node addresses that serve node ports, per family: a family no CIDR names keeps all its addresses (default: all but loopback and the proxy's interface).")
 	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The apiserver's node-port range; node-port virtual servers in it are owned by ipvs-proxy.")
 	fs.BoolVar(&o.TakeoverKubeProxy, "takeover-kube-proxy", o.TakeoverKubeProxy, "Take the node over from a stopped kube-proxy in IPVS mode, in place: adopt the virtual servers on kube-ipvs0's addresses (kept as they are when wanted), then, once the node is fully programmed, remove kube-proxy's KUBE-* chains and sets and kube-ipvs0. Harmless where kube-proxy left nothing; never while kube-proxy runs.")
 	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers ipvs-proxy never touches.")

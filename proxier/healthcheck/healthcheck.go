@@ -155,21 +155,28 @@ func (s *Server) Sync(bool) error {
 // serve opens the Service's port on every configured address and serves
 // it; on any failure nothing stays open.
 func (s *Server) serve(name types.NamespacedName, port uint16) (*instance, error) {
-	addrs := []string{net.JoinHostPort("", strconv.Itoa(int(port)))}
+	type bind struct{ network, addr string }
+	addrs := []bind{{"tcp", net.JoinHostPort("", strconv.Itoa(int(port)))}}
 	if len(s.cfg.Addresses) > 0 {
 		addrs = addrs[:0]
 		for _, a := range s.cfg.Addresses {
-			addrs = append(addrs, netip.AddrPortFrom(a, port).String())
+			// One family per socket: "tcp6" on [::] is IPv6 only, so it
+			// and IPv4 addresses of the same port do not collide.
+			network := "tcp6"
+			if a.Is4() {
+				network = "tcp4"
+			}
+			addrs = append(addrs, bind{network, netip.AddrPortFrom(a, port).String()})
 		}
 	}
 	var lns []net.Listener
-	for _, a := range addrs {
-		ln, err := s.cfg.Listen("tcp", a)
+	for _, b := range addrs {
+		ln, err := s.cfg.Listen(b.network, b.addr)
 		if err != nil {
 			for _, l := range lns {
 				_ = l.Close()
 			}
-			return nil, fmt.Errorf("listen on %s: %w", a, err)
+			return nil, fmt.Errorf("listen on %s: %w", b.addr, err)
 		}
 		lns = append(lns, ln)
 	}

@@ -180,7 +180,7 @@ func TestServerAllAddresses(t *testing.T) {
 	got = nil
 	two.SetPlan(svcA, plan(svcA, 31001, 1))
 	mustSync(t, two)
-	if len(got) != 2 || got[0] != "tcp 127.0.0.1:31001" || got[1] != "tcp [::1]:31001" {
+	if len(got) != 2 || got[0] != "tcp4 127.0.0.1:31001" || got[1] != "tcp6 [::1]:31001" {
 		t.Errorf("listened on %q", got)
 	}
 	if len(two.Ports()) != 0 {

@@ -429,19 +429,23 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
-// HealthCheckAddresses are the node addresses the health-check node ports
-// listen on: with --nodeport-addresses, the node's addresses in those
-// CIDRs (read once at start, as kube-proxy does); else every address.
+// HealthCheckAddresses are the addresses the health-check node ports
+// listen on: with --nodeport-addresses, per family, the node's addresses in
+// those CIDRs (read once at start, as kube-proxy does), and the whole of a
+// family the CIDRs do not name; without it, every address.
 func HealthCheckAddresses(links netlinkutil.Links, cfg agent.Config, log *zap.Logger) []netip.Addr {
 	if len(cfg.NodePortAddresses) == 0 {
 		return nil
 	}
 	all, err := links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)
-	addrs := model.FilterNodePortAddresses(all, cfg.NodePortAddresses)
-	if err != nil || len(addrs) == 0 {
-		log.Warn("no node address matches --nodeport-addresses; health-check node ports listen on every address",
-			zap.Error(err))
+	if err != nil {
+		log.Warn("cannot read the node's addresses; health-check node ports listen on every address", zap.Error(err))
 		return nil
+	}
+	addrs, fallback := model.HealthCheckListen(all, cfg.NodePortAddresses)
+	if len(fallback) > 0 {
+		log.Warn("no node address matches --nodeport-addresses in these families; their health-check node ports listen on every address",
+			zap.Strings("families", fallback))
 	}
 	return addrs
 }

@@ -29,17 +29,20 @@ import (
 
 // Fixed names and addresses of the bed.
 const (
-	NodeName     = "node-1" // the node the agent runs as
-	OtherNode    = "node-2" // a node with no agent, for "remote" endpoints
-	Zone         = "zone-a"
-	Interface    = "ipvs-proxy0"
-	NodeAddr     = "10.0.2.15" // the VM's eth0
-	ClientNetns  = "cli"
-	ClientAddr   = "10.250.0.2"
-	ClientAddr6  = "fd00:250::2"
-	BackendPort  = 8080
-	GuestBinary  = "/usr/local/bin/ipvs-proxy"
-	GuestKubecfg = "/etc/ipvs-proxy/kubeconfig"
+	NodeName    = "node-1" // the node the agent runs as
+	OtherNode   = "node-2" // a node with no agent, for "remote" endpoints
+	Zone        = "zone-a"
+	Interface   = "ipvs-proxy0"
+	NodeAddr    = "10.0.2.15" // the VM's eth0
+	ClientNetns = "cli"
+	ClientAddr  = "10.250.0.2"
+	ClientAddr6 = "fd00:250::2"
+	// ClientGateway6 is the node's side of the client namespace's veth:
+	// an IPv6 address of the node outside NodePortCIDR.
+	ClientGateway6 = "fd00:250::1"
+	BackendPort    = 8080
+	GuestBinary    = "/usr/local/bin/ipvs-proxy"
+	GuestKubecfg   = "/etc/ipvs-proxy/kubeconfig"
 	// ClusterCIDR holds the backends' addresses (AddBackend); the client
 	// namespace is outside it.
 	ClusterCIDR = "10.100.0.0/14,fd00:100::/24"
@@ -126,7 +129,7 @@ func Start(ctx context.Context, assets *vm.Assets, opts Options) (_ *Bed, err er
 		return nil, err
 	}
 	if _, err := b.VM.RunOK(ctx, "vmagent", "netns", "add", ClientNetns, "--veth-host-addr", "10.250.0.1/24",
-		"--addr", ClientAddr+"/24", "--veth-host-addr6", "fd00:250::1/64", "--addr6", ClientAddr6+"/64"); err != nil {
+		"--addr", ClientAddr+"/24", "--veth-host-addr6", ClientGateway6+"/64", "--addr6", ClientAddr6+"/64"); err != nil {
 		return nil, fmt.Errorf("bed: client namespace: %w", err)
 	}
 	for _, n := range []string{NodeName, OtherNode} {

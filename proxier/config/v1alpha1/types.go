@@ -22,8 +22,9 @@ type IPVSProxyConfiguration struct {
 	// follow them.
 	IPFamilies []string `json:"ipFamilies"`
 	// NodePortAddresses are the CIDRs of the node addresses that serve
-	// node ports; empty: all but loopback and the proxy's interface
-	// (--nodeport-addresses).
+	// node ports, per family (a family no CIDR names keeps all its
+	// addresses, as in kube-proxy); empty: all but loopback and the
+	// proxy's interface (--nodeport-addresses).
 	NodePortAddresses []string `json:"nodePortAddresses"`
 	// NodePortRange is the apiserver's node-port range, e.g. 30000-32767
 	// (--service-node-port-range). At the top: a fact of the cluster, not
