@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,12 +84,11 @@ func TestHealthCheckCountsReadyOnly(t *testing.T) {
 	e.expectBackends(t, "tcp", np, names(bes))
 }
 
-// TestConnReuseModeRestored: on this kernel (past 5.9) a conn_reuse_mode
-// forced to 0, as an older ipvs-proxy did on every kernel, is the kernel's
-// default 1 again once the agent has started, and the agent says what it
-// was.
-func TestConnReuseModeRestored(t *testing.T) {
-	e := setup(t)
+// restartAgentAfter stops the agent, runs argv in the VM, and starts the
+// agent again with the bed's arguments (also at the end of the test if
+// anything failed in between).
+func (e env) restartAgentAfter(t *testing.T, argv ...string) {
+	t.Helper()
 	if err := e.StopAgent(); err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +98,20 @@ func TestConnReuseModeRestored(t *testing.T) {
 			_ = e.StartAgent(context.Background())
 		}
 	})
-	e.vmRun(t, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/vs/conn_reuse_mode")
+	e.vmRun(t, argv...)
 	if err := e.StartAgent(context.Background()); err != nil {
 		t.Fatalf("restart the agent: %v", err)
 	}
 	started = true
+}
+
+// TestConnReuseModeRestored: on this kernel (past 5.9) a conn_reuse_mode
+// forced to 0, as an older ipvs-proxy did on every kernel, is the kernel's
+// default 1 again once the agent has started, and the agent says what it
+// was.
+func TestConnReuseModeRestored(t *testing.T) {
+	e := setup(t)
+	e.restartAgentAfter(t, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/vs/conn_reuse_mode")
 	if v := strings.TrimSpace(e.vmRun(t, "cat", "/proc/sys/net/ipv4/vs/conn_reuse_mode")); v != "1" {
 		t.Errorf("net.ipv4.vs.conn_reuse_mode = %s after the agent started, want the kernel's default 1", v)
 	}
@@ -325,5 +334,46 @@ func TestNodePortAddressesPerFamily(t *testing.T) {
 	url := fmt.Sprintf("http://%s/", hostPort(bed.ClientGateway6, svc.Spec.HealthCheckNodePort))
 	if body := e.waitHealth(t, url, 200, 30*time.Second); body["localEndpoints"] != 1.0 {
 		t.Errorf("GET %s: %v, want localEndpoints 1", url, body)
+	}
+}
+
+// TestIPv6ForwardingOnlyForIPv6Services: on a cluster with no IPv6
+// Service the agent leaves net.ipv6.conf.all.forwarding as it found it
+// (kube-proxy never sets it; a node that forwards IPv6 stops taking router
+// advertisements); the first IPv6 Service turns it on, and is served.
+// (Services of earlier tests linger, as namespaces do without their
+// controller: those with IPv6 addresses are deleted first, so that the
+// cluster is IPv4-only when the agent starts.)
+func TestIPv6ForwardingOnlyForIPv6Services(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	all, err := e.Client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all.Items {
+		if slices.Contains(s.Spec.IPFamilies, corev1.IPv6Protocol) {
+			if err := e.Client.CoreV1().Services(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const fwd = "/proc/sys/net/ipv6/conf/all/forwarding"
+	e.restartAgentAfter(t, "sh", "-c", "echo 0 > "+fwd)
+	ns := e.namespace(t)
+	bes := e.backends(t, 1)
+	v4 := e.createService(t, ns, "v4", []corev1.ServicePort{tcpPort("http", 80)})
+	e.setSlice(t, v4, discoveryv1.AddressTypeIPv4, bes)
+	e.expectBackends(t, "tcp", hostPort(v4.Spec.ClusterIP, 80), names(bes))
+	if v := strings.TrimSpace(e.vmRun(t, "cat", fwd)); v != "0" {
+		t.Errorf("IPv4 Services only: %s = %s, want 0 (left as it was)", fwd, v)
+	}
+	v6 := e.createService(t, ns, "v6", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+	})
+	e.setSlice(t, v6, discoveryv1.AddressTypeIPv6, bes)
+	e.expectBackends(t, "tcp", hostPort(v6.Spec.ClusterIP, 80), names(bes))
+	if v := strings.TrimSpace(e.vmRun(t, "cat", fwd)); v != "1" {
+		t.Errorf("with an IPv6 Service: %s = %s, want 1", fwd, v)
 	}
 }

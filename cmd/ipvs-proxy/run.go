@@ -58,6 +58,9 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	if err != nil {
 		return err
 	}
+	if err := cfg.OnNodeIPv6(sysctls.HasIPv6(sysctls.Root())); err != nil {
+		return err
+	}
 	log = log.With(zap.String("node", cfg.NodeName))
 	gcPercent, gcFromEnv := setGCPercent(os.Getenv)
 	listPercent := gcPercent
@@ -118,6 +121,9 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		}
 		closeSets = closeGlue
 		p.AddConsumer(g)
+		if cfg.IPv6 {
+			p.AddConsumer(sysctls.NewIPv6Forwarder(sysctls.Root(), log))
+		}
 		return nil
 	})
 	if o.TakeoverKubeProxy {
@@ -140,7 +146,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 // closeSets releases the glue's netlink socket.
 func prepareKernel(ctx context.Context, o *config.Options, cfg agent.Config, timeouts netlinkutil.Timeouts, client kubernetes.Interface,
 	ipvs netlinkutil.IPVS, links, glueLinks netlinkutil.Links, hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
-	if err := sysctls.Ensure(log, cfg.IPv6); err != nil {
+	if err := sysctls.Ensure(log); err != nil {
 		return nil, nil, err
 	}
 	if err := sysctls.EnsureStrictARP(log, o.StrictARP); err != nil {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,7 +27,21 @@ type Planner struct{ bcfg model.BuildConfig }
 // schedulers the kernel cannot load (their Services get the default one).
 func (c Config) Planner(unavailable map[string]bool) Planner {
 	return Planner{bcfg: model.BuildConfig{Scheduler: c.Scheduler, IPv4: c.IPv4, IPv6: c.IPv6, ExcludeCIDRs: c.ExcludeCIDRs,
-		Unavailable: unavailable}}
+		Unavailable: unavailable, NodeWithoutIPv6: c.NodeWithoutIPv6}}
+}
+
+// OnNodeIPv6 fits the families to the node: where its kernel has no IPv6
+// (hasIPv6 false, err nil), IPv6 is off and its Services are told. The
+// result of sysctls.HasIPv6 goes in as it is.
+func (c *Config) OnNodeIPv6(hasIPv6 bool, err error) error {
+	if err != nil || !c.IPv6 || hasIPv6 {
+		return err
+	}
+	if !c.IPv4 {
+		return fmt.Errorf("--ip-families is IPv6 alone, and the node's kernel has no IPv6")
+	}
+	c.IPv6, c.NodeWithoutIPv6 = false, true
+	return nil
 }
 
 // WithRanges is the planner with the Service ranges routed as local

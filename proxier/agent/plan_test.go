@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -91,5 +92,32 @@ func TestDesiredStateIsWhatTheLoopPrograms(t *testing.T) {
 	}
 	if diff := cmp.Diff(loop, desired); diff != "" || len(desired) != 1 {
 		t.Errorf("conflicts: the loop's (-) and DesiredState's (+):\n%s", diff)
+	}
+}
+
+// TestOnNodeIPv6: a node whose kernel has no IPv6 turns IPv6 off and tells
+// the Services; IPv6 alone there is an error; a node with IPv6, or IPv6
+// not asked for, changes nothing.
+func TestOnNodeIPv6(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		ipv4, ipv6, has      bool
+		err                  error
+		wantErr              bool
+		wantIPv6, wantNoIPv6 bool
+	}{
+		{name: "dual, node with IPv6", ipv4: true, ipv6: true, has: true, wantIPv6: true},
+		{name: "dual, node without IPv6", ipv4: true, ipv6: true, wantNoIPv6: true},
+		{name: "IPv4 alone, node without IPv6", ipv4: true},
+		{name: "IPv6 alone, node without IPv6", ipv6: true, wantErr: true, wantIPv6: true},
+		{name: "cannot tell", ipv4: true, ipv6: true, err: errors.New("permission denied"), wantErr: true, wantIPv6: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Config{IPv4: tc.ipv4, IPv6: tc.ipv6}
+			err := c.OnNodeIPv6(tc.has, tc.err)
+			if (err != nil) != tc.wantErr || c.IPv6 != tc.wantIPv6 || c.NodeWithoutIPv6 != tc.wantNoIPv6 || c.IPv4 != tc.ipv4 {
+				t.Errorf("OnNodeIPv6 = %v, IPv6 %v, NodeWithoutIPv6 %v; want error %v, %v, %v", err, c.IPv6, c.NodeWithoutIPv6, tc.wantErr, tc.wantIPv6, tc.wantNoIPv6)
+			}
+		})
 	}
 }

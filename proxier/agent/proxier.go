@@ -38,8 +38,12 @@ type Config struct {
 	NodePortRange     model.PortRange
 	ExcludeCIDRs      []netip.Prefix
 	IPv4, IPv6        bool
-	MinSyncPeriod     time.Duration
-	SyncPeriod        time.Duration
+	// NodeWithoutIPv6: IPv6 was asked for but the node's kernel has none
+	// (OnNodeIPv6): IPv6 is off, and each Service with IPv6 addresses is
+	// told so.
+	NodeWithoutIPv6 bool
+	MinSyncPeriod   time.Duration
+	SyncPeriod      time.Duration
 	// RetryBase is the first retry delay of a failed Service or consumer,
 	// doubled per failure up to SyncPeriod; default 1s.
 	RetryBase time.Duration

@@ -274,6 +274,10 @@ func buildParseLegacyIPv4(s string) (netip.Addr, bool) {
 // allowed reports whether the node may program a virtual server on a: its
 // family is enabled and it is not in an excluded CIDR.
 func (b *planBuilder) allowed(a netip.Addr) bool {
+	if a.Is6() && b.cfg.NodeWithoutIPv6 {
+		b.warn("the node's kernel has no IPv6: the Service's IPv6 addresses are not served on it")
+		return false
+	}
 	if b.cfg.IPv4 || b.cfg.IPv6 {
 		if (a.Is4() && !b.cfg.IPv4) || (a.Is6() && !b.cfg.IPv6) {
 			return false

@@ -65,13 +65,14 @@ type scenarioNode struct {
 // flags as --scheduler-flags spells them and the unavailable schedulers as
 // a list.
 type scenarioConfig struct {
-	Scheduler      string         `json:"scheduler"`
-	SchedulerFlags string         `json:"schedulerFlags"`
-	IPv4           bool           `json:"ipv4"`
-	IPv6           bool           `json:"ipv6"`
-	ExcludeCIDRs   []netip.Prefix `json:"excludeCIDRs"`
-	Unavailable    []string       `json:"unavailable"`
-	ServiceRanges  []netip.Prefix `json:"serviceRanges"`
+	Scheduler       string         `json:"scheduler"`
+	SchedulerFlags  string         `json:"schedulerFlags"`
+	IPv4            bool           `json:"ipv4"`
+	IPv6            bool           `json:"ipv6"`
+	NodeWithoutIPv6 bool           `json:"nodeWithoutIPv6"`
+	ExcludeCIDRs    []netip.Prefix `json:"excludeCIDRs"`
+	Unavailable     []string       `json:"unavailable"`
+	ServiceRanges   []netip.Prefix `json:"serviceRanges"`
 }
 
 // scenario is one file, decoded.
@@ -202,7 +203,7 @@ func decodeStrict(file string, ar *txtar.Archive, name string, v any) error {
 
 func (c scenarioConfig) toBuildConfig() (model.BuildConfig, error) {
 	out := model.BuildConfig{Scheduler: scheduler.Spec{Name: c.Scheduler}, IPv4: c.IPv4, IPv6: c.IPv6,
-		ExcludeCIDRs: c.ExcludeCIDRs, ServiceRanges: c.ServiceRanges}
+		ExcludeCIDRs: c.ExcludeCIDRs, ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6}
 	if c.SchedulerFlags != "" {
 		flags, err := scheduler.ParseFlags(c.Scheduler, c.SchedulerFlags)
 		if err != nil {

@@ -220,6 +220,7 @@ func schedulersInUse(ctx context.Context, newClient func() (kubernetes.Interface
 func Run(ctx context.Context, sys *System, pc Config, log *zap.Logger) Report {
 	p := &preflight{ctx: ctx, sys: sys, cfg: pc, log: log}
 	p.configFile()
+	p.ipv6()
 	p.capabilities()
 	p.ipvsCore()
 	p.schedulers()
@@ -247,6 +248,9 @@ type preflight struct {
 	cfg    Config
 	log    *zap.Logger
 	checks []Check
+	// noIPv6: IPv6 is wanted (--ip-families) but the node's kernel has
+	// none; run then serves IPv4 alone.
+	noIPv6 bool
 }
 
 func (p *preflight) add(name, status, detail, remedy string) {
@@ -501,7 +505,7 @@ func (p *preflight) iptables() {
 			install+", or choose another --iptables-backend")
 		return
 	}
-	if p.cfg.IPv6 {
+	if p.cfg.IPv6 && !p.noIPv6 {
 		t, err := glue.NewIPTables(p.sys.iptables, chosen, ipset.IPv6)
 		if err == nil {
 			_, err = t.Save(p.ctx)
@@ -522,6 +526,35 @@ func (p *preflight) iptables() {
 	p.add(name, statusOK, "run uses "+string(chosen)+" ("+reason+"); "+facts, "")
 }
 
+// ipv6 tells what run does with IPv6 on this node: nothing without the
+// kernel's IPv6 (a warning: IPv6 Services get an Event), and IPv6
+// forwarding set only once an IPv6 Service is served.
+func (p *preflight) ipv6() {
+	if !p.cfg.IPv6 {
+		return
+	}
+	const name = "IPv6"
+	fwd := strings.ReplaceAll(sysctls.IPv6Forwarding.Name, "/", ".")
+	val, err := p.sys.sysctl(sysctls.IPv6Forwarding.Name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		p.noIPv6 = true
+		p.add(name, statusWarn, "the node's kernel has no IPv6 (booted with ipv6.disable=1?): run serves IPv4 only here, and each Service with IPv6 addresses gets an Event",
+			"drop IPv6 from --ip-families on such nodes, or enable IPv6")
+	case err != nil:
+		p.add(name, statusFail, "cannot read "+fwd+": "+err.Error(), "run as root with /proc/sys readable")
+	case val == sysctls.IPv6Forwarding.Value:
+		p.add(name, statusOK, fwd+" = "+val+" already", "")
+	default:
+		detail := fmt.Sprintf("%s = %s: run sets %s once the node serves an IPv6 Service, and never on an IPv4-only cluster", fwd, val, sysctls.IPv6Forwarding.Value)
+		if err := p.sys.sysctlWritable(sysctls.IPv6Forwarding.Name); err != nil {
+			p.add(name, statusWarn, detail+"; not writable: "+err.Error(), sysctlRemedy+" so that run can set it for IPv6 Services")
+			return
+		}
+		p.add(name, statusOK, detail+"; writable", "")
+	}
+}
+
 // sysctlRemedy says how to make the sysctls writable in a container.
 const sysctlRemedy = "mount the node's /proc/sys/net writable at " + sysctls.HostProcSys + "/net (as deploy/daemonset.yaml does)"
 
@@ -531,12 +564,9 @@ type preflightSysctl struct{ name, value, why string }
 func (p *preflight) wantedSysctls() []preflightSysctl {
 	var out []preflightSysctl
 	want := sysctls.IPVS
-	if p.cfg.IPv6 {
-		want = append(slices.Clone(want), sysctls.IPv6Forwarding)
-	}
 	// conn_reuse_mode as run decides it (the release from uname, as run
 	// reads it); an unknown release: no check.
-	if w, err := sysctls.ForKernel(p.sys.kernel, p.cfg.IPv6); err == nil {
+	if w, err := sysctls.ForKernel(p.sys.kernel); err == nil {
 		want = w
 	}
 	for _, s := range want {
@@ -559,8 +589,6 @@ func (p *preflight) sysctls() {
 			remedy := "use a kernel that has it"
 			if strings.HasPrefix(s.name, "net/ipv4/vs/") {
 				remedy = "load IPVS (modprobe ip_vs): the net.ipv4.vs settings come with it"
-			} else if strings.HasPrefix(s.name, "net/ipv6/") {
-				remedy = "enable IPv6 on the node, or drop IPv6 from --ip-families"
 			}
 			p.add(name, statusFail, "does not exist", remedy)
 			continue

@@ -436,21 +436,39 @@ func TestPreflight(t *testing.T) {
 			},
 		},
 		{
-			name: "IPv6 and strict ARP add their sysctls",
+			name: "IPv6 forwarding is left to the first IPv6 Service; strict ARP adds its sysctls",
 			ok:   true,
 			cfg:  func(c *Config) { c.IPv6, c.StrictARP = true, true },
+			node: func(n *fakeNode) { n.sysctls["net/ipv6/conf/all/forwarding"] = "0" },
 			expect: map[string]expect{
-				"sysctl net.ipv6.conf.all.forwarding":   {status: statusOK},
+				"IPv6":                                  {statusOK, "net.ipv6.conf.all.forwarding = 0: run sets 1 once the node serves an IPv6 Service, and never on an IPv4-only cluster; writable", ""},
 				"sysctl net.ipv4.conf.all.arp_ignore":   {statusOK, "= 0, --strict-arp sets 1; writable", ""},
 				"sysctl net.ipv4.conf.all.arp_announce": {statusOK, "= 0, --strict-arp sets 2", ""},
 			},
 		},
 		{
+			// A node booted with ipv6.disable=1: a warning, not a
+			// failure (run serves IPv4), and the IPv6 glue is not tried.
 			name: "IPv6 missing",
+			ok:   true,
 			cfg:  func(c *Config) { c.IPv6 = true },
-			node: func(n *fakeNode) { delete(n.sysctls, "net/ipv6/conf/all/forwarding") },
+			node: func(n *fakeNode) {
+				delete(n.sysctls, "net/ipv6/conf/all/forwarding")
+				delete(n.commands, "ip6tables-nft-save")
+			},
 			expect: map[string]expect{
-				"sysctl net.ipv6.conf.all.forwarding": {statusFail, "does not exist", "drop IPv6 from --ip-families"},
+				"IPv6":             {statusWarn, "the node's kernel has no IPv6", "drop IPv6 from --ip-families"},
+				"iptables backend": {status: statusOK},
+			},
+			absent: []string{"sysctl net.ipv6.conf.all.forwarding"},
+		},
+		{
+			name: "IPv6 forwarding already on",
+			ok:   true,
+			cfg:  func(c *Config) { c.IPv6 = true },
+			node: func(n *fakeNode) { n.sysctls["net/ipv6/conf/all/forwarding"] = "1" },
+			expect: map[string]expect{
+				"IPv6": {statusOK, "net.ipv6.conf.all.forwarding = 1 already", ""},
 			},
 		},
 		{

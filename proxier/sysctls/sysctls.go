@@ -27,7 +27,8 @@ var IPVS = []Setting{
 	{"net/ipv4/vs/expire_quiescent_template", "1"},
 }
 
-// IPv6Forwarding is the setting IPv6 adds to IPVS.
+// IPv6Forwarding is the setting IPv6 adds to IPVS: set by IPv6Forwarder,
+// only once the node serves an IPv6 virtual server.
 var IPv6Forwarding = Setting{"net/ipv6/conf/all/forwarding", "1"}
 
 // StrictARP are the kernel settings of --strict-arp: answer ARP only for
@@ -39,10 +40,9 @@ var StrictARP = []Setting{
 }
 
 // ForKernel returns the settings IPVS needs on a kernel of this release
-// (uname -r): IPVS, conn_reuse_mode as netlinkutil.ConnReuseMode
-// decides it (0 before 5.9, the kernel's default 1 from then on), and
-// IPv6Forwarding when ipv6.
-func ForKernel(release string, ipv6 bool) ([]Setting, error) {
+// (uname -r): IPVS, and conn_reuse_mode as netlinkutil.ConnReuseMode
+// decides it (0 before 5.9, the kernel's default 1 from then on).
+func ForKernel(release string) ([]Setting, error) {
 	all := slices.Clone(IPVS)
 	v, set, err := netlinkutil.ConnReuseMode(release)
 	if err != nil {
@@ -51,15 +51,12 @@ func ForKernel(release string, ipv6 bool) ([]Setting, error) {
 	if set {
 		all = append(all, Setting{netlinkutil.ConnReuseModeSysctl, v})
 	}
-	if ipv6 {
-		all = append(all, IPv6Forwarding)
-	}
 	return all, nil
 }
 
 // Ensure sets and logs the settings IPVS needs on the running kernel
 // (ForKernel).
-func Ensure(log *zap.Logger, ipv6 bool) error {
+func Ensure(log *zap.Logger) error {
 	s := netlinkutil.Sysctls{Root: Root()} // /host/proc/sys in the DaemonSet (container.go)
 	// From uname, not kernel/osrelease: the DaemonSet mounts only the
 	// node's /proc/sys/net under Root.
@@ -67,7 +64,7 @@ func Ensure(log *zap.Logger, ipv6 bool) error {
 	if err != nil {
 		return err
 	}
-	all, err := ForKernel(release, ipv6)
+	all, err := ForKernel(release)
 	if err != nil {
 		return err
 	}
