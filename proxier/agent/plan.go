@@ -26,7 +26,7 @@ type Planner struct{ bcfg model.BuildConfig }
 // Planner returns the planner of this configuration; unavailable are the
 // schedulers the kernel cannot load (their Services get the default one).
 func (c Config) Planner(unavailable map[string]bool) Planner {
-	return Planner{bcfg: model.BuildConfig{Scheduler: c.Scheduler, IPv4: c.IPv4, IPv6: c.IPv6, ExcludeCIDRs: c.ExcludeCIDRs,
+	return Planner{bcfg: model.BuildConfig{Scheduler: c.Scheduler, IPv4: c.IPv4, IPv6: c.IPv6,
 		Unavailable: unavailable, NodeWithoutIPv6: c.NodeWithoutIPv6}}
 }
 

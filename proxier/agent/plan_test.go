@@ -36,7 +36,7 @@ func TestDesiredStateIsWhatTheLoopPrograms(t *testing.T) {
 	older.Spec.ExternalIPs = []string{"192.0.2.7"}
 	newer := testService("newer", "10.96.0.12", "sh")
 	newer.CreationTimestamp = metav1.NewTime(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC))
-	newer.Spec.ExternalIPs = []string{"192.0.2.7", "10.96.9.9"} // one taken by older, one excluded
+	newer.Spec.ExternalIPs = []string{"192.0.2.7", "10.96.9.9"} // one taken by older, one in --exclude-cidrs
 	np := testService("np", "10.96.0.13", "wrr")
 	np.Spec.Type = corev1.ServiceTypeNodePort
 	np.Spec.Ports[0].NodePort = 30080
@@ -77,9 +77,10 @@ func TestDesiredStateIsWhatTheLoopPrograms(t *testing.T) {
 		t.Errorf("DesiredState differs from what the loop programmed: %v\nkernel:\n%v", ops, ipvs.Dump())
 	}
 	// older's clusterIP and externalIP, newer's clusterIP (its externalIP
-	// is older's, its other one excluded), np's clusterIP and node port.
-	if n := len(want.VirtualServers); n != 5 {
-		t.Errorf("%d virtual servers wanted, want 5: %v", n, want.VirtualServers)
+	// is older's, its other one in --exclude-cidrs, wanted as any other),
+	// np's clusterIP and node port.
+	if n := len(want.VirtualServers); n != 6 {
+		t.Errorf("%d virtual servers wanted, want 6: %v", n, want.VirtualServers)
 	}
 	var loop, desired []string
 	for _, st := range p.ServiceProblems() {

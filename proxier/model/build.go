@@ -272,7 +272,8 @@ func buildParseLegacyIPv4(s string) (netip.Addr, bool) {
 }
 
 // allowed reports whether the node may program a virtual server on a: its
-// family is enabled and it is not in an excluded CIDR.
+// family is enabled. (--exclude-cidrs does not stop it: as in kube-proxy,
+// it only keeps what no Service wants from being cleaned up.)
 func (b *planBuilder) allowed(a netip.Addr) bool {
 	if a.Is6() && b.cfg.NodeWithoutIPv6 {
 		b.warn("the node's kernel has no IPv6: the Service's IPv6 addresses are not served on it")
@@ -280,11 +281,6 @@ func (b *planBuilder) allowed(a netip.Addr) bool {
 	}
 	if b.cfg.IPv4 || b.cfg.IPv6 {
 		if (a.Is4() && !b.cfg.IPv4) || (a.Is6() && !b.cfg.IPv6) {
-			return false
-		}
-	}
-	for _, p := range b.cfg.ExcludeCIDRs {
-		if p.Contains(a) {
 			return false
 		}
 	}

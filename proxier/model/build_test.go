@@ -443,12 +443,6 @@ func TestBuild(t *testing.T) {
 			cfg:  &model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}, IPv4: true},
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http")),
 		},
-		{
-			name: "excluded CIDR skipped silently",
-			svc:  svc(externalIPs("203.0.113.5", "198.51.100.9")),
-			cfg:  &model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}, ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}},
-			want: vss(vs(ci, "10.96.0.10:80", tcp, "http"), vs(eip, "198.51.100.9:80", tcp, "http")),
-		},
 
 		// ---- endpoints: merging and conditions ----
 		{

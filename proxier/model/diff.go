@@ -50,6 +50,10 @@ type Desired struct {
 	VirtualServers map[ktypes.VSKey]Want
 	Addresses      map[netip.Addr]bool
 	Routes         map[netip.Prefix]bool
+	// Excluded are the ranges of --exclude-cidrs (Ownership.ExcludeCIDRs):
+	// what no one wants there is never deleted nor unbound, as kube-proxy
+	// never cleans them up, even once a Service that wanted them is gone.
+	Excluded []netip.Prefix
 }
 
 // Routed reports whether one of the wanted routes holds a.
@@ -103,16 +107,16 @@ func routed(routes map[netip.Prefix]bool, a netip.Addr) bool {
 
 // Assign decides who holds each virtual server that plans want, by
 // Precedes, and lists the conflicts (sorted by virtual server, then
-// loser). Virtual servers on excluded addresses are left out.
+// loser). A virtual server on an excluded address is wanted as any other:
+// --exclude-cidrs only keeps the unwanted ones from being cleaned up
+// (Desired.Excluded).
 func Assign(plans []*ServicePlan, own Ownership) (Desired, []Conflict) {
-	d := Desired{VirtualServers: map[ktypes.VSKey]Want{}, Addresses: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{}}
+	d := Desired{VirtualServers: map[ktypes.VSKey]Want{}, Addresses: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{},
+		Excluded: own.ExcludeCIDRs}
 	holder := map[ktypes.VSKey]*ServicePlan{}
 	var conflicts []Conflict
 	for _, p := range plans {
 		for _, vs := range p.VirtualServers {
-			if own.Excluded(vs.Address) {
-				continue
-			}
 			if vs.Bound() {
 				d.Addresses[vs.Address] = true
 			}
@@ -297,13 +301,13 @@ func Diff(want Desired, have *Kernel, scope Scope) []ktypes.Op {
 		switch {
 		case wanted:
 			ops = diffVirtualServer(ops, w, cur, inKernel, have.RealServers[k])
-		case inKernel:
+		case inKernel && !InRanges(want.Excluded, k.Address):
 			ops = append(ops, ktypes.Op{Kind: ktypes.OpDeleteVirtualServer, VirtualServer: cur})
 			deleted[k.Address]++
 		}
 	}
 	for _, a := range addrs {
-		if !want.Addresses[a] && have.Bound[a] && (have.OnAddress(a) == deleted[a] || want.Routed(a)) {
+		if !want.Addresses[a] && have.Bound[a] && !InRanges(want.Excluded, a) && (have.OnAddress(a) == deleted[a] || want.Routed(a)) {
 			ops = append(ops, ktypes.Op{Kind: ktypes.OpUnbind, Address: a})
 		}
 	}

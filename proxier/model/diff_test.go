@@ -273,7 +273,6 @@ func TestAssign(t *testing.T) {
 		}
 		return p
 	}
-	own := model.Ownership{ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16")}}
 	tests := []struct {
 		name      string
 		plans     []*model.ServicePlan
@@ -295,15 +294,10 @@ func TestAssign(t *testing.T) {
 			holders:   map[string]string{"172.20.0.5:80/TCP": "a/x"},
 			conflicts: []string{"172.20.0.5:80/TCP: a/y loses to a/x", "172.20.0.5:80/TCP: b/x loses to a/x"},
 		},
-		{
-			name:    "excluded addresses are nobody's",
-			plans:   []*model.ServicePlan{ext("a/x", t0, "10.200.0.1:80", "172.20.0.5:80")},
-			holders: map[string]string{"172.20.0.5:80/TCP": "a/x"},
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, cs := model.Assign(tt.plans, own)
+			d, cs := model.Assign(tt.plans, model.Ownership{})
 			holders := map[string]string{}
 			for k, w := range d.VirtualServers {
 				holders[k.String()] = w.Service.String()

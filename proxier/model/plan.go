@@ -130,8 +130,6 @@ type BuildConfig struct {
 	// NodeWithoutIPv6: the node's kernel has no IPv6, so IPv6 is off
 	// (IPv6 false) and a Service's IPv6 addresses get a warning.
 	NodeWithoutIPv6 bool
-	// ExcludeCIDRs are never programmed and never touched (--exclude-cidrs).
-	ExcludeCIDRs []netip.Prefix
 	// Unavailable are schedulers the node's kernel refused: a Service
 	// asking for one gets the default, with a warning.
 	Unavailable map[string]bool

@@ -70,7 +70,6 @@ type scenarioConfig struct {
 	IPv4            bool           `json:"ipv4"`
 	IPv6            bool           `json:"ipv6"`
 	NodeWithoutIPv6 bool           `json:"nodeWithoutIPv6"`
-	ExcludeCIDRs    []netip.Prefix `json:"excludeCIDRs"`
 	Unavailable     []string       `json:"unavailable"`
 	ServiceRanges   []netip.Prefix `json:"serviceRanges"`
 }
@@ -203,7 +202,7 @@ func decodeStrict(file string, ar *txtar.Archive, name string, v any) error {
 
 func (c scenarioConfig) toBuildConfig() (model.BuildConfig, error) {
 	out := model.BuildConfig{Scheduler: scheduler.Spec{Name: c.Scheduler}, IPv4: c.IPv4, IPv6: c.IPv6,
-		ExcludeCIDRs: c.ExcludeCIDRs, ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6}
+		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6}
 	if c.SchedulerFlags != "" {
 		flags, err := scheduler.ParseFlags(c.Scheduler, c.SchedulerFlags)
 		if err != nil {

@@ -45,9 +45,6 @@ func (c *claimIndex) claim(name types.NamespacedName, p *model.ServicePlan, sign
 				c.rsCount += sign
 			}
 		}
-		if c.own.Excluded(v.Address) {
-			continue
-		}
 		k := v.VSKey
 		cl := slices.DeleteFunc(c.byKey[k], func(n types.NamespacedName) bool { return n == name })
 		if sign > 0 {
@@ -106,7 +103,7 @@ func (c *claimIndex) conflicts(n types.NamespacedName) []model.Conflict {
 // desired is the part of the desired state that the scope looks at.
 func (r *Reconciler) desired(keys []ktypes.VSKey, addrs []netip.Addr) model.Desired {
 	d := model.Desired{VirtualServers: make(map[ktypes.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{},
-		Routes: make(map[netip.Prefix]bool, len(r.routes))}
+		Routes: make(map[netip.Prefix]bool, len(r.routes)), Excluded: r.own.ExcludeCIDRs}
 	for p := range r.routes {
 		d.Route(p) // and its anchor bound
 	}

@@ -122,7 +122,7 @@ func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership
 			return nil, fmt.Errorf("list addresses of %s: %w", link, err)
 		}
 		// The kernel's own link-local address of the interface is not ours.
-		return slices.DeleteFunc(all, func(a netip.Addr) bool { return own.Excluded(a) || a.IsLinkLocalUnicast() }), nil
+		return slices.DeleteFunc(all, func(a netip.Addr) bool { return a.IsLinkLocalUnicast() }), nil
 	}
 	var err error
 	if raw.bound, err = addresses(own.Interface); err != nil {
@@ -185,6 +185,8 @@ func (raw rawKernel) view(own model.Ownership, wanted func(ktypes.VSKey) bool) (
 			mine = append(mine, vs)
 		}
 	}
+	// Bound addresses in --exclude-cidrs are read as any other: Diff
+	// never unbinds them (Desired.Excluded).
 	k := model.NewKernel(mine, raw.bound)
 	for _, p := range raw.routes {
 		k.Routes[p] = true

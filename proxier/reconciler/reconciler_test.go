@@ -1369,3 +1369,48 @@ func TestReconcilerPiecesKeepTheRangeRoute(t *testing.T) {
 	}
 	callsDiff(t, "link writes", []string{"AddAddress ipvs-proxy0 10.96.0.0", "DeleteAddress ipvs-proxy0 10.1.0.1"}, links.Writes())
 }
+
+// TestReconcilerExcludedCIDRs: --exclude-cidrs means what it means in
+// kube-proxy: what no Service wants there is never cleaned up, and what a
+// Service wants there is programmed and kept up to date like any other
+// (kube-proxy's virtual server there, taken over, is updated). When that
+// Service goes, its virtual server and address stay.
+func TestReconcilerExcludedCIDRs(t *testing.T) {
+	r, ipvs, links := newTestReconciler(t)
+	if err := links.EnsureDummy(testIface); err != nil {
+		t.Fatal(err)
+	}
+	// Left by someone (kube-proxy before a takeover): one a Service will
+	// want, with an old scheduler, and one nobody wants.
+	for _, v := range []ktypes.VirtualServer{
+		{VSKey: ktypestest.VSKey("10.200.0.1:80", ktypes.TCP), Scheduler: "wlc"},
+		{VSKey: ktypestest.VSKey("10.200.0.2:80", ktypes.TCP), Scheduler: "rr"},
+	} {
+		if err := ipvs.AddVirtualServer(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range []string{"10.200.0.1", "10.200.0.2"} {
+		if err := links.AddAddress(testIface, netip.MustParseAddr(a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resetCalls(ipvs, links)
+	r.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindExternalIP, "10.200.0.1:80", "rr", "10.0.1.1:8080"),
+		modeltest.VS(model.KindExternalIP, "10.200.0.3:80", "rr", "10.0.1.1:8080")))
+	mustSync(t, r, true)
+	callsDiff(t, "ipvs writes", []string{
+		"UpdateVirtualServer 10.200.0.1:80/TCP rr",
+		"AddVirtualServer 10.200.0.3:80/TCP rr",
+		"AddRealServer 10.200.0.1:80/TCP 10.0.1.1:8080 w=1",
+		"AddRealServer 10.200.0.3:80/TCP 10.0.1.1:8080 w=1",
+	}, ipvs.Writes())
+	callsDiff(t, "link writes", []string{"AddAddress ipvs-proxy0 10.200.0.3"}, links.Writes())
+
+	resetCalls(ipvs, links)
+	r.SetPlan(svcA, nil)
+	mustSync(t, r, false)
+	mustSync(t, r, true)
+	callsDiff(t, "ipvs writes after the Service went", nil, ipvs.Writes())
+	callsDiff(t, "link writes after the Service went", nil, links.Writes())
+}

@@ -86,9 +86,7 @@ func (r *Reconciler) scopeChanged(sc *scopeSet, now time.Time) {
 	for _, n := range r.statuses.due(now) {
 		sc.services[n] = true
 		for _, v := range r.claims.plans[n].VirtualServers {
-			if !r.own.Excluded(v.Address) {
-				sc.keys[v.VSKey] = true
-			}
+			sc.keys[v.VSKey] = true
 		}
 	}
 	for k := range r.dirtyKeys {
@@ -118,7 +116,7 @@ func (r *Reconciler) scopeHolders(sc *scopeSet, full bool) {
 	}
 	for _, n := range whole {
 		for _, v := range r.claims.plans[n].VirtualServers {
-			if !r.own.Excluded(v.Address) && !sc.keys[v.VSKey] {
+			if !sc.keys[v.VSKey] {
 				sc.keys[v.VSKey] = true
 				if cl := r.claims.byKey[v.VSKey]; len(cl) > 0 {
 					sc.services[cl[0]] = true

@@ -71,8 +71,9 @@ func stSlice(svc string, addrs ...string) *discoveryv1.EndpointSlice {
 }
 
 // statusObjects: a ClusterIP Service, a NodePort one with an unnamed port,
-// one with persistence and the sh scheduler with a flag, and one whose
-// externalIP is excluded.
+// one with persistence and the sh scheduler with a flag, whose externalIP
+// is in --exclude-cidrs (programmed all the same: the range only keeps what
+// no Service wants from being cleaned up).
 func statusObjects() []runtime.Object {
 	return []runtime.Object{
 		stService("web", "10.96.0.10"), stSlice("web", "10.0.1.1", "10.0.1.2"),
@@ -102,7 +103,7 @@ func programmed(t *testing.T, objs []runtime.Object) (*fake.IPVS, *fake.Links) {
 	cfg := statusConfig()
 	rec := reconciler.NewReconciler(ipvs, links, reconciler.Config{Ownership: cfg.Ownership()}, zap.NewNop())
 	node := model.NodeInfo{Name: cfg.NodeName, NodePortAddresses: []netip.Addr{stNodeAddr}}
-	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true, ExcludeCIDRs: cfg.ExcludeCIDRs}
+	bcfg := model.BuildConfig{Scheduler: cfg.Scheduler, IPv4: true, IPv6: true}
 	slicesOf := map[string][]*discoveryv1.EndpointSlice{}
 	for _, o := range objs {
 		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
@@ -178,6 +179,7 @@ func TestStatusNoDrift(t *testing.T) {
 		{vsKey("10.96.0.11", 8000), "ns/np:8000", "ClusterIP", "rr", nil, 0, []string{"10.0.2.1"}},
 		{vsKey("192.168.1.10", 30080), "ns/np:8000", "NodePort", "rr", nil, 0, []string{"10.0.2.1"}},
 		{vsKey("10.96.0.12", 80), "ns/sticky:http", "ClusterIP", "sh", []string{"persistent", "sh-port"}, 10800, []string{"10.0.3.1"}},
+		{vsKey("10.200.0.5", 80), "ns/sticky:http", "ExternalIP", "sh", []string{"persistent", "sh-port"}, 10800, []string{"10.0.3.1"}},
 	}
 	if len(rep.VirtualServers) != len(want) {
 		t.Errorf("%d virtual servers, want %d: %+v", len(rep.VirtualServers), len(want), rep.VirtualServers)
@@ -205,7 +207,7 @@ func TestStatusNoDrift(t *testing.T) {
 	for _, vs := range rep.VirtualServers {
 		order = append(order, vs.key.String())
 	}
-	if want := []string{"10.96.0.11:8000/TCP", "192.168.1.10:30080/TCP", "10.96.0.12:80/TCP", "10.96.0.10:80/TCP"}; !slices.Equal(order, want) {
+	if want := []string{"10.96.0.11:8000/TCP", "192.168.1.10:30080/TCP", "10.96.0.12:80/TCP", "10.200.0.5:80/TCP", "10.96.0.10:80/TCP"}; !slices.Equal(order, want) {
 		t.Errorf("order %v, want %v", order, want)
 	}
 }
@@ -522,12 +524,13 @@ func TestWriteStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `node node-1, interface ipvs-proxy0; 3 Services read from the API
-SERVICE         KIND       VIRTUAL SERVER          SCHEDULER                     REAL SERVER    WEIGHT  ACTIVE  INACTIVE  DRIFT
-ns/np:8000      ClusterIP  10.96.0.11:8000/TCP     rr                            10.0.2.1:8080  1       0       0
-ns/np:8000      NodePort   192.168.1.10:30080/TCP  rr                            10.0.2.1:8080  1       0       0
-ns/sticky:http  ClusterIP  10.96.0.12:80/TCP       sh persistent,sh-port 10800s  10.0.3.1:8080  1       0       0
-ns/web:http     ClusterIP  10.96.0.10:80/TCP       rr                            10.0.1.1:8080  1       -       -         missing
-                                                                                 10.0.1.2:8080  1       0       0
+SERVICE         KIND        VIRTUAL SERVER          SCHEDULER                     REAL SERVER    WEIGHT  ACTIVE  INACTIVE  DRIFT
+ns/np:8000      ClusterIP   10.96.0.11:8000/TCP     rr                            10.0.2.1:8080  1       0       0
+ns/np:8000      NodePort    192.168.1.10:30080/TCP  rr                            10.0.2.1:8080  1       0       0
+ns/sticky:http  ClusterIP   10.96.0.12:80/TCP       sh persistent,sh-port 10800s  10.0.3.1:8080  1       0       0
+ns/sticky:http  ExternalIP  10.200.0.5:80/TCP       sh persistent,sh-port 10800s  10.0.3.1:8080  1       0       0
+ns/web:http     ClusterIP   10.96.0.10:80/TCP       rr                            10.0.1.1:8080  1       -       -         missing
+                                                                                  10.0.1.2:8080  1       0       0
 virtual servers of others (left alone): 1
 drift: 1
   missing-real-server 10.96.0.10:80/TCP (ns/web:http): real server 10.0.1.1:8080 w=1 is wanted, not in the kernel

@@ -94,8 +94,9 @@ type IPVSConfiguration struct {
 	SyncPeriod metav1.Duration `json:"syncPeriod"`
 	// MinSyncPeriod is the least time between syncs (--min-sync-period).
 	MinSyncPeriod metav1.Duration `json:"minSyncPeriod"`
-	// ExcludeCIDRs are CIDRs whose virtual servers are never touched
-	// (--exclude-cidrs).
+	// ExcludeCIDRs are CIDRs whose virtual servers and addresses are never
+	// cleaned up when no Service wants them, as in kube-proxy; what a
+	// Service wants there is programmed (--exclude-cidrs).
 	ExcludeCIDRs []string `json:"excludeCIDRs"`
 	// StrictARP keeps the interface's VIPs out of ARP (--strict-arp).
 	StrictARP bool `json:"strictARP"`
