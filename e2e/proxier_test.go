@@ -13,6 +13,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // TestClusterIPMultiPortTCPAndUDP: one Service, a TCP and a UDP port, two
@@ -251,16 +254,19 @@ func TestScaleEndpointsAndDelete(t *testing.T) {
 // TestTerminatingEndpointDrains: an endpoint whose pod is terminating but
 // still serving keeps its real server at weight 0: a connection made before
 // goes on answering, new connections go to the other backend. When the
-// endpoint leaves the slice its real server goes, and that connection ends
-// (IPVS with expire_nodest_conn=1) — which is why deleting the real server
-// at the first sign of termination would cut it.
+// endpoint leaves the slice while its pod still runs (relabelled out of
+// the selector, as here: the pod answers on), the real server stays at
+// weight 0 while IPVS counts the connection, as in kube-proxy's IPVS mode
+// (deleting it would cut the connection at its next packet,
+// expire_nodest_conn=1); once the connection ends, the real server goes.
 func TestTerminatingEndpointDrains(t *testing.T) {
 	e := setup(t)
 	_, svc, bes := e.httpService(t, "drain", 2)
 	addr := hostPort(svc.Spec.ClusterIP, 80)
 	e.expectBackends(t, "tcp", addr, names(bes))
 
-	hold, held := e.holdConn(t, addr)
+	hold := e.holdFlow(t, "tcp", addr, "--reset")
+	held := hold.backend
 	var draining, other backend
 	for _, b := range bes {
 		if b.Name == held {
@@ -290,21 +296,35 @@ func TestTerminatingEndpointDrains(t *testing.T) {
 	// A few more answers on the held connection, from the draining backend.
 	hold.expectAnswers(5, draining.Name)
 
-	// The pod is gone: the endpoint leaves the slice, the real server the
-	// kernel, and the held connection ends.
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, []backend{other})
+	// The endpoint leaves the slice, and a third one joins in the same
+	// change (its real server tells that the agent applied the change):
+	// the held connection goes on, its real server at weight 0.
+	third := e.backends(t, 1)[0]
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, []backend{other, third})
+	e.expectTable(t, []string{"-> " + hostPort(third.Addr, backendPort)}, nil, "-t", addr)
+	if out := e.ipvsadm(t, "-t", addr); !weight0.MatchString(out) {
+		t.Errorf("the endpoint left the slice: want its real server %s kept at weight 0 with its connection:\n%s", draining.Addr, out)
+	}
+	hold.expectAnswers(5, draining.Name)
+	e.expectBackends(t, "tcp", addr, []string{other.Name, third.Name})
+
+	// The connection ends (a reset): the real server goes.
+	if err := hold.proc.Stop(); err != nil {
+		t.Fatal(err)
+	}
 	e.expectTable(t, []string{"-> " + hostPort(other.Addr, backendPort)}, []string{"-> " + hostPort(draining.Addr, backendPort)}, "-t", addr)
-	hold.expectEnd()
 }
 
 // TestNotServingEndpointDrains: an endpoint whose pod stops serving
 // (terminating with serving=false: an application that fails readiness on
-// SIGTERM and finishes its requests) keeps its real servers at weight 0
-// while the kernel counts connections on them: a held TCP connection and a
-// held UDP flow to it go on answering from it, new connections and flows
-// go to the other endpoint only, and each real server goes once its
-// connections end (the TCP one reset, the UDP one expired after
-// --ipvs-udp-timeout), while the endpoint is still in the slice.
+// SIGTERM and finishes its requests) keeps its TCP real server at weight 0
+// while the kernel counts connections on it: a held TCP connection goes on
+// answering from it, new connections go to the other endpoint only, and
+// the real server goes once the connection ends (reset), while the
+// endpoint is still in the slice. Its UDP real server goes at once
+// (kube-proxy's rule): a client that keeps its source port, which stayed
+// on it for as long as it sent, gets its answers from the serving endpoint
+// within a sync.
 func TestNotServingEndpointDrains(t *testing.T) {
 	e := setup(t)
 	ns := e.namespace(t)
@@ -330,18 +350,25 @@ func TestNotServingEndpointDrains(t *testing.T) {
 	if draining.Name == "" {
 		t.Fatalf("the held connection reached %q, not one of %v", tcpHold.backend, names(bes))
 	}
-	// A UDP flow to the same backend: round robin alternates, so one of
-	// two new flows reaches it.
-	var udpHold *heldConn
-	for i := 0; i < 4 && udpHold == nil; i++ {
-		if h := e.holdFlow(t, "udp", udpAddr); h.backend == draining.Name {
-			udpHold = h
-		} else {
-			_ = h.proc.Stop()
+	// A UDP client with a fixed source port on the same backend: round
+	// robin alternates, so one of two new source ports reaches it, and
+	// the port stays there while it sends.
+	udpFrom := func(port int) nettest.HitResult {
+		res, err := e.VM.Hit(context.Background(), nettest.HitConfig{Netns: bed.ClientNetns, Proto: "udp", Addr: udpAddr, N: 3,
+			Timeout: 2 * time.Second, SourcePort: port})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	udpPort := 0
+	for p := 40300; p < 40304 && udpPort == 0; p++ {
+		if res := udpFrom(p); res.Answers[draining.Name] == 3 {
+			udpPort = p
 		}
 	}
-	if udpHold == nil {
-		t.Fatalf("no held UDP flow reached %s in four tries", draining.Name)
+	if udpPort == 0 {
+		t.Fatalf("no UDP source port reached %s in four tries", draining.Name)
 	}
 
 	// The backend stops serving (its pod terminates and fails readiness).
@@ -354,41 +381,35 @@ func TestNotServingEndpointDrains(t *testing.T) {
 	// Weight 0 first, then probe: a probe that reached the draining
 	// backend before would count on its real server for two minutes
 	// (TIME_WAIT) and keep it after the held connection ends.
-	for _, args := range [][]string{{"-t", tcpAddr}, {"-u", udpAddr}} {
-		waitWithin(context.Background(), t, time.Minute, rs+" at weight 0 in "+strings.Join(args, " "), func() (bool, string) {
-			out := e.ipvsadm(t, args...)
-			w, _, ok := realServerRow(out, rs)
-			return ok && w == 0, out
-		})
+	waitWithin(context.Background(), t, time.Minute, rs+" at weight 0 in -t "+tcpAddr, func() (bool, string) {
+		out := e.ipvsadm(t, "-t", tcpAddr)
+		w, _, ok := realServerRow(out, rs)
+		return ok && w == 0, out
+	})
+	// The same sync deleted the UDP real server: the fixed source port's
+	// next datagrams are scheduled afresh.
+	if out := e.ipvsadm(t, "-u", udpAddr); strings.Contains(out, "-> "+rs) {
+		t.Errorf("the UDP real server %s of an endpoint that stopped serving is still there:\n%s", rs, out)
 	}
+	eventually(t, 10*time.Second, func() error {
+		if res := udpFrom(udpPort); res.Answers[other.Name] != 3 {
+			return fmt.Errorf("UDP from source port %d: answers %v errors %v; want all 3 from the serving %s\n%s",
+				udpPort, res.Answers, res.Errors, other.Name, e.ipvsadm(t, "-c"))
+		}
+		return nil
+	})
 	e.expectBackends(t, "tcp", tcpAddr, []string{other.Name})
 	e.expectBackends(t, "udp", udpAddr, []string{other.Name})
-	for _, args := range [][]string{{"-t", tcpAddr}, {"-u", udpAddr}} {
-		out := e.ipvsadm(t, args...)
-		if w, conns, ok := realServerRow(out, rs); !ok || w != 0 || conns == 0 {
-			t.Errorf("ipvsadm -Ln %v: want %s at weight 0 with its connection, got (in table %v) weight %d, %d connections:\n%s",
-				args, rs, ok, w, conns, out)
-		}
+	if out := e.ipvsadm(t, "-t", tcpAddr); func() bool { w, conns, ok := realServerRow(out, rs); return !ok || w != 0 || conns == 0 }() {
+		t.Errorf("ipvsadm -Ln -t %s: want %s at weight 0 with its connection:\n%s", tcpAddr, rs, out)
 	}
 	tcpHold.expectAnswers(5, draining.Name)
-	udpHold.expectAnswers(5, draining.Name)
 
-	// The TCP connection ends: its real server goes; the UDP flow's stays
-	// while the flow goes on.
+	// The TCP connection ends: its real server goes.
 	if err := tcpHold.proc.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	e.expectTable(t, nil, []string{"-> " + rs}, "-t", tcpAddr)
-	if out := e.ipvsadm(t, "-u", udpAddr); !strings.Contains(out, "-> "+rs) {
-		t.Errorf("the UDP real server %s went while its flow goes on:\n%s", rs, out)
-	}
-	udpHold.expectAnswers(3, draining.Name)
-	// The UDP flow ends: its real server goes when IPVS forgets the flow.
-	if err := udpHold.proc.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	e.expectTable(t, nil, []string{"-> " + rs}, "-u", udpAddr)
-	e.expectBackends(t, "udp", udpAddr, []string{other.Name})
 }
 
 var realServerConns = regexp.MustCompile(`->\s+(\S+)\s+\S+\s+(\d+)\s+(\d+)\s+(\d+)`)

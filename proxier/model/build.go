@@ -555,6 +555,13 @@ func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, por
 		switch {
 		case chosen[c.key]:
 			rss = append(rss, ktypes.RealServer{RSKey: c.key, Weight: 1})
+		case proto != ktypes.TCP:
+			// UDP and SCTP (kube-proxy's rule): an endpoint that is not
+			// chosen loses its real server at once, and the reconciler
+			// clears its UDP flows' conntrack entries, so a client that
+			// keeps its source port is scheduled afresh at its next
+			// datagram instead of staying on an endpoint that stopped
+			// serving for as long as it sends.
 		case c.serving && c.terminating:
 			// Draining: a terminating endpoint that still serves keeps
 			// its real server at weight 0, so it gets no new connections

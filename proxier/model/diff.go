@@ -220,7 +220,8 @@ type Scope struct {
 // in have whose real servers were not read is treated as having none. A
 // wanted real server marked Drain is never added: it is kept at weight 0
 // while have counts connections on it, and deleted once it counts none
-// (see Draining).
+// (see Draining); so is a TCP real server the plan no longer has
+// (keptWhileBusy).
 func Diff(want Desired, have *Kernel, scope Scope) []ktypes.Op {
 	keys, addrs := scope.Keys, scope.Addresses
 	if scope.All {
@@ -379,20 +380,43 @@ func diffVirtualServer(ops []ktypes.Op, w Want, cur ktypes.VirtualServer, inKern
 	}
 	slices.SortFunc(gone, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 	for _, rs := range gone {
+		if keptWhileBusy(vs, rs) {
+			if rs.Weight != 0 {
+				ops = append(ops, ktypes.Op{Kind: ktypes.OpUpdateRealServer, Service: w.Service, VirtualServer: vs,
+					RealServer: ktypes.RealServer{RSKey: rs.RSKey}, WasWeight: rs.Weight})
+			}
+			continue
+		}
 		ops = append(ops, ktypes.Op{Kind: ktypes.OpDeleteRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
 	}
 	return ops
 }
 
+// keptWhileBusy reports whether a real server of the kernel that the plan
+// no longer has (its endpoint left every slice of the Service: relabelled
+// out of the selector, the selector changed, a port renamed, the pod
+// deleted) is kept at weight 0 instead of deleted: a TCP one that IPVS
+// counts connections on, so that they end on their own terms as in
+// kube-proxy's IPVS mode (deleting it would cut them at their next packet,
+// expire_nodest_conn=1). It lasts as long as IPVS counts them: their end,
+// or IPVS's idle timeout (--ipvs-tcp-timeout, the kernel's 15 minutes by
+// default), or the virtual server's deletion. UDP and SCTP real servers go
+// at once (kube-proxy's rule; their flows are scheduled afresh).
+func keptWhileBusy(vs ktypes.VirtualServer, rs ktypes.RealServer) bool {
+	return vs.Protocol == ktypes.TCP && rs.Busy()
+}
+
 // Draining reports whether the kernel's real servers (rss) of a wanted
-// virtual server include one that w marks Drain and that is busy: Diff
-// keeps it, and it must be looked at again until its connections end.
+// virtual server include a busy one that w marks Drain or no longer has
+// (keptWhileBusy): Diff keeps it, and it must be looked at again until its
+// connections end.
 func Draining(w VSPlan, rss []ktypes.RealServer) bool {
-	for _, rs := range w.RealServers {
-		if !rs.Drain {
+	for _, r := range rss {
+		if !r.Busy() {
 			continue
 		}
-		if i := slices.IndexFunc(rss, func(r ktypes.RealServer) bool { return r.RSKey == rs.RSKey }); i >= 0 && rss[i].Busy() {
+		i := slices.IndexFunc(w.RealServers, func(rs ktypes.RealServer) bool { return rs.RSKey == r.RSKey })
+		if (i >= 0 && w.RealServers[i].Drain) || (i < 0 && keptWhileBusy(w.VirtualServer, r)) {
 			return true
 		}
 	}

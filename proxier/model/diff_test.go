@@ -84,6 +84,7 @@ func opStrings(ops []ktypes.Op) []string {
 func TestDiff(t *testing.T) {
 	vip := dvs("10.96.0.10:80", "rr")
 	vip2 := dvs("10.96.0.10:443", "rr")
+	udpVIP := ktypes.VirtualServer{VSKey: ktypestest.VSKey("10.96.0.10:53", ktypes.UDP), Scheduler: "rr"}
 	other := dvs("10.96.0.11:80", "rr")
 	node := dvs("192.168.0.10:30080", "rr")
 	all := model.Scope{All: true}
@@ -183,12 +184,31 @@ func TestDiff(t *testing.T) {
 			ops:   []string{"delete-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 [ns/a]"},
 		},
 		{
-			name: "a busy real server whose endpoint left the slices goes",
+			// Relabelled out of the selector, a port renamed: its TCP
+			// connections go on, as in kube-proxy's IPVS mode.
+			name: "a busy TCP real server whose endpoint left the slices stays, at weight 0",
 			want: desired([]string{"10.96.0.10"},
 				want("ns/a", model.KindClusterIP, vip, "10.0.2.2:8080")),
-			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080@0#3.4", "10.0.2.2:8080"}}),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080#3.4", "10.0.3.2:8080@0#0.1", "10.0.2.2:8080"}}),
+			scope: all,
+			ops:   []string{"update-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 w=0 (was w=1) [ns/a]"},
+		},
+		{
+			name: "an idle real server whose endpoint left the slices goes",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, vip, "10.0.2.2:8080")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{vip, []string{"10.0.1.2:8080@0", "10.0.2.2:8080"}}),
 			scope: all,
 			ops:   []string{"delete-real-server 10.96.0.10:80/TCP 10.0.1.2:8080 [ns/a]"},
+		},
+		{
+			// kube-proxy's rule: a UDP flow is scheduled afresh.
+			name: "a busy UDP real server whose endpoint left the slices goes",
+			want: desired([]string{"10.96.0.10"},
+				want("ns/a", model.KindClusterIP, udpVIP, "10.0.2.2:5353")),
+			have:  kernel([]string{"10.96.0.10"}, kvs{udpVIP, []string{"10.0.1.2:5353#0.3", "10.0.2.2:5353"}}),
+			scope: all,
+			ops:   []string{"delete-real-server 10.96.0.10:53/UDP 10.0.1.2:5353 [ns/a]"},
 		},
 		{
 			name:  "a scheduler change updates the virtual server in place",
@@ -328,7 +348,9 @@ func TestDraining(t *testing.T) {
 		{"marked, busy", []string{"10.0.1.2:8080@d", "10.0.2.2:8080"}, []string{"10.0.1.2:8080@0#1", "10.0.2.2:8080"}, true},
 		{"marked, inactive connections only", []string{"10.0.1.2:8080@d"}, []string{"10.0.1.2:8080@0#0.2"}, true},
 		{"marked, idle", []string{"10.0.1.2:8080@d", "10.0.2.2:8080"}, []string{"10.0.1.2:8080@0", "10.0.2.2:8080#5"}, false},
-		{"marked, not in the kernel", []string{"10.0.1.2:8080@d"}, []string{"10.0.2.2:8080#5"}, false},
+		{"marked, not in the kernel", []string{"10.0.1.2:8080@d", "10.0.2.2:8080"}, []string{"10.0.2.2:8080#5"}, false},
+		{"left the slices, busy", []string{"10.0.2.2:8080"}, []string{"10.0.1.2:8080@0#0.1", "10.0.2.2:8080"}, true},
+		{"left the slices, idle", []string{"10.0.2.2:8080"}, []string{"10.0.1.2:8080@0", "10.0.2.2:8080#2"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := want("ns/a", model.KindClusterIP, vip, tc.want...)

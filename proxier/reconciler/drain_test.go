@@ -95,13 +95,15 @@ func callsDiffStrings(t *testing.T, what string, want, got []string) {
 }
 
 // TestReconcilerDrainsNotServingEndpoint: an endpoint that stops serving
-// (terminating with serving=false, or failing readiness) keeps its real
-// servers at weight 0 while the kernel counts connections on them (TCP and
-// UDP alike) and the endpoint is in a slice: new connections go elsewhere,
-// established ones go on. Each real server goes at the first check after
-// its connections reach 0, or at once when the endpoint leaves the slice.
-// A not-serving endpoint that the kernel does not hold is never added, and
-// a restarted agent keeps what it finds draining.
+// (terminating with serving=false, or failing readiness) keeps its TCP real
+// server at weight 0 while the kernel counts connections on it: new
+// connections go elsewhere, established ones go on. Its UDP real server
+// goes at once, with its flows' conntrack entries (kube-proxy's rule: a
+// client that keeps its source port is scheduled afresh). The TCP real
+// server also stays while busy when the endpoint leaves the slice (as in
+// kube-proxy's IPVS mode), and goes at the first check after its
+// connections end. A not-serving endpoint that the kernel does not hold is
+// never added, and a restarted agent keeps what it finds draining.
 func TestReconcilerDrainsNotServingEndpoint(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -112,6 +114,8 @@ func TestReconcilerDrainsNotServingEndpoint(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newDrainBed(t)
+			ct := &fake.Conntrack{}
+			b.r.SetConntrack(ct)
 			b.setEndpoints(endpoint("10.0.1.2", true, true, nil), endpoint("10.0.2.2", true, true, nil))
 			mustSync(t, b.r, true)
 			b.conns(b.tcp, "10.0.1.2", 1, 0)
@@ -124,13 +128,14 @@ func TestReconcilerDrainsNotServingEndpoint(t *testing.T) {
 			mustSync(t, b.r, false)
 			callsDiff(t, "writes when the endpoint stops serving", []string{
 				"UpdateRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=0",
-				"UpdateRealServer 10.96.0.10:53/UDP 10.0.1.2:5353 w=0",
+				"DeleteRealServer 10.96.0.10:53/UDP 10.0.1.2:5353",
 			}, b.ipvs.Writes())
+			callsDiff(t, "conntrack clears", []string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:5353"}, ct.Calls())
 			b.expectKernel("kernel while draining",
 				"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=0", "  -> 10.0.2.2:8080 w=1",
-				"10.96.0.10:53/UDP rr", "  -> 10.0.1.2:5353 w=0", "  -> 10.0.2.2:5353 w=1")
+				"10.96.0.10:53/UDP rr", "  -> 10.0.2.2:5353 w=1")
 
-			// A check is due soon, not before.
+			// A check is due soon, not before; the connection goes on.
 			next := b.r.NextRetry()
 			if next.IsZero() || next.Sub(b.clk.Now()) > 5*time.Second {
 				t.Fatalf("the check of the draining real servers is at %v, want within 5s of %v", next, b.clk.Now())
@@ -138,20 +143,16 @@ func TestReconcilerDrainsNotServingEndpoint(t *testing.T) {
 			if b.r.Pending() {
 				t.Errorf("a sync is pending before the drain check is due")
 			}
-			// The TCP connection ends; the UDP flow goes on.
-			b.conns(b.tcp, "10.0.1.2", 0, 0)
 			b.clk.SetTime(next)
 			if !b.r.Pending() {
 				t.Fatalf("the drain check is due, yet no sync is pending")
 			}
 			b.ipvs.ResetCalls()
 			mustSync(t, b.r, false)
-			callsDiff(t, "writes of the drain check", []string{"DeleteRealServer 10.96.0.10:80/TCP 10.0.1.2:8080"}, b.ipvs.Writes())
-			callsDiff(t, "reads of the drain check", []string{
-				"ListRealServers 10.96.0.10:80/TCP", "ListRealServers 10.96.0.10:53/UDP",
-			}, b.ipvs.Reads())
+			callsDiff(t, "writes of the drain check while busy", nil, b.ipvs.Writes())
+			callsDiff(t, "reads of the drain check", []string{"ListRealServers 10.96.0.10:80/TCP"}, b.ipvs.Reads())
 
-			// A restart finds the UDP real server still busy: it stays.
+			// A restart finds the TCP real server still busy: it stays.
 			r2 := NewReconciler(b.ipvs, fake.NewLinks(node), Config{Ownership: testOwnership()}, zap.NewNop())
 			b.r = r2
 			b.setEndpoints(endpoint("10.0.1.2", false, false, tc.terminating), endpoint("10.0.2.2", true, true, nil),
@@ -163,11 +164,18 @@ func TestReconcilerDrainsNotServingEndpoint(t *testing.T) {
 				t.Errorf("after a restart, no check of the draining real server is scheduled")
 			}
 
-			// The endpoint leaves the slice: its real server goes, busy
-			// or not.
+			// The endpoint leaves the slice: busy, its TCP real server
+			// stays at weight 0.
 			b.setEndpoints(endpoint("10.0.2.2", true, true, nil), endpoint("10.0.3.2", false, false, nil))
 			mustSync(t, r2, false)
-			callsDiff(t, "writes when the endpoint leaves", []string{"DeleteRealServer 10.96.0.10:53/UDP 10.0.1.2:5353"}, b.ipvs.Writes())
+			callsDiff(t, "writes when the busy endpoint leaves", nil, b.ipvs.Writes())
+			if r2.NextRetry().IsZero() {
+				t.Errorf("the endpoint left busy: no check of its real server is scheduled")
+			}
+			// Its connection ends: it goes at the next check.
+			b.conns(b.tcp, "10.0.1.2", 0, 0)
+			mustSync(t, r2, true)
+			callsDiff(t, "writes once its connection ended", []string{"DeleteRealServer 10.96.0.10:80/TCP 10.0.1.2:8080"}, b.ipvs.Writes())
 			b.expectKernel("kernel at the end",
 				"10.96.0.10:80/TCP rr", "  -> 10.0.2.2:8080 w=1",
 				"10.96.0.10:53/UDP rr", "  -> 10.0.2.2:5353 w=1")
