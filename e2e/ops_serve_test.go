@@ -74,10 +74,11 @@ func TestMetricsScraped(t *testing.T) {
 		vs       = "ipvs_proxy_virtual_servers"
 		rs       = "ipvs_proxy_real_servers"
 		latency  = "kubeproxy_network_programming_duration_seconds_count"
-		partial  = `kubeproxy_sync_proxy_rules_duration_seconds_count{kind="partial"}`
+		partial  = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
 		lastSync = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 	)
-	for _, m := range []string{vs, rs, latency, lastSync, `kubeproxy_sync_proxy_rules_duration_seconds_count{kind="full"}`,
+	for _, m := range []string{vs, rs, latency, lastSync, "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+		"kubeproxy_sync_proxy_rules_duration_seconds_count", "ipvs_proxy_resync_duration_seconds_count",
 		"ipvs_proxy_sync_errors_total", "go_goroutines", "process_resident_memory_bytes"} {
 		if _, ok := before[m]; !ok {
 			t.Errorf("metric %s missing", m)
