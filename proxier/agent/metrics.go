@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -19,16 +21,23 @@ type Metrics struct {
 	// the sync that checked its last slice (several syncs).
 	ResyncDuration     prometheus.Histogram
 	ProgrammingLatency prometheus.Histogram
-	// LastSuccessfulSync is when a sync last succeeded.
-	LastSuccessfulSync  prometheus.Gauge
-	SyncErrors          prometheus.Counter
-	VirtualServers      prometheus.Gauge
-	RealServers         prometheus.Gauge
-	WritesPerSync       prometheus.Histogram
-	ServicesWithWarning prometheus.Gauge
-	ServicesFailing     prometheus.Gauge
-	ServicesInConflict  prometheus.Gauge
-	ServiceFailures     prometheus.Counter
+	// LastQueued is when the last Service or EndpointSlice change asked
+	// for a sync; LastSuccessfulSync, when a sync last succeeded.
+	LastQueued         prometheus.Gauge
+	LastSuccessfulSync prometheus.Gauge
+	// The changes received, and those received since the last sync took
+	// the changes: Services (each changed Service once) and EndpointSlice
+	// events.
+	ServiceChanges, EndpointChanges               prometheus.Counter
+	ServiceChangesPending, EndpointChangesPending prometheus.Gauge
+	SyncErrors                                    prometheus.Counter
+	VirtualServers                                prometheus.Gauge
+	RealServers                                   prometheus.Gauge
+	WritesPerSync                                 prometheus.Histogram
+	ServicesWithWarning                           prometheus.Gauge
+	ServicesFailing                               prometheus.Gauge
+	ServicesInConflict                            prometheus.Gauge
+	ServiceFailures                               prometheus.Counter
 }
 
 // syncBuckets are kube-proxy's buckets of its sync durations: 1 ms to
@@ -80,8 +89,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Duration of a periodic full resync, from its kernel read to the sync that checked its last slice.", resyncBuckets),
 		ProgrammingLatency: histogram("kubeproxy_network_programming_duration_seconds",
 			"In Cluster Network Programming Latency in seconds: from a Service or EndpointSlice change to its programming in the kernel.", programmingBuckets),
+		LastQueued: gauge("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+			"The last time a sync of proxy rules was queued: Unix time of the last Service or EndpointSlice change received."),
 		LastSuccessfulSync: gauge("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-			"Unix time of the last successful sync."),
+			"The last time proxy rules were successfully synced (Unix time)."),
+		ServiceChanges: counter("kubeproxy_sync_proxy_rules_service_changes_total",
+			"Cumulative proxy rules Service changes: Service adds, updates and deletes received."),
+		ServiceChangesPending: gauge("kubeproxy_sync_proxy_rules_service_changes_pending",
+			"Pending proxy rules Service changes: Services changed since the last sync took the changes."),
+		EndpointChanges: counter("kubeproxy_sync_proxy_rules_endpoint_changes_total",
+			"Cumulative proxy rules Endpoint changes: EndpointSlice adds, updates and deletes received."),
+		EndpointChangesPending: gauge("kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+			"Pending proxy rules Endpoint changes: EndpointSlice changes received since the last sync took the changes."),
 		SyncErrors: counter("ipvs_proxy_sync_errors_total",
 			"Syncs with a failure: a kernel read, a Service's write, or a consumer (iptables glue, health checks)."),
 		VirtualServers: gauge("ipvs_proxy_virtual_servers", "IPVS virtual servers that ipvs-proxy wants."),
@@ -97,8 +116,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.SyncDuration, m.FullSyncDuration, m.PartialSyncDuration, m.ResyncDuration,
-			m.ProgrammingLatency, m.LastSuccessfulSync, m.SyncErrors, m.VirtualServers, m.RealServers,
+			m.ProgrammingLatency, m.LastQueued, m.LastSuccessfulSync, m.ServiceChanges, m.ServiceChangesPending,
+			m.EndpointChanges, m.EndpointChangesPending, m.SyncErrors, m.VirtualServers, m.RealServers,
 			m.WritesPerSync, m.ServicesWithWarning, m.ServicesFailing, m.ServicesInConflict, m.ServiceFailures)
 	}
 	return m
 }
+
+// unixSeconds is t as the timestamp gauges hold it: Unix time in seconds,
+// with its fraction (as kube-proxy's SetToCurrentTime).
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }

@@ -176,3 +176,103 @@ func TestMetricsSyncDurations(t *testing.T) {
 		t.Errorf("the syncs took %vs in all, want 0 (the fake clock stands still during each)", sum)
 	}
 }
+
+// value is the value of the unlabelled counter or gauge name, which must
+// be of that type.
+func value(t *testing.T, reg *prometheus.Registry, name string, typ dto.MetricType) float64 {
+	t.Helper()
+	mf, ok := families(t, reg)[name]
+	if !ok {
+		t.Fatalf("no metric %s", name)
+	}
+	if mf.GetType() != typ || len(mf.GetMetric()) != 1 || len(mf.GetMetric()[0].GetLabel()) != 0 {
+		t.Fatalf("%s: %v with %d series, want one unlabelled %v", name, mf.GetType(), len(mf.GetMetric()), typ)
+	}
+	if typ == dto.MetricType_COUNTER {
+		return mf.GetMetric()[0].GetCounter().GetValue()
+	}
+	return mf.GetMetric()[0].GetGauge().GetValue()
+}
+
+// changeFigures are kube-proxy's change metrics as the tracker sets them.
+type changeFigures struct {
+	ServiceTotal, ServicePending, EndpointTotal, EndpointPending float64
+}
+
+func changesOf(t *testing.T, reg *prometheus.Registry) changeFigures {
+	t.Helper()
+	return changeFigures{
+		ServiceTotal:    value(t, reg, "kubeproxy_sync_proxy_rules_service_changes_total", dto.MetricType_COUNTER),
+		ServicePending:  value(t, reg, "kubeproxy_sync_proxy_rules_service_changes_pending", dto.MetricType_GAUGE),
+		EndpointTotal:   value(t, reg, "kubeproxy_sync_proxy_rules_endpoint_changes_total", dto.MetricType_COUNTER),
+		EndpointPending: value(t, reg, "kubeproxy_sync_proxy_rules_endpoint_changes_pending", dto.MetricType_GAUGE),
+	}
+}
+
+// TestMetricsChanges: every Service and EndpointSlice change received
+// counts in kube-proxy's change totals; the pending figures count the
+// Services changed and the EndpointSlice changes since the last sync took
+// them, and drop to 0 when one does; each change sets
+// kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds, which stays
+// above kubeproxy_sync_proxy_rules_last_timestamp_seconds until a sync
+// applies it.
+func TestMetricsChanges(t *testing.T) {
+	p, reg, clk := newMetricsProxier(t, 0)
+	const queued, synced = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+	if got := changesOf(t, reg); got != (changeFigures{}) {
+		t.Fatalf("fresh proxier: %+v", got)
+	}
+	if v := value(t, reg, queued, dto.MetricType_GAUGE); v != 0 {
+		t.Fatalf("%s = %v before any change", queued, v)
+	}
+
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false)
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false) // an update of the same Service
+	p.tracker.onService(clusterIPService("b", "10.96.0.11"), false)
+	p.tracker.onSlice(testSlice("a", "10.0.1.1"), false)
+	clk.Step(1500 * time.Millisecond)
+	p.tracker.onSlice(testSlice("a", "10.0.1.2"), false)
+	want := changeFigures{ServiceTotal: 3, ServicePending: 2, EndpointTotal: 2, EndpointPending: 2}
+	if diff := cmp.Diff(want, changesOf(t, reg)); diff != "" {
+		t.Errorf("after 3 Service changes (2 Services) and 2 slice changes (-want +got):\n%s", diff)
+	}
+	last := unixSeconds(clk.Now())
+	if v := value(t, reg, queued, dto.MetricType_GAUGE); v != last || v != 1795428001.5 {
+		t.Errorf("%s = %v, want the last change's time %v", queued, v, last)
+	}
+
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	want.ServicePending, want.EndpointPending = 0, 0
+	if diff := cmp.Diff(want, changesOf(t, reg)); diff != "" {
+		t.Errorf("after the sync took the changes (-want +got):\n%s", diff)
+	}
+	if q, s := value(t, reg, queued, dto.MetricType_GAUGE), value(t, reg, synced, dto.MetricType_GAUGE); q != last || s < q {
+		t.Errorf("after the sync: queued %v, synced %v; want queued %v, synced no earlier", q, s, last)
+	}
+
+	// A deletion is a change too; until a sync takes it, last queued is
+	// later than the last sync.
+	clk.Step(time.Second)
+	del := testSlice("a", "10.0.1.2")
+	p.tracker.onSlice(del, true)
+	p.tracker.onService(clusterIPService("b", "10.96.0.11"), true)
+	want = changeFigures{ServiceTotal: 4, ServicePending: 1, EndpointTotal: 3, EndpointPending: 1}
+	if diff := cmp.Diff(want, changesOf(t, reg)); diff != "" {
+		t.Errorf("after deleting a slice and a Service (-want +got):\n%s", diff)
+	}
+	if q, s := value(t, reg, queued, dto.MetricType_GAUGE), value(t, reg, synced, dto.MetricType_GAUGE); q <= s {
+		t.Errorf("a change waits: queued %v, synced %v; want queued later", q, s)
+	}
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	want.ServicePending, want.EndpointPending = 0, 0
+	if diff := cmp.Diff(want, changesOf(t, reg)); diff != "" {
+		t.Errorf("after the second sync (-want +got):\n%s", diff)
+	}
+	if q, s := value(t, reg, queued, dto.MetricType_GAUGE), value(t, reg, synced, dto.MetricType_GAUGE); s < q {
+		t.Errorf("after the second sync: queued %v, synced %v; want synced no earlier", q, s)
+	}
+}

@@ -143,7 +143,7 @@ func (r *reporter) record(start time.Time, st reconciler.SyncStats, consumers ti
 	r.problems = problems
 	r.lastErr = errors.Join(recErr, nodeErr)
 	if healthErr == nil {
-		r.metrics.LastSuccessfulSync.Set(float64(now.Unix()))
+		r.metrics.LastSuccessfulSync.Set(unixSeconds(now))
 		r.lastOK = now
 	}
 	return healthErr
