@@ -64,8 +64,8 @@ func endpointsOn(nodes ...string) []backend {
 
 // TestMetricsScraped: metrics scraped inside the VM change when a Service
 // is added: virtual and real servers, the programming latency histogram,
-// the syncs; and the Grafana dashboard queries only metrics the agent
-// exports.
+// the syncs, the changes received and the time the last was queued; and
+// the Grafana dashboard queries only metrics the agent exports.
 func TestMetricsScraped(t *testing.T) {
 	e := setup(t)
 	ns := e.namespace(t)
@@ -74,10 +74,14 @@ func TestMetricsScraped(t *testing.T) {
 		vs       = "ipvs_proxy_virtual_servers"
 		rs       = "ipvs_proxy_real_servers"
 		latency  = "kubeproxy_network_programming_duration_seconds_count"
-		partial  = `kubeproxy_sync_proxy_rules_duration_seconds_count{kind="partial"}`
+		partial  = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
 		lastSync = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+		queued   = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
+		svcs     = "kubeproxy_sync_proxy_rules_service_changes_total"
+		eps      = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
 	)
-	for _, m := range []string{vs, rs, latency, lastSync, `kubeproxy_sync_proxy_rules_duration_seconds_count{kind="full"}`,
+	for _, m := range []string{vs, rs, latency, lastSync, queued, svcs, eps, "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+		"kubeproxy_sync_proxy_rules_duration_seconds_count", "ipvs_proxy_resync_duration_seconds_count",
 		"ipvs_proxy_sync_errors_total", "go_goroutines", "process_resident_memory_bytes"} {
 		if _, ok := before[m]; !ok {
 			t.Errorf("metric %s missing", m)
@@ -100,6 +104,9 @@ func TestMetricsScraped(t *testing.T) {
 			return fmt.Errorf("%s %v -> %v, want more", partial, before[partial], after[partial])
 		case after[lastSync] < before[lastSync] || after[lastSync] == 0:
 			return fmt.Errorf("%s %v -> %v", lastSync, before[lastSync], after[lastSync])
+		case after[svcs] <= before[svcs] || after[eps] <= before[eps] || after[queued] <= before[queued]:
+			return fmt.Errorf("changes %s %v -> %v, %s %v -> %v, %s %v -> %v, want more", svcs, before[svcs], after[svcs],
+				eps, before[eps], after[eps], queued, before[queued], after[queued])
 		}
 		return nil
 	})

@@ -143,7 +143,7 @@ func (r *reporter) record(start time.Time, st reconciler.SyncStats, consumers ti
 	r.problems = problems
 	r.lastErr = errors.Join(recErr, nodeErr)
 	if healthErr == nil {
-		r.metrics.LastSuccessfulSync.Set(float64(now.Unix()))
+		r.metrics.LastSuccessfulSync.Set(unixSeconds(now))
 		r.lastOK = now
 	}
 	return healthErr
@@ -155,7 +155,12 @@ func (r *reporter) logSync(st reconciler.SyncStats, consumers, total time.Durati
 	if st.Full {
 		kind = "full"
 	}
-	r.metrics.SyncDuration.WithLabelValues(kind).Observe(total.Seconds())
+	r.metrics.SyncDuration.Observe(total.Seconds())
+	if st.Full {
+		r.metrics.FullSyncDuration.Observe(total.Seconds())
+	} else {
+		r.metrics.PartialSyncDuration.Observe(total.Seconds())
+	}
 	r.metrics.WritesPerSync.Observe(float64(st.Writes))
 	logAt := r.log.Debug
 	if st.Full {
@@ -166,7 +171,7 @@ func (r *reporter) logSync(st reconciler.SyncStats, consumers, total time.Durati
 		zap.Duration("read", st.Read), zap.Duration("bind", st.Bind), zap.Duration("readOffLoop", st.ReadOffLoop), zap.Duration("consumers", consumers),
 		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft))
 	if st.ResyncDone {
-		r.metrics.SyncDuration.WithLabelValues("resync").Observe(st.ResyncTook.Seconds())
+		r.metrics.ResyncDuration.Observe(st.ResyncTook.Seconds())
 		r.log.Info("full resync complete", zap.Duration("took", st.ResyncTook))
 	}
 }

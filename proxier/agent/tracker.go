@@ -37,6 +37,9 @@ type tracker struct {
 	clock         clock.PassiveClock
 	wake          func()
 	log           *zap.Logger
+	// metrics: the changes received and pending, and when the last was
+	// queued (kube-proxy's change trackers count them the same way).
+	metrics *Metrics
 
 	mu       sync.Mutex // guards the fields below
 	services map[types.NamespacedName]*model.Service
@@ -45,6 +48,11 @@ type tracker struct {
 	dirty    map[types.NamespacedName]time.Time // first unsynced change
 	rebuild  bool                               // every Service must be rebuilt
 	ranges   rangeFacts
+	// changedServices are the Services whose Service changed and
+	// sliceChanges the EndpointSlice changes received since the last
+	// snapshot: the pending changes of the metrics.
+	changedServices map[types.NamespacedName]struct{}
+	sliceChanges    int
 	// pendingSince is when the oldest change not yet synced was received,
 	// or when node-wide failures (a kernel read, a consumer) began; zero
 	// when all is applied. A Service whose own writes fail does not count
@@ -75,9 +83,9 @@ type rangeFacts struct {
 	known, changed bool
 }
 
-func newTracker(cfg Config, readAddresses func() ([]netip.Addr, error), wake func(), log *zap.Logger) *tracker {
+func newTracker(cfg Config, readAddresses func() ([]netip.Addr, error), wake func(), metrics *Metrics, log *zap.Logger) *tracker {
 	t := &tracker{nodeName: cfg.NodeName, nodePortAddresses: cfg.NodePortAddresses, readAddresses: readAddresses,
-		clock: cfg.Clock, wake: wake, log: log,
+		clock: cfg.Clock, wake: wake, metrics: metrics, log: log,
 		services: map[types.NamespacedName]*model.Service{},
 		slices:   map[types.NamespacedName][]*model.EndpointSlice{},
 		dirty:    map[types.NamespacedName]time.Time{},
@@ -138,6 +146,12 @@ func (t *tracker) onService(obj any, deleted bool) {
 	} else {
 		t.services[name] = s
 	}
+	if t.changedServices == nil {
+		t.changedServices = map[types.NamespacedName]struct{}{}
+	}
+	t.changedServices[name] = struct{}{}
+	t.metrics.ServiceChanges.Inc()
+	t.metrics.ServiceChangesPending.Set(float64(len(t.changedServices)))
 	t.mu.Unlock()
 	t.markDirty(name, t.clock.Now())
 }
@@ -161,6 +175,9 @@ func (t *tracker) onSlice(obj any, deleted bool) {
 	} else {
 		t.slices[name] = have
 	}
+	t.sliceChanges++
+	t.metrics.EndpointChanges.Inc()
+	t.metrics.EndpointChangesPending.Set(float64(t.sliceChanges))
 	t.mu.Unlock()
 	t.markDirty(name, changeTime(s, t.clock.Now()))
 }
@@ -261,13 +278,15 @@ func handler(add func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 }
 
 // markDirty records a change to a Service; at is when the change was made
-// (for the programming latency metric).
+// (for the programming latency metric). It queues a sync: the time is
+// kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds.
 func (t *tracker) markDirty(name types.NamespacedName, at time.Time) {
 	t.mu.Lock()
 	if _, ok := t.dirty[name]; !ok {
 		t.dirty[name] = at
 	}
 	t.queuedLocked()
+	t.metrics.LastQueued.Set(unixSeconds(t.clock.Now()))
 	t.mu.Unlock()
 	t.wake()
 }
@@ -326,6 +345,9 @@ func (t *tracker) snapshot(full bool) (syncInputs, error) {
 		node: model.NodeInfo{Name: t.nodeName, Zone: t.node.zone, NodePortAddresses: t.node.portAddrs, Addresses: t.node.all}}
 	t.ranges.changed = false
 	t.dirty = map[types.NamespacedName]time.Time{}
+	t.changedServices, t.sliceChanges = nil, 0
+	t.metrics.ServiceChangesPending.Set(0)
+	t.metrics.EndpointChangesPending.Set(0)
 	names := make([]types.NamespacedName, 0, len(in.changed))
 	for n := range in.changed {
 		names = append(names, n)
