@@ -212,7 +212,8 @@ func TestGlueHairpin(t *testing.T) {
 
 // TestGlueLoadBalancerSourceRanges: traffic to a LoadBalancer IP from
 // outside loadBalancerSourceRanges is dropped, from the node too, and
-// allowed from inside them.
+// allowed from inside them. Every packet is checked, as kube-proxy's IPVS
+// mode checks: ranges narrowed under a held connection cut it.
 func TestGlueLoadBalancerSourceRanges(t *testing.T) {
 	e := setup(t)
 	e.logGlueState(t)
@@ -241,8 +242,10 @@ func TestGlueLoadBalancerSourceRanges(t *testing.T) {
 	// The clusterIP of the same Service has no source ranges.
 	e.expectClients(t, "", hostPort(svc.Spec.ClusterIP, 80), gateway(bes[0]))
 
+	hold := e.holdFlow(t, "tcp", addr)
+
 	// A range that holds the node's address lets the node in, not the
-	// client.
+	// client, whose held connection is cut.
 	setRanges := func(ranges ...string) {
 		t.Helper()
 		cur, err := e.Client.CoreV1().Services(ns).Get(context.Background(), svc.Name, metav1.GetOptions{})
@@ -257,6 +260,7 @@ func TestGlueLoadBalancerSourceRanges(t *testing.T) {
 	setRanges("10.0.2.0/24")
 	e.expectBlocked(t, bed.ClientNetns, addr)
 	e.expectClients(t, "", addr, gateway(bes[0]))
+	hold.expectEnd()
 
 	// No ranges: everyone.
 	setRanges()

@@ -29,6 +29,7 @@ const (
 	chainMarkMasq    = "IPVSP-MARK-MASQ"
 	chainPostrouting = "IPVSP-POSTROUTING"
 	chainInput       = "IPVSP-INPUT"
+	chainSrcRanges   = "IPVSP-SOURCE-RANGES"
 	chainForward     = "IPVSP-FORWARD"
 	chainOutput      = "IPVSP-OUTPUT"
 )
@@ -108,9 +109,13 @@ type Table struct {
 //     destination to a real server; masquerades the marked connections and
 //     hairpin ones (a pod balanced to itself).
 //   - filter INPUT → IPVSP-INPUT: before IPVS's LOCAL_IN hook; drops marked
-//     packets, accepts Service traffic (VIP and node ports) and health-check
-//     node ports, and rejects new connections to a VIP on any other port
-//     (with a TCP reset, or an ICMP port unreachable).
+//     packets, checks every packet to a LoadBalancer with source ranges
+//     against them (IPVSP-SOURCE-RANGES: a narrowed range cuts the flows
+//     it no longer holds, as kube-proxy's IPVS mode does; nat sees only a
+//     connection's first packet), accepts Service traffic (VIP and node
+//     ports) and health-check node ports, and rejects new connections to a
+//     VIP on any other port (with a TCP reset, or an ICMP port
+//     unreachable).
 //   - filter OUTPUT → IPVSP-OUTPUT: the node's own connections, after IPVS
 //     scheduled them in LOCAL_OUT; drops the marked ones.
 //   - filter FORWARD → IPVSP-FORWARD: real servers' replies cross FORWARD on
@@ -175,7 +180,7 @@ func Rules(c RuleConfig) []Table {
 
 	filter := Table{
 		Name:   "filter",
-		Chains: []string{chainInput, chainForward, chainOutput},
+		Chains: []string{chainInput, chainSrcRanges, chainForward, chainOutput},
 		Jumps: []Jump{
 			{"INPUT", "ipvs-proxy: source ranges, Service ports, VIP protection", chainInput},
 			{"FORWARD", "ipvs-proxy: marked and established traffic", chainForward},
@@ -183,6 +188,7 @@ func Rules(c RuleConfig) []Table {
 		},
 	}
 	add(&filter, chainInput, "-m mark --mark", MarkDrop+"/"+MarkDrop, "-j DROP")
+	add(&filter, chainInput, "-m set --match-set", set(setLBFirewall), "dst,dst -j", chainSrcRanges)
 	add(&filter, chainInput, "-m set --match-set", set(setService), "dst,dst -j ACCEPT")
 	add(&filter, chainInput, "-p tcp -m set --match-set", hc, "dst -j ACCEPT")
 	// A reset for TCP (ICMP errors are rate-limited per client), an ICMP
@@ -193,6 +199,9 @@ func Rules(c RuleConfig) []Table {
 	// or not.
 	add(&filter, chainInput, "-p tcp -m set --match-set", set(setServiceRange), "dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset")
 	add(&filter, chainInput, "-m set --match-set", set(setServiceRange), "dst -m conntrack --ctstate NEW -j REJECT --reject-with", reject)
+	add(&filter, chainSrcRanges, "-m set --match-set", set(setLBSource), "dst,dst,src -j RETURN")
+	add(&filter, chainSrcRanges, "-m set --match-set", set(setLBSourceIP), "dst,dst,src -j RETURN")
+	add(&filter, chainSrcRanges, "-j DROP")
 	add(&filter, chainForward, "-m mark --mark", MarkMasq+"/"+MarkMasq, "-j ACCEPT")
 	add(&filter, chainForward, "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
 	add(&filter, chainOutput, "-m mark --mark", MarkDrop+"/"+MarkDrop, "-j DROP")

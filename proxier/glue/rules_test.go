@@ -38,18 +38,23 @@ const wantDumpIPv4 = `*nat
 COMMIT
 *filter
 :IPVSP-INPUT - [0:0]
+:IPVSP-SOURCE-RANGES - [0:0]
 :IPVSP-FORWARD - [0:0]
 :IPVSP-OUTPUT - [0:0]
 -I INPUT 1 -m comment --comment "ipvs-proxy: source ranges, Service ports, VIP protection" -j IPVSP-INPUT
 -I FORWARD 1 -m comment --comment "ipvs-proxy: marked and established traffic" -j IPVSP-FORWARD
 -I OUTPUT 1 -m comment --comment "ipvs-proxy: source ranges of traffic from the node" -j IPVSP-OUTPUT
 -A IPVSP-INPUT -m mark --mark 0x8000/0x8000 -j DROP
+-A IPVSP-INPUT -m set --match-set IPVSP-LB-FW dst,dst -j IPVSP-SOURCE-RANGES
 -A IPVSP-INPUT -m set --match-set IPVSP-SERVICE dst,dst -j ACCEPT
 -A IPVSP-INPUT -p tcp -m set --match-set IPVSP-HC-NODE-PORT dst -j ACCEPT
 -A IPVSP-INPUT -p tcp -m set --match-set IPVSP-VIP dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset
 -A IPVSP-INPUT -m set --match-set IPVSP-VIP dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
 -A IPVSP-INPUT -p tcp -m set --match-set IPVSP-SERVICE-RANGE dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset
 -A IPVSP-INPUT -m set --match-set IPVSP-SERVICE-RANGE dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
+-A IPVSP-SOURCE-RANGES -m set --match-set IPVSP-LB-SRC dst,dst,src -j RETURN
+-A IPVSP-SOURCE-RANGES -m set --match-set IPVSP-LB-SRC-IP dst,dst,src -j RETURN
+-A IPVSP-SOURCE-RANGES -j DROP
 -A IPVSP-FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A IPVSP-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 -A IPVSP-OUTPUT -m mark --mark 0x8000/0x8000 -j DROP
