@@ -61,6 +61,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	if err := cfg.OnNodeIPv6(sysctls.HasIPv6(sysctls.Root())); err != nil {
 		return err
 	}
+	cfg.APIServer = agent.APIServerAddresses(ctx, o.Kubeconfig, log)
 	log = log.With(zap.String("node", cfg.NodeName))
 	gcPercent, gcFromEnv := setGCPercent(os.Getenv)
 	listPercent := gcPercent

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
@@ -44,6 +45,9 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 			client, apiErr := agent.NewClientIfConfigured(o.Kubeconfig, userAgent())
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
+			if apiErr == nil { // as run wants it (externalIPs on the apiserver's address)
+				cfg.APIServer = agent.APIServerAddresses(ctx, o.Kubeconfig, zap.NewNop())
+			}
 			rep, err := status.Collect(ctx, cfg, ipvs, links, client, apiErr, status.SchedulerMissing())
 			if err != nil {
 				return err

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"time"
 
@@ -34,6 +36,21 @@ func TuneClientConfig(cfg *rest.Config, userAgent string) {
 // file, or, when it is empty, by the pod's in-cluster configuration, tuned
 // as TuneClientConfig says.
 func NewClient(kubeconfig, userAgent string) (kubernetes.Interface, error) {
+	cfg, err := clientConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	TuneClientConfig(cfg, userAgent)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create Kubernetes client: %w", err)
+	}
+	return cs, nil
+}
+
+// clientConfig loads the kubeconfig file, or, when it is empty, the pod's
+// in-cluster configuration.
+func clientConfig(kubeconfig string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -44,12 +61,44 @@ func NewClient(kubeconfig, userAgent string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load Kubernetes client configuration: %w", err)
 	}
-	TuneClientConfig(cfg, userAgent)
-	cs, err := kubernetes.NewForConfig(cfg)
+	return cfg, nil
+}
+
+// APIServerAddresses are the addresses of the apiserver that the client
+// configuration names (model.BuildConfig.APIServer): its host when it is
+// an IP address, else what the host resolves to now (within 2 s; nothing,
+// logged, if it does not resolve).
+func APIServerAddresses(ctx context.Context, kubeconfig string, log *zap.Logger) []netip.Addr {
+	cfg, err := clientConfig(kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("create Kubernetes client: %w", err)
+		return nil // NewClient reports it
 	}
-	return cs, nil
+	return hostAddresses(ctx, cfg.Host, net.DefaultResolver, log)
+}
+
+// hostAddresses resolves the host of an apiserver URL ("https://h:6443",
+// or a bare "h:6443").
+func hostAddresses(ctx context.Context, server string, r *net.Resolver, log *zap.Logger) []netip.Addr {
+	host := server
+	if u, err := url.Parse(server); err == nil && u.Host != "" {
+		host = u.Hostname()
+	} else if h, _, err := net.SplitHostPort(server); err == nil {
+		host = h
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{a.Unmap()}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	addrs, err := r.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		log.Warn("cannot resolve the apiserver's host; externalIPs are not checked against it", zap.String("host", host), zap.Error(err))
+		return nil
+	}
+	for i := range addrs {
+		addrs[i] = addrs[i].Unmap()
+	}
+	return addrs
 }
 
 // ErrNoAPI means there is no Kubernetes configuration to read Services with.

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -48,5 +50,37 @@ func TestNodePodCIDRs(t *testing.T) {
 	defer cancel()
 	if _, err := NodePodCIDRs(ctx, client, "node-2", zap.NewNop()); err == nil || !strings.Contains(err.Error(), "NodeCIDR") || !strings.Contains(err.Error(), "node-2") {
 		t.Errorf("node-2 without podCIDRs: %v; want an error naming the mode and the Node", err)
+	}
+}
+
+// TestHostAddresses: the apiserver's address from its URL: an IP as it is
+// (IPv6 in brackets, IPv4-mapped unmapped), a name resolved, a name that
+// does not resolve nothing. The resolver reads /etc/hosts and sends no
+// query (no packet leaves the machine in tests).
+func TestHostAddresses(t *testing.T) {
+	offline := &net.Resolver{PreferGo: true, Dial: func(context.Context, string, string) (net.Conn, error) {
+		return nil, errors.New("no DNS in tests")
+	}}
+	for _, tc := range []struct {
+		server string
+		want   []netip.Addr
+	}{
+		{"https://192.0.2.10:6443", []netip.Addr{netip.MustParseAddr("192.0.2.10")}},
+		{"https://[2001:db8::1]:6443", []netip.Addr{netip.MustParseAddr("2001:db8::1")}},
+		{"https://[::ffff:192.0.2.11]", []netip.Addr{netip.MustParseAddr("192.0.2.11")}},
+		{"192.0.2.12:6443", []netip.Addr{netip.MustParseAddr("192.0.2.12")}},
+		{"https://localhost:6443", nil}, // resolved: checked below
+		{"https://no-such-host.invalid:6443", nil},
+	} {
+		got := hostAddresses(context.Background(), tc.server, offline, zap.NewNop())
+		if tc.server == "https://localhost:6443" {
+			if !slices.ContainsFunc(got, netip.Addr.IsLoopback) {
+				t.Errorf("hostAddresses(%q) = %v, want localhost resolved", tc.server, got)
+			}
+			continue
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("hostAddresses(%q) = %v, want %v", tc.server, got, tc.want)
+		}
 	}
 }

@@ -42,8 +42,11 @@ type Config struct {
 	// (OnNodeIPv6): IPv6 is off, and each Service with IPv6 addresses is
 	// told so.
 	NodeWithoutIPv6 bool
-	MinSyncPeriod   time.Duration
-	SyncPeriod      time.Duration
+	// APIServer are the apiserver's addresses (APIServerAddresses): never
+	// an externalIP's or a LoadBalancer IP's virtual server.
+	APIServer     []netip.Addr
+	MinSyncPeriod time.Duration
+	SyncPeriod    time.Duration
 	// RetryBase is the first retry delay of a failed Service or consumer,
 	// doubled per failure up to SyncPeriod; default 1s.
 	RetryBase time.Duration

@@ -319,6 +319,9 @@ func (b *planBuilder) addresses() (addrs buildAddrs) {
 
 	for _, s := range spec.ExternalIPs {
 		a, problem := buildParseAddr(s)
+		if problem == "" {
+			problem = b.externalProblem(a)
+		}
 		switch {
 		case problem != "":
 			b.warn("externalIP %q %s", s, problem)
@@ -340,6 +343,9 @@ func (b *planBuilder) addresses() (addrs buildAddrs) {
 			continue // the load balancer proxies to the nodes itself
 		}
 		a, problem := buildParseAddr(ing.IP)
+		if problem == "" {
+			problem = b.externalProblem(a)
+		}
 		switch {
 		case problem != "":
 			b.warn("loadBalancer ingress %q %s", ing.IP, problem)
@@ -360,6 +366,28 @@ func (b *planBuilder) addresses() (addrs buildAddrs) {
 		}
 	}
 	return addrs
+}
+
+// externalProblem says why an externalIP or a LoadBalancer ingress IP, which
+// any tenant who can write a Service (or its status) chooses, is never
+// programmed; "" if it may be. Bound to the proxy's interface and guarded
+// by the glue, such an address would take the node's own traffic to it:
+// loopback, link-local and broadcast addresses are the node's or no one's
+// (buildParseAddr already refuses multicast and unspecified ones), and the
+// apiserver's address would cut the node off the apiserver, so that the
+// Service's deletion never reaches it (the CVE-2020-8554 class).
+func (b *planBuilder) externalProblem(a netip.Addr) string {
+	switch {
+	case a.IsLoopback():
+		return "is a loopback address; not programmed"
+	case a.IsLinkLocalUnicast():
+		return "is a link-local address; not programmed"
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "is the broadcast address; not programmed"
+	case slices.Contains(b.cfg.APIServer, a):
+		return "is the address of the apiserver this node uses; not programmed"
+	}
+	return ""
 }
 
 // parseSlices validates the EndpointSlices once, in name order, so that

@@ -130,6 +130,9 @@ type BuildConfig struct {
 	// NodeWithoutIPv6: the node's kernel has no IPv6, so IPv6 is off
 	// (IPv6 false) and a Service's IPv6 addresses get a warning.
 	NodeWithoutIPv6 bool
+	// APIServer are the addresses of the apiserver the agent talks to: no
+	// externalIP or LoadBalancer IP may take them.
+	APIServer []netip.Addr
 	// Unavailable are schedulers the node's kernel refused: a Service
 	// asking for one gets the default, with a warning.
 	Unavailable map[string]bool

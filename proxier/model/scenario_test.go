@@ -70,6 +70,7 @@ type scenarioConfig struct {
 	IPv4            bool           `json:"ipv4"`
 	IPv6            bool           `json:"ipv6"`
 	NodeWithoutIPv6 bool           `json:"nodeWithoutIPv6"`
+	APIServer       []netip.Addr   `json:"apiServer"`
 	Unavailable     []string       `json:"unavailable"`
 	ServiceRanges   []netip.Prefix `json:"serviceRanges"`
 }
@@ -202,7 +203,7 @@ func decodeStrict(file string, ar *txtar.Archive, name string, v any) error {
 
 func (c scenarioConfig) toBuildConfig() (model.BuildConfig, error) {
 	out := model.BuildConfig{Scheduler: scheduler.Spec{Name: c.Scheduler}, IPv4: c.IPv4, IPv6: c.IPv6,
-		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6}
+		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer}
 	if c.SchedulerFlags != "" {
 		flags, err := scheduler.ParseFlags(c.Scheduler, c.SchedulerFlags)
 		if err != nil {
