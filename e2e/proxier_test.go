@@ -263,7 +263,10 @@ func TestTerminatingEndpointDrains(t *testing.T) {
 	e := setup(t)
 	_, svc, bes := e.httpService(t, "drain", 2)
 	addr := hostPort(svc.Spec.ClusterIP, 80)
-	e.expectBackends(t, "tcp", addr, names(bes))
+	// No test connections before the hold: a closed TCP connection counts
+	// on its real server (TIME_WAIT) for two minutes, and would keep it
+	// after the held connection ends.
+	e.expectTable(t, []string{"-> " + hostPort(bes[0].Addr, backendPort), "-> " + hostPort(bes[1].Addr, backendPort)}, nil, "-t", addr)
 
 	hold := e.holdFlow(t, "tcp", addr, "--reset")
 	held := hold.backend

@@ -56,7 +56,7 @@ func Build(svc *Service, endpointSlices []*EndpointSlice, node NodeInfo, cfg Bui
 	plan.VirtualServers = b.vss
 	plan.Warnings = b.warnings
 	plan.HealthCheckNodePort = b.healthCheckNodePort
-	plan.LocalEndpoints = len(b.localAddrs)
+	plan.LocalEndpoints = b.localEndpoints
 	return plan
 }
 
@@ -148,7 +148,7 @@ type planBuilder struct {
 
 	sourceRanges        []netip.Prefix
 	healthCheckNodePort uint16
-	localAddrs          map[netip.Addr]bool // ready endpoints on this node
+	localEndpoints      int // ready endpoints on this node (readyLocal)
 }
 
 func (b *planBuilder) warn(format string, args ...any) {
@@ -165,7 +165,7 @@ func (b *planBuilder) build(endpointSlices []*EndpointSlice) {
 
 	b.sourceRanges = b.parseSourceRanges()
 	if b.svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
-		b.localAddrs = b.readyLocal()
+		b.localEndpoints = b.readyLocal()
 		if hc := b.svc.Spec.HealthCheckNodePort; hc > 65535 {
 			b.warn("healthCheckNodePort %d is out of range", hc)
 		} else if hc > 0 {
@@ -678,27 +678,36 @@ func buildUsable(cs []buildCandidate) (usable []buildCandidate, fallback bool) {
 }
 
 // readyLocal is what the health check counts (kube-proxy's rule): the
-// distinct ready endpoint addresses on this node in any of the Service's
-// slices that has a port, whether or not the node serves an external
-// address of the Service (no node ports, a hostname-only ingress, an IP not
-// yet assigned). The serving-terminating fallback still routes here but is
-// not counted, so load balancers drain the node.
-func (b *planBuilder) readyLocal() map[netip.Addr]bool {
-	out := map[netip.Addr]bool{}
+// distinct ready endpoint addresses on this node in the Service's slices
+// that have a port, whether or not the node serves an external address of
+// the Service (no node ports, a hostname-only ingress, an IP not yet
+// assigned); per family, the larger count, since a dual-stack pod is one
+// endpoint with an address in each (kube-proxy's families each report
+// their own count to one server). The serving-terminating fallback still
+// routes here but is not counted, so load balancers drain the node.
+func (b *planBuilder) readyLocal() int {
 	if b.node.Name == "" {
-		return out
+		return 0
 	}
+	perFamily := map[buildFamily]map[netip.Addr]bool{}
 	for _, s := range b.slices {
 		if len(s.ports) == 0 {
 			continue
 		}
 		for _, e := range s.endpoints {
 			if e.ready && e.nodeName == b.node.Name {
-				out[e.addr] = true
+				if perFamily[s.family] == nil {
+					perFamily[s.family] = map[netip.Addr]bool{}
+				}
+				perFamily[s.family][e.addr] = true
 			}
 		}
 	}
-	return out
+	n := 0
+	for _, addrs := range perFamily {
+		n = max(n, len(addrs))
+	}
+	return n
 }
 
 // onNode returns the endpoints on this node (Local traffic policy).
