@@ -53,6 +53,8 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	// Once, before any client: klog's logger is klog's process global.
+	config.BridgeKlog(log)
 	config.LogWarning(log, warn)
 	cfg, timeouts, err := o.ProxierConfig()
 	if err != nil {
