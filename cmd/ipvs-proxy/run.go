@@ -73,6 +73,9 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		zap.String("scheduler", cfg.Scheduler.Name), zap.Int("gcPercent", gcPercent), zap.Int("gcPercentDuringLists", listPercent))
 
 	reg := prometheus.NewRegistry()
+	if err := agent.RegisterClientMetrics(reg); err != nil { // before any client
+		return err
+	}
 	hook, err := hooks.hook(log, reg)
 	if err != nil {
 		return err
