@@ -69,10 +69,12 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	if !gcFromEnv {
 		listPercent = listGCPercent
 	}
-	log.Info("starting ipvs-proxy", zap.String("version", version), zap.String("interface", cfg.Interface),
+	rev := buildRevision(debug.ReadBuildInfo)
+	log.Info("starting ipvs-proxy", zap.String("version", version), zap.String("revision", rev), zap.String("interface", cfg.Interface),
 		zap.String("scheduler", cfg.Scheduler.Name), zap.Int("gcPercent", gcPercent), zap.Int("gcPercentDuringLists", listPercent))
 
 	reg := prometheus.NewRegistry()
+	agent.RegisterBuildInfo(reg, version, rev)
 	if err := agent.RegisterClientMetrics(reg); err != nil { // before any client
 		return err
 	}
