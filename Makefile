@@ -8,7 +8,10 @@ export CGO_ENABLED := 0
 export GOFLAGS := -trimpath
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X main.version=$(VERSION)
+# The commit built (-dirty with uncommitted changes); empty outside a git
+# checkout, where the binary reports the revision Go stamped, if any.
+REVISION ?= $(shell r=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || r=$$r-dirty; echo $$r; })
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 

@@ -228,6 +228,14 @@ func TestChaosWatchGap(t *testing.T) {
 		"%d \"watch ended with error\" in the agent's log", c.apiserverRequests(t, "LIST", "200"),
 		strings.Count(log, "watch ended with error"))
 	t.Logf("etcd compacted at revision %d; %s", rev, relist)
+	// One log format: client-go's lines (its reflectors' errors while the
+	// apiserver was away) come through the agent's logger, as JSON.
+	whole := c.AgentOutput()
+	bad, clientGo := notJSONLines(whole)
+	if len(bad) > 0 {
+		t.Errorf("%d lines of the agent's output are not JSON, the first:\n%s", len(bad), strings.Join(bad[:min(len(bad), 10)], "\n"))
+	}
+	t.Logf("the agent's whole output: %d bytes, %d lines not JSON, %d lines of client-go's reflectors", len(whole), len(bad), clientGo)
 	c.waitHealth(t, healthzURL, 200, 2*time.Minute)
 	chaos.Record(t, "", chaos.Row{Case: "watch-gap-compaction", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: syncWrites(log), ConvergeSeconds: seconds(took), Leaks: len(d.Leaks),

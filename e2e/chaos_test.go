@@ -8,6 +8,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -408,6 +409,36 @@ func (c chaosEnv) logSince(m agentLogMark) string {
 		return out
 	}
 	return out[m:]
+}
+
+// notJSONLines returns the lines of an agent's output that are not JSON
+// objects, and how many are client-go's (a "reflector" field, as its
+// reflectors log). Two lines are not the agent's to write and are passed
+// over: the marker the bed writes where the VM dropped output it had kept
+// too long (with the line after it, cut at its start), and a last line
+// still being written (no newline yet).
+func notJSONLines(out string) (bad []string, clientGo int) {
+	lines := strings.Split(out, "\n")
+	lines = lines[:len(lines)-1] // "" after the last newline, or a line being written
+	for i := 0; i < len(lines); i++ {
+		l := strings.TrimSpace(lines[i])
+		if l == "" {
+			continue
+		}
+		if strings.HasPrefix(l, "[... ") && strings.HasSuffix(l, " bytes of output dropped ...]") {
+			i++
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			bad = append(bad, l)
+			continue
+		}
+		if _, ok := m["reflector"]; ok {
+			clientGo++
+		}
+	}
+	return bad, clientGo
 }
 
 // scaled makes a namespace for a case (its Services deleted at the end)

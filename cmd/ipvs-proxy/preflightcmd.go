@@ -34,6 +34,8 @@ when a requirement is missing. With --load-modules it loads missing modules.`,
 				return err
 			}
 			defer func() { _ = log.Sync() }()
+			// Once, before any client: klog's logger is klog's process global.
+			config.BridgeKlog(log)
 			sys, err := preflight.NewSystem(func() (kubernetes.Interface, error) {
 				return agent.NewClientIfConfigured(o.Kubeconfig, userAgent())
 			}, log)

@@ -53,6 +53,8 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	// Once, before any client: klog's logger is klog's process global.
+	config.BridgeKlog(log)
 	config.LogWarning(log, warn)
 	cfg, timeouts, err := o.ProxierConfig()
 	if err != nil {
@@ -68,10 +70,15 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	if !gcFromEnv {
 		listPercent = listGCPercent
 	}
-	log.Info("starting ipvs-proxy", zap.String("version", version), zap.String("interface", cfg.Interface),
+	rev := buildRevision(debug.ReadBuildInfo)
+	log.Info("starting ipvs-proxy", zap.String("version", version), zap.String("revision", rev), zap.String("interface", cfg.Interface),
 		zap.String("scheduler", cfg.Scheduler.Name), zap.Int("gcPercent", gcPercent), zap.Int("gcPercentDuringLists", listPercent))
 
 	reg := prometheus.NewRegistry()
+	agent.RegisterBuildInfo(reg, version, rev)
+	if err := agent.RegisterClientMetrics(reg); err != nil { // before any client
+		return err
+	}
 	hook, err := hooks.hook(log, reg)
 	if err != nil {
 		return err

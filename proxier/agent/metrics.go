@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -121,6 +122,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.WritesPerSync, m.ServicesWithWarning, m.ServicesFailing, m.ServicesInConflict, m.ServiceFailures)
 	}
 	return m
+}
+
+// RegisterBuildInfo registers ipvs_proxy_build_info{version,revision,goversion},
+// always 1, with reg: the build's version and revision (as `ipvs-proxy
+// --version` prints them) and the Go release that built it.
+func RegisterBuildInfo(reg prometheus.Registerer, version, revision string) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ipvs_proxy_build_info",
+		Help:        "A metric with a constant '1' value labeled by the version and revision of ipvs-proxy, and the Go release that built it.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()}})
+	g.Set(1)
+	reg.MustRegister(g)
 }
 
 // unixSeconds is t as the timestamp gauges hold it: Unix time in seconds,

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"math"
+	"runtime"
 	"testing"
 	"time"
 
@@ -274,5 +275,22 @@ func TestMetricsChanges(t *testing.T) {
 	}
 	if q, s := value(t, reg, queued, dto.MetricType_GAUGE), value(t, reg, synced, dto.MetricType_GAUGE); s < q {
 		t.Errorf("after the second sync: queued %v, synced %v; want synced no earlier", q, s)
+	}
+}
+
+// TestBuildInfo: ipvs_proxy_build_info is 1, labelled by the version and
+// revision given and the Go release that built the test.
+func TestBuildInfo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	RegisterBuildInfo(reg, "v1.2.3", "0123abc")
+	ms := families(t, reg)["ipvs_proxy_build_info"].GetMetric()
+	if len(ms) != 1 {
+		t.Fatalf("ipvs_proxy_build_info: %d series, want 1", len(ms))
+	}
+	if got, want := labelsOf(ms[0]), "goversion="+runtime.Version()+",revision=0123abc,version=v1.2.3"; got != want {
+		t.Errorf("ipvs_proxy_build_info labels %s, want %s", got, want)
+	}
+	if v := ms[0].GetGauge().GetValue(); v != 1 {
+		t.Errorf("ipvs_proxy_build_info = %v, want 1", v)
 	}
 }

@@ -3,15 +3,28 @@ package config
 import (
 	"fmt"
 
+	"github.com/go-logr/zapr"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"k8s.io/klog/v2"
 )
 
 // NewLogger builds the agent's logger from --log-level and --log-format.
 func NewLogger(level, format string) (*zap.Logger, error) {
+	zc, err := loggerConfig(level, format)
+	if err != nil {
+		return nil, err
+	}
+	return zc.Build()
+}
+
+// loggerConfig is the configuration NewLogger builds: zap's production
+// one (JSON on standard error) or its development one (console), at level,
+// unsampled.
+func loggerConfig(level, format string) (zap.Config, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
+		return zap.Config{}, fmt.Errorf("--log-level: %w", err)
 	}
 	var zc zap.Config
 	switch format {
@@ -20,11 +33,27 @@ func NewLogger(level, format string) (*zap.Logger, error) {
 	case "console":
 		zc = zap.NewDevelopmentConfig()
 	default:
-		return nil, fmt.Errorf("--log-format: %q is neither json nor console", format)
+		return zap.Config{}, fmt.Errorf("--log-format: %q is neither json nor console", format)
 	}
 	zc.Level = zap.NewAtomicLevelAt(lvl)
 	zc.Sampling = nil
-	return zc.Build()
+	return zc, nil
+}
+
+// BridgeKlog sends klog's lines, those of client-go and apimachinery
+// (reflectors, the event broadcaster, API warnings), through log, so that
+// the agent writes one format: klog would write its own text among the
+// JSON lines. klog's logger is a process global of klog's, which no
+// caller can avoid; a command calls BridgeKlog once, right after building
+// its logger, and ipvs-proxy keeps no global of its own for it.
+//
+// The logger is contextual (klog.FromContext and klog.Background return
+// it): zap's level, not klog's -v (which ipvs-proxy leaves at 0), decides
+// which of client-go's V(n) lines appear, V(1) at --log-level debug. klog's
+// warnings come out at info, its errors at error; klog.Flush syncs log.
+func BridgeKlog(log *zap.Logger) {
+	klog.SetLoggerWithOptions(zapr.NewLogger(log), klog.ContextualLogger(true),
+		klog.FlushLogger(func() { _ = log.Sync() }))
 }
 
 // LogWarning logs the warning about the config file, if any: that its

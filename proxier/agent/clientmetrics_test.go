@@ -1,0 +1,139 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// labelsOf is a series' labels, name=value, sorted.
+func labelsOf(m *dto.Metric) string {
+	var out []string
+	for _, l := range m.GetLabel() {
+		out = append(out, l.GetName()+"="+l.GetValue())
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+// TestClientMetrics: a client built as the agent builds it (NewClient,
+// from a kubeconfig) reports its requests to the registry under
+// kube-proxy's names, labels and buckets: a list (200), a Get of a missing
+// Node (404) and a Get that the server throttles once (429, then 200).
+func TestClientMetrics(t *testing.T) {
+	var throttled atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/api/v1/services":
+			fmt.Fprint(w, `{"kind":"ServiceList","apiVersion":"v1","metadata":{},"items":[]}`)
+		case "/api/v1/nodes/n1":
+			if !throttled.Swap(true) {
+				w.Header().Set("Retry-After", "0")
+				w.WriteHeader(http.StatusTooManyRequests)
+				fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429}`)
+				return
+			}
+			fmt.Fprint(w, `{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"}}`)
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`)
+		}
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	if !strings.HasPrefix(host, "127.0.0.1:") {
+		t.Fatalf("the test server listens on %s, not 127.0.0.1", host)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+srv.URL+`"}}]
+users: [{name: u, user: {}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	if err := RegisterClientMetrics(reg); err != nil { // once in this package's tests: client-go keeps the first
+		t.Fatal(err)
+	}
+	if err := RegisterClientMetrics(prometheus.NewRegistry()); err == nil {
+		t.Error("a second RegisterClientMetrics succeeded: its registry would stay empty")
+	}
+	client, err := NewClient(kubeconfig, "ipvs-proxy/test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Nodes().Get(ctx, "missing", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("get a missing Node: %v, want NotFound", err)
+	}
+	if _, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{}); err != nil {
+		t.Fatalf("get a Node after a 429: %v", err)
+	}
+
+	fams := families(t, reg)
+	counts := func(name string) map[string]float64 {
+		out := map[string]float64{}
+		for _, m := range fams[name].GetMetric() {
+			out[labelsOf(m)] = m.GetCounter().GetValue()
+		}
+		return out
+	}
+	// client-go counts every response, the 429 too, and a retry by the
+	// response to it.
+	if diff := cmp.Diff(map[string]float64{
+		"code=200,host=" + host + ",method=GET": 2,
+		"code=404,host=" + host + ",method=GET": 1,
+		"code=429,host=" + host + ",method=GET": 1,
+	}, counts("rest_client_requests_total")); diff != "" {
+		t.Errorf("rest_client_requests_total (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]float64{"code=200,host=" + host + ",verb=GET": 1},
+		counts("rest_client_request_retries_total")); diff != "" {
+		t.Errorf("rest_client_request_retries_total (-want +got):\n%s", diff)
+	}
+	// kube-proxy's buckets, as k8s.io/component-base/metrics/prometheus/restclient
+	// (v0.36) writes them.
+	kubeProxyBuckets := []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0}
+	for name, want := range map[string]uint64{
+		"rest_client_request_duration_seconds":      3, // each request, its retries included
+		"rest_client_rate_limiter_duration_seconds": 4, // each attempt waits for the client's rate limiter
+	} {
+		ms := fams[name].GetMetric()
+		if len(ms) != 1 || labelsOf(ms[0]) != "host="+host+",verb=GET" {
+			t.Errorf("%s: series %v, want one of host=%s,verb=GET", name, ms, host)
+			continue
+		}
+		h := ms[0].GetHistogram()
+		if h.GetSampleCount() != want {
+			t.Errorf("%s: %d samples, want %d", name, h.GetSampleCount(), want)
+		}
+		var bounds []float64
+		for _, b := range h.GetBucket() {
+			bounds = append(bounds, b.GetUpperBound())
+		}
+		if diff := cmp.Diff(kubeProxyBuckets, bounds); diff != "" {
+			t.Errorf("%s: buckets (-kube-proxy's +got):\n%s", name, diff)
+		}
+	}
+}
