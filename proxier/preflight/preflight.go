@@ -403,7 +403,25 @@ func (p *preflight) schedulers() {
 			by = append(by[:3:3], fmt.Sprintf("%d more", len(users[s])-3))
 		}
 		module, _ := scheduler.Module(s)
-		p.module("scheduler "+s, module, "the IPVS scheduler "+s, "used by "+strings.Join(by, ", "))
+		name, what, usedBy := "scheduler "+s, "the IPVS scheduler "+s, "used by "+strings.Join(by, ", ")
+		if slices.Contains(users[s], "--scheduler") || slices.Contains(users[s], "--all-schedulers") {
+			p.module(name, module, what, usedBy)
+			continue
+		}
+		// Named by annotations only: run gives those Services --scheduler
+		// instead, with an Event, so a missing module must not keep the
+		// agent off the node (preflight is the DaemonSet's init container).
+		p.optionalModule(name, module, what, usedBy+"; without it run gives them --scheduler, with an Event")
+	}
+}
+
+// optionalModule is module for what run can do without: missing is a
+// warning, not a failure.
+func (p *preflight) optionalModule(name, module, what, usedBy string) {
+	n := len(p.checks)
+	p.module(name, module, what, usedBy)
+	if len(p.checks) > n && p.checks[n].Status == statusFail {
+		p.checks[n].Status = statusWarn
 	}
 }
 

@@ -488,6 +488,22 @@ func TestPreflight(t *testing.T) {
 			absent: []string{"scheduler wrr"},
 		},
 		{
+			// A tenant's annotation must not keep the agent off the node:
+			// run gives those Services --scheduler (it failed here before).
+			name: "a scheduler only annotations name is missing: a warning",
+			ok:   true,
+			node: func(n *fakeNode) {
+				n.inUse = func(context.Context) (map[string][]string, int, error) {
+					return map[string][]string{"mh": {"a/one"}}, 1, nil
+				}
+				n.mods.state["ip_vs_mh"] = kmod.Missing
+			},
+			expect: map[string]expect{
+				"scheduler mh": {statusWarn, "ip_vs_mh missing; used by a/one; without it run gives them --scheduler, with an Event", "ip_vs_mh"},
+				"scheduler rr": {statusOK, "used by --scheduler", ""},
+			},
+		},
+		{
 			name: "the API fails: only --scheduler, with a warning",
 			ok:   true,
 			cfg:  func(c *Config) { c.Scheduler = "wlc" },
