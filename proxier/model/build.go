@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -55,6 +56,9 @@ func Build(svc *Service, endpointSlices []*EndpointSlice, node NodeInfo, cfg Bui
 	b.build(endpointSlices)
 	plan.VirtualServers = b.vss
 	plan.Warnings = b.warnings
+	if b.moreWarnings > 0 {
+		plan.Warnings = append(plan.Warnings, fmt.Sprintf("and %d more problems", b.moreWarnings))
+	}
 	plan.HealthCheckNodePort = b.healthCheckNodePort
 	plan.LocalEndpoints = b.localEndpoints
 	return plan
@@ -142,20 +146,46 @@ type planBuilder struct {
 	slices   []buildSlice
 	families map[buildFamily]bool // the Service's IP families
 
-	vss      []VSPlan
-	seen     map[ktypes.VSKey]string // who claimed each virtual server
-	warnings []string
+	vss          []VSPlan
+	seen         map[ktypes.VSKey]string // who claimed each virtual server
+	warnings     []string
+	moreWarnings int // past maxWarnings
 
 	sourceRanges        []netip.Prefix
 	healthCheckNodePort uint16
 	localEndpoints      int // ready endpoints on this node (readyLocal)
 }
 
+// Bounds of what a Service's warnings hold: they quote what a tenant wrote
+// (an annotation may be 256 KiB) and become Events and log lines on every
+// node.
+const (
+	maxWarnings    = 16  // per Service; then one line says how many more
+	maxWarningSize = 300 // bytes of one warning
+)
+
 func (b *planBuilder) warn(format string, args ...any) {
-	w := fmt.Sprintf(format, args...)
-	if !slices.Contains(b.warnings, w) {
+	w := truncate(fmt.Sprintf(format, args...), maxWarningSize)
+	switch {
+	case slices.Contains(b.warnings, w):
+	case len(b.warnings) < maxWarnings:
 		b.warnings = append(b.warnings, w)
+	default:
+		b.moreWarnings++
 	}
+}
+
+// truncate cuts s to at most n bytes, on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…(cut)"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 func (b *planBuilder) build(endpointSlices []*EndpointSlice) {

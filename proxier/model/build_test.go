@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -1034,5 +1035,36 @@ func TestBuildRoutedClusterIPs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBuildWarningsBounded: what a tenant writes is quoted in warnings,
+// which become Events and log lines on every node: each warning is cut to
+// a bounded size, and a Service has a bounded number of them, the last
+// saying how many more there were.
+func TestBuildWarningsBounded(t *testing.T) {
+	var bad []string
+	for i := range 40 {
+		bad = append(bad, fmt.Sprintf("not-an-ip-%d", i))
+	}
+	huge := strings.Repeat("é", 100_000) // 200 KB, multi-byte
+	p := model.Build(model.ServiceOf(svc(externalIPs(bad...), annotate(scheduler.AnnotationScheduler, huge))), nil,
+		model.NodeInfo{Name: "node-a"}, model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}})
+	if len(p.Warnings) != 17 {
+		t.Fatalf("%d warnings, want 16 and one saying how many more: %q", len(p.Warnings), p.Warnings)
+	}
+	if last := p.Warnings[16]; last != "and 25 more problems" {
+		t.Errorf("last warning %q, want %q", last, "and 25 more problems")
+	}
+	for _, w := range p.Warnings {
+		if len(w) > 300 || !utf8.ValidString(w) {
+			t.Errorf("warning of %d bytes (valid UTF-8: %v), want at most 300: %.80q...", len(w), utf8.ValidString(w), w)
+		}
+	}
+	if !strings.HasSuffix(p.Warnings[0], "…(cut)") {
+		t.Errorf("the annotation's warning is not marked cut: %.80q...", p.Warnings[0])
+	}
+	if len(p.VirtualServers) != 1 {
+		t.Errorf("the Service's clusterIP is still programmed: %v", p.VirtualServers)
 	}
 }
