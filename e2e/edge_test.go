@@ -360,6 +360,8 @@ func TestIPv6ForwardingOnlyForIPv6Services(t *testing.T) {
 	}
 	const fwd = "/proc/sys/net/ipv6/conf/all/forwarding"
 	e.restartAgentAfter(t, "sh", "-c", "echo 0 > "+fwd)
+	// Whatever happens here, the tests after this one have IPv6 Services.
+	t.Cleanup(func() { _, _ = e.VM.RunOK(context.Background(), "sh", "-c", "echo 1 > "+fwd) })
 	ns := e.namespace(t)
 	bes := e.backends(t, 1)
 	v4 := e.createService(t, ns, "v4", []corev1.ServicePort{tcpPort("http", 80)})
@@ -373,7 +375,10 @@ func TestIPv6ForwardingOnlyForIPv6Services(t *testing.T) {
 	})
 	e.setSlice(t, v6, discoveryv1.AddressTypeIPv6, bes)
 	e.expectBackends(t, "tcp", hostPort(v6.Spec.ClusterIP, 80), names(bes))
-	if v := strings.TrimSpace(e.vmRun(t, "cat", fwd)); v != "1" {
-		t.Errorf("with an IPv6 Service: %s = %s, want 1", fwd, v)
-	}
+	eventually(t, 10*time.Second, func() error { // the consumer syncs beside the reconciler
+		if v := strings.TrimSpace(e.vmRun(t, "cat", fwd)); v != "1" {
+			return fmt.Errorf("with an IPv6 Service: %s = %s, want 1", fwd, v)
+		}
+		return nil
+	})
 }

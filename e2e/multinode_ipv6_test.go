@@ -175,6 +175,9 @@ func ipv6NodePortsKept(ctx context.Context, t *testing.T, c *cluster.Cluster, np
 		}
 		// The VM's own 10.0.2.15 (its restricted uplink) is outside the
 		// prefix: no IPv4 node port there.
+		if out, err := nodeA.VM.RunOK(ctx, "ip", "-4", "-o", "addr", "show"); err != nil || !strings.Contains(out, " 10.0.2.15/") {
+			t.Fatalf("%s has no 10.0.2.15 to check (%v):\n%s", nodeA.Name, err, out)
+		}
 		if out, err := nodeA.VM.RunOK(ctx, "ipvsadm", "-Ln", "-t", "10.0.2.15:"+npPort4); err == nil {
 			t.Errorf("%s: node port on 10.0.2.15, outside nodePortAddresses:\n%s", nodeA.Name, out)
 		}

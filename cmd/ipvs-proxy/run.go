@@ -53,8 +53,6 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	// Once, before any client: klog's logger is klog's process global.
-	config.BridgeKlog(log)
 	config.LogWarning(log, warn)
 	cfg, timeouts, err := o.ProxierConfig()
 	if err != nil {
@@ -65,6 +63,8 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	}
 	cfg.APIServer = agent.APIServerAddresses(ctx, o.Kubeconfig, log)
 	log = log.With(zap.String("node", cfg.NodeName))
+	// Once, before any client: klog's logger is klog's process global.
+	config.BridgeKlog(log)
 	gcPercent, gcFromEnv := setGCPercent(os.Getenv)
 	listPercent := gcPercent
 	if !gcFromEnv {

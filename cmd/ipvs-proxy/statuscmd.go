@@ -13,6 +13,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/status"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 )
 
 func newStatusCommand() *cobra.Command {
@@ -31,6 +32,9 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, cfg, _, err := of.ResolveReport(output)
 			if err != nil {
+				return err
+			}
+			if err := cfg.OnNodeIPv6(sysctls.HasIPv6(sysctls.Root())); err != nil { // as run does
 				return err
 			}
 			ipvs, err := netlinkutil.NewIPVS()

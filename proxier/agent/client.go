@@ -73,6 +73,10 @@ func APIServerAddresses(ctx context.Context, kubeconfig string, log *zap.Logger)
 	if err != nil {
 		return nil // NewClient reports it
 	}
+	if kubeconfig == "" {
+		log.Info("in-cluster configuration: the apiserver is reached through the kubernetes Service; externalIPs are checked against its clusterIP, not the apiserver's own addresses",
+			zap.String("host", cfg.Host))
+	}
 	return hostAddresses(ctx, cfg.Host, net.DefaultResolver, log)
 }
 

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"time"
 
@@ -13,7 +14,9 @@ import (
 // restClientBuckets are kube-proxy's buckets of client-go's request and
 // rate-limiter latencies (k8s.io/component-base/metrics/prometheus/restclient):
 // 5 ms to 60 s.
-var restClientBuckets = []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60}
+func restClientBuckets() []float64 {
+	return []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60}
+}
 
 // RegisterClientMetrics registers client-go's request metrics with reg,
 // under the names, labels and buckets kube-proxy exports them with (its
@@ -34,7 +37,7 @@ var restClientBuckets = []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 
 // collectors empty.
 func RegisterClientMetrics(reg prometheus.Registerer) error {
 	latency := func(name, help string) *prometheus.HistogramVec {
-		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: restClientBuckets}, []string{"verb", "host"})
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: restClientBuckets()}, []string{"verb", "host"})
 	}
 	requestLatency := latency("rest_client_request_duration_seconds", "Request latency in seconds. Broken down by verb, and host.")
 	rateLimiterLatency := latency("rest_client_rate_limiter_duration_seconds",
@@ -55,7 +58,7 @@ func RegisterClientMetrics(reg prometheus.Registerer) error {
 	}
 	for _, c := range []prometheus.Collector{requestLatency, rateLimiterLatency, requestResult, requestRetry} {
 		if err := reg.Register(c); err != nil {
-			return err
+			return fmt.Errorf("register client-go's request metrics: %w", err)
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -33,6 +34,14 @@ func labelsOf(m *dto.Metric) string {
 // from a kubeconfig) reports its requests to the registry under
 // kube-proxy's names, labels and buckets: a list (200), a Get of a missing
 // Node (404) and a Get that the server throttles once (429, then 200).
+// testClientMetrics is the registry of client-go's metrics in this test
+// binary: client-go takes one registration per process.
+var testClientMetrics struct {
+	sync.Once
+	reg *prometheus.Registry
+	err error
+}
+
 func TestClientMetrics(t *testing.T) {
 	var throttled atomic.Bool
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -69,9 +78,15 @@ current-context: c
 		t.Fatal(err)
 	}
 
-	reg := prometheus.NewRegistry()
-	if err := RegisterClientMetrics(reg); err != nil { // once in this package's tests: client-go keeps the first
-		t.Fatal(err)
+	// Once per process (client-go keeps the first registration): a run with
+	// -count=2 reuses it; each run's server has its own host label.
+	testClientMetrics.Do(func() {
+		testClientMetrics.reg = prometheus.NewRegistry()
+		testClientMetrics.err = RegisterClientMetrics(testClientMetrics.reg)
+	})
+	reg := testClientMetrics.reg
+	if testClientMetrics.err != nil {
+		t.Fatal(testClientMetrics.err)
 	}
 	if err := RegisterClientMetrics(prometheus.NewRegistry()); err == nil {
 		t.Error("a second RegisterClientMetrics succeeded: its registry would stay empty")
@@ -92,9 +107,19 @@ current-context: c
 	}
 
 	fams := families(t, reg)
+	// This run's series: its server's host (earlier runs' stay in reg).
+	mine := func(name string) []*dto.Metric {
+		var out []*dto.Metric
+		for _, m := range fams[name].GetMetric() {
+			if strings.Contains(labelsOf(m), "host="+host+",") {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
 	counts := func(name string) map[string]float64 {
 		out := map[string]float64{}
-		for _, m := range fams[name].GetMetric() {
+		for _, m := range mine(name) {
 			out[labelsOf(m)] = m.GetCounter().GetValue()
 		}
 		return out
@@ -119,7 +144,7 @@ current-context: c
 		"rest_client_request_duration_seconds":      3, // each request, its retries included
 		"rest_client_rate_limiter_duration_seconds": 4, // each attempt waits for the client's rate limiter
 	} {
-		ms := fams[name].GetMetric()
+		ms := mine(name)
 		if len(ms) != 1 || labelsOf(ms[0]) != "host="+host+",verb=GET" {
 			t.Errorf("%s: series %v, want one of host=%s,verb=GET", name, ms, host)
 			continue

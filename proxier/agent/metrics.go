@@ -43,21 +43,23 @@ type Metrics struct {
 
 // syncBuckets are kube-proxy's buckets of its sync durations: 1 ms to
 // 16.4 s, doubling.
-var syncBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+func syncBuckets() []float64 { return prometheus.ExponentialBuckets(0.001, 2, 15) }
 
 // programmingBuckets are kube-proxy's buckets of the network programming
 // latency: 0.25 s, 0.5 s, every second to 59 s, every 5 s to 115 s, every
 // 30 s to 5 minutes.
-var programmingBuckets = concat(
-	prometheus.LinearBuckets(0.25, 0.25, 2),
-	prometheus.LinearBuckets(1, 1, 59),
-	prometheus.LinearBuckets(60, 5, 12),
-	prometheus.LinearBuckets(120, 30, 7),
-)
+func programmingBuckets() []float64 {
+	return concat(
+		prometheus.LinearBuckets(0.25, 0.25, 2),
+		prometheus.LinearBuckets(1, 1, 59),
+		prometheus.LinearBuckets(60, 5, 12),
+		prometheus.LinearBuckets(120, 30, 7),
+	)
+}
 
 // resyncBuckets: a resync is several syncs back to back, with a kernel
 // read of every virtual server; 1 ms to 4.4 minutes, doubling.
-var resyncBuckets = prometheus.ExponentialBuckets(0.001, 2, 19)
+func resyncBuckets() []float64 { return prometheus.ExponentialBuckets(0.001, 2, 19) }
 
 func concat(parts ...[]float64) []float64 {
 	var out []float64
@@ -81,15 +83,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m := &Metrics{
 		SyncDuration: histogram("kubeproxy_sync_proxy_rules_duration_seconds",
-			"SyncProxyRules latency in seconds: every sync that applied something, full or partial.", syncBuckets),
+			"SyncProxyRules latency in seconds: every sync that applied something, full or partial.", syncBuckets()),
 		FullSyncDuration: histogram("kubeproxy_sync_full_proxy_rules_duration_seconds",
-			"SyncProxyRules latency in seconds for full resyncs: syncs that read the kernel whole, or begin a periodic resync.", syncBuckets),
+			"SyncProxyRules latency in seconds for full resyncs: syncs that read the kernel whole, or begin a periodic resync.", syncBuckets()),
 		PartialSyncDuration: histogram("kubeproxy_sync_partial_proxy_rules_duration_seconds",
-			"SyncProxyRules latency in seconds for partial resyncs: syncs of what changed (and of a periodic resync's slice).", syncBuckets),
+			"SyncProxyRules latency in seconds for partial resyncs: syncs of what changed (and of a periodic resync's slice).", syncBuckets()),
 		ResyncDuration: histogram("ipvs_proxy_resync_duration_seconds",
-			"Duration of a periodic full resync, from its kernel read to the sync that checked its last slice.", resyncBuckets),
+			"Duration of a periodic full resync, from its kernel read to the sync that checked its last slice.", resyncBuckets()),
 		ProgrammingLatency: histogram("kubeproxy_network_programming_duration_seconds",
-			"In Cluster Network Programming Latency in seconds: from a Service or EndpointSlice change to its programming in the kernel.", programmingBuckets),
+			"In Cluster Network Programming Latency in seconds: from a Service or EndpointSlice change to its programming in the kernel.", programmingBuckets()),
 		LastQueued: gauge("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
 			"The last time a sync of proxy rules was queued: Unix time of the last Service or EndpointSlice change received."),
 		LastSuccessfulSync: gauge("kubeproxy_sync_proxy_rules_last_timestamp_seconds",

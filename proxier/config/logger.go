@@ -48,9 +48,9 @@ func loggerConfig(level, format string) (zap.Config, error) {
 // its logger, and ipvs-proxy keeps no global of its own for it.
 //
 // The logger is contextual (klog.FromContext and klog.Background return
-// it): zap's level, not klog's -v (which ipvs-proxy leaves at 0), decides
-// which of client-go's V(n) lines appear, V(1) at --log-level debug. klog's
-// warnings come out at info, its errors at error; klog.Flush syncs log.
+// it). klog's -v stays 0, which klog checks before the bridge sees a line:
+// client-go's V(n) lines are not written, its info, warning and error
+// lines are (warnings at info, errors at error); klog.Flush syncs log.
 func BridgeKlog(log *zap.Logger) {
 	klog.SetLoggerWithOptions(zapr.NewLogger(log), klog.ContextualLogger(true),
 		klog.FlushLogger(func() { _ = log.Sync() }))

@@ -56,8 +56,8 @@ func Build(svc *Service, endpointSlices []*EndpointSlice, node NodeInfo, cfg Bui
 	b.build(endpointSlices)
 	plan.VirtualServers = b.vss
 	plan.Warnings = b.warnings
-	if b.moreWarnings > 0 {
-		plan.Warnings = append(plan.Warnings, fmt.Sprintf("and %d more problems", b.moreWarnings))
+	if len(b.moreWarnings) > 0 {
+		plan.Warnings = append(plan.Warnings, fmt.Sprintf("and %d more problems", len(b.moreWarnings)))
 	}
 	plan.HealthCheckNodePort = b.healthCheckNodePort
 	plan.LocalEndpoints = b.localEndpoints
@@ -149,7 +149,7 @@ type planBuilder struct {
 	vss          []VSPlan
 	seen         map[ktypes.VSKey]string // who claimed each virtual server
 	warnings     []string
-	moreWarnings int // past maxWarnings
+	moreWarnings map[string]bool // the distinct ones past maxWarnings
 
 	sourceRanges        []netip.Prefix
 	healthCheckNodePort uint16
@@ -171,7 +171,10 @@ func (b *planBuilder) warn(format string, args ...any) {
 	case len(b.warnings) < maxWarnings:
 		b.warnings = append(b.warnings, w)
 	default:
-		b.moreWarnings++
+		if b.moreWarnings == nil {
+			b.moreWarnings = map[string]bool{}
+		}
+		b.moreWarnings[w] = true // distinct ones only
 	}
 }
 

@@ -11,9 +11,10 @@ import (
 // (so an IPv4-only list leaves a dual-stack node its IPv6 node ports), and
 // no prefixes at all keep every address.
 func FilterNodePortAddresses(addrs []netip.Addr, prefixes []netip.Prefix) []netip.Addr {
+	prefixes = unmapPrefixes(prefixes)
 	named := map[bool]bool{} // is4 → some prefix is of that family
 	for _, p := range prefixes {
-		named[p.Addr().Unmap().Is4()] = true
+		named[p.Addr().Is4()] = true
 	}
 	var out []netip.Addr
 	for _, a := range addrs {
@@ -33,27 +34,48 @@ func FilterNodePortAddresses(addrs []netip.Addr, prefixes []netip.Prefix) []neti
 	return slices.Compact(out)
 }
 
+// unmapPrefixes reads IPv4-mapped IPv6 prefixes (::ffff:10.0.0.0/104) as
+// the IPv4 prefixes they are, as addresses are unmapped.
+func unmapPrefixes(prefixes []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(prefixes))
+	for _, p := range prefixes {
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}
+
 // HealthCheckListen is where the health-check node ports listen, given the
-// node's addresses and the nodePortAddresses prefixes: nil (every address)
-// without prefixes; else, per family, the addresses the prefixes keep, or
+// node's addresses, the nodePortAddresses prefixes and the families the
+// node serves (both when neither is set): nil (every address) without
+// prefixes; else, per served family, the addresses the prefixes keep, or
 // the family's unspecified address (all of it, now and later) where no
-// prefix names the family. fallback lists the named families whose prefixes
-// keep no address of the node: they listen on all of it too.
-func HealthCheckListen(addrs []netip.Addr, prefixes []netip.Prefix) (listen []netip.Addr, fallback []string) {
+// prefix names the family. fallback lists the named families whose
+// prefixes keep no address of the node: they listen on all of it too.
+func HealthCheckListen(addrs []netip.Addr, prefixes []netip.Prefix, ipv4, ipv6 bool) (listen []netip.Addr, fallback []string) {
 	if len(prefixes) == 0 {
 		return nil, nil
 	}
+	if !ipv4 && !ipv6 {
+		ipv4, ipv6 = true, true
+	}
+	prefixes = unmapPrefixes(prefixes)
 	named := map[bool]bool{}
 	for _, p := range prefixes {
-		named[p.Addr().Unmap().Is4()] = true
+		named[p.Addr().Is4()] = true
 	}
 	kept := FilterNodePortAddresses(addrs, prefixes)
 	families := []struct {
-		is4  bool
-		name string
-		all  netip.Addr
-	}{{true, "IPv4", netip.IPv4Unspecified()}, {false, "IPv6", netip.IPv6Unspecified()}}
+		is4, served bool
+		name        string
+		all         netip.Addr
+	}{{true, ipv4, "IPv4", netip.IPv4Unspecified()}, {false, ipv6, "IPv6", netip.IPv6Unspecified()}}
 	for _, f := range families {
+		if !f.served {
+			continue // a node without IPv6 cannot listen on [::]
+		}
 		if !named[f.is4] {
 			listen = append(listen, f.all)
 			continue

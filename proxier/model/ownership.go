@@ -14,8 +14,10 @@ import (
 //     in the node-port range;
 //   - every virtual server that a Service currently asks for.
 //
-// Nothing inside ExcludeCIDRs is ever owned. Everything else in the kernel
-// (virtual servers of other tools, fwmark services) is left untouched.
+// Nothing inside ExcludeCIDRs is owned unless a Service asks for it: what
+// no Service asks for there is never deleted nor unbound (kube-proxy's
+// meaning; Desired.Excluded). Everything else in the kernel (virtual
+// servers of other tools, fwmark services) is left untouched.
 //
 // When taking a node over from kube-proxy's IPVS mode, Adopt names its
 // interface (kube-ipvs0): virtual servers on its addresses are owned as if
@@ -44,8 +46,8 @@ func (o Ownership) Owns(vs ktypes.VSKey, bound, node bool) bool {
 	return !o.Excluded(vs.Address) && (bound || (node && o.NodePortRange.Contains(vs.Port)))
 }
 
-// Excluded reports whether a lies in ExcludeCIDRs: ipvs-proxy never touches
-// virtual servers there.
+// Excluded reports whether a lies in ExcludeCIDRs: ipvs-proxy never cleans
+// up virtual servers or addresses there that no Service asks for.
 func (o Ownership) Excluded(a netip.Addr) bool {
 	for _, p := range o.ExcludeCIDRs {
 		if p.Contains(a) {

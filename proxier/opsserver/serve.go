@@ -442,7 +442,7 @@ func HealthCheckAddresses(links netlinkutil.Links, cfg agent.Config, log *zap.Lo
 		log.Warn("cannot read the node's addresses; health-check node ports listen on every address", zap.Error(err))
 		return nil
 	}
-	addrs, fallback := model.HealthCheckListen(all, cfg.NodePortAddresses)
+	addrs, fallback := model.HealthCheckListen(all, cfg.NodePortAddresses, cfg.IPv4, cfg.IPv6)
 	if len(fallback) > 0 {
 		log.Warn("no node address matches --nodeport-addresses in these families; their health-check node ports listen on every address",
 			zap.Strings("families", fallback))

@@ -110,7 +110,7 @@ type System struct {
 // Config is what the checks depend on.
 type Config struct {
 	Scheduler       string
-	IPv6            bool
+	IPv4, IPv6      bool
 	StrictARP       bool
 	IPTablesBackend string
 	AllSchedulers   bool
@@ -555,6 +555,10 @@ func (p *preflight) ipv6() {
 	fwd := strings.ReplaceAll(sysctls.IPv6Forwarding.Name, "/", ".")
 	val, err := p.sys.sysctl(sysctls.IPv6Forwarding.Name)
 	switch {
+	case errors.Is(err, fs.ErrNotExist) && !p.cfg.IPv4:
+		p.noIPv6 = true
+		p.add(name, statusFail, "the node's kernel has no IPv6 (booted with ipv6.disable=1?), and --ip-families is IPv6 alone: run cannot start",
+			"add IPv4 to --ip-families on such nodes, or enable IPv6")
 	case errors.Is(err, fs.ErrNotExist):
 		p.noIPv6 = true
 		p.add(name, statusWarn, "the node's kernel has no IPv6 (booted with ipv6.disable=1?): run serves IPv4 only here, and each Service with IPv6 addresses gets an Event",

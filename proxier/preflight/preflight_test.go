@@ -160,7 +160,7 @@ type expect struct {
 }
 
 func TestPreflight(t *testing.T) {
-	base := Config{Scheduler: "rr", IPTablesBackend: "auto"}
+	base := Config{Scheduler: "rr", IPv4: true, IPTablesBackend: "auto"}
 	tests := []struct {
 		name   string
 		cfg    func(*Config)
@@ -461,6 +461,14 @@ func TestPreflight(t *testing.T) {
 				"iptables backend": {status: statusOK},
 			},
 			absent: []string{"sysctl net.ipv6.conf.all.forwarding"},
+		},
+		{
+			name: "IPv6 alone on a node without IPv6: run cannot start",
+			cfg:  func(c *Config) { c.IPv4, c.IPv6 = false, true },
+			node: func(n *fakeNode) { delete(n.sysctls, "net/ipv6/conf/all/forwarding") },
+			expect: map[string]expect{
+				"IPv6": {statusFail, "--ip-families is IPv6 alone", "add IPv4 to --ip-families"},
+			},
 		},
 		{
 			name: "IPv6 forwarding already on",

@@ -17,18 +17,17 @@ import (
 // claimIndex is the desired state, indexed for partial syncs: the plans,
 // the Services that claim each virtual server (by precedence: [0] holds
 // it, model.Precedes), the addresses to bind (by reference count) and the
-// numbers of virtual and real servers the plans want. Virtual servers on
-// excluded addresses are left out of the index.
+// numbers of virtual and real servers the plans want (those on excluded
+// addresses too: they are wanted as any other).
 type claimIndex struct {
-	own              model.Ownership
 	plans            map[types.NamespacedName]*model.ServicePlan
 	byKey            map[ktypes.VSKey][]types.NamespacedName
 	addrs            map[netip.Addr]int
 	vsCount, rsCount int
 }
 
-func newClaimIndex(own model.Ownership) claimIndex {
-	return claimIndex{own: own, plans: map[types.NamespacedName]*model.ServicePlan{},
+func newClaimIndex() claimIndex {
+	return claimIndex{plans: map[types.NamespacedName]*model.ServicePlan{},
 		byKey: map[ktypes.VSKey][]types.NamespacedName{}, addrs: map[netip.Addr]int{}}
 }
 

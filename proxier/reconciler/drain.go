@@ -1,7 +1,8 @@
 package reconciler
 
-// The real servers kept only while busy (ktypes.RealServer.Drain): read
-// again every DrainCheck until their connections end.
+// The real servers kept only while busy (ktypes.RealServer.Drain, and TCP
+// ones the plan no longer has; model.Draining): read again every
+// DrainCheck until their connections end.
 
 import (
 	"time"
@@ -13,8 +14,9 @@ import (
 // defaultDrainCheck is Config.DrainCheck's default.
 const defaultDrainCheck = 2 * time.Second
 
-// drains are the virtual servers that keep a busy real server marked
-// Drain, and when they are read again (zero: no check is scheduled).
+// drains are the virtual servers that keep a busy real server only while
+// it is busy (model.Draining), and when they are read again (zero: no
+// check is scheduled).
 type drains struct {
 	keys map[ktypes.VSKey]bool
 	next time.Time
@@ -33,7 +35,7 @@ func (d *drains) takeInto(sc *scopeSet) {
 }
 
 // note records which virtual servers in a sync's scope keep a busy real
-// server marked Drain (by the kernel's real servers just read, have), and
+// server only while busy (by the kernel's real servers just read, have), and
 // schedules their next check: the sync at check from now reads them again,
 // and the diff deletes each real server whose connections ended.
 func (d *drains) note(keys []ktypes.VSKey, want model.Desired, have map[ktypes.VSKey][]ktypes.RealServer, now time.Time, check time.Duration) {

@@ -100,7 +100,7 @@ type Reconciler struct {
 
 	statuses serviceStatuses // each Service's last attempt, backoff, conflicts
 	orphan   orphans         // failed writes no Service answers for
-	draining drains          // virtual servers with busy real servers marked Drain
+	draining drains          // virtual servers with busy real servers kept at weight 0 (model.Draining)
 	resync   resyncState     // the periodic full resync, in slices, and its read off the loop
 
 	full   Backoff // a failed kernel read: the next full sync
@@ -141,7 +141,7 @@ func NewReconciler(ipvs netlinkutil.IPVS, links netlinkutil.Links, cfg Config, l
 	}
 	return &Reconciler{
 		ipvs: ipvs, links: links, cfg: cfg, own: cfg.Ownership, clock: cfg.Clock, log: log,
-		claims:        newClaimIndex(cfg.Ownership),
+		claims:        newClaimIndex(),
 		kernel:        model.NewKernel(nil, nil),
 		dirtyKeys:     map[ktypes.VSKey]bool{},
 		dirtyAddrs:    map[netip.Addr]bool{},
