@@ -57,10 +57,7 @@ func TestHealthCheckCountsReadyOnly(t *testing.T) {
 	e := setup(t)
 	ns := e.namespace(t)
 	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "local", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
-		s.Spec.Type = corev1.ServiceTypeLoadBalancer
-		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	})
+	svc := e.createService(t, ns, "local", []corev1.ServicePort{tcpPort("http", 80)}, localLoadBalancer)
 	if svc.Spec.HealthCheckNodePort == 0 {
 		t.Fatalf("the apiserver allocated no healthCheckNodePort: %+v", svc.Spec)
 	}
@@ -319,9 +316,7 @@ func TestNodePortAddressesPerFamily(t *testing.T) {
 	e := setup(t)
 	ns := e.namespace(t)
 	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "dual", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
-		s.Spec.Type = corev1.ServiceTypeLoadBalancer
-		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc := e.createService(t, ns, "dual", []corev1.ServicePort{tcpPort("http", 80)}, localLoadBalancer, func(s *corev1.Service) {
 		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
 		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
 	})

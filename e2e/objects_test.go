@@ -26,6 +26,14 @@ func tcpPort(name string, port int32) corev1.ServicePort {
 	return bed.Port(name, corev1.ProtocolTCP, port)
 }
 
+// localLoadBalancer makes a Service a LoadBalancer with
+// externalTrafficPolicy Local (the apiserver gives it a health-check node
+// port).
+func localLoadBalancer(s *corev1.Service) {
+	s.Spec.Type = corev1.ServiceTypeLoadBalancer
+	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+}
+
 func udpPort(name string, port int32) corev1.ServicePort {
 	return bed.Port(name, corev1.ProtocolUDP, port)
 }

@@ -56,8 +56,8 @@ func Build(svc *Service, endpointSlices []*EndpointSlice, node NodeInfo, cfg Bui
 	b.build(endpointSlices)
 	plan.VirtualServers = b.vss
 	plan.Warnings = b.warnings
-	if len(b.moreWarnings) > 0 {
-		plan.Warnings = append(plan.Warnings, fmt.Sprintf("and %d more problems", len(b.moreWarnings)))
+	if more := len(b.warned) - len(b.warnings); more > 0 {
+		plan.Warnings = append(plan.Warnings, fmt.Sprintf("and %d more problems", more))
 	}
 	plan.HealthCheckNodePort = b.healthCheckNodePort
 	plan.LocalEndpoints = b.localEndpoints
@@ -146,10 +146,10 @@ type planBuilder struct {
 	slices   []buildSlice
 	families map[buildFamily]bool // the Service's IP families
 
-	vss          []VSPlan
-	seen         map[ktypes.VSKey]string // who claimed each virtual server
-	warnings     []string
-	moreWarnings map[string]bool // the distinct ones past maxWarnings
+	vss      []VSPlan
+	seen     map[ktypes.VSKey]string // who claimed each virtual server
+	warnings []string
+	warned   map[string]bool // every distinct warning, kept or past maxWarnings
 
 	sourceRanges        []netip.Prefix
 	healthCheckNodePort uint16
@@ -166,15 +166,15 @@ const (
 
 func (b *planBuilder) warn(format string, args ...any) {
 	w := truncate(fmt.Sprintf(format, args...), maxWarningSize)
-	switch {
-	case slices.Contains(b.warnings, w):
-	case len(b.warnings) < maxWarnings:
+	if b.warned[w] {
+		return
+	}
+	if b.warned == nil {
+		b.warned = map[string]bool{}
+	}
+	b.warned[w] = true
+	if len(b.warnings) < maxWarnings {
 		b.warnings = append(b.warnings, w)
-	default:
-		if b.moreWarnings == nil {
-			b.moreWarnings = map[string]bool{}
-		}
-		b.moreWarnings[w] = true // distinct ones only
 	}
 }
 

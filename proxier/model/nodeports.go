@@ -11,11 +11,7 @@ import (
 // (so an IPv4-only list leaves a dual-stack node its IPv6 node ports), and
 // no prefixes at all keep every address.
 func FilterNodePortAddresses(addrs []netip.Addr, prefixes []netip.Prefix) []netip.Addr {
-	prefixes = unmapPrefixes(prefixes)
-	named := map[bool]bool{} // is4 → some prefix is of that family
-	for _, p := range prefixes {
-		named[p.Addr().Is4()] = true
-	}
+	prefixes, named := unmapPrefixes(prefixes)
 	var out []netip.Addr
 	for _, a := range addrs {
 		a = a.Unmap()
@@ -35,16 +31,18 @@ func FilterNodePortAddresses(addrs []netip.Addr, prefixes []netip.Prefix) []neti
 }
 
 // unmapPrefixes reads IPv4-mapped IPv6 prefixes (::ffff:10.0.0.0/104) as
-// the IPv4 prefixes they are, as addresses are unmapped.
-func unmapPrefixes(prefixes []netip.Prefix) []netip.Prefix {
-	out := make([]netip.Prefix, 0, len(prefixes))
+// the IPv4 prefixes they are, as addresses are unmapped, and tells which
+// families they name (is4 → named).
+func unmapPrefixes(prefixes []netip.Prefix) (out []netip.Prefix, named map[bool]bool) {
+	named = map[bool]bool{}
 	for _, p := range prefixes {
 		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 		}
 		out = append(out, p.Masked())
+		named[p.Addr().Is4()] = true
 	}
-	return out
+	return out, named
 }
 
 // HealthCheckListen is where the health-check node ports listen, given the
@@ -61,11 +59,7 @@ func HealthCheckListen(addrs []netip.Addr, prefixes []netip.Prefix, ipv4, ipv6 b
 	if !ipv4 && !ipv6 {
 		ipv4, ipv6 = true, true
 	}
-	prefixes = unmapPrefixes(prefixes)
-	named := map[bool]bool{}
-	for _, p := range prefixes {
-		named[p.Addr().Is4()] = true
-	}
+	_, named := unmapPrefixes(prefixes)
 	kept := FilterNodePortAddresses(addrs, prefixes)
 	families := []struct {
 		is4, served bool
