@@ -411,12 +411,16 @@ func keptWhileBusy(vs ktypes.VirtualServer, rs ktypes.RealServer) bool {
 // (keptWhileBusy): Diff keeps it, and it must be looked at again until its
 // connections end.
 func Draining(w VSPlan, rss []ktypes.RealServer) bool {
+	// Every sync's scope passes here: a binary search of the plan's real
+	// servers (sorted, VSPlan.RealServers) per busy one, no allocation.
 	for _, r := range rss {
 		if !r.Busy() {
 			continue
 		}
-		i := slices.IndexFunc(w.RealServers, func(rs ktypes.RealServer) bool { return rs.RSKey == r.RSKey })
-		if (i >= 0 && w.RealServers[i].Drain) || (i < 0 && keptWhileBusy(w.VirtualServer, r)) {
+		i, planned := slices.BinarySearchFunc(w.RealServers, r.RSKey, func(rs ktypes.RealServer, k ktypes.RSKey) int {
+			return rs.RSKey.Compare(k)
+		})
+		if (planned && w.RealServers[i].Drain) || (!planned && keptWhileBusy(w.VirtualServer, r)) {
 			return true
 		}
 	}

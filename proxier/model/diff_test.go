@@ -1,6 +1,7 @@
 package model_test
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -456,5 +457,27 @@ func TestDiffColdSyncSized(t *testing.T) {
 	}
 	if cap(ops) != len(ops) {
 		t.Errorf("room for %d ops, %d written: the list grew (or was oversized)", cap(ops), len(ops))
+	}
+}
+
+const drainingBenchN = 1000
+
+// BenchmarkDraining: the drain check runs for every virtual server of a
+// sync's scope; with drainingBenchN busy real servers, all still planned.
+func BenchmarkDraining(b *testing.B) {
+	var rss []string
+	for i := range drainingBenchN {
+		rss = append(rss, fmt.Sprintf("10.1.%d.%d:8080", i/250, i%250+1))
+	}
+	w := want("ns/a", model.KindClusterIP, dvs("10.96.0.10:80", "rr"), rss...)
+	kernel := make([]ktypes.RealServer, len(w.RealServers))
+	for i, rs := range w.RealServers {
+		kernel[i] = ktypes.RealServer{RSKey: rs.RSKey, Weight: 1, ActiveConns: 3}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if model.Draining(w.VSPlan, kernel) {
+			b.Fatal("draining with every real server planned")
+		}
 	}
 }
