@@ -2,6 +2,7 @@ package agent
 
 import (
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,7 +50,7 @@ func syncBuckets() []float64 { return prometheus.ExponentialBuckets(0.001, 2, 15
 // latency: 0.25 s, 0.5 s, every second to 59 s, every 5 s to 115 s, every
 // 30 s to 5 minutes.
 func programmingBuckets() []float64 {
-	return concat(
+	return slices.Concat(
 		prometheus.LinearBuckets(0.25, 0.25, 2),
 		prometheus.LinearBuckets(1, 1, 59),
 		prometheus.LinearBuckets(60, 5, 12),
@@ -60,14 +61,6 @@ func programmingBuckets() []float64 {
 // resyncBuckets: a resync is several syncs back to back, with a kernel
 // read of every virtual server; 1 ms to 4.4 minutes, doubling.
 func resyncBuckets() []float64 { return prometheus.ExponentialBuckets(0.001, 2, 19) }
-
-func concat(parts ...[]float64) []float64 {
-	var out []float64
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
-}
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
 // registered, as in unit tests).

@@ -224,7 +224,7 @@ func Run(ctx context.Context, sys *System, pc Config, log *zap.Logger) Report {
 	p.capabilities()
 	p.ipvsCore()
 	p.schedulers()
-	p.module("nf_conntrack", "nf_conntrack", "connection tracking", "needed by IPVS's conntrack and the iptables rules")
+	p.module("nf_conntrack", "nf_conntrack", "connection tracking", "needed by IPVS's conntrack and the iptables rules", true)
 	p.ipsets()
 	p.dummyType()
 	p.iptables()
@@ -404,32 +404,22 @@ func (p *preflight) schedulers() {
 		}
 		module, _ := scheduler.Module(s)
 		name, what, usedBy := "scheduler "+s, "the IPVS scheduler "+s, "used by "+strings.Join(by, ", ")
-		if slices.Contains(users[s], "--scheduler") || slices.Contains(users[s], "--all-schedulers") {
-			p.module(name, module, what, usedBy)
-			continue
-		}
 		// Named by annotations only: run gives those Services --scheduler
 		// instead, with an Event, so a missing module must not keep the
 		// agent off the node (preflight is the DaemonSet's init container).
-		p.optionalModule(name, module, what, usedBy+"; without it run gives them --scheduler, with an Event")
-	}
-}
-
-// optionalModule is module for what run can do without: missing is a
-// warning, not a failure.
-func (p *preflight) optionalModule(name, module, what, usedBy string) {
-	n := len(p.checks)
-	p.module(name, module, what, usedBy)
-	if len(p.checks) > n && p.checks[n].Status == statusFail {
-		p.checks[n].Status = statusWarn
+		required := slices.Contains(users[s], "--scheduler") || slices.Contains(users[s], "--all-schedulers")
+		if !required {
+			usedBy += "; without it run gives them --scheduler, with an Event"
+		}
+		p.module(name, module, what, usedBy, required)
 	}
 }
 
 // module checks a module with no functional probe: loaded or built in is
 // OK; loadable is OK with a note (the kernel loads it on first use);
-// unknown is a warning; missing fails. what names the feature, usedBy says
-// what needs it.
-func (p *preflight) module(name, module, what, usedBy string) {
+// unknown is a warning; missing fails when required, else warns. what
+// names the feature, usedBy says what needs it.
+func (p *preflight) module(name, module, what, usedBy string, required bool) {
 	info, note := p.moduleState(module)
 	detail := info.Detail + note + "; " + usedBy
 	switch info.State {
@@ -443,8 +433,12 @@ func (p *preflight) module(name, module, what, usedBy string) {
 		p.add(name, statusOK, detail+"; the kernel loads it on first use", "")
 	case kmod.Unknown:
 		p.add(name, statusWarn, detail, moduleRemedy(info, what))
-	default:
-		p.add(name, statusFail, detail, moduleRemedy(info, what))
+	default: // missing: a failure unless run can do without it
+		status := statusWarn
+		if required {
+			status = statusFail
+		}
+		p.add(name, status, detail, moduleRemedy(info, what))
 	}
 }
 
