@@ -3,6 +3,7 @@ package model
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -55,12 +56,19 @@ func Build(svc *Service, endpointSlices []*EndpointSlice, node NodeInfo, cfg Bui
 	b := &planBuilder{svc: svc, node: node, cfg: cfg}
 	b.build(endpointSlices)
 	plan.VirtualServers = b.vss
+	plan.NodeEndpoints = b.nodeEndpoints()
 	plan.Warnings = b.warnings
 	if more := len(b.warned) - len(b.warnings); more > 0 {
 		plan.Warnings = append(plan.Warnings, fmt.Sprintf("and %d more problems", more))
 	}
 	plan.HealthCheckNodePort = b.healthCheckNodePort
 	plan.LocalEndpoints = b.localEndpoints
+	if b.refused != "" {
+		// Nothing of it is programmed; its health check (if any) answers
+		// that the node has no endpoint, so load balancers keep away.
+		plan.Refused = b.refused
+		plan.VirtualServers, plan.NodeEndpoints, plan.LocalEndpoints = nil, nil, 0
+	}
 	return plan
 }
 
@@ -154,6 +162,10 @@ type planBuilder struct {
 	sourceRanges        []netip.Prefix
 	healthCheckNodePort uint16
 	localEndpoints      int // ready endpoints on this node (readyLocal)
+
+	nodeRS      map[netip.Addr]bool // addresses of real servers on this node
+	realServers int                 // real servers built so far (Limits)
+	refused     string              // the Service is over a limit (Limits)
 }
 
 // Bounds of what a Service's warnings hold: they quote what a tenant wrote
@@ -206,8 +218,13 @@ func (b *planBuilder) build(endpointSlices []*EndpointSlice) {
 		}
 	}
 	b.seen = map[ktypes.VSKey]string{}
+	if b.checkSize(addrs); b.refused != "" {
+		return
+	}
 	for i := range b.svc.Spec.Ports {
-		b.buildPort(&b.svc.Spec.Ports[i], addrs)
+		if b.buildPort(&b.svc.Spec.Ports[i], addrs); b.refused != "" {
+			return
+		}
 	}
 	slices.SortFunc(b.vss, func(x, y VSPlan) int { return ktypes.VSKey.Compare(x.VSKey, y.VSKey) })
 }
@@ -572,6 +589,9 @@ func (b *planBuilder) candidates(name string, proto ktypes.Protocol, label strin
 }
 
 func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, portName, label string, cands []buildCandidate) {
+	if b.refused != "" {
+		return
+	}
 	key := ktypes.VSKey{Address: a.addr, Protocol: proto, Port: port}
 	claim := fmt.Sprintf("%s of port %s", a.kind, label)
 	if first, dup := b.seen[key]; dup {
@@ -616,6 +636,7 @@ func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, por
 		switch {
 		case chosen[c.key]:
 			rss = append(rss, ktypes.RealServer{RSKey: c.key, Weight: 1})
+			b.markOnNode(c)
 		case proto != ktypes.TCP:
 			// UDP and SCTP (kube-proxy's rule): an endpoint that is not
 			// chosen loses its real server at once, and the reconciler
@@ -630,12 +651,14 @@ func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, por
 			// the slice (deleting the real server would cut them, since
 			// expire_nodest_conn=1).
 			rss = append(rss, ktypes.RealServer{RSKey: c.key, Weight: 0})
+			b.markOnNode(c)
 		case !c.ready:
 			// Not serving (failing readiness, or terminating and done
 			// serving) but still in a slice: marked Drain, the real
 			// server is kept at weight 0 only while the kernel counts
 			// connections on it (see Diff), never added.
 			rss = append(rss, ktypes.RealServer{RSKey: c.key, Weight: 0, Drain: true})
+			b.markOnNode(c)
 		}
 	}
 	if len(rss) == 0 {
@@ -663,6 +686,30 @@ func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, por
 	if a.kind == KindClusterIP {
 		b.vss[len(b.vss)-1].Routed = InRanges(b.cfg.ServiceRanges, a.addr)
 	}
+	b.checkRealServers(b.vss[len(b.vss)-1])
+}
+
+// markOnNode records a real server's address when its endpoint is on this
+// node.
+func (b *planBuilder) markOnNode(c buildCandidate) {
+	if b.node.Name == "" || c.nodeName != b.node.Name {
+		return
+	}
+	if b.nodeRS == nil {
+		b.nodeRS = map[netip.Addr]bool{}
+	}
+	b.nodeRS[c.addr] = true
+}
+
+// nodeEndpoints is ServicePlan.NodeEndpoints: the addresses markOnNode saw,
+// sorted.
+func (b *planBuilder) nodeEndpoints() []netip.Addr {
+	if len(b.nodeRS) == 0 {
+		return nil
+	}
+	out := slices.Collect(maps.Keys(b.nodeRS))
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
 }
 
 // InRanges reports whether one of the prefixes holds a.

@@ -299,6 +299,9 @@ func TestBuild(t *testing.T) {
 		// and HealthCheckNodePort.
 		localEndpoints int
 		healthCheck    uint16
+		// nodeEndpoints is the plan's NodeEndpoints (this node's real
+		// servers, which the glue masquerades when balanced to themselves).
+		nodeEndpoints []netip.Addr
 	}{
 		// ---- addresses and ports ----
 		{
@@ -564,7 +567,8 @@ func TestBuild(t *testing.T) {
 
 		// ---- traffic policies ----
 		{
-			name: "externalTrafficPolicy Local: external kinds use local endpoints, cluster IP all",
+			name:          "externalTrafficPolicy Local: external kinds use local endpoints, cluster IP all",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.3")},
 			svc: svc(etpLocal, typ(corev1.ServiceTypeLoadBalancer), ports(port("http", "TCP", 80, 30080)),
 				externalIPs("203.0.113.5"), ingress(lbIP("198.51.100.1"))),
 			slices: slices(slice4("web-1", http8080,
@@ -586,7 +590,8 @@ func TestBuild(t *testing.T) {
 			// are served by every endpoint, as by kube-proxy; the glue
 			// drops traffic from outside the cluster. The health check
 			// counts no local endpoint.
-			name: "externalTrafficPolicy Local without local endpoints: external kinds serve in-cluster clients from all",
+			name:          "externalTrafficPolicy Local without local endpoints: external kinds serve in-cluster clients from all",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.4")},
 			svc: svc(etpLocal, typ(corev1.ServiceTypeLoadBalancer), ports(port("http", "TCP", 80, 30080)),
 				externalIPs("203.0.113.5"), ingress(lbIP("198.51.100.1")), func(s *corev1.Service) { s.Spec.HealthCheckNodePort = 32000 }),
 			slices: slices(slice4("web-1", http8080,
@@ -600,9 +605,10 @@ func TestBuild(t *testing.T) {
 			healthCheck: 32000,
 		},
 		{
-			name:   "externalTrafficPolicy Local without any endpoint: in-cluster only, empty",
-			svc:    svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
-			slices: slices(slice4("web-1", http8080, ep("10.1.0.4", on("node-a"), notReady))),
+			name:          "externalTrafficPolicy Local without any endpoint: in-cluster only, empty",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.4")},
+			svc:           svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
+			slices:        slices(slice4("web-1", http8080, ep("10.1.0.4", on("node-a"), notReady))),
 			want: vss(
 				vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.4:8080@d"),
 				inCluster(vs(np, "192.168.1.10:30080", tcp, "http", "10.1.0.4:8080@d")),
@@ -612,8 +618,9 @@ func TestBuild(t *testing.T) {
 			// The fallback still routes to the serving-terminating
 			// endpoint, but the health check counts ready endpoints only
 			// (as kube-proxy), so that load balancers drain the node.
-			name: "externalTrafficPolicy Local: local serving-terminating when no local ready; not counted for the health check",
-			svc:  svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
+			name:          "externalTrafficPolicy Local: local serving-terminating when no local ready; not counted for the health check",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", on("node-a"), terminating), ep("10.1.0.2", on("node-b")))),
 			want: vss(
@@ -623,8 +630,9 @@ func TestBuild(t *testing.T) {
 			localEndpoints: 0,
 		},
 		{
-			name: "externalTrafficPolicy Local: a local terminating endpoint drains beside a local ready one",
-			svc:  svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
+			name:          "externalTrafficPolicy Local: a local terminating endpoint drains beside a local ready one",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.3")},
+			svc:           svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", on("node-a"), terminating), ep("10.1.0.2", on("node-b")), ep("10.1.0.3", on("node-a")),
 				ep("10.1.0.4", on("node-b"), terminating))),
@@ -642,9 +650,10 @@ func TestBuild(t *testing.T) {
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.3:8080@0")),
 		},
 		{
-			name:   "internalTrafficPolicy Local: cluster IP local only, external IP all",
-			svc:    svc(itpLocal, externalIPs("203.0.113.5")),
-			slices: slices(slice4("web-1", http8080, ep("10.1.0.1", on("node-a")), ep("10.1.0.2", on("node-b")))),
+			name:          "internalTrafficPolicy Local: cluster IP local only, external IP all",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(itpLocal, externalIPs("203.0.113.5")),
+			slices:        slices(slice4("web-1", http8080, ep("10.1.0.1", on("node-a")), ep("10.1.0.2", on("node-b")))),
 			want: vss(
 				local(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080")),
 				vs(eip, "203.0.113.5:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080"),
@@ -696,8 +705,9 @@ func TestBuild(t *testing.T) {
 			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080")),
 		},
 		{
-			name: "hints do not apply with externalTrafficPolicy Local",
-			svc:  svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
+			name:          "hints do not apply with externalTrafficPolicy Local",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(etpLocal, typ(corev1.ServiceTypeNodePort), ports(port("http", "TCP", 80, 30080))),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", on("node-a"), forZones("zone-b")), ep("10.1.0.2", on("node-b"), forZones("zone-a")))),
 			want: vss(
@@ -707,7 +717,8 @@ func TestBuild(t *testing.T) {
 			localEndpoints: 1,
 		},
 		{
-			name: "loadBalancerSourceRanges on load balancer IPs only; health check node port",
+			name:          "loadBalancerSourceRanges on load balancer IPs only; health check node port",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.2")},
 			svc: svc(etpLocal, typ(corev1.ServiceTypeLoadBalancer), ports(port("http", "TCP", 80, 30080)),
 				ingress(lbIP("198.51.100.1")), func(s *corev1.Service) {
 					s.Spec.LoadBalancerSourceRanges = []string{"192.0.2.0/24", " 10.20.0.1/16", "bogus"}
@@ -726,20 +737,23 @@ func TestBuild(t *testing.T) {
 		// trafficDistribution acts through the hints the EndpointSlice
 		// controller sets, never through the endpoints' own node or zone.
 		{
-			name:   "trafficDistribution PreferSameNode without hints (hand-made slice): all endpoints",
-			svc:    svc(distribution(corev1.ServiceTrafficDistributionPreferSameNode)),
-			slices: spread,
-			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
+			name:          "trafficDistribution PreferSameNode without hints (hand-made slice): all endpoints",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(distribution(corev1.ServiceTrafficDistributionPreferSameNode)),
+			slices:        spread,
+			want:          vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
 		},
 		{
-			name:   "trafficDistribution PreferClose without hints: all endpoints",
-			svc:    svc(distribution(corev1.ServiceTrafficDistributionPreferClose)),
-			slices: spread,
-			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
+			name:          "trafficDistribution PreferClose without hints: all endpoints",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(distribution(corev1.ServiceTrafficDistributionPreferClose)),
+			slices:        spread,
+			want:          vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
 		},
 		{
-			name: "trafficDistribution PreferSameNode with node hints: the ones hinted for this node",
-			svc:  svc(distribution(corev1.ServiceTrafficDistributionPreferSameNode)),
+			name:          "trafficDistribution PreferSameNode with node hints: the ones hinted for this node",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(distribution(corev1.ServiceTrafficDistributionPreferSameNode)),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", on("node-a"), zone("zone-a"), forNodes("node-a"), forZones("zone-a")),
 				ep("10.1.0.2", on("node-b"), zone("zone-a"), forNodes("node-b"), forZones("zone-a")),
@@ -755,25 +769,28 @@ func TestBuild(t *testing.T) {
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.2:8080")),
 		},
 		{
-			name: "zone hints for another zone only: all endpoints, even with one in this zone",
-			svc:  svc(distribution(corev1.ServiceTrafficDistributionPreferClose)),
+			name:          "zone hints for another zone only: all endpoints, even with one in this zone",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(distribution(corev1.ServiceTrafficDistributionPreferClose)),
 			slices: slices(slice4("web-1", http8080,
 				ep("10.1.0.1", on("node-a"), zone("zone-a"), forZones("zone-b")),
 				ep("10.1.0.2", on("node-b"), zone("zone-b"), forZones("zone-b")))),
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080")),
 		},
 		{
-			name: "some hinted, some not (a controller catching up): all endpoints",
-			svc:  svc(distribution(corev1.ServiceTrafficDistributionPreferClose)),
+			name:          "some hinted, some not (a controller catching up): all endpoints",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(distribution(corev1.ServiceTrafficDistributionPreferClose)),
 			slices: slices(slice4("web-1", http8080, ep("10.1.0.1", on("node-a"), zone("zone-a"), forZones("zone-a"))),
 				slice4("web-2", http8080, ep("10.1.0.2", on("node-b"), zone("zone-a")), ep("10.1.0.3", on("node-c"), zone("zone-b")))),
 			want: vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
 		},
 		{
-			name:   "no trafficDistribution: all endpoints",
-			svc:    svc(),
-			slices: spread,
-			want:   vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
+			name:          "no trafficDistribution: all endpoints",
+			nodeEndpoints: []netip.Addr{netip.MustParseAddr("10.1.0.1")},
+			svc:           svc(),
+			slices:        spread,
+			want:          vss(vs(ci, "10.96.0.10:80", tcp, "http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")),
 		},
 
 		// ---- malformed input ----
@@ -872,6 +889,7 @@ func TestBuild(t *testing.T) {
 
 				LocalEndpoints:      tc.localEndpoints,
 				HealthCheckNodePort: tc.healthCheck,
+				NodeEndpoints:       tc.nodeEndpoints,
 			}
 			if diff := cmp.Diff(want, got, planCmp...); diff != "" {
 				t.Errorf("Build() mismatch (-want +got):\n%s", diff)

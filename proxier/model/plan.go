@@ -105,6 +105,14 @@ type ServicePlan struct {
 	// serving-terminating fallback is not counted, so that load balancers
 	// drain the node while its last endpoints shut down.
 	LocalEndpoints int
+	// NodeEndpoints are the distinct addresses of the real servers whose
+	// endpoints are on this node, sorted: the pods that IPVS may balance
+	// to themselves (hairpin), which the glue masquerades.
+	NodeEndpoints []netip.Addr
+	// Refused, when set, says which limit the Service is over (see
+	// Limits): it then has no virtual servers and counts no local
+	// endpoint, and the agent reports it as failing.
+	Refused string
 }
 
 // NodeInfo is what the builder needs to know of the node it runs on.
@@ -140,4 +148,6 @@ type BuildConfig struct {
 	// local through the proxy's interface: clusterIPs inside one are not
 	// bound (VSPlan.Routed).
 	ServiceRanges []netip.Prefix
+	// Limits bound what one Service may ask of the node.
+	Limits Limits
 }

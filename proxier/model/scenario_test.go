@@ -73,6 +73,15 @@ type scenarioConfig struct {
 	APIServer       []netip.Addr   `json:"apiServer"`
 	Unavailable     []string       `json:"unavailable"`
 	ServiceRanges   []netip.Prefix `json:"serviceRanges"`
+	Limits          scenarioLimits `json:"limits"`
+}
+
+// scenarioLimits is model.Limits in a scenario's config.yaml.
+type scenarioLimits struct {
+	VirtualServers              int `json:"virtualServers"`
+	RealServersPerVirtualServer int `json:"realServersPerVirtualServer"`
+	RealServers                 int `json:"realServers"`
+	SetEntries                  int `json:"setEntries"`
 }
 
 // scenario is one file, decoded.
@@ -203,7 +212,8 @@ func decodeStrict(file string, ar *txtar.Archive, name string, v any) error {
 
 func (c scenarioConfig) toBuildConfig() (model.BuildConfig, error) {
 	out := model.BuildConfig{Scheduler: scheduler.Spec{Name: c.Scheduler}, IPv4: c.IPv4, IPv6: c.IPv6,
-		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer}
+		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer,
+		Limits: model.Limits(c.Limits)}
 	if c.SchedulerFlags != "" {
 		flags, err := scheduler.ParseFlags(c.Scheduler, c.SchedulerFlags)
 		if err != nil {
@@ -306,6 +316,8 @@ func (sc *scenario) build() []scenarioResult {
 //	service NAMESPACE/NAME
 //	  created TIME                                       (when set)
 //	  healthCheck nodePort=N localEndpoints=N            (when either is set)
+//	  refused: TEXT                                      (over a limit)
+//	  nodeEndpoints ADDR ...                             (this node's real servers)
 //	  warning: TEXT                                      (each an Event)
 //	  KIND ADDR:PORT/PROTO SCHED [flags=..] [persistent=Ns] port="NAME" [local]
 //	      [in-cluster-only] [node-address] [routed] [sourceRanges=CIDR,...]
@@ -326,6 +338,12 @@ func dumpPlans(results []scenarioResult) string {
 		}
 		if p.HealthCheckNodePort != 0 || p.LocalEndpoints != 0 {
 			fmt.Fprintf(&b, "  healthCheck nodePort=%d localEndpoints=%d\n", p.HealthCheckNodePort, p.LocalEndpoints)
+		}
+		if p.Refused != "" {
+			fmt.Fprintf(&b, "  refused: %s\n", p.Refused)
+		}
+		if len(p.NodeEndpoints) > 0 {
+			fmt.Fprintf(&b, "  nodeEndpoints %s\n", strings.Trim(fmt.Sprint(p.NodeEndpoints), "[]"))
 		}
 		for _, w := range p.Warnings {
 			fmt.Fprintf(&b, "  warning: %s\n", w)
