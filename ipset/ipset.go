@@ -237,7 +237,52 @@ var (
 	// ErrInUse: the set is referenced by iptables rules and cannot be
 	// destroyed.
 	ErrInUse = errors.New("set is in use by iptables rules")
+	// ErrSetFull: a hash set holds maxelem entries and refused another.
+	ErrSetFull = errors.New("set is full")
 )
+
+// EntryError is one entry that a write refused; the call's other entries
+// were written (as the kernel does). Callers charge it to whoever wanted
+// the entry.
+type EntryError struct {
+	Op, Set string
+	Entry   Entry
+	Err     error
+}
+
+func (e *EntryError) Error() string {
+	return fmt.Sprintf("ipset: %s %s %s: %v", e.Op, e.Set, e.Entry, e.Err)
+}
+
+func (e *EntryError) Unwrap() error { return e.Err }
+
+// RefusedEntries returns the entries that err's EntryErrors name (err may
+// join many), and whether err is nothing but such errors: a write that
+// failed for some entries only, with the set and the call sound.
+func RefusedEntries(err error) (keys []Key, only bool) {
+	if err == nil {
+		return nil, false
+	}
+	only = true
+	var walk func(error)
+	walk = func(e error) {
+		var ee *EntryError
+		switch x := e.(type) {
+		case interface{ Unwrap() []error }:
+			for _, inner := range x.Unwrap() {
+				walk(inner)
+			}
+		default:
+			if errors.As(e, &ee) {
+				keys = append(keys, ee.Entry.Key())
+			} else {
+				only = false
+			}
+		}
+	}
+	walk(err)
+	return keys, only && len(keys) > 0
+}
 
 // Interface is the kernel's IP sets.
 type Interface interface {

@@ -299,12 +299,21 @@ func entryError(op, name string, e Entry, err error) error {
 	var errno syscall.Errno
 	switch {
 	case errors.Is(err, unix.ENOENT):
-		err = ErrNotFound
+		return fmt.Errorf("ipset: %s %s %s: %w", op, name, e, ErrNotFound)
+	case errors.As(err, &errno) && int(errno) == ipsetErrHashFull && e.Addr.IsValid():
+		// Each type numbers its own errors from the same base; only hash
+		// sets' entries have an address (a bitmap:port's code there is
+		// its range error).
+		err = ErrSetFull
 	case errors.As(err, &errno) && int(errno) >= nl.IPSET_ERR_PRIVATE:
 		err = nl.IPSetError(uintptr(errno))
 	}
-	return fmt.Errorf("ipset: %s %s %s: %w", op, name, e, err)
+	return &EntryError{Op: op, Set: name, Entry: e, Err: err}
 }
+
+// ipsetErrHashFull is the hash types' IPSET_ERR_HASH_FULL, the first of
+// their own error codes (the kernel's ip_set_hash.h).
+const ipsetErrHashFull = nl.IPSET_ERR_TYPE_SPECIFIC
 
 // entryMessages packs entries into messages of cmd on set name (one each
 // if single); message j holds entries[bounds[j]:bounds[j+1]], numbered

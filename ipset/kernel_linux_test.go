@@ -313,3 +313,39 @@ func TestKernelBulkWrites(t *testing.T) {
 		t.Errorf("adding to a missing set: %v, want ErrNotFound", err)
 	}
 }
+
+// TestKernelSetFull: a hash set at its maxelem refuses the entries past it
+// with ErrSetFull, each an EntryError naming the entry, and keeps the rest
+// of the call's writes (what the glue charges to the Services that wanted
+// the refused entries).
+func TestKernelSetFull(t *testing.T) {
+	k := newKernel(t)
+	spec := Spec{Name: "IPVSP-T-FULL", Type: HashIPPort, Family: IPv4, MaxElem: 4}
+	if err := k.Create(spec); err != nil {
+		t.Fatal(err)
+	}
+	var entries []Entry
+	for i := range 6 {
+		entries = append(entries, Entry{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), Proto: ktypes.TCP, Port: 80})
+	}
+	err := k.Add(spec.Name, entries...)
+	if !errors.Is(err, ErrSetFull) {
+		t.Fatalf("adding 6 entries to a set of 4: %v, want ErrSetFull", err)
+	}
+	refused, only := RefusedEntries(err)
+	if !only || len(refused) != 2 {
+		t.Errorf("RefusedEntries = %v (only entry errors: %v), want the 2 entries past maxelem", refused, only)
+	}
+	got, lerr := k.List(spec.Name)
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if len(got.Entries) != 4 {
+		t.Errorf("the set holds %d entries, want 4 (its maxelem)", len(got.Entries))
+	}
+	for _, r := range refused {
+		if slices.ContainsFunc(got.Entries, func(e Entry) bool { return e.Key() == r }) {
+			t.Errorf("refused entry %s is in the set", r.Entry())
+		}
+	}
+}

@@ -342,11 +342,16 @@ func (f *Sets) write(op, name string, entries []ipset.Entry, add bool) error {
 	if !ok {
 		return fmt.Errorf("ipset: %s %s: %w", strings.ToLower(op), name, ipset.ErrNotFound)
 	}
-	// Like the kernel: an entry refused does not stop the others.
+	// Like the kernel: an entry refused does not stop the others, and a
+	// hash set refuses entries past its maxelem.
 	var errs []error
 	for _, e := range entries {
-		if err := s.spec.Type.Check(s.spec.Family, e); err != nil {
-			errs = append(errs, fmt.Errorf("ipset: %s %s: %w", strings.ToLower(op), name, err))
+		refused := s.spec.Type.Check(s.spec.Family, e)
+		if refused == nil && add && !s.entries[e] && s.spec.MaxElem > 0 && len(s.entries) >= int(s.spec.MaxElem) {
+			refused = ipset.ErrSetFull
+		}
+		if refused != nil {
+			errs = append(errs, &ipset.EntryError{Op: strings.ToLower(op), Set: name, Entry: e, Err: refused})
 			continue
 		}
 		if add {
