@@ -44,7 +44,22 @@ type Sets struct {
 	sets   map[string]*set
 	calls  []Call
 	inject ErrorFunc
+	refuse RefuseFunc
 	owner  ipset.Owner
+}
+
+// RefuseFunc decides whether a write refuses one entry of a set, as the
+// kernel refuses one (a full set, an entry it does not take): the error
+// becomes that entry's ipset.EntryError, and the call's other entries are
+// written.
+type RefuseFunc func(set string, e ipset.Entry) error
+
+// RefuseEntries makes later writes ask fn about each entry (nil: none is
+// refused).
+func (f *Sets) RefuseEntries(fn RefuseFunc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refuse = fn
 }
 
 var _ ipset.Interface = (*Sets)(nil)
@@ -349,6 +364,9 @@ func (f *Sets) write(op, name string, entries []ipset.Entry, add bool) error {
 		refused := s.spec.Type.Check(s.spec.Family, e)
 		if refused == nil && add && !s.entries[e] && s.spec.MaxElem > 0 && len(s.entries) >= int(s.spec.MaxElem) {
 			refused = ipset.ErrSetFull
+		}
+		if refused == nil && f.refuse != nil {
+			refused = f.refuse(name, e)
 		}
 		if refused != nil {
 			errs = append(errs, &ipset.EntryError{Op: strings.ToLower(op), Set: name, Entry: e, Err: refused})

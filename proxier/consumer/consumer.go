@@ -25,6 +25,21 @@ type Consumer interface {
 	Sync(full bool) error
 }
 
+// ServiceReporter is a Consumer that can fail for single Services (a Service
+// over a limit of the consumer's, an entry the kernel refused) without
+// failing its Sync: it tells which Services it could not program as of its
+// last Sync, and why. The agent reports them as failing, each on its own
+// Service.
+type ServiceReporter interface {
+	Consumer
+	ServiceFailures() map[types.NamespacedName]string
+	// Retry reports whether some of those failures may pass at a later
+	// Sync (a write the kernel refused): the consumer is then synced
+	// again after its backoff, as after a failed Sync. Failures that
+	// stand until the Service changes (over a limit) ask for none.
+	Retry() bool
+}
+
 // AfterReconciler is a Consumer that syncs after the reconciler in each
 // sync, not beside it: the health-check server, whose 200 tells a load
 // balancer to send the node traffic that IPVS must already serve.

@@ -96,13 +96,11 @@ func (g *Glue) applyCheck(st *Stats) []error {
 	added, deleted := st.Added, st.Deleted
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
 		r := res.sets[id]
-		s, err := g.syncer.SyncRead(id.spec(), g.refs[id], r.set, r.err)
+		s, err := g.syncer.SyncRead(id.spec(g.refs[id].Len()), g.refs[id], r.set, r.err)
 		st.add(s)
-		if err != nil {
-			errs = append(errs, g.setError(id, err))
-			continue
+		if err := g.afterSetSync(id, err); err != nil {
+			errs = append(errs, err)
 		}
-		delete(g.dirty, id)
 	}
 	st.CheckAdded, st.CheckDeleted = st.Added-added, st.Deleted-deleted
 	rulesStart := g.clock.Now()

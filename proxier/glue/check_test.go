@@ -155,8 +155,8 @@ func TestPeriodicFullSyncLetsChangesThrough(t *testing.T) {
 	want := []ipsetfake.Call{
 		"Add IPVSP-CLUSTER-IP 10.96.0.3,tcp:80",
 		"Add IPVSP-EXTERNAL 10.0.2.15,tcp:30002",
+		"Add IPVSP-VIP 10.96.0.3", // protection before acceptance
 		"Add IPVSP-SERVICE 10.0.2.15,tcp:30002 10.96.0.3,tcp:80",
-		"Add IPVSP-VIP 10.96.0.3",
 		"Add IPVSP-HAIRPIN 10.100.0.4,tcp:8080,10.100.0.4",
 	}
 	if diff := cmp.Diff(want, changeWrites); diff != "" {

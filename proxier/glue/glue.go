@@ -58,6 +58,11 @@ type Config struct {
 	IPv4, IPv6 bool
 	// Clock is the proxier's clock (Config.Clock); default the real one.
 	Clock clock.PassiveClock
+	// SetEntriesPerService bounds one Service's entries in the sets
+	// (model.Limits.SetEntries); 0: no bound. A Service over it gets no
+	// entry, so SERVICE does not accept its virtual servers, and is
+	// reported (ServiceFailures).
+	SetEntriesPerService int
 }
 
 // Glue programs the iptables glue. It is a consumer.Consumer and, like the
@@ -83,6 +88,13 @@ type Glue struct {
 	nodeAddrs []netip.Addr
 	ranges    []netip.Prefix // SetServiceRanges
 
+	// Failures charged to Services (failures.go): those over the limit,
+	// those whose entries each set refused at its last sync, and those
+	// kept out of SERVICE because a set restricting them refused theirs.
+	overLimit map[types.NamespacedName]string
+	refused   map[setID]map[types.NamespacedName]string
+	withheld  map[types.NamespacedName]bool
+
 	synced bool // a full sync has succeeded
 	failed bool // the last sync failed: the next full one runs whole in the loop
 
@@ -107,6 +119,10 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		refs:    map[setID]*ipset.Counts{},
 		dirty:   map[setID]struct{}{},
 		check:   consumer.NewOffLoop[checkResult](cfg.Clock),
+
+		overLimit: map[types.NamespacedName]string{},
+		refused:   map[setID]map[types.NamespacedName]string{},
+		withheld:  map[types.NamespacedName]bool{},
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
 		g.refs[id] = ipset.NewCounts()
@@ -190,7 +206,7 @@ func (g *Glue) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 
 // recompute replaces a Service's entries with those of its current plan.
 func (g *Glue) recompute(name types.NamespacedName) {
-	next := serviceEntries(g.plans[name], g.nodeAddrs)
+	next := g.entriesOf(name)
 	prev := g.contrib[name]
 	for _, se := range next {
 		g.ref(se.set.id(), se.k, 1)
@@ -294,13 +310,11 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		// In the loop every set is read again; otherwise the Syncer
 		// writes what changed since the set's last sync (or, after a
 		// failed write, reads it again).
-		s, err := g.syncer.Sync(id.spec(), g.refs[id], inLoop)
+		s, err := g.syncer.Sync(id.spec(g.refs[id].Len()), g.refs[id], inLoop)
 		st.add(s)
-		if err != nil {
-			errs = append(errs, g.setError(id, err))
-			continue
+		if err := g.afterSetSync(id, err); err != nil {
+			errs = append(errs, err)
 		}
-		delete(g.dirty, id)
 	}
 	st.SetWriteTime = g.clock.Since(setsStart) - st.SetReadTime
 	if inLoop {

@@ -86,7 +86,7 @@ func service(i int) *model.ServicePlan {
 	return &model.ServicePlan{Service: name(fmt.Sprint("s", i)), VirtualServers: []model.VSPlan{
 		vs(model.KindClusterIP, ip, tcp, 80, rs),
 		vs(model.KindNodePort, "10.0.2.15", tcp, uint16(30000+i%2768), rs),
-	}}
+	}, NodeEndpoints: []netip.Addr{netip.MustParseAddrPort(rs).Addr()}} // its endpoint is on this node
 }
 
 // TestRuleDumpConstant: the rules applied for 10 and for 10,000 Services
@@ -122,10 +122,11 @@ func TestRuleDumpConstant(t *testing.T) {
 // not those another Service still needs; nothing runs iptables.
 func TestSyncByDifference(t *testing.T) {
 	b := newBed(t, dualStack)
+	local := []netip.Addr{addr("10.100.1.2"), addr("10.100.2.2")} // both on this node: hairpin
 	a := &model.ServicePlan{Service: name("a"), VirtualServers: []model.VSPlan{
 		vs(model.KindClusterIP, "10.96.0.10", tcp, 80, "10.100.1.2:8080"),
 		vs(model.KindExternalIP, "10.251.0.10", tcp, 80, "10.100.1.2:8080"),
-	}}
+	}, NodeEndpoints: local}
 	c := &model.ServicePlan{Service: name("c"), VirtualServers: []model.VSPlan{
 		vs(model.KindExternalIP, "10.251.0.10", tcp, 443, "10.100.1.2:8443"),
 	}}
@@ -154,8 +155,8 @@ func TestSyncByDifference(t *testing.T) {
 	want := []ipsetfake.Call{
 		"Del IPVSP-CLUSTER-IP 10.96.0.10,tcp:80",
 		"Del IPVSP-EXTERNAL 10.251.0.10,tcp:80",
-		"Del IPVSP-SERVICE 10.96.0.10,tcp:80 10.251.0.10,tcp:80",
 		"Del IPVSP-VIP 10.96.0.10",
+		"Del IPVSP-SERVICE 10.96.0.10,tcp:80 10.251.0.10,tcp:80",
 		"Del IPVSP-HAIRPIN 10.100.1.2,tcp:8080,10.100.1.2 10.100.2.2,tcp:8080,10.100.2.2",
 	}
 	if diff := cmp.Diff(want, b.sets.Calls()); diff != "" {

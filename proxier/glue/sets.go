@@ -54,21 +54,30 @@ type setType struct {
 	typ  ipset.Type
 }
 
-// setTypes gives each base name its type, in a fixed order.
+// setTypes gives each base name its type, in the order a sync writes them:
+// the sets that restrict a virtual server (protection, source ranges,
+// in-cluster only) before SERVICE, the one that accepts it, so that a
+// virtual server is accepted only once its restrictions are in place, and
+// a Service whose restrictions could not be written is kept out of
+// SERVICE (Glue.withheld): it fails closed, not open.
 var setTypes = []setType{
 	{setClusterIP, ipset.HashIPPort},
 	{setExternal, ipset.HashIPPort},
-	{setInClusterOnly, ipset.HashIPPort},
-	{setService, ipset.HashIPPort},
 	{setVIP, ipset.HashIP},
 	{setServiceRange, ipset.HashNet},
+	{setInClusterOnly, ipset.HashIPPort},
 	{setLBFirewall, ipset.HashIPPort},
 	{setLBSource, ipset.HashIPPortNet},
 	{setLBSourceIP, ipset.HashIPPortIP},
+	{setService, ipset.HashIPPort},
 	{setHairpin, ipset.HashIPPortIP},
 	{setClusterCIDR, ipset.HashNet},
 	{setHealthCheck, ipset.BitmapPort},
 }
+
+// restricts reports whether a set's entries restrict who reaches a virtual
+// server that SERVICE accepts (a missing entry would let too much in).
+func restricts(base string) bool { return base == setInClusterOnly || base == setLBFirewall }
 
 // SetName is the name of a set of a family (ipset.None for the bitmap).
 func SetName(base string, f ipset.Family) string {
@@ -86,17 +95,34 @@ type setID struct {
 
 func (id setID) name() string { return SetName(id.base, id.fam) }
 
-func (id setID) spec() ipset.Spec {
+// spec is the set's spec when it is to hold n entries: a hash set's
+// maxelem is ipset.DefaultMaxElem, or twice n rounded up to a power of two
+// when that is more, so a set never fills (the Services' limits bound each
+// Service's share; their number, the apiserver's quotas). A size that
+// changes is a new spec: the Syncer fills a set of the new size and swaps
+// it in.
+func (id setID) spec(n int) ipset.Spec {
 	for _, st := range setTypes {
 		if st.base == id.base {
 			s := ipset.Spec{Name: id.name(), Type: st.typ, Family: id.fam}
 			if st.typ == ipset.BitmapPort {
 				s.PortFrom, s.PortTo = 0, 65535
+			} else {
+				s.MaxElem = maxElemFor(n)
 			}
 			return s.Normalized()
 		}
 	}
 	panic("glue: unknown set " + id.base)
+}
+
+// maxElemFor is the maxelem of a hash set of n entries (see setID.spec).
+func maxElemFor(n int) uint32 {
+	size := uint64(ipset.DefaultMaxElem)
+	for size < 2*uint64(n) && size < 1<<31 {
+		size *= 2
+	}
+	return uint32(size)
 }
 
 // setIDs lists the sets of the enabled families, in a fixed order.
@@ -164,7 +190,9 @@ func (h *held) add(base string, fam ipset.Family, en ipset.Entry) {
 
 // serviceEntries computes the set entries of one Service's plan: a pure
 // function of the plan and the node's addresses (which decide whether the
-// node itself may reach a LoadBalancer IP that has source ranges).
+// node itself may reach a LoadBalancer IP that has source ranges). Hairpin
+// entries are for the real servers on this node only (plan.NodeEndpoints):
+// only a local pod can be balanced to itself.
 func serviceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 	if plan == nil {
 		return nil
@@ -193,7 +221,9 @@ func serviceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 			firewall(&out, vs, key, nodeAddrs)
 		}
 		for _, rs := range vs.RealServers {
-			out.add(setHairpin, fam, ipset.Entry{Addr: rs.Address, Proto: vs.Protocol, Port: rs.Port, Addr2: rs.Address})
+			if _, local := slices.BinarySearchFunc(plan.NodeEndpoints, rs.Address, netip.Addr.Compare); local {
+				out.add(setHairpin, fam, ipset.Entry{Addr: rs.Address, Proto: vs.Protocol, Port: rs.Port, Addr2: rs.Address})
+			}
 		}
 	}
 	// Each entry once (two ports of one VIP both add the VIP), in a list of

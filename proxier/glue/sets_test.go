@@ -63,6 +63,10 @@ func TestServiceEntries(t *testing.T) {
 			np, ext, lb, cip6,
 		},
 		HealthCheckNodePort: 31000,
+		// 10.100.2.2 is on another node: it is never balanced to itself
+		// here, so it has no hairpin entry (kube-proxy's KUBE-LOOP-BACK
+		// holds this node's endpoints only, too).
+		NodeEndpoints: []netip.Addr{addr("10.100.1.2"), addr("fd00:101::2")},
 	}
 	got := serviceEntries(plan, []netip.Addr{addr("10.0.2.15")}).render()
 	want := []string{
@@ -74,7 +78,7 @@ func TestServiceEntries(t *testing.T) {
 		// The node port and the LoadBalancer IP (Cluster) are masqueraded,
 		// the Local externalIP is not.
 		"IPVSP-EXTERNAL: 10.0.2.15,tcp:30080 10.251.0.11,tcp:80",
-		"IPVSP-HAIRPIN: 10.100.1.2,tcp:8080,10.100.1.2 10.100.2.2,tcp:8080,10.100.2.2",
+		"IPVSP-HAIRPIN: 10.100.1.2,tcp:8080,10.100.1.2",
 		"IPVSP-HC-NODE-PORT: 31000",
 		"IPVSP-LB-FW: 10.251.0.11,tcp:80",
 		// Ranges of the other family are left out.
@@ -138,7 +142,8 @@ func TestServiceEntriesNodeAddress(t *testing.T) {
 	ext.NodeAddress = true
 	lb := vs(model.KindLoadBalancer, "10.0.3.15", tcp, 80, "10.100.1.2:8080")
 	lb.NodeAddress = true
-	plan := &model.ServicePlan{Service: types.NamespacedName{Namespace: "ns", Name: "a"}, VirtualServers: []model.VSPlan{ext, lb}}
+	plan := &model.ServicePlan{Service: types.NamespacedName{Namespace: "ns", Name: "a"}, VirtualServers: []model.VSPlan{ext, lb},
+		NodeEndpoints: []netip.Addr{addr("10.100.1.2")}}
 	want := []string{
 		"IPVSP-EXTERNAL: 10.0.2.15,tcp:80 10.0.3.15,tcp:80",
 		"IPVSP-HAIRPIN: 10.100.1.2,tcp:8080,10.100.1.2",
