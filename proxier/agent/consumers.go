@@ -115,6 +115,19 @@ func (cs *consumerSet) sync(now time.Time, full, after bool) error {
 			errs = append(errs, fmt.Errorf("%s: %w", c.Name(), err))
 			continue
 		}
+		if sr, ok := c.(consumer.ServiceReporter); ok && sr.Retry() {
+			// Healthy, but some Service's writes were refused: again
+			// after the backoff.
+			// (A partial sync meanwhile leaves the backoff as it is.)
+			if b == nil {
+				b = &reconciler.Backoff{}
+				cs.retry[i] = b
+				b.Fail(now, cs.retryBase, cs.retryMax)
+			} else if cfull {
+				b.Fail(now, cs.retryBase, cs.retryMax)
+			}
+			continue
+		}
 		if cfull || b == nil {
 			delete(cs.retry, i)
 		}

@@ -27,7 +27,7 @@ type Planner struct{ bcfg model.BuildConfig }
 // schedulers the kernel cannot load (their Services get the default one).
 func (c Config) Planner(unavailable map[string]bool) Planner {
 	return Planner{bcfg: model.BuildConfig{Scheduler: c.Scheduler, IPv4: c.IPv4, IPv6: c.IPv6,
-		Unavailable: unavailable, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer}}
+		Unavailable: unavailable, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer, Limits: c.Limits}}
 }
 
 // OnNodeIPv6 fits the families to the node: where its kernel has no IPv6

@@ -44,7 +44,9 @@ type Config struct {
 	NodeWithoutIPv6 bool
 	// APIServer are the apiserver's addresses (APIServerAddresses): never
 	// an externalIP's or a LoadBalancer IP's virtual server.
-	APIServer     []netip.Addr
+	APIServer []netip.Addr
+	// Limits bound what one Service may ask of the node (model.Limits).
+	Limits        model.Limits
 	MinSyncPeriod time.Duration
 	SyncPeriod    time.Duration
 	// RetryBase is the first retry delay of a failed Service or consumer,
@@ -82,6 +84,7 @@ type Proxier struct {
 	rec       *reconciler.Reconciler
 	consumers *consumerSet
 	reporter  *reporter
+	failures  *serviceFailures // Services failing outside the reconciler
 	// statusMu makes a sync's outcome (the reporter's health, the
 	// tracker's pendingSince) one change as Status sees it.
 	statusMu sync.Mutex
@@ -118,6 +121,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		rec:       reconciler.NewReconciler(ipvs, links, rcfg, log),
 		consumers: newConsumerSet(cfg.RetryBase, retryMax, log),
 		reporter:  newReporter(metrics, recorder, cfg.Clock, log),
+		failures:  newServiceFailures(),
 		listed:    make(chan struct{}),
 	}
 }
@@ -331,7 +335,8 @@ func (p *Proxier) SyncOnce(full bool) error {
 func (p *Proxier) recordOutcome(start time.Time, a applied, recErr, nodeErr error) bool {
 	p.statusMu.Lock()
 	defer p.statusMu.Unlock()
-	if healthErr := p.reporter.record(start, a.stats, a.consumers, p.rec, recErr, nodeErr); healthErr != nil {
+	p.reportFailures()
+	if healthErr := p.reporter.record(start, a.stats, a.consumers, failingOutcome{p.rec, p.failures}, recErr, nodeErr); healthErr != nil {
 		p.tracker.queued()
 		return false
 	}
@@ -365,6 +370,7 @@ func (p *Proxier) apply(full bool) applied {
 	afterStart := p.clock.Now()
 	consumerErr = errors.Join(consumerErr, p.consumers.sync(afterStart, d.Full, true))
 	consumers += p.clock.Since(afterStart)
+	p.failures.fromConsumers(p.consumers.list)
 	return applied{stats: st, recErr: err, consumerErr: consumerErr, consumers: consumers}
 }
 
@@ -406,6 +412,7 @@ func (p *Proxier) build(in syncInputs) {
 		}
 		p.rec.SetPlan(n, plan)
 		p.consumers.setPlan(n, plan)
+		p.failures.setPlan(n, plan)
 	}
 	p.reporter.changed(in.changed)
 	for _, n := range p.rec.ConflictChanges() {

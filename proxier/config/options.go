@@ -74,6 +74,12 @@ type Options struct {
 
 	// Migration.
 	TakeoverKubeProxy bool `json:"takeoverKubeProxy" versioned:"takeoverKubeProxy"`
+
+	// What one Service may ask of the node (model.Limits; 0: the default).
+	ServiceMaxVirtualServers   int `json:"serviceMaxVirtualServers" versioned:"serviceLimits.virtualServers"`
+	ServiceMaxRealServersPerVS int `json:"serviceMaxRealServersPerVirtualServer" versioned:"serviceLimits.realServersPerVirtualServer"`
+	ServiceMaxRealServers      int `json:"serviceMaxRealServers" versioned:"serviceLimits.realServers"`
+	ServiceMaxSetEntries       int `json:"serviceMaxSetEntries" versioned:"serviceLimits.setEntries"`
 }
 
 // DefaultOptions returns the options' defaults: kube-proxy's where the same
@@ -122,6 +128,11 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.TCPTimeout, "ipvs-tcp-timeout", o.TCPTimeout, "IPVS timeout of idle TCP connections (0: leave as is).")
 	fs.DurationVar(&o.TCPFinTimeout, "ipvs-tcpfin-timeout", o.TCPFinTimeout, "IPVS timeout of TCP connections after FIN (0: leave as is).")
 	fs.DurationVar(&o.UDPTimeout, "ipvs-udp-timeout", o.UDPTimeout, "IPVS timeout of UDP flows (0: leave as is).")
+	def := model.DefaultLimits()
+	fs.IntVar(&o.ServiceMaxVirtualServers, "service-max-virtual-servers", o.ServiceMaxVirtualServers, fmt.Sprintf("Most virtual servers one Service may have (ports × addresses); a Service over a limit is not programmed, with an Event (0: %d).", def.VirtualServers))
+	fs.IntVar(&o.ServiceMaxRealServersPerVS, "service-max-real-servers-per-virtual-server", o.ServiceMaxRealServersPerVS, fmt.Sprintf("Most real servers of one virtual server (0: %d).", def.RealServersPerVirtualServer))
+	fs.IntVar(&o.ServiceMaxRealServers, "service-max-real-servers", o.ServiceMaxRealServers, fmt.Sprintf("Most real servers of one Service, and endpoint ports of its EndpointSlices (0: %d).", def.RealServers))
+	fs.IntVar(&o.ServiceMaxSetEntries, "service-max-set-entries", o.ServiceMaxSetEntries, fmt.Sprintf("Most entries of one Service in the iptables glue's ipsets (0: %d).", def.SetEntries))
 	fs.IntVar(&o.ConntrackMaxPerCore, "conntrack-max-per-core", o.ConntrackMaxPerCore, "Connection-tracking entries per CPU (nf_conntrack_max, at least --conntrack-min; 0: leave the kernel's limit).")
 	fs.IntVar(&o.ConntrackMin, "conntrack-min", o.ConntrackMin, "Minimum of nf_conntrack_max, whatever the number of CPUs.")
 	fs.DurationVar(&o.ConntrackTCPEstablishedTimeout, "conntrack-tcp-timeout-established", o.ConntrackTCPEstablishedTimeout, "Conntrack timeout of idle established TCP connections (0: leave as is).")
@@ -239,6 +250,12 @@ func (o *Options) ProxierConfig() (agent.Config, netlinkutil.Timeouts, error) {
 			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--service-cidrs: %s would make every address local", p)
 		}
 	}
+	cfg.Limits = model.Limits{VirtualServers: o.ServiceMaxVirtualServers, RealServersPerVirtualServer: o.ServiceMaxRealServersPerVS,
+		RealServers: o.ServiceMaxRealServers, SetEntries: o.ServiceMaxSetEntries}
+	if err := cfg.Limits.Validate(); err != nil {
+		return cfg, netlinkutil.Timeouts{}, err
+	}
+	cfg.Limits = cfg.Limits.OrDefault()
 	for name, d := range map[string]time.Duration{"ipvs-tcp-timeout": o.TCPTimeout, "ipvs-tcpfin-timeout": o.TCPFinTimeout, "ipvs-udp-timeout": o.UDPTimeout} {
 		if d < 0 || (d > 0 && d < time.Second) {
 			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--%s: %s must be 0 or at least 1s", name, d)
@@ -260,7 +277,7 @@ func (o *Options) GlueConfig(cfg agent.Config) (glue.Config, error) {
 		return glue.Config{}, fmt.Errorf("--iptables-backend: %q is not auto, nft or legacy", o.IPTablesBackend)
 	}
 	g := glue.Config{Interface: cfg.Interface, NodePortAddresses: cfg.NodePortAddresses, ClusterCIDRs: cidrs,
-		MasqueradeAll: o.MasqueradeAll, IPv4: cfg.IPv4, IPv6: cfg.IPv6}
+		MasqueradeAll: o.MasqueradeAll, IPv4: cfg.IPv4, IPv6: cfg.IPv6, SetEntriesPerService: cfg.Limits.SetEntries}
 	switch o.DetectLocalMode {
 	case "", DetectClusterCIDR:
 	case DetectNodeCIDR:

@@ -60,6 +60,10 @@ metricsBindAddress: 0.0.0.0:10249
 healthzBindAddress: 127.0.0.1:10256
 profiling: true
 takeoverKubeProxy: true
+serviceMaxVirtualServers: 1000
+serviceMaxRealServersPerVirtualServer: 2000
+serviceMaxRealServers: 3000
+serviceMaxSetEntries: 4000
 `
 
 // everyOptionVersioned is everyOptionFlat as an IPVSProxyConfiguration.
@@ -106,6 +110,11 @@ logging:
   level: debug
   format: console
 takeoverKubeProxy: true
+serviceLimits:
+  virtualServers: 1000
+  realServersPerVirtualServer: 2000
+  realServers: 3000
+  setEntries: 4000
 `
 
 // everyOptionFlags sets every option on the command line.
@@ -119,7 +128,8 @@ var everyOptionFlags = []string{
 	"--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m", "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
 	"--masquerade-all", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0", "--pod-interface-name-prefix=veth",
 	"--iptables-backend=nft", "--strict-arp", "--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=127.0.0.1:10256",
-	"--profiling", "--takeover-kube-proxy",
+	"--profiling", "--takeover-kube-proxy", "--service-max-virtual-servers=1000", "--service-max-real-servers-per-virtual-server=2000",
+	"--service-max-real-servers=3000", "--service-max-set-entries=4000",
 }
 
 // TestVersionedEqualsFlatAndFlags: an IPVSProxyConfiguration gives the

@@ -62,6 +62,24 @@ type IPVSProxyConfiguration struct {
 	// IPVS mode, in place (--takeover-kube-proxy). At the top: a one-off
 	// switch of the migration, of no group.
 	TakeoverKubeProxy bool `json:"takeoverKubeProxy"`
+	// ServiceLimits bound what one Service may ask of the node; a Service
+	// over one is not programmed, with an Event.
+	ServiceLimits ServiceLimitsConfiguration `json:"serviceLimits"`
+}
+
+// ServiceLimitsConfiguration bounds one Service; 0 takes the default.
+type ServiceLimitsConfiguration struct {
+	// VirtualServers: its ports × its addresses
+	// (--service-max-virtual-servers).
+	VirtualServers int32 `json:"virtualServers"`
+	// RealServersPerVirtualServer
+	// (--service-max-real-servers-per-virtual-server).
+	RealServersPerVirtualServer int32 `json:"realServersPerVirtualServer"`
+	// RealServers in all, and endpoint ports of its EndpointSlices
+	// (--service-max-real-servers).
+	RealServers int32 `json:"realServers"`
+	// SetEntries in the iptables glue's ipsets (--service-max-set-entries).
+	SetEntries int32 `json:"setEntries"`
 }
 
 // ClientConnectionConfiguration is how ipvs-proxy reaches the apiserver.
