@@ -164,6 +164,10 @@ func TestChaosMalformedObjects(t *testing.T) {
 		expectVirtualServers(svc.Spec.ClusterIP, 0)
 	})
 
+	t.Run("Services over the limits", func(t *testing.T) {
+		e.overLimits(t, ns, bes)
+	})
+
 	t.Run("clusterIP outside the Service range", func(t *testing.T) {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "outside"},
@@ -184,7 +188,7 @@ func TestChaosMalformedObjects(t *testing.T) {
 	}
 	chaos.Record(t, "", chaos.Row{
 		Case: "malformed-objects", TrafficAttempted: attempts + 1, TrafficFailed: failed, Leaks: leaks,
-		Notes: "250 ports; 1,000 endpoints in a slice; externalIP = node address (node keeps it); FQDN + unmatched port name (Event); bad scheduler flags (Event); clusterIP out of range refused by the apiserver; leaks = virtual servers left on deleted Services' IPs",
+		Notes: "250 ports; 1,000 endpoints in a slice; 1,024 externalIPs × 1,025 ports and slices of 1M endpoint ports (refused, Event, nothing else touched); externalIP = node address (node keeps it); FQDN + unmatched port name (Event); bad scheduler flags (Event); clusterIP out of range refused by the apiserver; leaks = virtual servers left on deleted Services' IPs",
 	})
 }
 
