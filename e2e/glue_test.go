@@ -660,3 +660,43 @@ func TestGlueLocalPolicyInClusterClients(t *testing.T) {
 	e.expectClients(t, bed.ClientNetns, nodePort, bed.ClientAddr)
 	e.expectBackends(t, "tcp", hostPort(lbIP, 80), names(local))
 }
+
+// TestGlueHostFirewallDecides: the host's own firewall keeps its say over
+// node ports (issue 41): an operator's rule after ipvs-proxy's jump in
+// filter INPUT that drops a node port drops it, as with kube-proxy's IPVS
+// mode (ipvs-proxy's chain lets Service traffic past, it does not accept
+// it); without the rule the node port answers. Accepting ahead of the
+// host's rules is the explicit option acceptServiceTraffic (rule dumps:
+// TestRulesDumpVariants).
+func TestGlueHostFirewallDecides(t *testing.T) {
+	e := setup(t)
+	e.logGlueState(t)
+	ns := e.namespace(t)
+	bes := e.backends(t, 1)
+	svc := e.createService(t, ns, "fw", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	nodePort := fmt.Sprint(svc.Spec.Ports[0].NodePort)
+	addr := hostPort(nodeAddr, svc.Spec.Ports[0].NodePort)
+	e.expectClients(t, bed.ClientNetns, addr, gateway(bes[0]))
+
+	// The operator's host firewall, appended after ipvs-proxy's jump.
+	rule := []string{"INPUT", "-p", "tcp", "--dport", nodePort, "-m", "comment", "--comment", "operator: node port closed", "-j", "DROP"}
+	e.vmRun(t, append([]string{"iptables", "-A"}, rule...)...)
+	removed := false
+	remove := func() {
+		if !removed {
+			removed = true
+			e.vmRun(t, append([]string{"iptables", "-D"}, rule...)...)
+		}
+	}
+	t.Cleanup(remove)
+	if res := e.hitFrom(t, bed.ClientNetns, "tcp", addr, 2, 2*time.Second); len(res.Answers) > 0 {
+		t.Errorf("node port %s answered %v through the host's DROP rule: ipvs-proxy accepted it ahead of the host's firewall", addr, res.Answers)
+	}
+	// The clusterIP, which the rule does not name, still answers.
+	e.expectBackends(t, "tcp", hostPort(svc.Spec.ClusterIP, 80), names(bes))
+	remove()
+	e.expectClients(t, bed.ClientNetns, addr, gateway(bes[0]))
+}

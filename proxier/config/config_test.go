@@ -148,7 +148,7 @@ func TestConfigErrors(t *testing.T) {
 	testConfigErrors(t, []configErrorCase{
 		{"unknown field, near a known one", "schedular: rr\n", []string{`unknown field "schedular" (did you mean "scheduler"?)`}, nil},
 		{"unknown field, case differs", "SyncPeriod: 1s\n", []string{`unknown field "SyncPeriod" (did you mean "syncPeriod"?)`}, nil},
-		{"unknown field, far from any", "frobnicate: true\n", []string{`unknown field "frobnicate" (known: clusterCIDRs, `}, nil},
+		{"unknown field, far from any", "frobnicate: true\n", []string{`unknown field "frobnicate" (known: acceptServiceTraffic, clusterCIDRs, `}, nil},
 		{"duration as a number", "syncPeriod: 30\n", []string{"syncPeriod: want a duration such as 30s or 1m30s, got a number"}, nil},
 		{"bad duration", "syncPeriod: soon\n", []string{`syncPeriod: "soon" is not a duration`}, nil},
 		{"bool of the wrong type", "masqueradeAll: sometimes\n", []string{"masqueradeAll: want true or false, got a string"}, nil},

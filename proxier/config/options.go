@@ -59,6 +59,9 @@ type Options struct {
 	// The iptables glue.
 	ClusterCIDRs  []string `json:"clusterCIDRs" versioned:"clusterCIDRs"`
 	MasqueradeAll bool     `json:"masqueradeAll" versioned:"iptables.masqueradeAll"`
+	// AcceptServiceTraffic accepts Service traffic in filter INPUT ahead of
+	// the host's firewall rules.
+	AcceptServiceTraffic bool `json:"acceptServiceTraffic" versioned:"iptables.acceptServiceTraffic"`
 	// How pods' (in-cluster) traffic is told apart, as kube-proxy's
 	// detectLocalMode and detectLocal.
 	DetectLocalMode        string `json:"detectLocalMode" versioned:"detectLocalMode"`
@@ -144,6 +147,7 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "Log format: json or console.")
 	fs.StringSliceVar(&o.ClusterCIDRs, "cluster-cidr", o.ClusterCIDRs, "The pods' CIDRs: traffic to clusterIPs from outside them is masqueraded.")
 	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", o.MasqueradeAll, "Masquerade all traffic to clusterIPs.")
+	fs.BoolVar(&o.AcceptServiceTraffic, "iptables-accept-service-traffic", o.AcceptServiceTraffic, "Accept traffic to Services' virtual servers (node ports among them) in filter INPUT, ahead of the host's own firewall rules, for hosts whose INPUT drops by default (default: the host's rules decide, as with kube-proxy's IPVS mode).")
 	fs.StringVar(&o.DetectLocalMode, "detect-local-mode", o.DetectLocalMode, "How pods' traffic is told from the rest: ClusterCIDR (--cluster-cidr), NodeCIDR (the Node's podCIDRs), BridgeInterface (--pod-bridge-interface) or InterfaceNamePrefix (--pod-interface-name-prefix).")
 	fs.StringVar(&o.PodBridgeInterface, "pod-bridge-interface", o.PodBridgeInterface, "With --detect-local-mode BridgeInterface: traffic arriving on this bridge is pods' traffic.")
 	fs.StringVar(&o.PodInterfaceNamePrefix, "pod-interface-name-prefix", o.PodInterfaceNamePrefix, "With --detect-local-mode InterfaceNamePrefix: traffic arriving on interfaces named so is pods' traffic.")
@@ -277,7 +281,8 @@ func (o *Options) GlueConfig(cfg agent.Config) (glue.Config, error) {
 		return glue.Config{}, fmt.Errorf("--iptables-backend: %q is not auto, nft or legacy", o.IPTablesBackend)
 	}
 	g := glue.Config{Interface: cfg.Interface, NodePortAddresses: cfg.NodePortAddresses, ClusterCIDRs: cidrs,
-		MasqueradeAll: o.MasqueradeAll, IPv4: cfg.IPv4, IPv6: cfg.IPv6, SetEntriesPerService: cfg.Limits.SetEntries}
+		MasqueradeAll: o.MasqueradeAll, AcceptServices: o.AcceptServiceTraffic, IPv4: cfg.IPv4, IPv6: cfg.IPv6,
+		SetEntriesPerService: cfg.Limits.SetEntries}
 	switch o.DetectLocalMode {
 	case "", DetectClusterCIDR:
 	case DetectNodeCIDR:

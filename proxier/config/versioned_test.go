@@ -51,6 +51,7 @@ conntrackUDPTimeout: 30s
 conntrackUDPStreamTimeout: 2m
 clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/56"]
 masqueradeAll: true
+acceptServiceTraffic: true
 detectLocalMode: BridgeInterface
 podBridgeInterface: cni0
 podInterfaceNamePrefix: veth
@@ -94,6 +95,7 @@ ipvs:
   serviceCIDRs: [10.96.0.0/12]
 iptables:
   masqueradeAll: true
+  acceptServiceTraffic: true
   backend: nft
 conntrack:
   maxPerCore: 0
@@ -126,7 +128,7 @@ var everyOptionFlags = []string{
 	"--log-level=debug", "--log-format=console", "--conntrack-max-per-core=0", "--conntrack-min=1000",
 	"--conntrack-tcp-timeout-established=2h", "--conntrack-tcp-timeout-close-wait=30m", "--conntrack-tcp-be-liberal",
 	"--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m", "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
-	"--masquerade-all", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0", "--pod-interface-name-prefix=veth",
+	"--masquerade-all", "--iptables-accept-service-traffic", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0", "--pod-interface-name-prefix=veth",
 	"--iptables-backend=nft", "--strict-arp", "--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=127.0.0.1:10256",
 	"--profiling", "--takeover-kube-proxy", "--service-max-virtual-servers=1000", "--service-max-real-servers-per-virtual-server=2000",
 	"--service-max-real-servers=3000", "--service-max-set-entries=4000",

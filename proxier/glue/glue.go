@@ -54,6 +54,9 @@ type Config struct {
 	LocalBridge, LocalInterfacePrefix string
 	// MasqueradeAll masquerades all traffic to clusterIPs.
 	MasqueradeAll bool
+	// AcceptServices accepts Service traffic ahead of the host's firewall
+	// (RuleConfig.AcceptServices).
+	AcceptServices bool
 	// IPv4 and IPv6 are the families served.
 	IPv4, IPv6 bool
 	// Clock is the proxier's clock (Config.Clock); default the real one.
@@ -166,14 +169,14 @@ func (g *Glue) families() []ipset.Family {
 
 // ruleConfig is the rule configuration of a family.
 func (g *Glue) ruleConfig(fam ipset.Family) RuleConfig {
-	c := RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll,
+	c := RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll, AcceptServices: g.cfg.AcceptServices,
 		BridgeInterface: g.cfg.LocalBridge, InterfacePrefix: g.cfg.LocalInterfacePrefix}
 	for _, p := range g.cfg.ClusterCIDRs {
 		if ipset.Of(p.Addr()) != fam {
 			continue
 		}
 		if p.Bits() == 0 { // every source is in the cluster: never masquerade
-			return RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll}
+			return RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll, AcceptServices: g.cfg.AcceptServices}
 		}
 		c.ClusterCIDR = true
 	}

@@ -50,6 +50,12 @@ type RuleConfig struct {
 	// interface it arrives on (kube-proxy's detectLocalMode
 	// BridgeInterface and InterfaceNamePrefix), instead of ClusterCIDR.
 	BridgeInterface, InterfacePrefix string
+	// AcceptServices accepts traffic to a Service's virtual servers in
+	// filter INPUT, ahead of the host's own firewall rules (for hosts
+	// whose INPUT drops by default). Off, as in kube-proxy's IPVS mode,
+	// Service traffic returns from IPVSP-INPUT and the host's rules after
+	// it decide: node ports stay behind the operator's firewall.
+	AcceptServices bool
 }
 
 // localMatch is the match of pods' traffic (negated: of all other traffic),
@@ -189,7 +195,11 @@ func Rules(c RuleConfig) []Table {
 	}
 	add(&filter, chainInput, "-m mark --mark", MarkDrop+"/"+MarkDrop, "-j DROP")
 	add(&filter, chainInput, "-m set --match-set", set(setLBFirewall), "dst,dst -j", chainSrcRanges)
-	add(&filter, chainInput, "-m set --match-set", set(setService), "dst,dst -j ACCEPT")
+	serviceVerdict := "RETURN" // past the VIP protection; the host's rules decide
+	if c.AcceptServices {
+		serviceVerdict = "ACCEPT"
+	}
+	add(&filter, chainInput, "-m set --match-set", set(setService), "dst,dst -j", serviceVerdict)
 	add(&filter, chainInput, "-p tcp -m set --match-set", hc, "dst -j ACCEPT")
 	// A reset for TCP (ICMP errors are rate-limited per client), an ICMP
 	// port unreachable for the rest.

@@ -46,7 +46,7 @@ COMMIT
 -I OUTPUT 1 -m comment --comment "ipvs-proxy: source ranges of traffic from the node" -j IPVSP-OUTPUT
 -A IPVSP-INPUT -m mark --mark 0x8000/0x8000 -j DROP
 -A IPVSP-INPUT -m set --match-set IPVSP-LB-FW dst,dst -j IPVSP-SOURCE-RANGES
--A IPVSP-INPUT -m set --match-set IPVSP-SERVICE dst,dst -j ACCEPT
+-A IPVSP-INPUT -m set --match-set IPVSP-SERVICE dst,dst -j RETURN
 -A IPVSP-INPUT -p tcp -m set --match-set IPVSP-HC-NODE-PORT dst -j ACCEPT
 -A IPVSP-INPUT -p tcp -m set --match-set IPVSP-VIP dst -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset
 -A IPVSP-INPUT -m set --match-set IPVSP-VIP dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
@@ -89,6 +89,8 @@ func TestRulesDumpVariants(t *testing.T) {
 		{"pods on interfaces named so", RuleConfig{Family: ipset.IPv4, InterfacePrefix: "veth"},
 			strings.NewReplacer(clusterIPRule, "-A IPVSP-SERVICES ! -i veth+ -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n",
 				podsRule, "-A IPVSP-IN-CLUSTER -i veth+ -j RETURN\n").Replace(wantDumpIPv4)},
+		{"Service traffic accepted ahead of the host's firewall", RuleConfig{Family: ipset.IPv4, ClusterCIDR: true, AcceptServices: true},
+			strings.Replace(wantDumpIPv4, "IPVSP-SERVICE dst,dst -j RETURN", "IPVSP-SERVICE dst,dst -j ACCEPT", 1)},
 		{"IPv6", RuleConfig{Family: ipset.IPv6, ClusterCIDR: true},
 			strings.NewReplacer("--match-set IPVSP-", "--match-set IPVSP-6-",
 				"icmp-port-unreachable", "icmp6-port-unreachable").Replace(wantDumpIPv4)},

@@ -138,6 +138,10 @@ type IPTablesConfiguration struct {
 	// MasqueradeAll masquerades all traffic to clusterIPs
 	// (--masquerade-all).
 	MasqueradeAll bool `json:"masqueradeAll"`
+	// AcceptServiceTraffic accepts traffic to Services' virtual servers in
+	// filter INPUT ahead of the host's own rules
+	// (--iptables-accept-service-traffic); off, the host's rules decide.
+	AcceptServiceTraffic bool `json:"acceptServiceTraffic"`
 	// Backend is auto, nft or legacy (--iptables-backend).
 	Backend string `json:"backend"`
 }
