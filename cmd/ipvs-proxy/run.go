@@ -10,10 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
@@ -104,7 +101,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	if err != nil {
 		return err
 	}
-	recorder, stopEvents := eventRecorder(ctx, client, cfg.NodeName)
+	recorder, stopEvents := agent.NewEventRecorder(ctx, client, cfg.NodeName, log)
 	defer stopEvents()
 
 	metrics := agent.NewMetrics(reg)
@@ -191,14 +188,6 @@ func prepareKernel(ctx context.Context, o *config.Options, cfg agent.Config, tim
 		return nil, nil, err
 	}
 	return g, closeSets, nil
-}
-
-// eventRecorder records Events on the API as this node's ipvs-proxy; stop
-// flushes and ends it.
-func eventRecorder(ctx context.Context, client kubernetes.Interface, node string) (_ record.EventRecorder, stop func()) {
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	return broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ipvs-proxy", Host: node}), broadcaster.Shutdown
 }
 
 // addKernelReaders gives the proxier its conntrack handle (without one,
