@@ -23,8 +23,8 @@ import (
 // The bounds of a node's Events.
 const (
 	// eventsPerObjectBurst and eventsPerObjectQPS: per Service and node,
-	// 5 at once, then one per 5 minutes (client-go's default is 25).
-	eventsPerObjectBurst = 5
+	// 10 at once, then one per 5 minutes (client-go's default is 25).
+	eventsPerObjectBurst = 10
 	eventsPerObjectQPS   = 1.0 / 300
 	// eventsPerNodeBurst and eventsPerNodeQPS: per node, whatever the
 	// number of Services, 100 at once, then one a second; the rest are
