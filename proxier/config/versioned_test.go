@@ -58,6 +58,7 @@ iptablesBackend: nft
 strictARP: true
 metricsBindAddress: 0.0.0.0:10249
 healthzBindAddress: 127.0.0.1:10256
+debugBindAddress: 127.0.0.1:6060
 profiling: true
 takeoverKubeProxy: true
 `
@@ -101,6 +102,7 @@ conntrack:
   udpStreamTimeout: 2m
 metricsBindAddress: 0.0.0.0:10249
 healthzBindAddress: 127.0.0.1:10256
+debugBindAddress: 127.0.0.1:6060
 enableProfiling: true
 logging:
   level: debug
@@ -119,7 +121,7 @@ var everyOptionFlags = []string{
 	"--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m", "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
 	"--masquerade-all", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0", "--pod-interface-name-prefix=veth",
 	"--iptables-backend=nft", "--strict-arp", "--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=127.0.0.1:10256",
-	"--profiling", "--takeover-kube-proxy",
+	"--debug-bind-address=127.0.0.1:6060", "--profiling", "--takeover-kube-proxy",
 }
 
 // TestVersionedEqualsFlatAndFlags: an IPVSProxyConfiguration gives the
@@ -230,6 +232,7 @@ func TestVersionedErrors(t *testing.T) {
 		{"bad detect-local mode", h + "detectLocalMode: BridgeInterface\n", []string{"detectLocalMode: --detect-local-mode BridgeInterface needs --pod-bridge-interface"}, nil},
 		{"bad conntrack", h + "conntrack: {min: -1}\n", []string{"conntrack.min: conntrack: maxPerCore (32768) and min (-1) must not be negative"}, nil},
 		{"bad bind address", h + "metricsBindAddress: localhost\n", []string{`metricsBindAddress: "localhost" is not host:port`}, nil},
+		{"bad debug address", h + "debugBindAddress: ':::10247'\n", []string{`debugBindAddress: ":::10247" is not host:port`}, nil},
 	})
 }
 

@@ -1,7 +1,7 @@
 // Package opsserver serves the agent's operational endpoints: Prometheus
-// metrics, /healthz and /livez on kube-proxy's conventions, /statusz (and
-// reads it for `ipvs-proxy status`), and the health-check node ports of
-// externalTrafficPolicy Local Services.
+// metrics, /healthz and /livez on kube-proxy's conventions, the debug
+// endpoints (/statusz, which it reads for `ipvs-proxy status`, and pprof),
+// and the health-check node ports of externalTrafficPolicy Local Services.
 package opsserver
 
 import (
@@ -287,7 +287,11 @@ func (h *healthz) logChange(endpoint string, r healthReport) {
 // Config is what Start needs; fields are injected in tests.
 type Config struct {
 	MetricsAddr, HealthzAddr string
-	// Profiling serves Go's pprof handlers on MetricsAddr.
+	// DebugAddr serves /statusz and, with Profiling, Go's pprof handlers:
+	// they tell Services, addresses and internals without
+	// authentication, so it is loopback unless the operator names
+	// another address (then with a warning at start).
+	DebugAddr  string
 	Profiling  bool
 	SyncPeriod time.Duration
 	Registry   *prometheus.Registry
@@ -398,7 +402,9 @@ func routes(c Config, h *healthz, healthzTotal, livezTotal *prometheus.CounterVe
 		mux(c.MetricsAddr).Handle("/metrics", promhttp.HandlerFor(c.Registry, promhttp.HandlerOpts{
 			Registry: c.Registry, ErrorLog: zap.NewStdLog(log), MaxRequestsInFlight: 4, Timeout: 30 * time.Second,
 		}))
-		m := mux(c.MetricsAddr)
+	}
+	if c.DebugAddr != "" {
+		m := mux(c.DebugAddr)
 		m.Handle("/statusz", statuszHandler(c.Status, c.Problems, log))
 		if c.Profiling {
 			m.HandleFunc("/debug/pprof/", pprof.Index) // the named profiles: heap, allocs, goroutine...
@@ -415,9 +421,13 @@ func routes(c Config, h *healthz, healthzTotal, livezTotal *prometheus.CounterVe
 func (ops *Server) serve(addr string, m *http.ServeMux, c Config) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address): %w", addr, err)
+		return fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address / --debug-bind-address): %w", addr, err)
 	}
 	ops.addrs[addr] = ln.Addr()
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && addr == c.DebugAddr && !tcp.IP.IsLoopback() {
+		ops.log.Warn("the debug endpoints (/statusz, pprof) listen on an address that is not loopback: they tell Services, addresses and internals to whoever reaches it, without authentication",
+			zap.String("address", addr))
+	}
 	srv := &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: zap.NewStdLog(ops.log)}
 	ops.servers = append(ops.servers, srv)
 	ops.done.Add(1)
@@ -437,7 +447,10 @@ func muxPaths(addr string, c Config) []string {
 		p = append(p, "/healthz", "/livez")
 	}
 	if addr == c.MetricsAddr {
-		p = append(p, "/metrics", "/statusz")
+		p = append(p, "/metrics")
+	}
+	if addr == c.DebugAddr {
+		p = append(p, "/statusz")
 		if c.Profiling {
 			p = append(p, "/debug/pprof/")
 		}
@@ -558,14 +571,14 @@ type AgentStatus struct {
 	Services []ServiceStatus `json:"services,omitempty"`
 }
 
-// ReadAgentStatus reads the agent's /statusz on its metrics address.
-func ReadAgentStatus(ctx context.Context, metricsAddr string) AgentStatus {
-	if strings.TrimSpace(metricsAddr) == "" {
-		return AgentStatus{Error: "no --metrics-bind-address: the agent's status is not served"}
+// ReadAgentStatus reads the agent's /statusz on its debug address.
+func ReadAgentStatus(ctx context.Context, debugAddr string) AgentStatus {
+	if strings.TrimSpace(debugAddr) == "" {
+		return AgentStatus{Error: "no --debug-bind-address: the agent's status is not served"}
 	}
-	host, port, err := net.SplitHostPort(strings.TrimSpace(metricsAddr))
+	host, port, err := net.SplitHostPort(strings.TrimSpace(debugAddr))
 	if err != nil {
-		return AgentStatus{Error: fmt.Sprintf("--metrics-bind-address %q: %v", metricsAddr, err)}
+		return AgentStatus{Error: fmt.Sprintf("--debug-bind-address %q: %v", debugAddr, err)}
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		host = "127.0.0.1"

@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
@@ -304,11 +305,7 @@ func TestStartOperations(t *testing.T) {
 	m.VirtualServers.Set(3)
 	ops, err := Start(context.Background(), Config{MetricsAddr: "127.0.0.1:0", HealthzAddr: "127.0.0.1:0",
 		SyncPeriod: time.Second, Registry: reg, Status: status.Status,
-		APICheck: func(context.Context) error { return nil }, Problems: func() []reconciler.ServiceStatus {
-			return []reconciler.ServiceStatus{{Service: types.NamespacedName{Namespace: "ns", Name: "web"}, Failures: 2,
-				LastError: "add-virtual-server 10.96.0.10:80/TCP mh: no such file or directory",
-				NextRetry: time.Date(2026, 11, 23, 10, 0, 2, 0, time.UTC)}}
-		}}, zap.NewNop())
+		APICheck: func(context.Context) error { return nil }}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,33 +329,6 @@ func TestStartOperations(t *testing.T) {
 	if ops.healthCheck == nil {
 		t.Error("no health-check server")
 	}
-	// /statusz, as `ipvs-proxy status` reads it.
-	next := time.Date(2026, 11, 23, 10, 0, 2, 0, time.UTC)
-	wantAgent := AgentStatus{Available: true, Services: []ServiceStatus{{Service: "ns/web", Failures: 2,
-		LastError: "add-virtual-server 10.96.0.10:80/TCP mh: no such file or directory", NextRetry: &next}}}
-	if diff := cmp.Diff(wantAgent, ReadAgentStatus(context.Background(), ops.addrs["127.0.0.1:0"].String())); diff != "" {
-		t.Errorf("the agent's status via /statusz (-want +got):\n%s", diff)
-	}
-	// Profiling is off unless asked for.
-	if code, _ := get(t, base+"/debug/pprof/heap"); code != 404 {
-		t.Errorf("/debug/pprof/heap without --profiling: %d, want 404", code)
-	}
-	prof, err := Start(context.Background(), Config{MetricsAddr: "127.0.0.1:0", Profiling: true,
-		SyncPeriod: time.Second, Registry: prometheus.NewRegistry(), Status: status.Status}, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prof.Stop()
-	pbase := "http://" + prof.addrs["127.0.0.1:0"].String()
-	if code, body := get(t, pbase+"/debug/pprof/heap?debug=1"); code != 200 || !strings.Contains(body, "heap profile") {
-		t.Errorf("/debug/pprof/heap with --profiling: %d %.80q", code, body)
-	}
-	if code, body := get(t, pbase+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
-		t.Errorf("/debug/pprof/ index with --profiling: %d %.80q", code, body)
-	}
-	if got := ReadAgentStatus(context.Background(), "127.0.0.1:1"); got.Available || !strings.Contains(got.Error, "does not answer") {
-		t.Errorf("status of an agent that does not run: %+v", got)
-	}
 
 	// Separate addresses; one of them taken.
 	taken := ops.addrs["127.0.0.1:0"].String()
@@ -377,4 +347,88 @@ func TestStartOperations(t *testing.T) {
 		t.Errorf("served %v with both addresses empty", off.addrs)
 	}
 	off.Stop()
+}
+
+// TestDebugEndpoints: /statusz (the Services' errors: names, addresses) and
+// pprof are served on the debug address alone, loopback unless the
+// operator names another one (then with a warning), never on the metrics
+// or health addresses that Prometheus and load balancers reach; `ipvs-proxy
+// status` reads /statusz there.
+func TestDebugEndpoints(t *testing.T) {
+	status := &fakeStatus{}
+	status.Set(agent.Status{LastSuccessfulSync: time.Now(), NodeEligible: true, LoopHeartbeat: time.Now(), Failing: []string{"iptables glue"},
+		LastError: errors.New("iptables glue: iptables-restore: line 3 failed")})
+	problems := func() []reconciler.ServiceStatus {
+		return []reconciler.ServiceStatus{{Service: types.NamespacedName{Namespace: "ns", Name: "web"}, Failures: 2,
+			LastError: "add-virtual-server 10.96.0.10:80/TCP mh: no such file or directory",
+			NextRetry: time.Date(2026, 11, 23, 10, 0, 2, 0, time.UTC)}}
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	ops, err := Start(context.Background(), Config{MetricsAddr: "0.0.0.0:0", HealthzAddr: "127.0.0.1:0", DebugAddr: "127.0.0.2:0",
+		Profiling: true, SyncPeriod: time.Second, Registry: prometheus.NewRegistry(), Status: status.Status, Problems: problems},
+		zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ops.Stop()
+	if n := logs.Len(); n != 0 {
+		t.Errorf("%d warnings with the debug endpoints on loopback: %v", n, logs.All())
+	}
+	metrics := "http://" + ops.addrs["0.0.0.0:0"].String()
+	health := "http://" + ops.addrs["127.0.0.1:0"].String()
+	debug := "http://" + ops.addrs["127.0.0.2:0"].String()
+	for _, url := range []string{metrics + "/statusz", metrics + "/debug/pprof/heap", health + "/statusz", health + "/debug/pprof/"} {
+		if code, body := get(t, url); code != 404 {
+			t.Errorf("GET %s: %d %.80q, want 404 (the debug address alone serves it)", url, code, body)
+		}
+	}
+	if code, body := get(t, debug+"/debug/pprof/heap?debug=1"); code != 200 || !strings.Contains(body, "heap profile") {
+		t.Errorf("/debug/pprof/heap on the debug address with --profiling: %d %.80q", code, body)
+	}
+	if code, body := get(t, debug+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Errorf("/debug/pprof/ index on the debug address with --profiling: %d %.80q", code, body)
+	}
+	if code, _ := get(t, debug+"/metrics"); code != 404 {
+		t.Errorf("/metrics on the debug address: %d, want 404", code)
+	}
+	// /statusz, as `ipvs-proxy status` reads it.
+	next := time.Date(2026, 11, 23, 10, 0, 2, 0, time.UTC)
+	wantAgent := AgentStatus{Available: true, Failing: []string{"iptables glue"}, LastSyncError: "iptables glue: iptables-restore: line 3 failed",
+		Services: []ServiceStatus{{Service: "ns/web", Failures: 2,
+			LastError: "add-virtual-server 10.96.0.10:80/TCP mh: no such file or directory", NextRetry: &next}}}
+	if diff := cmp.Diff(wantAgent, ReadAgentStatus(context.Background(), ops.addrs["127.0.0.2:0"].String())); diff != "" {
+		t.Errorf("the agent's status via /statusz (-want +got):\n%s", diff)
+	}
+	if got := ReadAgentStatus(context.Background(), "127.0.0.1:1"); got.Available || !strings.Contains(got.Error, "does not answer") {
+		t.Errorf("status of an agent that does not run: %+v", got)
+	}
+	if got := ReadAgentStatus(context.Background(), ""); got.Available || !strings.Contains(got.Error, "--debug-bind-address") {
+		t.Errorf("status without a debug address: %+v", got)
+	}
+
+	// Profiling is off unless asked for.
+	noProf, err := Start(context.Background(), Config{DebugAddr: "127.0.0.1:0", SyncPeriod: time.Second, Status: status.Status,
+		Problems: problems}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noProf.Stop()
+	if code, _ := get(t, "http://"+noProf.addrs["127.0.0.1:0"].String()+"/debug/pprof/heap"); code != 404 {
+		t.Errorf("/debug/pprof/heap without --profiling: %d, want 404", code)
+	}
+
+	// Asked for on every address: served, with a warning.
+	core, logs = observer.New(zap.WarnLevel)
+	open, err := Start(context.Background(), Config{DebugAddr: "0.0.0.0:0", SyncPeriod: time.Second, Status: status.Status},
+		zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Stop()
+	if code, _ := get(t, "http://"+open.addrs["0.0.0.0:0"].String()+"/statusz"); code != 200 {
+		t.Errorf("/statusz on a debug address of 0.0.0.0: %d", code)
+	}
+	if w := logs.FilterMessageSnippet("not loopback").All(); len(w) != 1 || w[0].ContextMap()["address"] != "0.0.0.0:0" {
+		t.Errorf("warnings for a debug address of 0.0.0.0: %v", logs.All())
+	}
 }
