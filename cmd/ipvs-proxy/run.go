@@ -220,7 +220,7 @@ func serveOperations(ctx context.Context, o *config.Options, cfg agent.Config, p
 	client kubernetes.Interface, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
 	ops, err := opsserver.Start(ctx, opsserver.Config{
 		MetricsAddr: strings.TrimSpace(o.MetricsBindAddress), HealthzAddr: strings.TrimSpace(o.HealthzBindAddress),
-		Profiling:  o.Profiling,
+		DebugAddr: strings.TrimSpace(o.DebugBindAddress), Profiling: o.Profiling,
 		SyncPeriod: cfg.SyncPeriod, Registry: reg, Status: p.Status, Problems: p.ServiceProblems, APICheck: opsserver.VersionCheck(client),
 		HealthCheckAddrs: opsserver.HealthCheckAddresses(links, cfg, log), Recorder: recorder,
 	}, log)

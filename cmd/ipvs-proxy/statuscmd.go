@@ -56,7 +56,7 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 			if err != nil {
 				return err
 			}
-			rep.Agent = opsserver.ReadAgentStatus(cmd.Context(), o.MetricsBindAddress)
+			rep.Agent = opsserver.ReadAgentStatus(cmd.Context(), o.DebugBindAddress)
 			return status.Write(cmd.OutOrStdout(), rep, output)
 		},
 	}

@@ -112,7 +112,7 @@ func (cs *consumerSet) sync(now time.Time, full, after bool) error {
 				cs.retry[i] = b
 			}
 			b.Fail(now, cs.retryBase, cs.retryMax)
-			errs = append(errs, fmt.Errorf("%s: %w", c.Name(), err))
+			errs = append(errs, nodeFailure{part: c.Name(), err: fmt.Errorf("%s: %w", c.Name(), err)})
 			continue
 		}
 		if sr, ok := c.(consumer.ServiceReporter); ok && sr.Retry() {
@@ -145,7 +145,7 @@ func (cs *consumerSet) runFinishers() error {
 		cancel()
 		if err != nil {
 			cs.log.Warn("finisher failed; it runs again after the next successful sync", zap.String("finisher", f.name), zap.Error(err))
-			errs = append(errs, fmt.Errorf("%s: %w", f.name, err))
+			errs = append(errs, nodeFailure{part: f.name, err: fmt.Errorf("%s: %w", f.name, err)})
 			left = append(left, f)
 			continue
 		}

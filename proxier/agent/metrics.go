@@ -40,6 +40,9 @@ type Metrics struct {
 	ServicesFailing                               prometheus.Gauge
 	ServicesInConflict                            prometheus.Gauge
 	ServiceFailures                               prometheus.Counter
+	// NodeSyncFailing is 1 for each node-wide part whose last sync failed
+	// (Status.Failing).
+	NodeSyncFailing *prometheus.GaugeVec
 }
 
 // syncBuckets are kube-proxy's buckets of its sync durations: 1 ms to
@@ -109,12 +112,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ServicesInConflict: gauge("ipvs_proxy_services_in_conflict",
 			"Services that want a virtual server an older Service holds (see their Events)."),
 		ServiceFailures: counter("ipvs_proxy_service_sync_failures_total", "Failed attempts to program a Service."),
+		NodeSyncFailing: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ipvs_proxy_node_sync_failing",
+			Help: "1 for each node-wide part of the sync whose last attempt failed (kernel read, node addresses, iptables glue, a finisher); retried with backoff."},
+			[]string{"part"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.SyncDuration, m.FullSyncDuration, m.PartialSyncDuration, m.ResyncDuration,
 			m.ProgrammingLatency, m.LastQueued, m.LastSuccessfulSync, m.ServiceChanges, m.ServiceChangesPending,
 			m.EndpointChanges, m.EndpointChangesPending, m.SyncErrors, m.VirtualServers, m.RealServers,
-			m.WritesPerSync, m.ServicesWithWarning, m.ServicesFailing, m.ServicesInConflict, m.ServiceFailures)
+			m.WritesPerSync, m.ServicesWithWarning, m.ServicesFailing, m.ServicesInConflict, m.ServiceFailures, m.NodeSyncFailing)
 	}
 	return m
 }

@@ -120,7 +120,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		runner:    run,
 		rec:       reconciler.NewReconciler(ipvs, links, rcfg, log),
 		consumers: newConsumerSet(cfg.RetryBase, retryMax, log),
-		reporter:  newReporter(metrics, recorder, cfg.Clock, log),
+		reporter:  newReporter(metrics, recorder, cfg.NodeName, cfg.Clock, log),
 		failures:  newServiceFailures(),
 		listed:    make(chan struct{}),
 	}
@@ -163,6 +163,14 @@ type Status struct {
 	// and has no ToBeDeletedByClusterAutoscaler taint (kube-proxy's
 	// /healthz rule, so that load balancers drain a node going away).
 	NodeEligible bool
+	// Failing names the node-wide parts whose last sync failed ("kernel
+	// read", "node addresses", a consumer's or a finisher's name): generic
+	// names, which tell no Service, address or URL; LastError has the
+	// details. Nil when the last sync succeeded.
+	Failing []string
+	// LoopHeartbeat is when the sync loop last started or finished a
+	// sync; zero until it begins (the initial lists and preparation).
+	LoopHeartbeat time.Time
 }
 
 // ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it is
@@ -173,9 +181,10 @@ const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 func (p *Proxier) Status() Status {
 	p.statusMu.Lock()
 	defer p.statusMu.Unlock()
-	lastOK, lastErr := p.reporter.health()
+	h := p.reporter.health()
 	pending, since, eligible := p.tracker.status()
-	return Status{LastSuccessfulSync: lastOK, LastError: lastErr, Pending: pending, PendingSince: since, NodeEligible: eligible}
+	return Status{LastSuccessfulSync: h.lastOK, LastError: h.lastErr, Failing: h.failing, Pending: pending, PendingSince: since,
+		NodeEligible: eligible, LoopHeartbeat: p.runner.heartbeat()}
 }
 
 // ServiceProblems returns, as of the last sync, the status of every

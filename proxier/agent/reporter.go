@@ -26,6 +26,7 @@ import (
 type reporter struct {
 	metrics  *Metrics
 	recorder record.EventRecorder // nil: no Events
+	node     string               // the Node that node-wide Events are about
 	clock    clock.PassiveClock
 	log      *zap.Logger
 	// changes holds, per Service, when its oldest change not yet in the
@@ -37,6 +38,7 @@ type reporter struct {
 	problems []reconciler.ServiceStatus // failing or in conflict, as of the last sync
 	lastOK   time.Time
 	lastErr  error
+	failing  []string // node-wide parts whose last sync failed (nodeFailure)
 }
 
 // outcome is what the reporter reads of the reconciler after a sync.
@@ -46,16 +48,24 @@ type outcome interface {
 	Failing(name types.NamespacedName) bool
 }
 
-func newReporter(metrics *Metrics, recorder record.EventRecorder, clk clock.PassiveClock, log *zap.Logger) *reporter {
-	return &reporter{metrics: metrics, recorder: recorder, clock: clk, log: log,
+func newReporter(metrics *Metrics, recorder record.EventRecorder, node string, clk clock.PassiveClock, log *zap.Logger) *reporter {
+	return &reporter{metrics: metrics, recorder: recorder, node: node, clock: clk, log: log,
 		changes: map[types.NamespacedName]time.Time{}, warnings: map[types.NamespacedName]string{}}
 }
 
-// health is the last successful sync and the last sync's error.
-func (r *reporter) health() (time.Time, error) {
+// syncHealth is the reporter's part of Status.
+type syncHealth struct {
+	lastOK  time.Time
+	lastErr error
+	failing []string
+}
+
+// health is the last successful sync, the last sync's error and the
+// node-wide parts that failed in it.
+func (r *reporter) health() syncHealth {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.lastOK, r.lastErr
+	return syncHealth{lastOK: r.lastOK, lastErr: r.lastErr, failing: slices.Clone(r.failing)}
 }
 
 // serviceProblems returns the problems as of the last sync.
@@ -135,9 +145,10 @@ func (r *reporter) record(start time.Time, st reconciler.SyncStats, consumers ti
 	}
 	var healthErr error
 	if st.ReadFailed {
-		healthErr = recErr
+		healthErr = nodeFailure{part: "kernel read", err: recErr}
 	}
 	healthErr = errors.Join(healthErr, nodeErr)
+	r.nodeFailing(healthErr)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.problems = problems
@@ -147,6 +158,75 @@ func (r *reporter) record(start time.Time, st reconciler.SyncStats, consumers ti
 		r.lastOK = now
 	}
 	return healthErr
+}
+
+// nodeFailing records the node-wide parts that failed in a sync (err nil:
+// none) for Status and the ipvs_proxy_node_sync_failing gauge, and raises
+// an Event on the Node when they change: its message names the parts, not
+// the errors, which name Services and addresses (the log has them, with
+// ipvs-proxy status).
+func (r *reporter) nodeFailing(err error) {
+	parts := failedParts(err)
+	r.mu.Lock()
+	old := r.failing
+	r.failing = parts
+	r.mu.Unlock()
+	if slices.Equal(old, parts) {
+		return
+	}
+	r.metrics.NodeSyncFailing.Reset()
+	for _, p := range parts {
+		r.metrics.NodeSyncFailing.WithLabelValues(p).Set(1)
+	}
+	if r.recorder == nil || r.node == "" {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Node", Name: r.node, UID: types.UID(r.node)}
+	if len(parts) == 0 {
+		r.recorder.Event(ref, corev1.EventTypeNormal, "NodeSyncRecovered", "every node-wide part of the sync succeeds again")
+		return
+	}
+	r.recorder.Eventf(ref, corev1.EventTypeWarning, "NodeSyncFailed",
+		"failing: %s; retried with backoff; details in ipvs-proxy's log on the node and in `ipvs-proxy status`", strings.Join(parts, ", "))
+}
+
+// nodeFailure is the failure of one node-wide part of a sync: a consumer
+// (the iptables glue), a finisher, the node's addresses, the kernel read.
+// part names it where the error's details must not go (/healthz, Events).
+type nodeFailure struct {
+	part string
+	err  error
+}
+
+func (f nodeFailure) Error() string { return f.err.Error() }
+func (f nodeFailure) Unwrap() error { return f.err }
+
+// failedParts are the parts of err's node failures, sorted, each once;
+// "sync" stands for a failure of no named part. A joined error counts
+// each of its errors.
+func failedParts(err error) []string {
+	if err == nil {
+		return nil
+	}
+	var parts []string
+	var walk func(error)
+	walk = func(e error) {
+		if joined, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, b := range joined.Unwrap() {
+				walk(b)
+			}
+			return
+		}
+		var f nodeFailure
+		if errors.As(e, &f) {
+			parts = append(parts, f.part)
+		} else {
+			parts = append(parts, "sync")
+		}
+	}
+	walk(err)
+	slices.Sort(parts)
+	return slices.Compact(parts)
 }
 
 // logSync observes a sync's duration and writes, and logs it.

@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,6 +22,9 @@ type runner struct {
 	period    time.Duration
 	trigger   chan struct{}
 	log       *zap.Logger
+
+	beatMu sync.Mutex
+	beat   time.Time // the loop's heartbeat (heartbeat)
 }
 
 // syncer is what the runner runs: one sync, and when the earliest retry is
@@ -72,10 +76,12 @@ func (r *runner) run(ctx context.Context, s syncer, rs resyncer) {
 		if t.full {
 			r.startFull(&t, rs)
 		}
+		r.beatNow()
 		if err := s.SyncOnce(t.full); err != nil {
 			r.log.Error("sync failed; what failed is retried with backoff", zap.Error(err),
 				zap.Time("nextRetry", s.nextRetry()))
 		}
+		r.beatNow()
 		t.full = false
 		r.waitNext(ctx, &t, s.nextRetry())
 		if t.reading && rs.ResyncReadDone() {
@@ -87,6 +93,23 @@ func (r *runner) run(ctx context.Context, s syncer, rs resyncer) {
 			return
 		}
 	}
+}
+
+// beatNow records that the loop is alive: it starts or has finished a sync.
+func (r *runner) beatNow() {
+	now := r.clock.Now()
+	r.beatMu.Lock()
+	r.beat = now
+	r.beatMu.Unlock()
+}
+
+// heartbeat is when the loop last started or finished a sync; zero before
+// its first. Between syncs the loop waits at most the period (the
+// periodic sync), after the min period since the last one began.
+func (r *runner) heartbeat() time.Time {
+	r.beatMu.Lock()
+	defer r.beatMu.Unlock()
+	return r.beat
 }
 
 // waitMinPeriod waits until minPeriod has passed since last (not during a

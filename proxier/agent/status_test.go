@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +15,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -254,5 +256,141 @@ func TestFinisherAfterFullSuccess(t *testing.T) {
 	}
 	if runs != 2 {
 		t.Errorf("the finisher ran %d times, want 2 (one failure, one success, then never)", runs)
+	}
+}
+
+// failingConsumer is a consumer whose Sync fails with err (nil: succeeds);
+// it records its syncs.
+type failingConsumer struct {
+	name  string
+	err   error
+	syncs int
+}
+
+func (c *failingConsumer) Name() string                                     { return c.name }
+func (c *failingConsumer) SetPlan(types.NamespacedName, *model.ServicePlan) {}
+func (c *failingConsumer) Sync(bool) error {
+	c.syncs++
+	return c.err
+}
+
+// TestStatusFailingParts: Status names the node-wide parts whose last
+// sync failed (a consumer, a finisher), by their generic names only, so
+// that /healthz can say what fails without the errors' details (Service
+// names, addresses); so do the ipvs_proxy_node_sync_failing gauge and an
+// Event on the Node when they change. A success clears them.
+func TestStatusFailingParts(t *testing.T) {
+	events := record.NewFakeRecorder(10)
+	reg := prometheus.NewRegistry()
+	metrics := NewMetrics(reg)
+	p := New(Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"}, IPv4: true,
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute},
+		nil, fake.NewIPVS(), fake.NewLinks(node), events, metrics, zap.NewNop())
+	glue := &failingConsumer{name: "iptables glue"}
+	p.AddConsumer(glue)
+	var finisherErr error
+	p.AddFinisher("take over from kube-proxy", func(context.Context) error { return finisherErr })
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false)
+
+	const details = "; retried with backoff; details in ipvs-proxy's log on the node and in `ipvs-proxy status`"
+	steps := []struct {
+		name                string
+		glueErr, finisherEr error
+		want                []string
+		wantErrHas          string // in LastError ("": none)
+		wantEvents          []string
+	}{
+		{"the glue fails", errors.New("ipset add IPVSP-SERVICE 10.96.0.10,tcp:80: set is full"), nil,
+			[]string{"iptables glue"}, "set is full", []string{"Warning NodeSyncFailed failing: iptables glue" + details}},
+		{"it fails again: no new Event", errors.New("ipset add IPVSP-SERVICE 10.96.0.10,tcp:80: set is full"), nil,
+			[]string{"iptables glue"}, "set is full", nil},
+		{"the glue works, the finisher fails", nil, errors.New("chain KUBE-SERVICES in use"),
+			[]string{"take over from kube-proxy"}, "KUBE-SERVICES", []string{"Warning NodeSyncFailed failing: take over from kube-proxy" + details}},
+		{"all works", nil, nil, nil, "", []string{"Normal NodeSyncRecovered every node-wide part of the sync succeeds again"}},
+	}
+	for _, s := range steps {
+		glue.err, finisherErr = s.glueErr, s.finisherEr
+		if err := p.SyncOnce(true); (err == nil) != (s.wantErrHas == "") {
+			t.Fatalf("%s: sync = %v", s.name, err)
+		}
+		st := p.Status()
+		if diff := cmp.Diff(s.want, st.Failing); diff != "" {
+			t.Errorf("%s: failing parts (-want +got):\n%s", s.name, diff)
+		}
+		if s.wantErrHas == "" && st.LastError != nil || s.wantErrHas != "" && (st.LastError == nil || !strings.Contains(st.LastError.Error(), s.wantErrHas)) {
+			t.Errorf("%s: last error %v, want one with %q", s.name, st.LastError, s.wantErrHas)
+		}
+		if diff := cmp.Diff(s.want, failingSeries(t, reg)); diff != "" {
+			t.Errorf("%s: ipvs_proxy_node_sync_failing (-want +got):\n%s", s.name, diff)
+		}
+		var got []string
+		for len(events.Events) > 0 {
+			got = append(got, <-events.Events)
+		}
+		if diff := cmp.Diff(s.wantEvents, got); diff != "" {
+			t.Errorf("%s: Events (-want +got):\n%s", s.name, diff)
+		}
+	}
+}
+
+// failingSeries are the parts of ipvs_proxy_node_sync_failing's series
+// at 1.
+func failingSeries(t *testing.T, reg *prometheus.Registry) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []string
+	for _, mf := range mfs {
+		if mf.GetName() != "ipvs_proxy_node_sync_failing" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetGauge().GetValue() == 1 {
+				parts = append(parts, m.GetLabel()[0].GetValue())
+			}
+		}
+	}
+	return parts
+}
+
+// TestStatusLoopHeartbeat: the sync loop beats as it starts and finishes
+// each iteration, on the proxier's clock; zero before it runs.
+func TestStatusLoopHeartbeat(t *testing.T) {
+	b := newLoopBed(t, clusterIPService("a", "10.96.0.10"))
+	if beat := b.p.Status().LoopHeartbeat; !beat.IsZero() {
+		t.Fatalf("heartbeat %v before Run", beat)
+	}
+	b.run()
+	b.eventually("the first sync", func() bool { return !b.p.Status().LastSuccessfulSync.IsZero() })
+	b.idle()
+	if beat := b.p.Status().LoopHeartbeat; !beat.Equal(b.clk.Now()) {
+		t.Errorf("heartbeat %v after the first sync, want the clock's %v", beat, b.clk.Now())
+	}
+	b.clk.Step(time.Hour) // the periodic sync
+	b.eventually("a beat at the periodic sync", func() bool { return b.p.Status().LoopHeartbeat.Equal(b.clk.Now()) })
+}
+
+// TestFailedParts: the parts named in a sync's node-wide error, each once,
+// whatever the errors nest.
+func TestFailedParts(t *testing.T) {
+	glue := nodeFailure{part: "iptables glue", err: errors.New("iptables glue: exit status 1")}
+	read := nodeFailure{part: "kernel read", err: errors.Join(errors.New("dump 1"), errors.New("dump 2"))}
+	tests := []struct {
+		name string
+		err  error
+		want []string
+	}{
+		{"none", nil, nil},
+		{"one", glue, []string{"iptables glue"}},
+		{"joined, sorted, once", errors.Join(glue, errors.Join(read, glue)), []string{"iptables glue", "kernel read"}},
+		{"a part wrapping joined errors", read, []string{"kernel read"}},
+		{"no part", errors.New("something else"), []string{"sync"}},
+	}
+	for _, tc := range tests {
+		if diff := cmp.Diff(tc.want, failedParts(tc.err)); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
 	}
 }

@@ -371,7 +371,7 @@ func (t *tracker) snapshot(full bool) (syncInputs, error) {
 func (t *tracker) refreshNodeAddresses() error {
 	all, err := t.readAddresses()
 	if err != nil {
-		return fmt.Errorf("read node addresses: %w", err)
+		return nodeFailure{part: "node addresses", err: fmt.Errorf("read node addresses: %w", err)}
 	}
 	addrs := model.FilterNodePortAddresses(all, t.nodePortAddresses)
 	all = model.FilterNodePortAddresses(all, nil) // sorted, each once

@@ -526,6 +526,7 @@ func (o *Options) validate() error {
 	}
 	for _, a := range []struct{ flag, addr string }{
 		{"metrics-bind-address", o.MetricsBindAddress}, {"healthz-bind-address", o.HealthzBindAddress},
+		{"debug-bind-address", o.DebugBindAddress},
 	} {
 		if a.addr == "" {
 			continue

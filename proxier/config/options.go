@@ -73,6 +73,7 @@ type Options struct {
 	// Operations.
 	MetricsBindAddress string `json:"metricsBindAddress" versioned:"metricsBindAddress"`
 	HealthzBindAddress string `json:"healthzBindAddress" versioned:"healthzBindAddress"`
+	DebugBindAddress   string `json:"debugBindAddress" versioned:"debugBindAddress"`
 	Profiling          bool   `json:"profiling" versioned:"enableProfiling"`
 
 	// Migration.
@@ -84,6 +85,12 @@ type Options struct {
 	ServiceMaxRealServers      int `json:"serviceMaxRealServers" versioned:"serviceLimits.realServers"`
 	ServiceMaxSetEntries       int `json:"serviceMaxSetEntries" versioned:"serviceLimits.setEntries"`
 }
+
+// DefaultDebugBindAddress is where /statusz and pprof are served unless
+// --debug-bind-address says otherwise: loopback (they have no
+// authentication), on a port of its own so that the metrics may be bound
+// to every address for Prometheus without them.
+const DefaultDebugBindAddress = "127.0.0.1:10247"
 
 // DefaultOptions returns the options' defaults: kube-proxy's where the same
 // setting exists.
@@ -110,6 +117,7 @@ func DefaultOptions() Options {
 		IPTablesBackend:    "auto",
 		MetricsBindAddress: "127.0.0.1:10249",
 		HealthzBindAddress: "0.0.0.0:10256",
+		DebugBindAddress:   DefaultDebugBindAddress,
 	}
 }
 
@@ -154,7 +162,8 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto (whichever the node's other rules use), nft or legacy.")
 	fs.BoolVar(&o.StrictARP, "strict-arp", o.StrictARP, "Do not answer ARP for the VIPs on the proxy's interface (arp_ignore=1, arp_announce=2).")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint (/metrics); empty disables it.")
-	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "Serve Go's pprof profiles under /debug/pprof/ on the metrics address (off by default: they expose internals).")
+	fs.StringVar(&o.DebugBindAddress, "debug-bind-address", o.DebugBindAddress, "Address of the debug endpoints: /statusz (which `ipvs-proxy status` reads) and, with --profiling, /debug/pprof/. They tell Services, addresses and internals without authentication: keep it on loopback; empty disables them.")
+	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "Serve Go's pprof profiles under /debug/pprof/ on the debug address (off by default: they expose internals).")
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address of /healthz and /livez; empty disables them.")
 }
 

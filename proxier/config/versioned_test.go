@@ -59,6 +59,7 @@ iptablesBackend: nft
 strictARP: true
 metricsBindAddress: 0.0.0.0:10249
 healthzBindAddress: 127.0.0.1:10256
+debugBindAddress: 127.0.0.1:6060
 profiling: true
 takeoverKubeProxy: true
 serviceMaxVirtualServers: 1000
@@ -107,6 +108,7 @@ conntrack:
   udpStreamTimeout: 2m
 metricsBindAddress: 0.0.0.0:10249
 healthzBindAddress: 127.0.0.1:10256
+debugBindAddress: 127.0.0.1:6060
 enableProfiling: true
 logging:
   level: debug
@@ -130,7 +132,7 @@ var everyOptionFlags = []string{
 	"--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m", "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
 	"--masquerade-all", "--iptables-accept-service-traffic", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0", "--pod-interface-name-prefix=veth",
 	"--iptables-backend=nft", "--strict-arp", "--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=127.0.0.1:10256",
-	"--profiling", "--takeover-kube-proxy", "--service-max-virtual-servers=1000", "--service-max-real-servers-per-virtual-server=2000",
+	"--debug-bind-address=127.0.0.1:6060", "--profiling", "--takeover-kube-proxy", "--service-max-virtual-servers=1000", "--service-max-real-servers-per-virtual-server=2000",
 	"--service-max-real-servers=3000", "--service-max-set-entries=4000",
 }
 
@@ -242,6 +244,7 @@ func TestVersionedErrors(t *testing.T) {
 		{"bad detect-local mode", h + "detectLocalMode: BridgeInterface\n", []string{"detectLocalMode: --detect-local-mode BridgeInterface needs --pod-bridge-interface"}, nil},
 		{"bad conntrack", h + "conntrack: {min: -1}\n", []string{"conntrack.min: conntrack: maxPerCore (32768) and min (-1) must not be negative"}, nil},
 		{"bad bind address", h + "metricsBindAddress: localhost\n", []string{`metricsBindAddress: "localhost" is not host:port`}, nil},
+		{"bad debug address", h + "debugBindAddress: ':::10247'\n", []string{`debugBindAddress: ":::10247" is not host:port`}, nil},
 	})
 }
 

@@ -1,7 +1,7 @@
 // Package opsserver serves the agent's operational endpoints: Prometheus
-// metrics, /healthz and /livez on kube-proxy's conventions, /statusz (and
-// reads it for `ipvs-proxy status`), and the health-check node ports of
-// externalTrafficPolicy Local Services.
+// metrics, /healthz and /livez on kube-proxy's conventions, the debug
+// endpoints (/statusz, which it reads for `ipvs-proxy status`, and pprof),
+// and the health-check node ports of externalTrafficPolicy Local Services.
 package opsserver
 
 import (
@@ -32,12 +32,19 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 )
 
-// healthTimeout is how long changes may stay unapplied, or the apiserver
-// unreachable, before /healthz fails: twice the full-resync period, as in
-// kube-proxy (which allows 2 × --sync-period between a queued change and
-// its sync). A failed sync is retried with a backoff of at most one sync
-// period, so one failed retry is tolerated, two are not.
+// healthTimeout is how long changes may stay unapplied before /healthz
+// fails: twice the full-resync period, as in kube-proxy (which allows 2 ×
+// --sync-period between a queued change and its sync). A failed sync is
+// retried with a backoff of at most one sync period, so one failed retry
+// is tolerated, two are not.
 func healthTimeout(syncPeriod time.Duration) time.Duration { return 2 * syncPeriod }
+
+// loopTimeout is how long the sync loop may go without starting or
+// finishing a sync before /livez fails: 3 × the sync period, at least a
+// minute. Idle, the loop starts one at least every sync period (the
+// periodic sync; --min-sync-period is no longer), so a sync may take
+// twice the period before the loop counts as stuck.
+func loopTimeout(syncPeriod time.Duration) time.Duration { return max(3*syncPeriod, time.Minute) }
 
 // probeInterval is the period of the apiserver reachability probe: half
 // the health timeout, at least 1 s and at most 30 s (one cheap GET /version
@@ -50,7 +57,7 @@ func probeInterval(timeout time.Duration) time.Duration {
 // retry a lost watch silently (and a dead apiserver sends no events), so
 // an outage is invisible in the proxier's status: while the apiserver
 // cannot be reached, whatever changes in the cluster is pending without the
-// proxier knowing.
+// proxier knowing. /healthz reports it (apiserverUnreachableSince).
 type apiProbe struct {
 	check    func(ctx context.Context) error
 	interval time.Duration
@@ -59,7 +66,6 @@ type apiProbe struct {
 
 	mu           sync.Mutex
 	failingSince time.Time // first failure since the last success; zero when reachable
-	lastErr      error
 }
 
 // VersionCheck asks the apiserver for /version, which every authenticated
@@ -85,12 +91,10 @@ func (a *apiProbe) probeOnce(ctx context.Context) {
 	switch {
 	case err == nil && !a.failingSince.IsZero():
 		a.log.Info("apiserver reachable again", zap.Duration("after", a.now().Sub(a.failingSince)))
-		a.failingSince, a.lastErr = time.Time{}, nil
+		a.failingSince = time.Time{}
 	case err != nil && a.failingSince.IsZero():
-		a.log.Warn("apiserver unreachable", zap.Error(err))
-		a.failingSince, a.lastErr = a.now(), err
-	case err != nil:
-		a.lastErr = err
+		a.log.Warn("apiserver unreachable; the node keeps its rules, and /healthz stays healthy while they are in sync", zap.Error(err))
+		a.failingSince = a.now()
 	}
 }
 
@@ -107,17 +111,20 @@ func (a *apiProbe) run(ctx context.Context) {
 	}
 }
 
-// unreachable returns when the apiserver stopped answering (zero if it
-// answers) and the last error.
-func (a *apiProbe) unreachable() (time.Time, error) {
+// unreachableSince returns when the apiserver stopped answering (zero if
+// it answers).
+func (a *apiProbe) unreachableSince() time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.failingSince, a.lastErr
+	return a.failingSince
 }
 
 // healthReport is the body of /healthz and /livez: kube-proxy's fields
 // (lastUpdated, currentTime, nodeEligible on /healthz only, healthy) and
-// ipvs-proxy's details.
+// ipvs-proxy's details. They are served without authentication on the
+// node's addresses (cloud load balancers check /healthz): times and
+// generic names only, never a Service, an address or a URL; the errors
+// are in the log, `ipvs-proxy status` and /statusz.
 type healthReport struct {
 	LastUpdated  time.Time `json:"lastUpdated"`
 	CurrentTime  time.Time `json:"currentTime"`
@@ -126,8 +133,11 @@ type healthReport struct {
 
 	LastSuccessfulSync        *time.Time `json:"lastSuccessfulSync,omitempty"`
 	PendingSince              *time.Time `json:"pendingSince,omitempty"`
+	LoopHeartbeat             *time.Time `json:"loopHeartbeat,omitempty"`
 	APIServerUnreachableSince *time.Time `json:"apiserverUnreachableSince,omitempty"`
-	LastError                 string     `json:"lastError,omitempty"`
+	// Failing names the node-wide parts whose last sync failed
+	// (agent.Status.Failing).
+	Failing []string `json:"failing,omitempty"`
 	// Reasons say why the report is unhealthy.
 	Reasons []string `json:"reasons,omitempty"`
 }
@@ -139,78 +149,116 @@ func timePtr(t time.Time) *time.Time {
 	return &t
 }
 
-// healthz decides the agent's health on kube-proxy's conventions:
+// endpoint is what a health report is for.
+type endpoint int
+
+const (
+	// endpointLivez (/livez): the sync loop is alive, what a restart can
+	// fix.
+	endpointLivez endpoint = iota
+	// endpointProxy: the loop is alive and the rules are in sync; the
+	// health-check node ports follow it, as kube-proxy's follow its
+	// proxier's health.
+	endpointProxy
+	// endpointHealthz (/healthz): endpointProxy and the node's
+	// eligibility, as in kube-proxy.
+	endpointHealthz
+)
+
+// healthz decides the agent's health:
 //
-//   - /livez is the proxier's own health: healthy once a first sync has
-//     succeeded, and as long as no change has waited longer than the
-//     timeout to reach the kernel (a failing sync keeps changes waiting).
-//   - /healthz adds, as kube-proxy does, that the node is eligible (its
-//     Node exists, is not being deleted, has no autoscaler to-be-deleted
-//     taint), and that the apiserver has not been unreachable for longer
-//     than the timeout (the proxier's view would be stale).
+//   - /livez: the sync loop is alive. Healthy until it begins (while the
+//     initial lists come in) and as long as it starts or finishes a sync
+//     within the loop timeout. Failures that a restart cannot fix (the
+//     kernel, iptables, ipset, a finisher) never fail it: a liveness probe
+//     would turn them into a restart loop.
+//   - /healthz: the loop alive, a first sync done, and, as kube-proxy's,
+//     no change waiting longer than the timeout to reach the kernel (a
+//     failing node-wide part keeps changes waiting; its name is in the
+//     reason) and the node eligible (its Node exists, is not being
+//     deleted, has no autoscaler to-be-deleted taint). An unreachable
+//     apiserver is reported, never unhealthy by itself: as kube-proxy,
+//     the node keeps serving with the rules it has, and load balancers
+//     that check /healthz must not drain every node in a control-plane
+//     outage.
 //
 // When healthy, lastUpdated is the current time, for kube-proxy
 // compatibility; otherwise it is the last successful sync.
 type healthz struct {
-	status  func() agent.Status
-	api     *apiProbe // nil: not probed
-	timeout time.Duration
-	now     func() time.Time
-	log     *zap.Logger
+	status      func() agent.Status
+	api         *apiProbe // nil: not probed
+	timeout     time.Duration
+	loopTimeout time.Duration
+	now         func() time.Time
+	log         *zap.Logger
 
 	mu   sync.Mutex
 	last map[string]bool // last health per endpoint, to log changes
 }
 
-// proxyHealthy is the /livez condition (and the one the health-check node
-// ports use, as kube-proxy's do).
-func (h *healthz) proxyHealthy() bool { return h.report(false).Healthy }
+// proxyHealthy is the condition the health-check node ports use, as
+// kube-proxy's do: its proxier's health, without the node's eligibility.
+func (h *healthz) proxyHealthy() bool { return h.report(endpointProxy).Healthy }
 
-func (h *healthz) report(withNode bool) healthReport {
+func (h *healthz) report(e endpoint) healthReport {
 	st := h.status()
 	now := h.now()
-	r := healthReport{CurrentTime: now, Healthy: true, LastUpdated: st.LastSuccessfulSync,
-		LastSuccessfulSync: timePtr(st.LastSuccessfulSync), PendingSince: timePtr(st.PendingSince)}
-	if st.LastError != nil {
-		r.LastError = st.LastError.Error()
+	r := healthReport{CurrentTime: now, LastUpdated: st.LastSuccessfulSync, LastSuccessfulSync: timePtr(st.LastSuccessfulSync),
+		PendingSince: timePtr(st.PendingSince), LoopHeartbeat: timePtr(st.LoopHeartbeat), Failing: st.Failing}
+	r.Reasons = h.loopReasons(st, now)
+	if e != endpointLivez {
+		r.Reasons = append(r.Reasons, h.syncReasons(st, now)...)
 	}
-	fail := func(format string, args ...any) {
-		r.Healthy = false
-		r.Reasons = append(r.Reasons, fmt.Sprintf(format, args...))
-	}
-	if st.LastSuccessfulSync.IsZero() {
-		fail("no successful sync yet")
-	}
-	if !st.PendingSince.IsZero() && now.Sub(st.PendingSince) >= h.timeout {
-		fail("changes unapplied for %s (limit %s)", now.Sub(st.PendingSince).Round(time.Second), h.timeout)
-	}
-	if withNode {
+	if e == endpointHealthz {
 		r.NodeEligible = &st.NodeEligible
 		if !st.NodeEligible {
-			fail("node not eligible: its Node is missing, being deleted or tainted %s", agent.ToBeDeletedTaint)
+			r.Reasons = append(r.Reasons, "node not eligible: its Node is missing, being deleted or tainted "+agent.ToBeDeletedTaint)
 		}
 		if h.api != nil {
-			since, err := h.api.unreachable()
-			r.APIServerUnreachableSince = timePtr(since)
-			if !since.IsZero() && now.Sub(since) >= h.timeout {
-				fail("apiserver unreachable for %s (limit %s): %v", now.Sub(since).Round(time.Second), h.timeout, err)
-			}
+			r.APIServerUnreachableSince = timePtr(h.api.unreachableSince())
 		}
 	}
+	r.Healthy = len(r.Reasons) == 0
 	if r.Healthy {
 		r.LastUpdated = now
 	}
 	return r
 }
 
-func (h *healthz) handler(endpoint string, withNode bool) http.Handler {
+// loopReasons: the sync loop has begun and neither started nor finished a
+// sync within the loop timeout.
+func (h *healthz) loopReasons(st agent.Status, now time.Time) []string {
+	if st.LoopHeartbeat.IsZero() || now.Sub(st.LoopHeartbeat) < h.loopTimeout {
+		return nil
+	}
+	return []string{fmt.Sprintf("sync loop stalled for %s (limit %s)", now.Sub(st.LoopHeartbeat).Round(time.Second), h.loopTimeout)}
+}
+
+// syncReasons: no sync has succeeded, or changes have waited past the
+// timeout (with the node-wide parts that fail, by name).
+func (h *healthz) syncReasons(st agent.Status, now time.Time) []string {
+	var out []string
+	if st.LastSuccessfulSync.IsZero() {
+		out = append(out, "no successful sync yet")
+	}
+	if !st.PendingSince.IsZero() && now.Sub(st.PendingSince) >= h.timeout {
+		reason := fmt.Sprintf("changes unapplied for %s (limit %s)", now.Sub(st.PendingSince).Round(time.Second), h.timeout)
+		if len(st.Failing) > 0 {
+			reason += "; failing: " + strings.Join(st.Failing, ", ")
+		}
+		out = append(out, reason)
+	}
+	return out
+}
+
+func (h *healthz) handler(name string, e endpoint) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		r := h.report(withNode)
+		r := h.report(e)
 		code := http.StatusOK
 		if !r.Healthy {
 			code = http.StatusServiceUnavailable
 		}
-		h.logChange(endpoint, r)
+		h.logChange(name, r)
 		body, err := json.Marshal(r)
 		if err != nil { // times, strings and bools: cannot fail
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -239,7 +287,11 @@ func (h *healthz) logChange(endpoint string, r healthReport) {
 // Config is what Start needs; fields are injected in tests.
 type Config struct {
 	MetricsAddr, HealthzAddr string
-	// Profiling serves Go's pprof handlers on MetricsAddr.
+	// DebugAddr serves /statusz and, with Profiling, Go's pprof handlers:
+	// they tell Services, addresses and internals without
+	// authentication, so it is loopback unless the operator names
+	// another address (then with a warning at start).
+	DebugAddr  string
 	Profiling  bool
 	SyncPeriod time.Duration
 	Registry   *prometheus.Registry
@@ -293,7 +345,8 @@ func Start(ctx context.Context, c Config, log *zap.Logger) (*Server, error) {
 			}
 		}
 	}
-	h := &healthz{status: c.Status, timeout: timeout, now: c.Now, log: log, last: map[string]bool{}}
+	h := &healthz{status: c.Status, timeout: timeout, loopTimeout: loopTimeout(c.SyncPeriod), now: c.Now, log: log,
+		last: map[string]bool{}}
 	if c.APICheck != nil {
 		h.api = &apiProbe{check: c.APICheck, interval: probeInterval(timeout), now: c.Now, log: log}
 	}
@@ -339,8 +392,8 @@ func routes(c Config, h *healthz, healthzTotal, livezTotal *prometheus.CounterVe
 		})
 	}
 	if c.HealthzAddr != "" {
-		mux(c.HealthzAddr).Handle("/healthz", codeCounter(healthzTotal, h.handler("healthz", true)))
-		mux(c.HealthzAddr).Handle("/livez", codeCounter(livezTotal, h.handler("livez", false)))
+		mux(c.HealthzAddr).Handle("/healthz", codeCounter(healthzTotal, h.handler("healthz", endpointHealthz)))
+		mux(c.HealthzAddr).Handle("/livez", codeCounter(livezTotal, h.handler("livez", endpointLivez)))
 	}
 	if c.MetricsAddr != "" {
 		if c.Registry == nil {
@@ -349,9 +402,11 @@ func routes(c Config, h *healthz, healthzTotal, livezTotal *prometheus.CounterVe
 		mux(c.MetricsAddr).Handle("/metrics", promhttp.HandlerFor(c.Registry, promhttp.HandlerOpts{
 			Registry: c.Registry, ErrorLog: zap.NewStdLog(log), MaxRequestsInFlight: 4, Timeout: 30 * time.Second,
 		}))
-		mux(c.MetricsAddr).Handle("/statusz", statuszHandler(c.Problems, log))
+	}
+	if c.DebugAddr != "" {
+		m := mux(c.DebugAddr)
+		m.Handle("/statusz", statuszHandler(c.Status, c.Problems, log))
 		if c.Profiling {
-			m := mux(c.MetricsAddr)
 			m.HandleFunc("/debug/pprof/", pprof.Index) // the named profiles: heap, allocs, goroutine...
 			m.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 			m.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -366,9 +421,13 @@ func routes(c Config, h *healthz, healthzTotal, livezTotal *prometheus.CounterVe
 func (ops *Server) serve(addr string, m *http.ServeMux, c Config) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address): %w", addr, err)
+		return fmt.Errorf("listen on %s (--metrics-bind-address / --healthz-bind-address / --debug-bind-address): %w", addr, err)
 	}
 	ops.addrs[addr] = ln.Addr()
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && addr == c.DebugAddr && !tcp.IP.IsLoopback() {
+		ops.log.Warn("the debug endpoints (/statusz, pprof) listen on an address that is not loopback: they tell Services, addresses and internals to whoever reaches it, without authentication",
+			zap.String("address", addr))
+	}
 	srv := &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: zap.NewStdLog(ops.log)}
 	ops.servers = append(ops.servers, srv)
 	ops.done.Add(1)
@@ -388,7 +447,10 @@ func muxPaths(addr string, c Config) []string {
 		p = append(p, "/healthz", "/livez")
 	}
 	if addr == c.MetricsAddr {
-		p = append(p, "/metrics", "/statusz")
+		p = append(p, "/metrics")
+	}
+	if addr == c.DebugAddr {
+		p = append(p, "/statusz")
 		if c.Profiling {
 			p = append(p, "/debug/pprof/")
 		}
@@ -460,15 +522,25 @@ type ServiceStatus struct {
 	Conflicts []string   `json:"conflicts,omitempty"`
 }
 
-// statuszBody is the body of /statusz: the Services whose writes fail or
-// that lost a conflict, as of the agent's last sync.
+// statuszBody is the body of /statusz: the node-wide parts whose last
+// sync failed and the last sync's error, and the Services whose writes
+// fail or that lost a conflict, as of the agent's last sync.
 type statuszBody struct {
-	Services []ServiceStatus `json:"services"`
+	Failing       []string        `json:"failing,omitempty"`
+	LastSyncError string          `json:"lastSyncError,omitempty"`
+	Services      []ServiceStatus `json:"services"`
 }
 
-func statuszHandler(problems func() []reconciler.ServiceStatus, log *zap.Logger) http.Handler {
+func statuszHandler(status func() agent.Status, problems func() []reconciler.ServiceStatus, log *zap.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		body := statuszBody{Services: []ServiceStatus{}}
+		if status != nil {
+			st := status()
+			body.Failing = st.Failing
+			if st.LastError != nil {
+				body.LastSyncError = st.LastError.Error()
+			}
+		}
 		if problems != nil {
 			for _, st := range problems() {
 				a := ServiceStatus{Service: st.Service.String(), Failures: st.Failures, LastError: st.LastError,
@@ -486,22 +558,27 @@ func statuszHandler(problems func() []reconciler.ServiceStatus, log *zap.Logger)
 	})
 }
 
-// AgentStatus is what the agent on this node says of its Services.
+// AgentStatus is what the agent on this node says of its syncs and
+// Services.
 type AgentStatus struct {
 	Available bool   `json:"available"`
 	Error     string `json:"error,omitempty"`
+	// Failing names the node-wide parts whose last sync failed;
+	// LastSyncError is the last sync's error.
+	Failing       []string `json:"failing,omitempty"`
+	LastSyncError string   `json:"lastSyncError,omitempty"`
 	// Services are those whose writes fail or that lost a conflict.
 	Services []ServiceStatus `json:"services,omitempty"`
 }
 
-// ReadAgentStatus reads the agent's /statusz on its metrics address.
-func ReadAgentStatus(ctx context.Context, metricsAddr string) AgentStatus {
-	if strings.TrimSpace(metricsAddr) == "" {
-		return AgentStatus{Error: "no --metrics-bind-address: the agent's status is not served"}
+// ReadAgentStatus reads the agent's /statusz on its debug address.
+func ReadAgentStatus(ctx context.Context, debugAddr string) AgentStatus {
+	if strings.TrimSpace(debugAddr) == "" {
+		return AgentStatus{Error: "no --debug-bind-address: the agent's status is not served"}
 	}
-	host, port, err := net.SplitHostPort(strings.TrimSpace(metricsAddr))
+	host, port, err := net.SplitHostPort(strings.TrimSpace(debugAddr))
 	if err != nil {
-		return AgentStatus{Error: fmt.Sprintf("--metrics-bind-address %q: %v", metricsAddr, err)}
+		return AgentStatus{Error: fmt.Sprintf("--debug-bind-address %q: %v", debugAddr, err)}
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		host = "127.0.0.1"
@@ -524,5 +601,5 @@ func ReadAgentStatus(ctx context.Context, metricsAddr string) AgentStatus {
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&body); err != nil {
 		return AgentStatus{Error: fmt.Sprintf("the agent's /statusz: %v", err)}
 	}
-	return AgentStatus{Available: true, Services: body.Services}
+	return AgentStatus{Available: true, Failing: body.Failing, LastSyncError: body.LastSyncError, Services: body.Services}
 }

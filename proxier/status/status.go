@@ -573,11 +573,15 @@ func writeDrift(b *strings.Builder, rep Report) {
 	}
 }
 
-// writeAgent writes what the agent says: its failing Services.
+// writeAgent writes what the agent says: the node-wide parts whose sync
+// fails, and its failing Services.
 func writeAgent(b *strings.Builder, agent opsserver.AgentStatus) {
 	if !agent.Available {
 		fmt.Fprintf(b, "agent: status unknown (%s)\n", agent.Error)
 		return
+	}
+	if len(agent.Failing) > 0 {
+		fmt.Fprintf(b, "agent: node-wide part failing: %s; last sync's error: %s\n", strings.Join(agent.Failing, ", "), agent.LastSyncError)
 	}
 	failing := 0
 	for _, a := range agent.Services {

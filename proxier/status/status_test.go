@@ -517,8 +517,9 @@ func TestWriteStatus(t *testing.T) {
 	must(t, ipvs.DeleteRealServer(vsKey("10.96.0.10", 80), rsKey("10.0.1.1")))
 	rep := collect(t, ipvs, links, k8sfake.NewClientset(objs...), nil)
 	next := time.Date(2026, 11, 23, 10, 0, 8, 0, time.UTC)
-	rep.Agent = opsserver.AgentStatus{Available: true, Services: []opsserver.ServiceStatus{{Service: "ns/web", Failures: 3,
-		LastError: "add-real-server 10.96.0.10:80/TCP 10.0.1.1:8080 w=1: invalid argument", NextRetry: &next}}}
+	rep.Agent = opsserver.AgentStatus{Available: true, Failing: []string{"iptables glue"},
+		LastSyncError: "iptables glue: iptables-restore: line 7 failed", Services: []opsserver.ServiceStatus{{Service: "ns/web", Failures: 3,
+			LastError: "add-real-server 10.96.0.10:80/TCP 10.0.1.1:8080 w=1: invalid argument", NextRetry: &next}}}
 	var b bytes.Buffer
 	if err := Write(&b, rep, "table"); err != nil {
 		t.Fatal(err)
@@ -534,6 +535,7 @@ ns/web:http     ClusterIP   10.96.0.10:80/TCP       rr                          
 virtual servers of others (left alone): 1
 drift: 1
   missing-real-server 10.96.0.10:80/TCP (ns/web:http): real server 10.0.1.1:8080 w=1 is wanted, not in the kernel
+agent: node-wide part failing: iptables glue; last sync's error: iptables glue: iptables-restore: line 7 failed
 failing: ns/web (3 attempts, next retry 2026-11-23T10:00:08Z): add-real-server 10.96.0.10:80/TCP 10.0.1.1:8080 w=1: invalid argument
 `
 	if got := b.String(); got != want {

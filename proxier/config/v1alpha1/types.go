@@ -53,7 +53,12 @@ type IPVSProxyConfiguration struct {
 	// HealthzBindAddress is the host:port of /healthz and /livez; empty
 	// disables them (--healthz-bind-address).
 	HealthzBindAddress string `json:"healthzBindAddress"`
-	// EnableProfiling serves Go's pprof profiles on the metrics address
+	// DebugBindAddress is the host:port of /statusz (which `ipvs-proxy
+	// status` reads) and, with enableProfiling, /debug/pprof/; they have
+	// no authentication: loopback by default (127.0.0.1:10247); empty
+	// disables them (--debug-bind-address).
+	DebugBindAddress string `json:"debugBindAddress"`
+	// EnableProfiling serves Go's pprof profiles on the debug address
 	// (--profiling).
 	EnableProfiling bool `json:"enableProfiling"`
 	// Logging is the log's level and format.
