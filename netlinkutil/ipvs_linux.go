@@ -116,6 +116,25 @@ func (k *kernelIPVS) ListVirtualServers() ([]ktypes.VirtualServer, error) {
 	return out, nil
 }
 
+// VirtualServerStats implements StatsReader.
+func (k *kernelIPVS) VirtualServerStats() (map[ktypes.VSKey]ktypes.Stats, error) {
+	svcs, err := k.h.GetServices()
+	if err != nil {
+		return nil, fmt.Errorf("dump IPVS services: %w", err)
+	}
+	out := make(map[ktypes.VSKey]ktypes.Stats, len(svcs))
+	for _, s := range svcs {
+		a, ok := addrFromIP(s.Address)
+		if s.FWMark != 0 || !ok {
+			continue
+		}
+		out[ktypes.VSKey{Address: a, Protocol: ktypes.Protocol(s.Protocol), Port: s.Port}] = ktypes.Stats{
+			Connections: uint64(s.Stats.Connections), PacketsIn: uint64(s.Stats.PacketsIn), PacketsOut: uint64(s.Stats.PacketsOut),
+			BytesIn: s.Stats.BytesIn, BytesOut: s.Stats.BytesOut}
+	}
+	return out, nil
+}
+
 func (k *kernelIPVS) ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error) {
 	ds, err := k.h.GetDestinations(toService(vs))
 	if err != nil {

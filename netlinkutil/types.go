@@ -90,6 +90,13 @@ type IPVS interface {
 	Close()
 }
 
+// StatsReader reads the traffic counters of every virtual server (fwmark
+// ones aside) in one dump. A kernel IPVS handle is one; it must not be
+// shared with another goroutine's handle.
+type StatsReader interface {
+	VirtualServerStats() (map[ktypes.VSKey]ktypes.Stats, error)
+}
+
 // Links manages the dummy interface that holds virtual IPs, and reads the
 // node's own addresses.
 type Links interface {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -106,7 +107,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 
 	metrics := agent.NewMetrics(reg)
 	p := agent.New(cfg, client, ipvs, links, recorder, metrics, log)
-	closeReaders, err := addKernelReaders(p, log)
+	closeReaders, err := addKernelReaders(p, o.ServiceTrafficMetrics, reg, log)
 	if err != nil {
 		return err
 	}
@@ -191,10 +192,12 @@ func prepareKernel(ctx context.Context, o *config.Options, cfg agent.Config, tim
 }
 
 // addKernelReaders gives the proxier its conntrack handle (without one,
-// removed UDP real servers keep their entries) and the handles of its
+// removed UDP real servers keep their entries), the handles of its
 // periodic resync, which reads the kernel off the sync loop on handles of
-// its own (reads are never faulted: no wrapping); closeReaders closes them.
-func addKernelReaders(p *agent.Proxier, log *zap.Logger) (closeReaders func(), err error) {
+// its own (reads are never faulted: no wrapping), and with traffic the
+// handle its per-Service traffic series read at each scrape;
+// closeReaders closes them.
+func addKernelReaders(p *agent.Proxier, traffic bool, reg prometheus.Registerer, log *zap.Logger) (closeReaders func(), err error) {
 	if ct, err := netlinkutil.NewConntrack(); err != nil {
 		log.Warn("no conntrack cleanup for removed UDP real servers", zap.Error(err))
 	} else {
@@ -210,7 +213,18 @@ func addKernelReaders(p *agent.Proxier, log *zap.Logger) (closeReaders func(), e
 		return nil, err
 	}
 	p.SetResyncReader(readIPVS, readLinks)
-	return readIPVS.Close, nil
+	if !traffic {
+		return readIPVS.Close, nil
+	}
+	statsIPVS, err := netlinkutil.NewIPVS()
+	if err == nil {
+		err = p.EnableServiceTraffic(statsIPVS.(netlinkutil.StatsReader), reg)
+	}
+	if err != nil {
+		readIPVS.Close()
+		return nil, fmt.Errorf("per-Service traffic metrics: %w", err)
+	}
+	return func() { readIPVS.Close(); statsIPVS.Close() }, nil
 }
 
 // serveOperations starts the operational endpoints of `ipvs-proxy run` and

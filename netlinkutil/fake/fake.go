@@ -55,6 +55,8 @@ type IPVS struct {
 	inject    ErrorFunc
 	// schedulers the fake kernel has; nil means every one.
 	schedulers map[string]bool
+	// stats are the virtual servers' counters (SetStats).
+	stats map[ktypes.VSKey]ktypes.Stats
 }
 
 // NewIPVS returns an empty fake IPVS table.
@@ -239,6 +241,31 @@ func (f *IPVS) ListVirtualServers() ([]ktypes.VirtualServer, error) {
 	return out, nil
 }
 
+// SetStats sets a virtual server's counters, as traffic through it would.
+func (f *IPVS) SetStats(vs ktypes.VSKey, st ktypes.Stats) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stats == nil {
+		f.stats = map[ktypes.VSKey]ktypes.Stats{}
+	}
+	f.stats[vs] = st
+}
+
+// VirtualServerStats implements netlinkutil.StatsReader: the counters of
+// every virtual server present (zero unless SetStats set them).
+func (f *IPVS) VirtualServerStats() (map[ktypes.VSKey]ktypes.Stats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("VirtualServerStats"); err != nil {
+		return nil, err
+	}
+	out := make(map[ktypes.VSKey]ktypes.Stats, len(f.vs))
+	for k := range f.vs {
+		out[k] = f.stats[k]
+	}
+	return out, nil
+}
+
 // ListRealServers implements netlinkutil.IPVS.
 func (f *IPVS) ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error) {
 	f.mu.Lock()
@@ -390,6 +417,7 @@ func (f *IPVS) deleteVirtualServer(vs ktypes.VSKey) error {
 		return fmt.Errorf("delete %s: %w", vs, unix.ESRCH)
 	}
 	delete(f.vs, vs)
+	delete(f.stats, vs) // a new virtual server counts from 0
 	delete(f.rs, vs)
 	return nil
 }

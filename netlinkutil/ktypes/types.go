@@ -159,3 +159,18 @@ func (k RSKey) Compare(o RSKey) int {
 	}
 	return cmp.Compare(k.Port, o.Port)
 }
+
+// Stats are a virtual server's traffic counters as the kernel keeps them
+// since the virtual server was created: connections scheduled, packets and
+// bytes in (client to real server) and out. The kernel's connection and
+// packet counters in the attributes read here are 32 bits wide and wrap.
+type Stats struct {
+	Connections, PacketsIn, PacketsOut uint64
+	BytesIn, BytesOut                  uint64
+}
+
+// Add returns the sum of s and o.
+func (s Stats) Add(o Stats) Stats {
+	return Stats{Connections: s.Connections + o.Connections, PacketsIn: s.PacketsIn + o.PacketsIn,
+		PacketsOut: s.PacketsOut + o.PacketsOut, BytesIn: s.BytesIn + o.BytesIn, BytesOut: s.BytesOut + o.BytesOut}
+}

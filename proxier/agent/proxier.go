@@ -85,6 +85,7 @@ type Proxier struct {
 	consumers *consumerSet
 	reporter  *reporter
 	failures  *serviceFailures // Services failing outside the reconciler
+	traffic   *trafficIndex    // nil unless EnableServiceTraffic
 	// statusMu makes a sync's outcome (the reporter's health, the
 	// tracker's pendingSince) one change as Status sees it.
 	statusMu sync.Mutex
@@ -422,6 +423,9 @@ func (p *Proxier) build(in syncInputs) {
 		p.rec.SetPlan(n, plan)
 		p.consumers.setPlan(n, plan)
 		p.failures.setPlan(n, plan)
+		if p.traffic != nil {
+			p.traffic.setPlan(n, plan)
+		}
 	}
 	p.reporter.changed(in.changed)
 	for _, n := range p.rec.ConflictChanges() {

@@ -75,6 +75,8 @@ type Options struct {
 	HealthzBindAddress string `json:"healthzBindAddress" versioned:"healthzBindAddress"`
 	DebugBindAddress   string `json:"debugBindAddress" versioned:"debugBindAddress"`
 	Profiling          bool   `json:"profiling" versioned:"enableProfiling"`
+	// ServiceTrafficMetrics exports IPVS's counters per Service port.
+	ServiceTrafficMetrics bool `json:"serviceTrafficMetrics" versioned:"serviceTrafficMetrics"`
 
 	// Migration.
 	TakeoverKubeProxy bool `json:"takeoverKubeProxy" versioned:"takeoverKubeProxy"`
@@ -164,6 +166,7 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint (/metrics); empty disables it.")
 	fs.StringVar(&o.DebugBindAddress, "debug-bind-address", o.DebugBindAddress, "Address of the debug endpoints: /statusz (which `ipvs-proxy status` reads) and, with --profiling, /debug/pprof/. They tell Services, addresses and internals without authentication: keep it on loopback; empty disables them.")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "Serve Go's pprof profiles under /debug/pprof/ on the debug address (off by default: they expose internals).")
+	fs.BoolVar(&o.ServiceTrafficMetrics, "service-traffic-metrics", o.ServiceTrafficMetrics, "Export IPVS's counters per Service port on /metrics (connections, packets and bytes in and out; five series per Service port, and one dump of every virtual server per scrape).")
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address of /healthz and /livez; empty disables them.")
 }
 

@@ -61,6 +61,7 @@ metricsBindAddress: 0.0.0.0:10249
 healthzBindAddress: 127.0.0.1:10256
 debugBindAddress: 127.0.0.1:6060
 profiling: true
+serviceTrafficMetrics: true
 takeoverKubeProxy: true
 serviceMaxVirtualServers: 1000
 serviceMaxRealServersPerVirtualServer: 2000
@@ -110,6 +111,7 @@ metricsBindAddress: 0.0.0.0:10249
 healthzBindAddress: 127.0.0.1:10256
 debugBindAddress: 127.0.0.1:6060
 enableProfiling: true
+serviceTrafficMetrics: true
 logging:
   level: debug
   format: console
@@ -132,7 +134,7 @@ var everyOptionFlags = []string{
 	"--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m", "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
 	"--masquerade-all", "--iptables-accept-service-traffic", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0", "--pod-interface-name-prefix=veth",
 	"--iptables-backend=nft", "--strict-arp", "--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=127.0.0.1:10256",
-	"--debug-bind-address=127.0.0.1:6060", "--profiling", "--takeover-kube-proxy", "--service-max-virtual-servers=1000", "--service-max-real-servers-per-virtual-server=2000",
+	"--debug-bind-address=127.0.0.1:6060", "--profiling", "--service-traffic-metrics", "--takeover-kube-proxy", "--service-max-virtual-servers=1000", "--service-max-real-servers-per-virtual-server=2000",
 	"--service-max-real-servers=3000", "--service-max-set-entries=4000",
 }
 

@@ -61,6 +61,9 @@ type IPVSProxyConfiguration struct {
 	// EnableProfiling serves Go's pprof profiles on the debug address
 	// (--profiling).
 	EnableProfiling bool `json:"enableProfiling"`
+	// ServiceTrafficMetrics exports IPVS's counters per Service port on
+	// /metrics (--service-traffic-metrics).
+	ServiceTrafficMetrics bool `json:"serviceTrafficMetrics"`
 	// Logging is the log's level and format.
 	Logging LoggingConfiguration `json:"logging"`
 	// TakeoverKubeProxy takes the node over from a stopped kube-proxy in
