@@ -73,6 +73,9 @@ type scenarioConfig struct {
 	APIServer       []netip.Addr   `json:"apiServer"`
 	Unavailable     []string       `json:"unavailable"`
 	ServiceRanges   []netip.Prefix `json:"serviceRanges"`
+	// OtherNodes maps another Node's address to its name.
+	OtherNodes      map[netip.Addr]string `json:"otherNodes"`
+	ExternalIPCIDRs []netip.Prefix        `json:"externalIPCIDRs"`
 }
 
 // scenario is one file, decoded.
@@ -203,7 +206,8 @@ func decodeStrict(file string, ar *txtar.Archive, name string, v any) error {
 
 func (c scenarioConfig) toBuildConfig() (model.BuildConfig, error) {
 	out := model.BuildConfig{Scheduler: scheduler.Spec{Name: c.Scheduler}, IPv4: c.IPv4, IPv6: c.IPv6,
-		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer}
+		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer,
+		OtherNodes: c.OtherNodes, ExternalIPCIDRs: c.ExternalIPCIDRs}
 	if c.SchedulerFlags != "" {
 		flags, err := scheduler.ParseFlags(c.Scheduler, c.SchedulerFlags)
 		if err != nil {
