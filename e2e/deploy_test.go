@@ -25,6 +25,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/manifest"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // deployDir holds the manifests, chartDir the Helm chart (the tests run
@@ -102,8 +103,11 @@ func saKubeconfig(t *testing.T, token string) []byte {
 
 // TestDeployRBAC: with deploy/'s ServiceAccount, ClusterRole and binding
 // created for real, the agent runs in the VM on a token of that
-// ServiceAccount: it syncs a Service into the kernel, writes an Event and
-// serves a healthy /healthz; the same token cannot read Secrets.
+// ServiceAccount, with detectLocalMode NodeCIDR: it reads its Node's
+// podCIDR (before, it waited forever on a get the ClusterRole forbids),
+// syncs a Service into the kernel, writes an Event, serves a healthy
+// /healthz and tells a pod in the podCIDR from an outside client; the same
+// token cannot read Secrets.
 func TestDeployRBAC(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
@@ -155,7 +159,7 @@ func TestDeployRBAC(t *testing.T) {
 	_, forbidden["list pods"] = saClient.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 	_, forbidden["create services"] = saClient.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "x"},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{tcpPort("p", 80)}}}, metav1.CreateOptions{})
-	_, forbidden["get node"] = saClient.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	_, forbidden["get node"] = saClient.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}) // NodeCIDR lists it
 	for what, err := range forbidden {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("%s with the ServiceAccount's token: %v, want Forbidden", what, err)
@@ -183,7 +187,12 @@ func TestDeployRBAC(t *testing.T) {
 			t.Errorf("restart the bed's agent: %v", err)
 		}
 	})
-	argv := append([]string{bed.GuestBinary, "run", "--kubeconfig", kubecfg, "--hostname-override", nodeName}, agentArgs...)
+	// detectLocalMode NodeCIDR: the Node's podCIDRs, read with the same
+	// token (the ClusterRole lists Nodes; it grants no get).
+	podCIDR := e.setNodePodCIDR(t, "10.103.250.0/24") // holds inClusterAddr
+	argv := append([]string{bed.GuestBinary, "run", "--kubeconfig", kubecfg, "--hostname-override", nodeName},
+		withoutFlag(agentArgs, "--cluster-cidr")...)
+	argv = append(argv, "--detect-local-mode", "NodeCIDR")
 	p, err := e.VM.Start(ctx, argv...)
 	if err != nil {
 		t.Fatal(err)
@@ -207,9 +216,54 @@ func TestDeployRBAC(t *testing.T) {
 	if body["nodeEligible"] != true {
 		t.Errorf("/healthz under RBAC: %v", body)
 	}
+	e.expectPodsLocal(t, ns, podCIDR)
 	if out := p.Output(); regexp.MustCompile(`(?i)forbidden`).MatchString(out) {
 		t.Errorf("the agent was refused something under RBAC:\n%s", grepLines(out, "orbidden"))
 	}
+}
+
+// setNodePodCIDR gives the bed's Node a podCIDR, as node IPAM would (it
+// can be set once: a Node that has one keeps it); it returns the Node's.
+func (e env) setNodePodCIDR(t *testing.T, cidr string) string {
+	t.Helper()
+	ctx := context.Background()
+	n, err := e.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Spec.PodCIDR == "" {
+		n.Spec.PodCIDR, n.Spec.PodCIDRs = cidr, []string{cidr}
+		if n, err = e.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("set the podCIDR of Node %s: %v", nodeName, err)
+		}
+	}
+	if n.Spec.PodCIDR != cidr {
+		t.Fatalf("Node %s has podCIDR %s, want %s", nodeName, n.Spec.PodCIDR, cidr)
+	}
+	return cidr
+}
+
+// expectPodsLocal: under detectLocalMode NodeCIDR, a client in the Node's
+// podCIDR is a pod: the externalIP of an externalTrafficPolicy Local
+// Service without a local endpoint answers it, with its address kept,
+// and drops a client outside the cluster.
+func (e env) expectPodsLocal(t *testing.T, ns, podCIDR string) {
+	t.Helper()
+	e.inClusterClient(t)
+	bes := e.backends(t, 1, otherNode)
+	const extIP = "10.251.1.31"
+	svc := e.createService(t, ns, "nodecidr", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		s.Spec.ExternalIPs = []string{extIP}
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	addr := hostPort(extIP, 80)
+	e.expectClients(t, inClusterNetns, addr, inClusterAddr)
+	if res := e.expectBlocked(t, bed.ClientNetns, addr); res.ErrorCount(nettest.ErrTimeout) == 0 {
+		t.Errorf("from outside the cluster to %s: %v; want dropped (timeouts)", addr, res.Errors)
+	}
+	t.Logf("detectLocalMode NodeCIDR (%s) on the shipped RBAC: the pod's connection kept its address, the outside client was dropped", podCIDR)
 }
 
 func grepLines(s, sub string) string {

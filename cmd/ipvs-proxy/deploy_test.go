@@ -81,7 +81,7 @@ func TestDeployConfigMap(t *testing.T) {
 	want.Kubeconfig = "/etc/ipvs-proxy/kubeconfig.conf"
 	want.HostnameOverride = "node-1"
 	got := *o
-	for _, s := range []*[]string{&got.NodePortAddresses, &got.ExcludeCIDRs, &got.ClusterCIDRs, &got.ServiceCIDRs} {
+	for _, s := range []*[]string{&got.NodePortAddresses, &got.ExternalIPCIDRs, &got.ExcludeCIDRs, &got.ClusterCIDRs, &got.ServiceCIDRs} {
 		if len(*s) == 0 {
 			*s = nil
 		}

@@ -13,12 +13,16 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // TuneClientConfig sets up cfg the way the agent talks to the apiserver:
@@ -162,34 +166,50 @@ func ListEndpointSlices(ctx context.Context, client kubernetes.Interface) (map[t
 	}
 }
 
+// ListNodes lists every Node, in pages, each kept compact (model.Node).
+func ListNodes(ctx context.Context, client kubernetes.Interface) ([]*model.Node, error) {
+	var out []*model.Node
+	opts := metav1.ListOptions{Limit: listPage}
+	for {
+		list, err := client.CoreV1().Nodes().List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list Nodes: %w", err)
+		}
+		for i := range list.Items {
+			out = append(out, model.NodeOf(&list.Items[i]))
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
+		}
+	}
+}
+
 // NodePodCIDRs reads the node's podCIDRs (--detect-local-mode NodeCIDR),
 // waiting for them as kube-proxy does: the node controller may not have
 // allocated them yet. A change later needs a restart, as in kube-proxy.
+// It lists the Node by name, which the ClusterRole's list of Nodes allows
+// (it grants no get); a list refused (Forbidden, Unauthorized) is an error
+// at once, not a wait.
 func NodePodCIDRs(ctx context.Context, client kubernetes.Interface, node string, log *zap.Logger) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
+		if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+			return false, fmt.Errorf("list Nodes (the ClusterRole must allow list on nodes): %w", err)
+		}
 		if err != nil {
 			log.Info("waiting for the Node's podCIDRs (--detect-local-mode NodeCIDR)", zap.Error(err))
 			return false, nil
 		}
-		cidrs := n.Spec.PodCIDRs
-		if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
-			cidrs = []string{n.Spec.PodCIDR}
-		}
-		if len(cidrs) == 0 {
-			log.Info("waiting for the Node's podCIDRs (--detect-local-mode NodeCIDR)")
-			return false, nil
-		}
-		out = out[:0]
-		for _, c := range cidrs {
-			p, err := netip.ParsePrefix(c)
-			if err != nil {
-				return false, fmt.Errorf("node %s: spec.podCIDRs: %w", node, err)
+		for i := range list.Items {
+			if n := model.NodeOf(&list.Items[i]); n.Name == node && len(n.PodCIDRs) > 0 {
+				out = n.PodCIDRs
+				return true, nil
 			}
-			out = append(out, p.Masked())
 		}
-		return true, nil
+		log.Info("waiting for the Node's podCIDRs (--detect-local-mode NodeCIDR)", zap.String("node", node))
+		return false, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--detect-local-mode NodeCIDR: read the podCIDRs of Node %s: %w", node, err)

@@ -12,8 +12,11 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // TestListServices: the Services of other proxies and headless ones are
@@ -35,12 +38,18 @@ func TestListServices(t *testing.T) {
 }
 
 // TestNodePodCIDRs: --detect-local-mode NodeCIDR reads the Node's
-// podCIDRs (both families); a Node without them is waited for, and the
-// wait's end is an error naming the mode and the Node.
+// podCIDRs (both families) with the shipped ClusterRole, which allows list
+// and watch on nodes but not get (before, it got the Node and waited
+// forever on Forbidden); a Node without them is waited for, and the
+// wait's end is an error naming the mode and the Node; a list refused is
+// an error at once.
 func TestNodePodCIDRs(t *testing.T) {
 	client := fake.NewClientset(
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.3.0/24", "fd00:10:244:3::/64"}}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"}})
+	client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "node-1", errors.New("the ClusterRole grants no get"))
+	})
 	got, err := NodePodCIDRs(context.Background(), client, "node-1", zap.NewNop())
 	want := []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24"), netip.MustParsePrefix("fd00:10:244:3::/64")}
 	if err != nil || !slices.Equal(got, want) {
@@ -50,6 +59,14 @@ func TestNodePodCIDRs(t *testing.T) {
 	defer cancel()
 	if _, err := NodePodCIDRs(ctx, client, "node-2", zap.NewNop()); err == nil || !strings.Contains(err.Error(), "NodeCIDR") || !strings.Contains(err.Error(), "node-2") {
 		t.Errorf("node-2 without podCIDRs: %v; want an error naming the mode and the Node", err)
+	}
+	client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "", errors.New("no list either"))
+	})
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := NodePodCIDRs(ctx, client, "node-1", zap.NewNop()); !apierrors.IsForbidden(err) || ctx.Err() != nil {
+		t.Errorf("list forbidden: %v; want the Forbidden error at once", err)
 	}
 }
 

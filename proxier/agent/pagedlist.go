@@ -142,6 +142,19 @@ func sliceInformer(client kubernetes.Interface) cache.SharedIndexInformer {
 	return ourInformer(eps.List, eps.Watch, &discoveryv1.EndpointSlice{})
 }
 
+// nodeInformer watches every Node, listed in pages, kept compact
+// (model.Node: the addresses of all, the zone and podCIDRs of this one).
+func nodeInformer(client kubernetes.Interface) cache.SharedIndexInformer {
+	nodes := client.CoreV1().Nodes()
+	return cache.NewSharedIndexInformer(&pagedListWatch{
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return nodes.List(ctx, o)
+		},
+		watch:     nodes.Watch,
+		transform: model.Compact, page: listPage,
+	}, &corev1.Node{}, 0, cache.Indexers{})
+}
+
 // ourInformer is an informer of a typed client's objects that the
 // proxier serves (ServiceSelector), listed in pages.
 func ourInformer[L runtime.Object](list func(context.Context, metav1.ListOptions) (L, error),

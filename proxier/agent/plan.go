@@ -27,7 +27,8 @@ type Planner struct{ bcfg model.BuildConfig }
 // schedulers the kernel cannot load (their Services get the default one).
 func (c Config) Planner(unavailable map[string]bool) Planner {
 	return Planner{bcfg: model.BuildConfig{Scheduler: c.Scheduler, IPv4: c.IPv4, IPv6: c.IPv6,
-		Unavailable: unavailable, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer, Limits: c.Limits}}
+		Unavailable: unavailable, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer,
+		ExternalIPCIDRs: c.ExternalIPCIDRs, Limits: c.Limits}}
 }
 
 // OnNodeIPv6 fits the families to the node: where its kernel has no IPv6
@@ -48,6 +49,13 @@ func (c *Config) OnNodeIPv6(hasIPv6 bool, err error) error {
 // (model.BuildConfig.ServiceRanges).
 func (pl Planner) WithRanges(ranges []netip.Prefix) Planner {
 	pl.bcfg.ServiceRanges = ranges
+	return pl
+}
+
+// WithOtherNodes is the planner with the other Nodes' addresses, each
+// with its Node's name (model.BuildConfig.OtherNodes).
+func (pl Planner) WithOtherNodes(others map[netip.Addr]string) Planner {
+	pl.bcfg.OtherNodes = others
 	return pl
 }
 

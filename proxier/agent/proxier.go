@@ -45,6 +45,9 @@ type Config struct {
 	// APIServer are the apiserver's addresses (APIServerAddresses): never
 	// an externalIP's or a LoadBalancer IP's virtual server.
 	APIServer []netip.Addr
+	// ExternalIPCIDRs, when not empty, are the only prefixes an
+	// externalIP may be in (model.BuildConfig.ExternalIPCIDRs).
+	ExternalIPCIDRs []netip.Prefix
 	// Limits bound what one Service may ask of the node (model.Limits).
 	Limits        model.Limits
 	MinSyncPeriod time.Duration
@@ -176,7 +179,7 @@ type Status struct {
 
 // ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it is
 // about to delete.
-const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
+const ToBeDeletedTaint = model.ToBeDeletedTaint
 
 // Status returns the sync status.
 func (p *Proxier) Status() Status {
@@ -407,7 +410,8 @@ func (p *Proxier) unavailable() map[string]bool {
 func (p *Proxier) build(in syncInputs) {
 	// Schedulers the kernel refused: the next sync rebuilds every Service,
 	// with the default in their place.
-	planner := p.cfg.Planner(p.unavailable()).WithRanges(in.ranges)
+	planner := p.cfg.Planner(p.unavailable()).WithRanges(in.ranges).WithOtherNodes(in.otherNodes)
+	p.reporter.refusedRanges(p.cfg.NodeName, in.refusedRanges)
 	if in.rangesChanged {
 		// Before the plans built with them.
 		p.rec.SetRoutes(in.ranges)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -49,18 +50,22 @@ func comparePrefix(a, b netip.Prefix) int {
 	return a.Bits() - b.Bits()
 }
 
-// serviceCIDRPrefixes reads the prefixes of ServiceCIDR objects; a
-// malformed one is skipped (the apiserver validates them).
-func serviceCIDRPrefixes(objs []*networkingv1.ServiceCIDR) []netip.Prefix {
+// serviceCIDRPrefixes reads the prefixes of ServiceCIDR objects, with the
+// object each comes from (by masked prefix, for Events); a malformed one
+// is skipped (the apiserver validates them).
+func serviceCIDRPrefixes(objs []*networkingv1.ServiceCIDR) ([]netip.Prefix, map[netip.Prefix]*corev1.ObjectReference) {
 	var out []netip.Prefix
+	sources := map[netip.Prefix]*corev1.ObjectReference{}
 	for _, o := range objs {
 		for _, s := range o.Spec.CIDRs {
 			if p, err := netip.ParsePrefix(s); err == nil {
 				out = append(out, p)
+				sources[p.Masked()] = &corev1.ObjectReference{Kind: "ServiceCIDR", APIVersion: "networking.k8s.io/v1",
+					Name: o.Name, UID: o.UID, ResourceVersion: o.ResourceVersion}
 			}
 		}
 	}
-	return out
+	return out, sources
 }
 
 // ListServiceRanges is the Service ranges to route under cfg, as run
@@ -82,18 +87,21 @@ func ListServiceRanges(ctx context.Context, client kubernetes.Interface, cfg Con
 	for i := range list.Items {
 		objs[i] = &list.Items[i]
 	}
-	return RoutableRanges(serviceCIDRPrefixes(objs)), nil
+	prefixes, _ := serviceCIDRPrefixes(objs)
+	return RoutableRanges(prefixes), nil
 }
 
-// setRanges records the Service ranges to route: a change rebuilds every
-// plan and reaches the reconciler and the consumers at the next sync.
-func (t *tracker) setRanges(ranges []netip.Prefix) {
+// setRanges records the Service ranges to route, with the objects that
+// asked for them (sources, by prefix; nil when configured): a change
+// rebuilds every plan and reaches the reconciler and the consumers at the
+// next sync.
+func (t *tracker) setRanges(ranges []netip.Prefix, sources map[netip.Prefix]*corev1.ObjectReference) {
 	ranges = RoutableRanges(ranges)
 	t.mu.Lock()
 	changed := !slices.Equal(ranges, t.ranges.prefixes) || !t.ranges.known
 	if changed {
-		t.ranges = rangeFacts{prefixes: ranges, known: true, changed: true}
-		t.rebuild = true
+		t.ranges = rangeFacts{prefixes: ranges, sources: sources, routed: t.ranges.routed, refused: t.ranges.refused,
+			known: true, changed: true}
 		t.queuedLocked()
 	}
 	t.mu.Unlock()

@@ -14,10 +14,7 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	corev1informers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
@@ -48,6 +45,7 @@ type tracker struct {
 	dirty    map[types.NamespacedName]time.Time // first unsynced change
 	rebuild  bool                               // every Service must be rebuilt
 	ranges   rangeFacts
+	nodes    nodeAddrs
 	// changedServices are the Services whose Service changed and
 	// sliceChanges the EndpointSlice changes received since the last
 	// snapshot: the pending changes of the metrics.
@@ -72,14 +70,23 @@ type nodeFacts struct {
 	// (model.NodeInfo.Addresses).
 	portAddrs, all []netip.Addr
 	// addrsChanged: the kernel reported a change of the node's addresses
-	// since they were last read.
-	addrsChanged bool
+	// since they were last read; allChanged: all changed since the last
+	// snapshot (the Service ranges are checked again).
+	addrsChanged, allChanged bool
+	// podCIDRs and objAddrs are the Node object's podCIDRs and addresses.
+	podCIDRs []netip.Prefix
+	objAddrs []netip.Addr
 }
 
-// rangeFacts are the Service ranges routed as local (setRanges); known
-// once they are, changed until a sync applies them.
+// rangeFacts are the Service ranges to route as local (setRanges), the
+// objects that asked for them (sources; none when configured), and, as of
+// the last sync, those routed and those refused (rangesLocked); known once
+// they are, changed until a sync applies them.
 type rangeFacts struct {
 	prefixes       []netip.Prefix
+	sources        map[netip.Prefix]*corev1.ObjectReference
+	routed         []netip.Prefix
+	refused        []refusedRange
 	known, changed bool
 }
 
@@ -90,6 +97,7 @@ func newTracker(cfg Config, readAddresses func() ([]netip.Addr, error), wake fun
 		slices:   map[types.NamespacedName][]*model.EndpointSlice{},
 		dirty:    map[types.NamespacedName]time.Time{},
 		rebuild:  true,
+		nodes:    nodeAddrs{byName: map[string][]netip.Addr{}},
 	}
 	if cfg.RouteServiceRanges && len(cfg.ServiceRanges) > 0 {
 		t.ranges = rangeFacts{prefixes: RoutableRanges(cfg.ServiceRanges), known: true, changed: true}
@@ -220,31 +228,6 @@ func (t *tracker) sliceHandler() cache.ResourceEventHandlerFuncs {
 	return h
 }
 
-func (t *tracker) onNode(obj any, deleted bool) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	n, ok := obj.(*corev1.Node)
-	if !ok || n.Name != t.nodeName {
-		return
-	}
-	zone := n.Labels[corev1.LabelTopologyZone]
-	eligible := !deleted && n.DeletionTimestamp == nil &&
-		!slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ToBeDeletedTaint })
-	t.mu.Lock()
-	t.node.eligible = eligible
-	changed := zone != t.node.zone
-	t.node.zone = zone
-	if changed {
-		t.rebuild = true
-		t.queuedLocked()
-	}
-	t.mu.Unlock()
-	if changed {
-		t.wake()
-	}
-}
-
 // informerSet runs informers until the context ends, and waits for them.
 type informerSet struct {
 	infs []cache.SharedIndexInformer
@@ -336,14 +319,18 @@ func (t *tracker) snapshot(full bool) (syncInputs, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	in := syncInputs{full: full, changed: t.dirty,
+		node: model.NodeInfo{Name: t.nodeName, Zone: t.node.zone, NodePortAddresses: t.node.portAddrs, Addresses: t.node.all}}
+	var othersChanged bool
+	in.otherNodes, othersChanged = t.othersLocked()
+	in.ranges, in.rangesChanged, in.refusedRanges = t.rangesLocked(othersChanged || t.node.allChanged)
+	t.node.allChanged = false
 	// A full sync re-reads the kernel, not the plans: they change only
 	// with their inputs (events, the node's addresses and zone, the
-	// schedulers the kernel refused), which set rebuild.
+	// Service ranges, the schedulers the kernel refused), which set
+	// rebuild.
 	rebuild := t.rebuild
 	t.rebuild = false
-	in := syncInputs{full: full, changed: t.dirty, ranges: t.ranges.prefixes, rangesChanged: t.ranges.changed,
-		node: model.NodeInfo{Name: t.nodeName, Zone: t.node.zone, NodePortAddresses: t.node.portAddrs, Addresses: t.node.all}}
-	t.ranges.changed = false
 	t.dirty = map[types.NamespacedName]time.Time{}
 	t.changedServices, t.sliceChanges = nil, 0
 	t.metrics.ServiceChangesPending.Set(0)
@@ -384,6 +371,7 @@ func (t *tracker) refreshNodeAddresses() error {
 	}
 	if !slices.Equal(all, t.node.all) {
 		t.node.all = all
+		t.node.allChanged = true
 		t.rebuild = true
 	}
 	return nil
@@ -397,8 +385,13 @@ type syncInputs struct {
 	// changed since the last sync.
 	ranges        []netip.Prefix
 	rangesChanged bool
-	services      map[types.NamespacedName]syncInput
-	changed       map[types.NamespacedName]time.Time
+	// refusedRanges are the Service ranges newly refused (saneRanges).
+	refusedRanges []refusedRange
+	// otherNodes are the other Nodes' addresses
+	// (model.BuildConfig.OtherNodes).
+	otherNodes map[netip.Addr]string
+	services   map[types.NamespacedName]syncInput
+	changed    map[types.NamespacedName]time.Time
 }
 
 type syncInput struct {
@@ -406,8 +399,8 @@ type syncInput struct {
 	slices []*model.EndpointSlice
 }
 
-// watch adds the informers of Services, EndpointSlices, this node's Node
-// and, when the ranges are routed and not given, ServiceCIDRs, with the
+// watch adds the informers of Services, EndpointSlices, Nodes (every
+// one, for their addresses) and, when the ranges are routed and not given, ServiceCIDRs, with the
 // tracker's handlers; it returns what tells when each has handled its
 // initial list.
 //
@@ -425,11 +418,9 @@ func (t *tracker) watch(ctx context.Context, client kubernetes.Interface, infs *
 	if err != nil {
 		return nil, fmt.Errorf("watch endpointslices: %w", err)
 	}
-	nodeReg, err := infs.add(corev1informers.NewFilteredNodeInformer(client, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", t.nodeName).String()
-	}), handler(t.onNode))
+	nodeReg, err := infs.add(nodeInformer(client), handler(t.onNode))
 	if err != nil {
-		return nil, fmt.Errorf("watch node: %w", err)
+		return nil, fmt.Errorf("watch nodes: %w", err)
 	}
 	synced := []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced, nodeReg.HasSynced}
 	if !watchRanges {

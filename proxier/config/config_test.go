@@ -159,6 +159,7 @@ func TestConfigErrors(t *testing.T) {
 		{"flags of another scheduler", "schedulerFlags: sh-port\n", []string{`schedulerFlags: scheduler flag "sh-port" applies to scheduler "sh", not "rr"`}, nil},
 		{"bad port range", "nodePortRange: 5-2\n", []string{`nodePortRange: "5-2" is not a port range`}, nil},
 		{"bad CIDR", "excludeCIDRs: [10.0.0.0/33]\n", []string{`excludeCIDRs: "10.0.0.0/33" is not a CIDR`}, nil},
+		{"bad externalIP CIDR", "externalIPCIDRs: [198.51.100.5]\n", []string{`externalIPCIDRs: "198.51.100.5" is not a CIDR`}, nil},
 		{"bad cluster CIDR", "clusterCIDRs: [pods]\n", []string{`clusterCIDRs: "pods" is not a CIDR`}, nil},
 		{"bad family", "ipFamilies: [IPv5]\n", []string{`ipFamilies: unknown family "IPv5"`}, nil},
 		{"bad log level", "logLevel: loud\n", []string{"logLevel: "}, nil},

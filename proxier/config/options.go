@@ -35,6 +35,7 @@ type Options struct {
 	SchedulerFlags    string        `json:"schedulerFlags" versioned:"ipvs.schedulerFlags"`
 	NodePortAddresses []string      `json:"nodePortAddresses" versioned:"nodePortAddresses"`
 	NodePortRange     string        `json:"nodePortRange" versioned:"nodePortRange"`
+	ExternalIPCIDRs   []string      `json:"externalIPCIDRs" versioned:"externalIPCIDRs"`
 	ExcludeCIDRs      []string      `json:"excludeCIDRs" versioned:"ipvs.excludeCIDRs"`
 	IPFamilies        []string      `json:"ipFamilies" versioned:"ipFamilies"`
 	RouteServiceCIDRs bool          `json:"routeServiceCIDRs" versioned:"ipvs.routeServiceCIDRs"`
@@ -132,6 +133,7 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs of the node addresses that serve node ports, per family: a family no CIDR names keeps all its addresses (default: all but loopback and the proxy's interface).")
 	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The apiserver's node-port range; node-port virtual servers in it are owned by ipvs-proxy.")
 	fs.BoolVar(&o.TakeoverKubeProxy, "takeover-kube-proxy", o.TakeoverKubeProxy, "Take the node over from a stopped kube-proxy in IPVS mode, in place: adopt the virtual servers on kube-ipvs0's addresses (kept as they are when wanted), then, once the node is fully programmed, remove kube-proxy's KUBE-* chains and sets and kube-ipvs0. Harmless where kube-proxy left nothing; never while kube-proxy runs.")
+	fs.StringSliceVar(&o.ExternalIPCIDRs, "external-ip-cidrs", o.ExternalIPCIDRs, "CIDRs a Service's externalIPs may be in; an externalIP outside all of them is not programmed, with a warning Event on the Service. Empty: every externalIP is allowed, as in kube-proxy (which has no such option).")
 	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers and addresses ipvs-proxy never cleans up when no Service wants them (kube-proxy's meaning); what a Service wants there is programmed.")
 	fs.StringSliceVar(&o.IPFamilies, "ip-families", o.IPFamilies, "IP families to program: IPv4, IPv6 or both.")
 	fs.BoolVar(&o.RouteServiceCIDRs, "route-service-cidrs", o.RouteServiceCIDRs, "Route the IPv4 Service ranges as local through the interface (one route each) instead of binding one address per clusterIP: the ranges of --service-cidrs, else of the cluster's ServiceCIDR objects (Kubernetes 1.33+). --route-service-cidrs=false binds one address per clusterIP, as kube-proxy's IPVS mode does, for tooling that reads the interface's addresses.")
@@ -232,6 +234,9 @@ func (o *Options) ProxierConfig() (agent.Config, netlinkutil.Timeouts, error) {
 		return cfg, netlinkutil.Timeouts{}, err
 	}
 	if cfg.ExcludeCIDRs, err = ParsePrefixes("exclude-cidrs", o.ExcludeCIDRs); err != nil {
+		return cfg, netlinkutil.Timeouts{}, err
+	}
+	if cfg.ExternalIPCIDRs, err = ParsePrefixes("external-ip-cidrs", o.ExternalIPCIDRs); err != nil {
 		return cfg, netlinkutil.Timeouts{}, err
 	}
 	if cfg.NodePortRange, err = ParsePortRange(o.NodePortRange); err != nil {

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,5 +62,23 @@ func TestGlueConfigDetectLocalMode(t *testing.T) {
 			t.Errorf("mode %q: cluster CIDRs %v, bridge %q, prefix %q, %v; want %d CIDRs, %q, %q",
 				tc.mode, g.ClusterCIDRs, g.LocalBridge, g.LocalInterfacePrefix, err, tc.wantCIDRs, tc.wantBridge, tc.wantPfx)
 		}
+	}
+}
+
+// TestProxierConfigExternalIPCIDRs: externalIPCIDRs reach the proxier's
+// configuration as prefixes, in both families; by default there are none
+// (every externalIP allowed, as in kube-proxy).
+func TestProxierConfigExternalIPCIDRs(t *testing.T) {
+	o := DefaultOptions()
+	o.HostnameOverride = "node-a"
+	cfg, _, err := o.ProxierConfig()
+	if err != nil || cfg.ExternalIPCIDRs != nil {
+		t.Errorf("default: %v, %v; want none", cfg.ExternalIPCIDRs, err)
+	}
+	o.ExternalIPCIDRs = []string{"198.51.100.0/24", "2001:db8::/64"}
+	cfg, _, err = o.ProxierConfig()
+	want := []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/64")}
+	if err != nil || !slices.Equal(cfg.ExternalIPCIDRs, want) {
+		t.Errorf("set: %v, %v; want %v", cfg.ExternalIPCIDRs, err, want)
 	}
 }

@@ -31,6 +31,7 @@ scheduler: sh
 schedulerFlags: sh-port
 nodePortAddresses: [10.0.0.0/8]
 nodePortRange: 30000-31000
+externalIPCIDRs: [198.51.100.0/24, "2001:db8::/64"]
 excludeCIDRs: [10.96.100.0/24]
 ipFamilies: [IPv4]
 routeServiceCIDRs: true
@@ -77,6 +78,7 @@ hostnameOverride: node-7
 ipFamilies: [IPv4]
 nodePortAddresses: [10.0.0.0/8]
 nodePortRange: 30000-31000
+externalIPCIDRs: [198.51.100.0/24, "2001:db8::/64"]
 clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/56"]
 detectLocalMode: BridgeInterface
 detectLocal:
@@ -127,6 +129,7 @@ serviceLimits:
 var everyOptionFlags = []string{
 	"--kubeconfig=/etc/ipvs-proxy/kubeconfig.conf", "--hostname-override=node-7", "--interface=ipvs1",
 	"--scheduler=sh", "--scheduler-flags=sh-port", "--nodeport-addresses=10.0.0.0/8", "--service-node-port-range=30000-31000",
+	"--external-ip-cidrs=198.51.100.0/24,2001:db8::/64",
 	"--exclude-cidrs=10.96.100.0/24", "--ip-families=IPv4", "--route-service-cidrs=true", "--service-cidrs=10.96.0.0/12",
 	"--min-sync-period=2s", "--sync-period=1m", "--ipvs-tcp-timeout=15m", "--ipvs-tcpfin-timeout=30s", "--ipvs-udp-timeout=10s",
 	"--log-level=debug", "--log-format=console", "--conntrack-max-per-core=0", "--conntrack-min=1000",

@@ -372,6 +372,9 @@ func (b *planBuilder) addresses() (addrs buildAddrs) {
 		if problem == "" {
 			problem = b.externalProblem(a)
 		}
+		if problem == "" && len(b.cfg.ExternalIPCIDRs) > 0 && !InRanges(b.cfg.ExternalIPCIDRs, a) {
+			problem = "is outside externalIPCIDRs; not programmed"
+		}
 		switch {
 		case problem != "":
 			b.warn("externalIP %q %s", s, problem)
@@ -425,7 +428,10 @@ func (b *planBuilder) addresses() (addrs buildAddrs) {
 // loopback, link-local and broadcast addresses are the node's or no one's
 // (buildParseAddr already refuses multicast and unspecified ones), and the
 // apiserver's address would cut the node off the apiserver, so that the
-// Service's deletion never reaches it (the CVE-2020-8554 class).
+// Service's deletion never reaches it (the CVE-2020-8554 class). Another
+// Node's address would make this node take every packet to that Node
+// (kubelet, sshd, the overlay): it is served by that Node alone, where it
+// is a node address (virtual servers, not bound).
 func (b *planBuilder) externalProblem(a netip.Addr) string {
 	switch {
 	case a.IsLoopback():
@@ -436,6 +442,9 @@ func (b *planBuilder) externalProblem(a netip.Addr) string {
 		return "is the broadcast address; not programmed"
 	case slices.Contains(b.cfg.APIServer, a):
 		return "is the address of the apiserver this node uses; not programmed"
+	}
+	if node, ok := b.cfg.OtherNodes[a]; ok && !b.isNodeAddress(a) {
+		return fmt.Sprintf("is an address of Node %s; served by that Node only, not programmed on this one", node)
 	}
 	return ""
 }
@@ -827,4 +836,22 @@ func (b *planBuilder) topology(cs []buildCandidate) []buildCandidate {
 		return m
 	}
 	return cs
+}
+
+// UsesExternalAddress reports whether one of svc's externalIPs or
+// LoadBalancer ingress IPs, read as Build reads them, is in addrs: a
+// change of what Build knows of those addresses (BuildConfig.OtherNodes)
+// changes svc's plan.
+func UsesExternalAddress(svc *Service, addrs map[netip.Addr]bool) bool {
+	if svc == nil || len(addrs) == 0 {
+		return false
+	}
+	in := func(s string) bool {
+		a, problem := buildParseAddr(s)
+		return problem == "" && addrs[a]
+	}
+	if slices.ContainsFunc(svc.Spec.ExternalIPs, in) {
+		return true
+	}
+	return slices.ContainsFunc(svc.Status.LoadBalancer.Ingress, func(ing LoadBalancerIngress) bool { return in(ing.IP) })
 }

@@ -3,7 +3,6 @@ package model
 import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Compact is the informers' transform (cache.TransformFunc): it turns
@@ -12,9 +11,10 @@ import (
 // *EndpointSlice (SliceOf): the handlers and the caches never see the API
 // objects, whose maps, pointers and unread strings (managed fields,
 // kubectl's last-applied-configuration, the selector, the endpoints'
-// target references) the collector then frees. A Node is trimmed in place
-// to its identity, zone label and taints (its status, with the image list,
-// can be kilobytes). Objects already compact, tombstones and other types
+// target references) the collector then frees. A Node becomes a *Node
+// (NodeOf: its zone, podCIDRs, addresses and whether it is leaving; its
+// status, with the image list, can be kilobytes). Objects already compact,
+// tombstones and other types
 // pass unchanged, so Compact may run twice (a watch-list runs it twice).
 //
 // The compact types are not runtime.Objects: client-go keys and versions
@@ -33,23 +33,13 @@ func Compact(obj any) (any, error) {
 		}
 	case *corev1.Node:
 		if o != nil {
-			trimMeta(&o.ObjectMeta, nil, func(k string) bool { return k == corev1.LabelTopologyZone })
-			o.Status = corev1.NodeStatus{}
-			o.Spec.PodCIDR, o.Spec.PodCIDRs = "", nil
-			o.Spec.ConfigSource = nil //nolint:staticcheck // SA1019: a deprecated field an old kubelet may still set; the cache keeps none of it
+			return NodeOf(o), nil
 		}
 	}
 	return obj, nil
 }
 
-// trimMeta keeps the identity and the annotations and labels whose keys
-// keepAnnotation and keepLabel accept (nil: none).
-func trimMeta(m *metav1.ObjectMeta, keepAnnotation, keepLabel func(string) bool) {
-	m.ManagedFields, m.OwnerReferences, m.Finalizers, m.GenerateName = nil, nil, nil, ""
-	m.Annotations = keepKeys(m.Annotations, keepAnnotation)
-	m.Labels = keepKeys(m.Labels, keepLabel)
-}
-
+// keepKeys keeps the entries whose keys keep accepts (nil: none).
 func keepKeys(in map[string]string, keep func(string) bool) map[string]string {
 	if keep == nil {
 		return nil

@@ -1,11 +1,13 @@
 package model_test
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -94,9 +96,11 @@ func TestCompact(t *testing.T) {
 		Spec: corev1.NodeSpec{PodCIDR: "10.244.0.0/24", PodCIDRs: []string{"10.244.0.0/24"}, Taints: taints},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.2.15"}},
 			Images: []corev1.ContainerImage{{Names: []string{strings.Repeat("registry.example/image:tag", 20)}, SizeBytes: 1}}}}
-	wantNode := &corev1.Node{ObjectMeta: fatMeta("node-1", map[string]string{corev1.LabelTopologyZone: "z1"}, nil),
-		Spec: corev1.NodeSpec{Taints: taints}}
-	wantNode.GenerateName, wantNode.Finalizers, wantNode.OwnerReferences, wantNode.ManagedFields = "", nil, nil, nil
+	fatNode.Status.Addresses = append(fatNode.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeHostName, Address: "node-1"},
+		corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "203.0.113.4"}, corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "10.0.2.15"})
+	wantNode := &model.Node{Name: "node-1", UID: fatNode.UID, ResourceVersion: fatNode.ResourceVersion, Zone: "z1", Leaving: true,
+		PodCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")},
+		Addresses: []netip.Addr{netip.MustParseAddr("10.0.2.15"), netip.MustParseAddr("203.0.113.4")}}
 
 	svcBefore, sliceBefore := fatSvc.DeepCopy(), fatSlice.DeepCopy()
 	for _, tc := range []struct {
@@ -108,11 +112,12 @@ func TestCompact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
+			addrs := cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})
+			if diff := cmp.Diff(tc.want, got, addrs); diff != "" {
 				t.Errorf("Compact (-want +got):\n%s", diff)
 			}
 			again, _ := model.Compact(got)
-			if diff := cmp.Diff(tc.want, again); diff != "" {
+			if diff := cmp.Diff(tc.want, again, addrs); diff != "" {
 				t.Errorf("Compact twice (-want +got):\n%s", diff)
 			}
 		})
@@ -138,6 +143,9 @@ func TestCompact(t *testing.T) {
 		if want := "ns/" + m.GetName(); key != want || m.GetResourceVersion() != "42" {
 			t.Errorf("%T: key %q, resource version %q; want %q, 42", obj, key, m.GetResourceVersion(), want)
 		}
+	}
+	if key, err := cache.MetaNamespaceKeyFunc(wantNode); err != nil || key != "node-1" {
+		t.Errorf("Node: key %q, %v; want node-1 (cluster-scoped)", key, err)
 	}
 	if ref := wantSvc.Ref(); ref.Kind != "Service" || ref.APIVersion != "v1" || ref.UID != "uid-default" || ref.Namespace != "ns" || ref.Name != "web" {
 		t.Errorf("Ref() = %+v", ref)

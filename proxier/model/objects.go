@@ -1,6 +1,8 @@
 package model
 
 import (
+	"net/netip"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -201,6 +203,76 @@ func SlicesOf(in []*discoveryv1.EndpointSlice) []*EndpointSlice {
 	out := make([]*EndpointSlice, len(in))
 	for i, s := range in {
 		out[i] = SliceOf(s)
+	}
+	return out
+}
+
+// Node is what the agent reads of a Node, and all that its informer keeps
+// (Compact makes it): the agent watches every Node for their addresses
+// (BuildConfig.OtherNodes), and reads the rest of its own. About 200 bytes
+// a Node, where the API object, with its images and conditions, is
+// kilobytes.
+type Node struct {
+	Name            string
+	UID             types.UID
+	ResourceVersion string
+	// Zone is the topology.kubernetes.io/zone label.
+	Zone string
+	// Leaving: the Node is being deleted, or tainted
+	// ToBeDeletedByClusterAutoscaler.
+	Leaving bool
+	// PodCIDRs are spec.podCIDRs (spec.podCIDR when only it is set);
+	// malformed ones are left out.
+	PodCIDRs []netip.Prefix
+	// Addresses are the InternalIP and ExternalIP addresses of
+	// status.addresses, each once.
+	Addresses []netip.Addr
+}
+
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it is
+// about to delete.
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
+
+// GetObjectMeta makes the Node usable in an informer's store.
+func (n *Node) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Name: n.Name, ResourceVersion: n.ResourceVersion, UID: n.UID}
+}
+
+// Ref is the Node's object reference, for Events (the kubelet's: the UID
+// is the name).
+func (n *Node) Ref() *corev1.ObjectReference {
+	return NodeRef(n.Name)
+}
+
+// NodeRef is the reference of the Node of that name, for Events.
+func NodeRef(name string) *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: name, UID: types.UID(name)}
+}
+
+// NodeOf returns what the agent reads of n (nil for nil); n is unchanged.
+func NodeOf(n *corev1.Node) *Node {
+	if n == nil {
+		return nil
+	}
+	out := &Node{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Zone: n.Labels[corev1.LabelTopologyZone],
+		Leaving: n.DeletionTimestamp != nil ||
+			slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ToBeDeletedTaint })}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out.PodCIDRs = append(out.PodCIDRs, p.Masked())
+		}
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil && !slices.Contains(out.Addresses, ip.Unmap()) {
+			out.Addresses = append(out.Addresses, ip.Unmap())
+		}
 	}
 	return out
 }

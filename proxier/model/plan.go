@@ -141,6 +141,15 @@ type BuildConfig struct {
 	// APIServer are the addresses of the apiserver the agent talks to: no
 	// externalIP or LoadBalancer IP may take them.
 	APIServer []netip.Addr
+	// OtherNodes are the addresses of the other Nodes (their
+	// status.addresses, InternalIP and ExternalIP), each with its Node's
+	// name: an externalIP or LoadBalancer IP among them is not programmed
+	// on this node, unless it is one of this node's own addresses.
+	OtherNodes map[netip.Addr]string
+	// ExternalIPCIDRs, when not empty, are the only prefixes an externalIP
+	// may be in (externalIPCIDRs); empty allows every one, as kube-proxy
+	// does.
+	ExternalIPCIDRs []netip.Prefix
 	// Unavailable are schedulers the node's kernel refused: a Service
 	// asking for one gets the default, with a warning.
 	Unavailable map[string]bool

@@ -16,7 +16,21 @@ import (
 var (
 	_ runtime.Object = (*Service)(nil)
 	_ runtime.Object = (*EndpointSlice)(nil)
+	_ runtime.Object = (*Node)(nil)
 )
+
+// GetObjectKind implements runtime.Object: a compact Node has no kind.
+func (n *Node) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject implements runtime.Object.
+func (n *Node) DeepCopyObject() runtime.Object {
+	if n == nil {
+		return (*Node)(nil)
+	}
+	c := *n
+	c.PodCIDRs, c.Addresses = slices.Clone(n.PodCIDRs), slices.Clone(n.Addresses)
+	return &c
+}
 
 // GetObjectKind implements runtime.Object: a compact Service has no kind.
 func (s *Service) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }

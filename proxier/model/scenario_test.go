@@ -73,7 +73,10 @@ type scenarioConfig struct {
 	APIServer       []netip.Addr   `json:"apiServer"`
 	Unavailable     []string       `json:"unavailable"`
 	ServiceRanges   []netip.Prefix `json:"serviceRanges"`
-	Limits          scenarioLimits `json:"limits"`
+	// OtherNodes maps another Node's address to its name.
+	OtherNodes      map[netip.Addr]string `json:"otherNodes"`
+	ExternalIPCIDRs []netip.Prefix        `json:"externalIPCIDRs"`
+	Limits          scenarioLimits        `json:"limits"`
 }
 
 // scenarioLimits is model.Limits in a scenario's config.yaml.
@@ -213,7 +216,7 @@ func decodeStrict(file string, ar *txtar.Archive, name string, v any) error {
 func (c scenarioConfig) toBuildConfig() (model.BuildConfig, error) {
 	out := model.BuildConfig{Scheduler: scheduler.Spec{Name: c.Scheduler}, IPv4: c.IPv4, IPv6: c.IPv6,
 		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer,
-		Limits: model.Limits(c.Limits)}
+		OtherNodes: c.OtherNodes, ExternalIPCIDRs: c.ExternalIPCIDRs, Limits: model.Limits(c.Limits)}
 	if c.SchedulerFlags != "" {
 		flags, err := scheduler.ParseFlags(c.Scheduler, c.SchedulerFlags)
 		if err != nil {

@@ -17,8 +17,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -175,16 +173,15 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg agent.Co
 		return model.Desired{}, nil, nil, 0, nil, err
 	}
 	var warnings []string
-	zone := ""
-	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()})
+	zone, ownAddrs := "", []netip.Addr(nil)
+	var others map[netip.Addr]string
+	nodes, err := agent.ListNodes(ctx, client)
 	if err != nil {
-		warnings = append(warnings, fmt.Sprintf("cannot read Node %s (its zone shapes topology-aware routing): %v", cfg.NodeName, err))
+		warnings = append(warnings, fmt.Sprintf("cannot read the Nodes (this one's zone shapes topology-aware routing; the others' addresses are not programmed here): %v", err))
 	} else {
-		for _, n := range nodes.Items {
-			if n.Name == cfg.NodeName {
-				zone = n.Labels[corev1.LabelTopologyZone]
-			}
+		var own *model.Node
+		if own, others = agent.NodeFacts(nodes, cfg.NodeName); own != nil {
+			zone, ownAddrs = own.Zone, own.Addresses
 		}
 	}
 
@@ -205,7 +202,8 @@ func desiredState(ctx context.Context, client kubernetes.Interface, cfg agent.Co
 		// run falls back to binding one address per clusterIP.
 		warnings = append(warnings, fmt.Sprintf("cannot read the Service ranges to route (%v): comparing with one address per clusterIP, as run does then", err))
 	}
-	want, conflicts, plans := agent.DesiredState(cfg, cfg.Planner(unavailable).WithRanges(ranges), services, slicesOf, node)
+	ranges = agent.SaneRanges(ranges, slices.Concat(nodeAddrs, ownAddrs), others)
+	want, conflicts, plans := agent.DesiredState(cfg, cfg.Planner(unavailable).WithRanges(ranges).WithOtherNodes(others), services, slicesOf, node)
 	for _, p := range ranges {
 		want.Route(p)
 	}

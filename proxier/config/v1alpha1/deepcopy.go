@@ -15,6 +15,7 @@ func (c *IPVSProxyConfiguration) DeepCopyInto(out *IPVSProxyConfiguration) {
 	out.IPFamilies = slices.Clone(c.IPFamilies)
 	out.NodePortAddresses = slices.Clone(c.NodePortAddresses)
 	out.ClusterCIDRs = slices.Clone(c.ClusterCIDRs)
+	out.ExternalIPCIDRs = slices.Clone(c.ExternalIPCIDRs)
 	out.IPVS.ExcludeCIDRs = slices.Clone(c.IPVS.ExcludeCIDRs)
 	out.IPVS.ServiceCIDRs = slices.Clone(c.IPVS.ServiceCIDRs)
 }

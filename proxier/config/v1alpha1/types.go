@@ -30,6 +30,11 @@ type IPVSProxyConfiguration struct {
 	// (--service-node-port-range). At the top: a fact of the cluster, not
 	// a setting of one of the groups.
 	NodePortRange string `json:"nodePortRange"`
+	// ExternalIPCIDRs are the CIDRs a Service's externalIPs may be in: an
+	// externalIP outside all of them is not programmed, with a warning
+	// Event on the Service; empty: every externalIP is allowed, as in
+	// kube-proxy (--external-ip-cidrs). At the top: a policy on Services.
+	ExternalIPCIDRs []string `json:"externalIPCIDRs"`
 	// ClusterCIDRs are the pods' CIDRs (--cluster-cidr; kube-proxy's
 	// clusterCIDR, there one comma-separated string).
 	ClusterCIDRs []string `json:"clusterCIDRs"`
