@@ -267,17 +267,16 @@ func RefusedEntries(err error) (keys []Key, only bool) {
 	var walk func(error)
 	walk = func(e error) {
 		var ee *EntryError
-		switch x := e.(type) {
-		case interface{ Unwrap() []error }:
-			for _, inner := range x.Unwrap() {
+		var joined interface{ Unwrap() []error }
+		switch {
+		case errors.As(e, &ee):
+			keys = append(keys, ee.Entry.Key())
+		case errors.As(e, &joined):
+			for _, inner := range joined.Unwrap() {
 				walk(inner)
 			}
 		default:
-			if errors.As(e, &ee) {
-				keys = append(keys, ee.Entry.Key())
-			} else {
-				only = false
-			}
+			only = false
 		}
 	}
 	walk(err)

@@ -27,7 +27,7 @@ type refRecorder struct {
 	events []string
 }
 
-func (r *refRecorder) Event(obj runtime.Object, eventtype, reason, message string) {
+func (r *refRecorder) Event(obj runtime.Object, _, reason, message string) {
 	ref, _ := obj.(*corev1.ObjectReference)
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -65,7 +65,7 @@ func TestRefusedEntriesChargedToService(t *testing.T) {
 	other := service(2)
 	b.g.SetPlan(fw.Service, fw)
 	b.g.SetPlan(other.Service, other)
-	refused := func(set string, e ipset.Entry) error {
+	refused := func(set string, _ ipset.Entry) error {
 		if set == "IPVSP-LB-FW" {
 			return ipset.ErrSetFull
 		}
