@@ -266,15 +266,19 @@ func RefusedEntries(err error) (keys []Key, only bool) {
 	only = true
 	var walk func(error)
 	walk = func(e error) {
-		var ee *EntryError
-		var joined interface{ Unwrap() []error }
-		switch {
-		case errors.As(e, &ee):
-			keys = append(keys, ee.Entry.Key())
-		case errors.As(e, &joined):
+		// A joined error part by part (errors.As would stop at its first
+		// EntryError), a wrapper through what it wraps.
+		if joined, ok := e.(interface{ Unwrap() []error }); ok { //nolint:errorlint // the parts are walked below
 			for _, inner := range joined.Unwrap() {
 				walk(inner)
 			}
+			return
+		}
+		switch x := e.(type) { //nolint:errorlint // wrappers are unwrapped one by one
+		case *EntryError:
+			keys = append(keys, x.Entry.Key())
+		case interface{ Unwrap() error }:
+			walk(x.Unwrap())
 		default:
 			only = false
 		}

@@ -295,25 +295,44 @@ func (k *Kernel) write(op, name string, entries []Entry, cmd int) error {
 	return errors.Join(errs...)
 }
 
+// entryError is the error of one entry a write did not make: an
+// EntryError when the kernel refused that entry on its own (a full set, an
+// entry its type does not take), which callers charge to whoever wanted
+// it; otherwise (no such set, EPERM, ENOMEM, a protocol error) the node's,
+// naming the entry.
 func entryError(op, name string, e Entry, err error) error {
 	var errno syscall.Errno
 	switch {
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("ipset: %s %s %s: %w", op, name, e, ErrNotFound)
+		err = ErrNotFound
 	case errors.As(err, &errno) && int(errno) == ipsetErrHashFull && e.Addr.IsValid():
 		// Each type numbers its own errors from the same base; only hash
 		// sets' entries have an address (a bitmap:port's code there is
 		// its range error).
-		err = ErrSetFull
+		return &EntryError{Op: op, Set: name, Entry: e, Err: ErrSetFull}
+	case errors.As(err, &errno) && refusesEntry(int(errno)):
+		return &EntryError{Op: op, Set: name, Entry: e, Err: nl.IPSetError(uintptr(errno))}
 	case errors.As(err, &errno) && int(errno) >= nl.IPSET_ERR_PRIVATE:
 		err = nl.IPSetError(uintptr(errno))
 	}
-	return &EntryError{Op: op, Set: name, Entry: e, Err: err}
+	return fmt.Errorf("ipset: %s %s %s: %w", op, name, e, err)
 }
 
 // ipsetErrHashFull is the hash types' IPSET_ERR_HASH_FULL, the first of
 // their own error codes (the kernel's ip_set_hash.h).
 const ipsetErrHashFull = nl.IPSET_ERR_TYPE_SPECIFIC
+
+// refusesEntry reports whether an ipset error code is about the entry
+// itself: the types' own codes (a full hash, a port out of a bitmap's
+// range, a missing protocol) and an address or prefix the set does not
+// take.
+func refusesEntry(code int) bool {
+	switch code {
+	case nl.IPSET_ERR_IPADDR_IPV4, nl.IPSET_ERR_IPADDR_IPV6, nl.IPSET_ERR_INVALID_CIDR:
+		return true
+	}
+	return code >= nl.IPSET_ERR_TYPE_SPECIFIC
+}
 
 // entryMessages packs entries into messages of cmd on set name (one each
 // if single); message j holds entries[bounds[j]:bounds[j+1]], numbered

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -346,6 +347,37 @@ func TestKernelSetFull(t *testing.T) {
 	for _, r := range refused {
 		if slices.ContainsFunc(got.Entries, func(e Entry) bool { return e.Key() == r }) {
 			t.Errorf("refused entry %s is in the set", r.Entry())
+		}
+	}
+}
+
+// TestEntryErrorClass: only the kernel's refusals of the entry itself are
+// EntryErrors (charged to the Services that want the entry); a node-wide
+// errno (EPERM, ENOMEM, a protocol error) is the node's, naming the entry.
+func TestEntryErrorClass(t *testing.T) {
+	e := Entry{Addr: netip.MustParseAddr("10.96.0.1"), Proto: ktypes.TCP, Port: 80}
+	for _, tc := range []struct {
+		errno syscall.Errno
+		entry bool
+		full  bool
+	}{
+		{syscall.Errno(nl.IPSET_ERR_TYPE_SPECIFIC), true, true},
+		{syscall.Errno(nl.IPSET_ERR_TYPE_SPECIFIC + 3), true, false},
+		{syscall.Errno(nl.IPSET_ERR_IPADDR_IPV6), true, false},
+		{syscall.EPERM, false, false},
+		{syscall.ENOMEM, false, false},
+		{syscall.Errno(nl.IPSET_ERR_PROTOCOL), false, false},
+	} {
+		err := entryError("add", "IPVSP-SERVICE", e, tc.errno)
+		var ee *EntryError
+		if got := errors.As(err, &ee); got != tc.entry {
+			t.Errorf("errno %d: EntryError %v, want %v (%v)", tc.errno, got, tc.entry, err)
+		}
+		if got := errors.Is(err, ErrSetFull); got != tc.full {
+			t.Errorf("errno %d: ErrSetFull %v, want %v", tc.errno, got, tc.full)
+		}
+		if !strings.Contains(err.Error(), e.String()) {
+			t.Errorf("errno %d: %v does not name the entry", tc.errno, err)
 		}
 	}
 }

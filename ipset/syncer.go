@@ -307,27 +307,35 @@ func difference(want Wanted, have Contents) (add, del []Key) {
 
 // apply adds, then deletes, entries of a live set and keeps the view's
 // copy, if it has one (the caller records a mirrored view's new contents:
-// viewed.holds). A failed write forgets the view.
+// viewed.holds). A failed write forgets the view. Entries the kernel
+// refuses on their own (EntryError) do not hold the deletions up: other
+// owners' removals (a narrowed source range) must not wait for them.
 func (s *Syncer) apply(name string, v *viewed, add, del []Key, st *Stats) error {
 	// Additions first: for a moment the set holds old and new entries,
 	// never neither.
 	s.wrote(name, add)
-	if err := s.write(name, add, true); err != nil {
+	addErr := s.write(name, add, true)
+	if addErr != nil {
 		v.forget()
 		s.wroteAll(name)
-		return err
-	}
-	st.Added += len(add)
-	if v.entries != nil {
-		for _, e := range add {
-			v.entries[e] = struct{}{}
+		refused, only := RefusedEntries(addErr)
+		if !only {
+			return addErr
+		}
+		st.Added += len(add) - len(refused)
+	} else {
+		st.Added += len(add)
+		if v.entries != nil {
+			for _, e := range add {
+				v.entries[e] = struct{}{}
+			}
 		}
 	}
 	s.wrote(name, del)
 	if err := s.write(name, del, false); err != nil {
 		v.forget()
 		s.wroteAll(name)
-		return err
+		return errors.Join(addErr, err)
 	}
 	st.Deleted += len(del)
 	if v.entries != nil {
@@ -335,7 +343,7 @@ func (s *Syncer) apply(name string, v *viewed, add, del []Key, st *Stats) error 
 			delete(v.entries, e)
 		}
 	}
-	return nil
+	return addErr
 }
 
 // read dumps the set, creating it if missing. A set whose parameters differ
@@ -428,21 +436,26 @@ func (s *Syncer) rebuild(spec Spec, want Wanted, st *Stats) error {
 	s.wroteAll(spec.Name)
 	tmp := spec
 	tmp.Name = TempName(spec.Name)
-	if err := s.fillTemp(tmp, want, st); err != nil {
-		return err
+	// Entries refused on their own do not stop the swap (the live set
+	// would refuse them too); the set is then reread by its next sync.
+	refusedErr := s.fillTemp(tmp, want, st)
+	if _, only := RefusedEntries(refusedErr); refusedErr != nil && !only {
+		return refusedErr
 	}
 	if err := s.sets.Swap(spec.Name, tmp.Name); err != nil {
 		s.view[tmp.Name].forget() // kept for the next attempt, reread
-		return err
+		return errors.Join(refusedErr, err)
 	}
 	st.Rebuilt = true
 	v := &viewed{spec: spec}
-	v.holds(want)
+	if refusedErr == nil {
+		v.holds(want)
+	}
 	s.view[spec.Name] = v
 	// The temporary set now holds the old contents: known to exist, to be
 	// destroyed now or, if that fails, by the set's next sync.
 	s.view[tmp.Name] = &viewed{spec: tmp, temp: true}
-	return s.dropTemp(spec.Name)
+	return errors.Join(refusedErr, s.dropTemp(spec.Name))
 }
 
 // fillTemp makes the rebuild's set tmp hold want: synced by difference

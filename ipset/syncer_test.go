@@ -633,3 +633,56 @@ func TestSyncerAnotherMirrored(t *testing.T) {
 		t.Errorf("set %v, want only 10.96.0.2,tcp:80", got)
 	}
 }
+
+// TestSyncerRefusedEntryDoesNotHoldDeletes: an entry the kernel refuses on
+// its own fails the sync with that entry alone (RefusedEntries), the
+// deletions of the same sync are made all the same (another owner's
+// narrowed entries must not wait for it), the view is forgotten so the
+// next sync rereads the set and writes the entry again, and a rebuild
+// swaps its set in despite such a refusal.
+func TestSyncerRefusedEntryDoesNotHoldDeletes(t *testing.T) {
+	f := fake.New()
+	s := ipset.NewSyncer(f)
+	sync(t, s, contents(ep("10.96.0.1", 80), ep("10.96.0.2", 80)), false)
+	refused := ep("10.96.0.9", 80)
+	f.RefuseEntries(func(_ string, e ipset.Entry) error {
+		if e == refused {
+			return ipset.ErrSetFull
+		}
+		return nil
+	})
+	_, err := s.Sync(spec, contents(ep("10.96.0.2", 80), refused), false)
+	if got, only := ipset.RefusedEntries(err); !only || len(got) != 1 || got[0] != refused.Key() {
+		t.Fatalf("sync error %v: refused %v (only refusals: %v), want %s alone", err, got, only, refused)
+	}
+	if diff := cmp.Diff([]string{"10.96.0.2,tcp:80"}, f.Entries(spec.Name)); diff != "" {
+		t.Errorf("set after a refused add (-want +got): the deletion must be made\n%s", diff)
+	}
+	f.RefuseEntries(nil)
+	f.ResetCalls()
+	sync(t, s, contents(ep("10.96.0.2", 80), refused), false)
+	if diff := cmp.Diff([]fake.Call{"List IPVSP-CLUSTER-IP", "Add IPVSP-CLUSTER-IP 10.96.0.9,tcp:80"}, f.Calls()); diff != "" {
+		t.Errorf("the sync after a refusal (-want +got): reread, then the refused entry\n%s", diff)
+	}
+
+	// A rebuild (every entry changes) with a refused entry still swaps.
+	var old, many []ipset.Entry
+	for i := range 300 {
+		old = append(old, ep(fmt.Sprintf("10.98.%d.%d", i/250, 1+i%250), 80))
+		many = append(many, ep(fmt.Sprintf("10.97.%d.%d", i/250, 1+i%250), 80))
+	}
+	sync(t, s, contents(old...), false)
+	f.RefuseEntries(func(_ string, e ipset.Entry) error {
+		if e == many[7] {
+			return ipset.ErrSetFull
+		}
+		return nil
+	})
+	st, err := s.Sync(spec, contents(many...), false)
+	if _, only := ipset.RefusedEntries(err); !only || !st.Rebuilt {
+		t.Fatalf("rebuild with a refused entry: rebuilt %v, error %v; want the swap and the refusal alone", st.Rebuilt, err)
+	}
+	if n := len(f.Entries(spec.Name)); n != 299 {
+		t.Errorf("the rebuilt set holds %d entries, want the 299 taken", n)
+	}
+}
