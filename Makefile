@@ -25,10 +25,15 @@ build:
 # The container image, an OCI archive assembled without a container engine
 # from bin/ipvs-proxy and Debian's iptables and kmod (see deploy/image).
 # Files carry the last commit's time, so a rebuild gives the same digest.
+# The binary's SBOM (CycloneDX, by cyclonedx-gomod pinned in
+# e2e/tools/cyclonedx-gomod: every Go module linked in, with its version)
+# is bin/ipvs-proxy.cdx.json and /sbom.cdx.json in the image.
 IMAGE ?= ipvs-proxy:latest
 image: build
+	$(GO) -C e2e/tools/cyclonedx-gomod tool cyclonedx-gomod bin -json -noserial -notimestamp -version '$(VERSION)' \
+		-output $(CURDIR)/bin/ipvs-proxy.cdx.json $(CURDIR)/bin/ipvs-proxy
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
-		$(GO) run ./deploy/image --binary bin/ipvs-proxy --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
+		$(GO) run ./deploy/image --binary bin/ipvs-proxy --sbom bin/ipvs-proxy.cdx.json --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
 
 # The bed is a module of its own in e2e/, which requires this one through
 # a replace: its tests and commands build there. E2E_GO runs go in it;
@@ -152,7 +157,7 @@ fuzz:
 # of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
 # on a fresh machine the downloads overlap instead of each waiting behind
 # the compiles of the build before it.
-MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint e2e/tools/govulncheck deploy/helm
+MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint e2e/tools/govulncheck e2e/tools/cyclonedx-gomod deploy/helm
 deps:
 	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
 		status=0; for p in $$pids; do wait $$p || status=1; done; \
