@@ -15,7 +15,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 
-.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster results
+.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster results
 
 all: build
 
@@ -25,10 +25,15 @@ build:
 # The container image, an OCI archive assembled without a container engine
 # from bin/ipvs-proxy and Debian's iptables and kmod (see deploy/image).
 # Files carry the last commit's time, so a rebuild gives the same digest.
+# The binary's SBOM (CycloneDX, by cyclonedx-gomod pinned in
+# e2e/tools/cyclonedx-gomod: every Go module linked in, with its version)
+# is bin/ipvs-proxy.cdx.json and /sbom.cdx.json in the image.
 IMAGE ?= ipvs-proxy:latest
 image: build
+	$(GO) -C e2e/tools/cyclonedx-gomod tool cyclonedx-gomod bin -json -noserial -notimestamp -version '$(VERSION)' \
+		-output $(CURDIR)/bin/ipvs-proxy.cdx.json $(CURDIR)/bin/ipvs-proxy
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
-		$(GO) run ./deploy/image --binary bin/ipvs-proxy --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
+		$(GO) run ./deploy/image --binary bin/ipvs-proxy --sbom bin/ipvs-proxy.cdx.json --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
 
 # The bed is a module of its own in e2e/, which requires this one through
 # a replace: its tests and commands build there. E2E_GO runs go in it;
@@ -152,7 +157,7 @@ fuzz:
 # of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
 # on a fresh machine the downloads overlap instead of each waiting behind
 # the compiles of the build before it.
-MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint deploy/helm
+MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint e2e/tools/govulncheck e2e/tools/cyclonedx-gomod deploy/helm
 deps:
 	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
 		status=0; for p in $$pids; do wait $$p || status=1; done; \
@@ -164,7 +169,7 @@ bed:
 
 # golangci-lint (.golangci.yml; pinned by e2e/tools/golangci-lint's go.mod,
 # built into bin/) over the three modules whose code is ours, after gofmt
-# over every file and go vet.
+# over every file and go vet; then vulncheck.
 GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
 lint:
 	@bad=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
@@ -175,6 +180,22 @@ lint:
 	$(GOLANGCI_LINT) run ./...
 	cd e2e && $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
 	cd deploy/helm && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
+	$(MAKE) --no-print-directory vulncheck
+
+# govulncheck over the agent's module (what the binary and the image
+# builder link), offline: govulncheck and the Go vulnerability database
+# come pinned through the Go module proxy from e2e/tools/govulncheck's
+# go.mod (golang.org/x/vulndb holds the database's OSV entries; its
+# indexdb writes them as a database for -db file://), so vuln.go.dev is
+# never asked. It fails on any vulnerability the code reaches, the Go
+# standard library's included: those are fixed by the Go release that
+# builds, not by go.mod.
+vulncheck:
+	$(GO) -C e2e/tools/govulncheck build -o $(CURDIR)/bin/govulncheck golang.org/x/vuln/cmd/govulncheck
+	$(GO) -C e2e/tools/govulncheck build -o $(CURDIR)/bin/indexdb golang.org/x/vulndb/cmd/indexdb
+	rm -rf bin/vulndb && bin/indexdb -vulns "$$($(GO) -C e2e/tools/govulncheck list -m -f '{{.Dir}}' golang.org/x/vulndb)/data/osv" -out bin/vulndb
+	@echo "vulncheck: database golang.org/x/vulndb@$$($(GO) -C e2e/tools/govulncheck list -m -f '{{.Version}}' golang.org/x/vulndb), $$(ls bin/vulndb/ID | wc -l) entries; $$($(GO) env GOVERSION)"
+	bin/govulncheck -db file://$(CURDIR)/bin/vulndb ./...
 
 demo:
 	$(E2E_CMD) ./cmd/demo

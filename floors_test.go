@@ -20,6 +20,7 @@ var floors = map[string]int{
 	"netlinkutil/nettest":   0,
 	"netlinkutil/nltest":    0,
 	"netlinkutil/probe":     0,
+	"proxier/nodelock":      0,
 	"netlinkutil":           1,
 	"ipset":                 1,
 	"netlinkutil/fake":      2,

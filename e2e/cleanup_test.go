@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 )
 
 // vmRun runs a command in the VM and fails the test if it fails.
@@ -164,6 +166,26 @@ func TestCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// run marked its interface as its own: the mark cleanup goes by.
+	if alias := e.vmRun(t, "cat", "/sys/class/net/"+proxyIface+"/ifalias"); strings.TrimSpace(alias) != "ipvs-proxy" {
+		t.Errorf("%s has alias %q, want ipvs-proxy", proxyIface, alias)
+	}
+	// A dummy another tool made is not cleanup's, even when named.
+	e.vmRun(t, "ip", "link", "add", "foreign0", "type", "dummy")
+	t.Cleanup(func() { _, _ = e.VM.RunOK(context.Background(), "ip", "link", "del", "foreign0") })
+	e.vmRun(t, "ip", "addr", "add", "192.0.2.50/32", "dev", "foreign0")
+	r, err := e.VM.Run(context.Background(), bed.GuestBinary, "cleanup", "--interface", "foreign0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == 0 || !strings.Contains(r.Stdout, "interface foreign0: left alone with its virtual servers: a dummy without ipvs-proxy's mark") {
+		t.Errorf("cleanup --interface foreign0: exit %d, want non-zero, saying it left foreign0 alone:\n%s%s", r.ExitCode, r.Stdout, r.Stderr)
+	}
+	if !e.vmOK("ip", "link", "show", "foreign0") {
+		t.Errorf("cleanup --interface foreign0 deleted another tool's dummy:\n%s", r.Stdout)
+	}
+	e.expectForeignIntact(t, "after cleanup --interface foreign0") // 192.0.2.50:80 is on foreign0's address
+
 	out := e.vmRun(t, bed.GuestBinary, "cleanup")
 	t.Logf("ipvs-proxy cleanup:\n%s", out)
 	expectNothingOurs := func(when string) {
@@ -206,4 +228,48 @@ func TestCleanup(t *testing.T) {
 	// Back to work: the agent rebuilds everything.
 	restart()
 	e.expectBackends(t, "tcp", addr, names(bes))
+}
+
+// TestOneAgentPerNode: while the bed's agent runs, a second agent on the
+// node, even with no metrics or health address to collide on, exits at
+// once with an error naming the running one; `ipvs-proxy cleanup` refuses
+// and removes nothing; the running agent keeps serving.
+func TestOneAgentPerNode(t *testing.T) {
+	e := setup(t)
+	_, svc, bes := e.httpService(t, "oneagent", 1)
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.expectBackends(t, "tcp", addr, names(bes))
+	ctx := context.Background()
+	pid := strings.Fields(e.vmRun(t, "pidof", "ipvs-proxy"))[0]
+	holds := "process " + pid + " holds the lock @ipvs-proxy-agent"
+
+	second := append([]string{bed.GuestBinary, "run", "--kubeconfig", guestKubecfg, "--hostname-override", nodeName}, agentArgs...)
+	second = append(second, "--metrics-bind-address=", "--healthz-bind-address=")
+	r, err := e.VM.Exec(ctx, vm.Command{Argv: second, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case r.TimedOut:
+		t.Errorf("a second agent, no addresses bound, still ran after a minute:\n%s", tailLines(r.Stderr, 20))
+	case r.ExitCode == 0 || !strings.Contains(r.Stderr, holds):
+		t.Errorf("second agent: exit %d, want non-zero with %q:\n%s", r.ExitCode, holds, tailLines(r.Stderr, 20))
+	default:
+		t.Logf("second agent refused: %s", strings.TrimSpace(lastLine(r.Stderr)))
+	}
+
+	r, err = e.VM.Run(ctx, bed.GuestBinary, "cleanup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == 0 || !strings.Contains(r.Stderr, "cleanup refused, nothing removed: "+holds) || r.Stdout != "" {
+		t.Errorf("cleanup while the agent runs: exit %d, want non-zero, nothing done, naming process %s:\n%s%s", r.ExitCode, pid, r.Stdout, r.Stderr)
+	}
+	if !e.vmOK("ip", "link", "show", proxyIface) {
+		t.Errorf("%s is gone after the refused cleanup", proxyIface)
+	}
+	e.expectBackends(t, "tcp", addr, names(bes))
+	if now := strings.Fields(e.vmRun(t, "pidof", "ipvs-proxy")); len(now) != 1 || now[0] != pid {
+		t.Errorf("ipvs-proxy processes %v, want the bed's agent %s alone", now, pid)
+	}
 }

@@ -239,10 +239,83 @@ func TestClusterNode(t *testing.T) {
 	} else {
 		t.Logf("pod client -> https://%s/version: %s", cluster.KubernetesIP, strings.TrimSpace(out))
 	}
+	podHardening(ctx, t, c, ns)
 	if mem, err := c.VM.RunOK(ctx, "free", "-m"); err == nil {
 		t.Logf("VM memory:\n%s", mem)
 	}
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// podHardening: the chart's pod runs under containerd's RuntimeDefault
+// seccomp profile with only NET_ADMIN and NET_RAW, and works there (its
+// init container ran preflight, the agent programs IPVS over netlink and
+// its rules with iptables-restore); and a container of the image as a
+// non-root user, given the same capabilities, gets none of them (the
+// runtime sets no ambient capabilities), which is why the DaemonSet runs
+// as root.
+func podHardening(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) {
+	t.Helper()
+	pods, err := c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: cluster.IPVSProxyPods})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("ipvs-proxy's pods: %v, %v", pods, err)
+	}
+	if sc := pods.Items[0].Spec.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("ipvs-proxy's pod securityContext %+v, want seccompProfile RuntimeDefault", sc)
+	}
+	status := agentStatus(ctx, t, c.VM)
+	seccomp := regexp.MustCompile(`(?m)^Seccomp:\s*(\d)`).FindStringSubmatch(status)
+	capEff := regexp.MustCompile(`(?m)^CapEff:\s*(\S+)`).FindStringSubmatch(status)
+	if seccomp == nil || seccomp[1] != "2" || capEff == nil || capEff[1] != "0000000000003000" {
+		t.Errorf("the agent's Seccomp %v (want 2, a filter) and CapEff %v (want 0000000000003000, NET_ADMIN and NET_RAW)", seccomp, capEff)
+	}
+	save, err := c.VM.RunOK(ctx, "iptables-save")
+	if err != nil || !strings.Contains(save, ":IPVSP-") {
+		t.Errorf("no IPVSP- chains from the agent's iptables-restore under the profile: %v\n%s", err, save)
+	}
+
+	capNetAdmin := regexp.MustCompile(`(?m)^capability CAP_NET_ADMIN\s+(\S+)`)
+	for _, tc := range []struct {
+		user int64
+		want string
+	}{{0, "OK"}, {65534, "FAIL"}} {
+		name := fmt.Sprintf("preflight-uid-%d", tc.user)
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PodSpec{
+				RestartPolicy:                 corev1.RestartPolicyNever,
+				TerminationGracePeriodSeconds: ptr.To[int64](1),
+				SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+				Containers: []corev1.Container{{
+					Name: "preflight", Image: cluster.ProxyImage, ImagePullPolicy: corev1.PullIfNotPresent,
+					Command: []string{"/usr/local/bin/ipvs-proxy", "preflight"},
+					SecurityContext: &corev1.SecurityContext{
+						RunAsUser: ptr.To(tc.user), AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
+						Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}},
+					},
+				}},
+			},
+		}
+		if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(ctx, t, "pod "+name+" ended", func() (bool, string) {
+			got, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return got.Status.Phase == corev1.PodSucceeded || got.Status.Phase == corev1.PodFailed, cluster.PodSummary(got)
+		}, c.KubeletLog)
+		b, err := c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("logs of pod %s: %v", name, err)
+		}
+		m := capNetAdmin.FindStringSubmatch(string(b))
+		if m == nil || m[1] != tc.want {
+			t.Errorf("preflight as uid %d with NET_ADMIN and NET_RAW added: CAP_NET_ADMIN %v, want %s:\n%s", tc.user, m, tc.want, b)
+		} else {
+			t.Logf("preflight as uid %d with NET_ADMIN and NET_RAW added: %s", tc.user, strings.TrimSpace(capNetAdmin.FindString(string(b))))
+		}
+	}
 }
 
 // dnsBackend is a pod's port 53 as a real server in `ipvsadm -Ln`.

@@ -400,15 +400,7 @@ func leastPrivilegeRun(t *testing.T, e env, ns, runCaps string) {
 		!regexp.MustCompile(`"set sysctl".*"net/ipv4/vs/conntrack"`).MatchString(p.Output()) {
 		t.Errorf("no log of setting net/ipv4/vs/conntrack:\n%s", grepLines(p.Output(), "sysctl"))
 	}
-	pid, err := e.VM.RunOK(ctx, "pidof", "ipvs-proxy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	status, err := e.VM.RunOK(ctx, "cat", "/proc/"+strings.Fields(pid)[0]+"/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	capEff := regexp.MustCompile(`(?m)^CapEff:\s*(\S+)`).FindStringSubmatch(status)
+	capEff := regexp.MustCompile(`(?m)^CapEff:\s*(\S+)`).FindStringSubmatch(agentStatus(ctx, t, e.VM))
 	if capEff == nil || capEff[1] != "0000000000003000" { // CAP_NET_ADMIN (12) | CAP_NET_RAW (13)
 		t.Errorf("the agent's effective capabilities %v, want 0000000000003000 (NET_ADMIN, NET_RAW)", capEff)
 	}
@@ -432,4 +424,19 @@ func leastPrivilegeRun(t *testing.T, e env, ns, runCaps string) {
 	}
 	t.Logf("agent with %s (CapEff %s), /proc/sys read-only: synced, sysctls set through %s, /healthz and a health-check node port served",
 		runCaps, capEff[1], "/host/proc/sys")
+}
+
+// agentStatus is /proc/PID/status of the ipvs-proxy process running in
+// the VM.
+func agentStatus(ctx context.Context, t *testing.T, v *vm.VM) string {
+	t.Helper()
+	pid, err := v.RunOK(ctx, "pidof", "ipvs-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := v.RunOK(ctx, "cat", "/proc/"+strings.Fields(pid)[0]+"/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status
 }

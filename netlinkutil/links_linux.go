@@ -54,6 +54,13 @@ func (l *kernelLinks) EnsureDummy(name string) error {
 	case link.Type() != "dummy":
 		return fmt.Errorf("interface %s exists but is of type %q, not dummy", name, link.Type())
 	}
+	// Marked when made, or when found without the mark (made before links
+	// carried it, or by hand): run uses it, so cleanup may remove it.
+	if link.Attrs().Alias != OwnerAlias {
+		if err := l.h.LinkSetAlias(link, OwnerAlias); err != nil {
+			return fmt.Errorf("mark interface %s as ipvs-proxy's (alias %s): %w", name, OwnerAlias, err)
+		}
+	}
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		if err := l.h.LinkSetUp(link); err != nil {
 			return fmt.Errorf("set interface %s up: %w", name, err)
@@ -75,6 +82,17 @@ func (l *kernelLinks) DeleteLink(name string) error {
 		return fmt.Errorf("delete interface %s: %w", name, err)
 	}
 	return nil
+}
+
+func (l *kernelLinks) LinkInfo(name string) (LinkInfo, bool, error) {
+	link, err := l.h.LinkByName(name)
+	if isNotFound(err) {
+		return LinkInfo{}, false, nil
+	}
+	if err != nil {
+		return LinkInfo{}, false, fmt.Errorf("look up interface %s: %w", name, err)
+	}
+	return LinkInfo{Type: link.Type(), Alias: link.Attrs().Alias}, true, nil
 }
 
 func (l *kernelLinks) ListAddresses(name string) ([]netip.Addr, error) {

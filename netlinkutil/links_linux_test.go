@@ -1,6 +1,7 @@
 package netlinkutil
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -134,6 +135,31 @@ func TestDummy(t *testing.T) {
 	}
 	if err := l.AddAddress("ipvs-test0", netip.MustParseAddr("10.96.0.1")); err != nil {
 		t.Fatal(err)
+	}
+	// Marked as ipvs-proxy's; a dummy made by another tool is not, until
+	// EnsureDummy is told to use it.
+	foreign := netlink.NewLinkAttrs()
+	foreign.Name = "foreign0"
+	if err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: foreign}); err != nil {
+		t.Fatal(err)
+	}
+	infos := func() map[string]any {
+		out := map[string]any{}
+		for _, name := range []string{"ipvs-test0", "foreign0", "missing0"} {
+			info, ok, err := l.LinkInfo(name)
+			out[name] = fmt.Sprint(info, ok, info.Owned(), err)
+		}
+		return out
+	}
+	if diff := cmp.Diff(map[string]any{"ipvs-test0": "{dummy ipvs-proxy} true true <nil>", "foreign0": "{dummy } true false <nil>",
+		"missing0": "{ } false false <nil>"}, infos()); diff != "" {
+		t.Errorf("LinkInfo (-want +got):\n%s", diff)
+	}
+	if err := l.EnsureDummy("foreign0"); err != nil {
+		t.Fatal(err)
+	}
+	if info, _, _ := l.LinkInfo("foreign0"); !info.Owned() {
+		t.Errorf("EnsureDummy on an unmarked dummy left it %+v", info)
 	}
 	// A link of another type under the name is refused, not taken over.
 	attrs := netlink.NewLinkAttrs()

@@ -100,10 +100,13 @@ type StatsReader interface {
 // Links manages the dummy interface that holds virtual IPs, and reads the
 // node's own addresses.
 type Links interface {
-	// EnsureDummy creates the dummy link if missing and sets it up.
+	// EnsureDummy creates the dummy link if missing and sets it up; the
+	// link carries OwnerAlias, set on one that exists without it.
 	EnsureDummy(name string) error
 	// DeleteLink removes a link; a missing link is not an error.
 	DeleteLink(name string) error
+	// LinkInfo tells what a link is; ok is false when it does not exist.
+	LinkInfo(name string) (info LinkInfo, ok bool, err error)
 	// ListAddresses lists the addresses bound to a link (nil if it does not
 	// exist).
 	ListAddresses(link string) ([]netip.Addr, error)
@@ -146,6 +149,17 @@ func (r LocalRoute) String() string {
 // that they are told from the kernel's own routes for bound addresses and
 // anyone else's (`ip route show table local proto 120`).
 const RouteProtocol = 120
+
+// OwnerAlias is the alias (IFLA_IFALIAS, `ip link` shows it) of the
+// dummy links EnsureDummy makes or keeps: the mark by which `ipvs-proxy
+// cleanup` knows a link as ipvs-proxy's own.
+const OwnerAlias = "ipvs-proxy"
+
+// LinkInfo is what a link is: its type ("dummy", "veth", ...) and alias.
+type LinkInfo struct{ Type, Alias string }
+
+// Owned reports whether the link is one EnsureDummy made or kept.
+func (i LinkInfo) Owned() bool { return i.Type == "dummy" && i.Alias == OwnerAlias }
 
 // KubeProxyInterface is kube-proxy's IPVS dummy interface.
 const KubeProxyInterface = "kube-ipvs0"

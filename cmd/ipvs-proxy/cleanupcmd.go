@@ -14,8 +14,12 @@ func newCleanupCommand() *cobra.Command {
 		Long: `Remove what ipvs-proxy owns: its iptables chains (IPVSP-*) and the jumps to
 them, on both backends and both families; its ipsets (IPVSP-*); its IPVS
 virtual servers (on the addresses of its interface, or on a node address with
-a port in the node-port range); and its dummy interface with the VIPs.
-Everything else stays. Running it twice is fine. Stop the agent first.
+a port in the node-port range); and its dummy interface with the VIPs
+(a dummy that run made or used: it carries the alias ipvs-proxy; a link
+of that name without it is left alone, with its virtual servers, and
+reported). Everything else stays. Running it twice is fine. It refuses
+to start while an agent runs on the node (the agent would put everything
+back), and no agent starts while it runs.
 
 With --kube-proxy it also removes what kube-proxy's IPVS mode leaves behind
 when migrating: kube-ipvs0 and its virtual servers, kube-proxy's KUBE-*

@@ -133,6 +133,11 @@ func TestDeployDaemonSet(t *testing.T) {
 	if len(spec.InitContainers) != 1 || len(spec.Containers) != 1 {
 		t.Fatalf("%d init containers, %d containers; want 1 and 1", len(spec.InitContainers), len(spec.Containers))
 	}
+	// The runtime's default seccomp profile for both containers (the
+	// kubelet's default is Unconfined).
+	if psc := spec.SecurityContext; psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %+v, want seccompProfile RuntimeDefault", psc)
+	}
 	mounts := func(c corev1.Container) map[string]corev1.VolumeMount {
 		m := map[string]corev1.VolumeMount{}
 		for _, vm := range c.VolumeMounts {

@@ -19,6 +19,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/cleanup"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/nodelock"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 )
@@ -51,6 +52,12 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	// One agent per node, before anything touches the kernel.
+	lock, err := nodelock.Acquire(nodelock.Agent)
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	defer func() { _ = lock.Release() }()
 	config.LogWarning(log, warn)
 	cfg, timeouts, err := o.ProxierConfig()
 	if err != nil {

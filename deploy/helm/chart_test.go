@@ -241,6 +241,11 @@ func TestValues(t *testing.T) {
 			run + "env[1].value": "200MiB"}},
 		{"pod annotations", `podAnnotations: {prometheus.io/scrape: "true"}`, map[string]any{
 			pod[:len(pod)-len("spec.")] + "metadata.annotations.prometheus.io/scrape": "true"}},
+		{"seccomp profile of one's own", `podSecurityContext: {seccompProfile: {type: Localhost, localhostProfile: profiles/ipvs-proxy.json}}`, map[string]any{
+			pod + "securityContext.seccompProfile.type":             "Localhost",
+			pod + "securityContext.seccompProfile.localhostProfile": "profiles/ipvs-proxy.json"}},
+		{"no pod securityContext", `podSecurityContext: null`, map[string]any{
+			pod + "securityContext.seccompProfile.type": nil}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var vals map[string]any
@@ -297,6 +302,7 @@ func TestBadValues(t *testing.T) {
 		{`config: {logging: {format: text}}`, "format"},
 		{`toleration: []`, "toleration"},
 		{`apiServer: ""`, "apiServer"},
+		{`podSecurityContext: {seccompProfile: {type: Default}}`, "type"},
 	} {
 		var vals map[string]any
 		if err := yaml.Unmarshal([]byte(tc.vals), &vals); err != nil {

@@ -21,6 +21,8 @@ const (
 type spec struct {
 	// Binary is the static ipvs-proxy binary.
 	Binary string
+	// SBOM is the binary's SBOM, put at sbomPath; empty: none.
+	SBOM string
 	// Userland is a directory tree (Debian's iptables, kmod and their
 	// libraries, unpacked) that becomes the first layer.
 	Userland string
@@ -69,6 +71,11 @@ func assemble(s spec) (v1.Image, error) {
 		return nil, fmt.Errorf("userland layer: %w", err)
 	}
 	bin, err := ociimage.Layer(func(t *ociimage.TarWriter) error {
+		if s.SBOM != "" {
+			if err := t.File(strings.TrimPrefix(sbomPath, "/"), s.SBOM, 0o644); err != nil {
+				return err
+			}
+		}
 		return t.File(strings.TrimPrefix(binaryPath, "/"), s.Binary, 0o755)
 	}, s.Epoch)
 	if err != nil {

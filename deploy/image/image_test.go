@@ -89,7 +89,11 @@ func TestImageArchive(t *testing.T) {
 		t.Fatal(err)
 	}
 	epoch := time.Unix(1700000000, 0).UTC()
-	s := spec{Binary: bin, Userland: fakeUserland(t), UserlandDesc: "fake packages", Arch: arch, Epoch: epoch,
+	sbom := filepath.Join(t.TempDir(), "sbom.cdx.json")
+	if err := os.WriteFile(sbom, []byte(`{"bomFormat":"CycloneDX"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := spec{Binary: bin, SBOM: sbom, Userland: fakeUserland(t), UserlandDesc: "fake packages", Arch: arch, Epoch: epoch,
 		Labels: map[string]string{"org.opencontainers.image.version": "test"}}
 	img, err := assemble(s)
 	if err != nil {
@@ -138,7 +142,7 @@ func TestImageArchive(t *testing.T) {
 	want := map[string]byte{binaryPath[1:]: tar.TypeReg, "usr/sbin/xtables-nft-multi": tar.TypeReg,
 		"usr/sbin/iptables-nft-restore": tar.TypeSymlink, "usr/sbin/iptables": tar.TypeSymlink,
 		"usr/sbin/ip6tables-save": tar.TypeSymlink, "etc/protocols": tar.TypeReg, "tmp": tar.TypeDir,
-		"var/run": tar.TypeSymlink}
+		"var/run": tar.TypeSymlink, sbomPath[1:]: tar.TypeReg}
 	for name, typ := range want {
 		h, ok := files[name]
 		if !ok {
@@ -151,6 +155,9 @@ func TestImageArchive(t *testing.T) {
 	}
 	if h := files[binaryPath[1:]]; h != nil && h.Mode != 0o755 {
 		t.Errorf("binary mode %o", h.Mode)
+	}
+	if h := files[sbomPath[1:]]; h != nil && h.Mode != 0o644 {
+		t.Errorf("SBOM mode %o, want 644", h.Mode)
 	}
 	if h := files["usr/sbin/iptables"]; h != nil && h.Linkname != "iptables-nft" {
 		t.Errorf("iptables -> %s, want iptables-nft", h.Linkname)

@@ -14,7 +14,8 @@
 // The image: /usr/local/bin/ipvs-proxy is the entrypoint (command "run");
 // iptables-nft and iptables-legacy (the unsuffixed names are nft, as on
 // Debian) with ip6tables; kmod's modprobe for `ipvs-proxy preflight
-// --load-modules`. Files and the image carry one fixed time
+// --load-modules`; with --sbom, the binary's SBOM at /sbom.cdx.json. Files
+// and the image carry one fixed time
 // (SOURCE_DATE_EPOCH, else 0), so the same inputs give the same digest.
 package main
 
@@ -58,6 +59,7 @@ func run() error {
 	tag := flag.String("tag", "ipvs-proxy:latest", "the image's name")
 	version := flag.String("version", "dev", "the version label")
 	work := flag.String("work", "", "scratch directory (default: a temporary one, removed)")
+	sbom := flag.String("sbom", "", "the binary's SBOM (CycloneDX JSON), checked against the binary and put in the image at "+sbomPath)
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
@@ -74,6 +76,13 @@ func run() error {
 	arch, err := checkStatic(*binary)
 	if err != nil {
 		return err
+	}
+	if *sbom != "" {
+		n, err := checkSBOM(*sbom, *binary)
+		if err != nil {
+			return err
+		}
+		logf("SBOM %s: lists the %d modules of %s", *sbom, n, *binary)
 	}
 	if debArch, err := dpkgArch(ctx); err != nil {
 		return err
@@ -109,7 +118,10 @@ func run() error {
 		"org.opencontainers.image.version":     *version,
 		"io.ipvs-proxy.debian-packages":        strings.Join(pv, " "),
 	}
-	img, err := assemble(spec{Binary: *binary, Userland: root, Arch: arch, Epoch: epoch, Labels: labels,
+	if *sbom != "" {
+		labels["io.ipvs-proxy.sbom"] = sbomPath
+	}
+	img, err := assemble(spec{Binary: *binary, SBOM: *sbom, Userland: root, Arch: arch, Epoch: epoch, Labels: labels,
 		UserlandDesc: "Debian packages " + strings.Join(pv, " ")})
 	if err != nil {
 		return err

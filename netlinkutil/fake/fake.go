@@ -508,6 +508,7 @@ func (f *IPVS) Close() {}
 type Links struct {
 	mu     sync.Mutex
 	links  map[string]map[netip.Addr]bool                     // dummy links and their addresses
+	infos  map[string]netlinkutil.LinkInfo                    // what each link is (EnsureDummy's: marked dummies)
 	routes map[string]map[netip.Prefix]netlinkutil.LocalRoute // local routes through each link
 	node   []netip.Addr                                       // addresses of the node's other links
 	calls  []Call
@@ -591,7 +592,7 @@ func (l *Links) Deliver() int {
 
 // NewLinks returns a fake whose node has the given addresses.
 func NewLinks(nodeAddrs ...netip.Addr) *Links {
-	return &Links{links: map[string]map[netip.Addr]bool{}, routes: map[string]map[netip.Prefix]netlinkutil.LocalRoute{}, node: nodeAddrs}
+	return &Links{links: map[string]map[netip.Addr]bool{}, infos: map[string]netlinkutil.LinkInfo{}, routes: map[string]map[netip.Prefix]netlinkutil.LocalRoute{}, node: nodeAddrs}
 }
 
 // InjectErrors installs f; nil removes it.
@@ -724,13 +725,39 @@ func (l *Links) EnsureDummy(name string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.links[name]; ok {
+		if info := l.infos[name]; info.Type == "dummy" {
+			info.Alias = netlinkutil.OwnerAlias // as the kernel's marks it
+			l.infos[name] = info
+		}
 		return l.record("ListLink %s", name)
 	}
 	if err := l.record(callEnsureDummy, name); err != nil {
 		return err
 	}
 	l.links[name] = map[netip.Addr]bool{}
+	l.infos[name] = netlinkutil.LinkInfo{Type: "dummy", Alias: netlinkutil.OwnerAlias}
 	return nil
+}
+
+// AddLink makes a link as another tool would (no write recorded):
+// info.Type "dummy" without netlinkutil.OwnerAlias is a dummy that
+// ipvs-proxy did not make.
+func (l *Links) AddLink(name string, info netlinkutil.LinkInfo) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.links[name] = map[netip.Addr]bool{}
+	l.infos[name] = info
+}
+
+// LinkInfo implements netlinkutil.Links.
+func (l *Links) LinkInfo(name string) (netlinkutil.LinkInfo, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.record("ListLinkInfo %s", name); err != nil {
+		return netlinkutil.LinkInfo{}, false, err
+	}
+	info, ok := l.infos[name]
+	return info, ok, nil
 }
 
 // DeleteLink implements netlinkutil.Links.
@@ -749,6 +776,7 @@ func (l *Links) DeleteLink(name string) error {
 		l.announceLocked(netlinkutil.Removal{Link: name})
 	}
 	delete(l.links, name)
+	delete(l.infos, name)
 	delete(l.routes, name) // the kernel drops a link's routes with it
 	return nil
 }

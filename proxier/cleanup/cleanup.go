@@ -4,6 +4,7 @@
 package cleanup
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/nodelock"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 )
 
@@ -30,11 +32,16 @@ type Options struct {
 	NodePortRange string
 	ExcludeCIDRs  []string
 	KubeProxy     bool
+	// LockName is the node's agent lock (nodelock); empty: nodelock.Agent.
+	LockName string
 }
 
 // Run removes, in this order: the iptables rules (so that no rule uses
 // a set), the ipsets, the virtual servers, and the interfaces (which takes
-// their VIPs along). It goes on after a failure and reports every one.
+// their VIPs along). It goes on after a failure and reports every one. It
+// refuses to start while an agent runs on the node (the agent would put
+// everything back, and its syncs would fail meanwhile), and holds the
+// agent's lock while it runs, so that no agent starts meanwhile.
 func Run(ctx context.Context, o *Options, out io.Writer) error {
 	if o.Interface == "" || len(o.Interface) > 15 {
 		return fmt.Errorf("--interface: %q is not a valid interface name", o.Interface)
@@ -47,6 +54,12 @@ func Run(ctx context.Context, o *Options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	lockName := cmp.Or(o.LockName, nodelock.Agent)
+	lock, err := nodelock.Acquire(lockName)
+	if err != nil {
+		return fmt.Errorf("cleanup refused, nothing removed: %w; stop the agent first (it puts everything back)", err)
+	}
+	defer func() { _ = lock.Release() }()
 	say := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	var errs []error
 
@@ -64,15 +77,46 @@ func Run(ctx context.Context, o *Options, out io.Writer) error {
 		return errors.Join(append(errs, err)...)
 	}
 	ifaces := []string{o.Interface}
-	if o.KubeProxy {
+	if o.KubeProxy && o.Interface != model.KubeProxyInterface {
 		ifaces = append(ifaces, model.KubeProxyInterface)
 	}
-	if ipvs, err := netlinkutil.NewIPVS(); err != nil {
+	ipvs, err := netlinkutil.NewIPVS()
+	if err != nil {
 		say("ipvs: skipped (%v)", err)
+		ipvs = nil
 	} else {
-		for _, iface := range ifaces {
-			own := agent.Config{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}.Ownership()
-			n, err := cleanupVirtualServers(ipvs, links, own)
+		defer ipvs.Close()
+	}
+	own := func(iface string) model.Ownership {
+		return agent.Config{Interface: iface, NodePortRange: portRange, ExcludeCIDRs: exclude}.Ownership()
+	}
+	errs = append(errs, cleanupInterfaces(ipvs, links, ifaces, own, o.KubeProxy, say)...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cleanup incomplete: %w", err)
+	}
+	return nil
+}
+
+// cleanupInterfaces removes, for each interface in turn, the virtual
+// servers the ownership rule gives it (none with a nil ipvs) and then the
+// link, which takes its VIPs along. A link that is not ipvs-proxy's (see
+// notOurs) is left alone with its virtual servers, and is an error.
+func cleanupInterfaces(ipvs netlinkutil.IPVS, links netlinkutil.Links, ifaces []string, own func(iface string) model.Ownership,
+	kubeProxy bool, say func(string, ...any)) []error {
+	var errs []error
+	for _, iface := range ifaces {
+		info, exists, err := links.LinkInfo(iface)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if why := notOurs(iface, info, kubeProxy); exists && why != "" {
+			say("interface %s: left alone with its virtual servers: %s", iface, why)
+			errs = append(errs, fmt.Errorf("interface %s is not ipvs-proxy's: %s", iface, why))
+			continue
+		}
+		if ipvs != nil {
+			n, err := cleanupVirtualServers(ipvs, links, own(iface))
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -82,16 +126,13 @@ func Run(ctx context.Context, o *Options, out io.Writer) error {
 			}
 			say("ipvs: deleted %d %s owned by %s", n, what, iface)
 		}
-		ipvs.Close()
-	}
-	for _, iface := range ifaces {
+		if !exists {
+			say("interface %s: not present", iface)
+			continue
+		}
 		addrs, err := links.ListAddresses(iface)
 		if err != nil {
 			errs = append(errs, err)
-			continue
-		}
-		if addrs == nil {
-			say("interface %s: not present", iface)
 			continue
 		}
 		if err := links.DeleteLink(iface); err != nil {
@@ -100,10 +141,25 @@ func Run(ctx context.Context, o *Options, out io.Writer) error {
 		}
 		say("interface %s: deleted with %d addresses", iface, len(addrs))
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("cleanup incomplete: %w", err)
+	return errs
+}
+
+// notOurs says why cleanup must not remove the link name, "" when it may:
+// a dummy link that run made or kept carries netlinkutil.OwnerAlias;
+// kube-proxy's kube-ipvs0 (a dummy) goes only with --kube-proxy.
+func notOurs(name string, info netlinkutil.LinkInfo, kubeProxy bool) string {
+	switch {
+	case info.Owned():
+		return ""
+	case name == model.KubeProxyInterface && !kubeProxy:
+		return "it is kube-proxy's: removed only with --kube-proxy"
+	case name == model.KubeProxyInterface && info.Type == "dummy":
+		return ""
+	case info.Type != "dummy":
+		return fmt.Sprintf("a %s link, not ipvs-proxy's dummy", info.Type)
+	default:
+		return fmt.Sprintf("a dummy without ipvs-proxy's mark (alias %q): run never used it; remove it by hand (ip link del %s) if it is ipvs-proxy's", netlinkutil.OwnerAlias, name)
 	}
-	return nil
 }
 
 // cleanupNetfilter removes the chains (and the jumps to them) and then the

@@ -89,8 +89,15 @@ func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
 	}
+	// The SBOM as make image writes it (e2e/tools/cyclonedx-gomod).
+	sbom := filepath.Join(tmp, "ipvs-proxy.cdx.json")
+	gen := exec.CommandContext(ctx, "go", "-C", filepath.Join(root, "e2e/tools/cyclonedx-gomod"), "tool", "cyclonedx-gomod",
+		"bin", "-json", "-noserial", "-notimestamp", "-version", "e2e", "-output", sbom, bin)
+	if b, err := gen.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("ipvs-proxy's SBOM: %w\n%s", err, b)
+	}
 	cmd := exec.CommandContext(ctx, "go", "run", "github.com/ipvs-proxy/ipvs-proxy/deploy/image",
-		"--binary", bin, "--output", out, "--tag", ProxyImage, "--version", "e2e")
+		"--binary", bin, "--sbom", sbom, "--output", out, "--tag", ProxyImage, "--version", "e2e")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(imageEpoch.Unix(), 10))
 	b, err := cmd.CombinedOutput()
