@@ -6,6 +6,11 @@ export PATH := /usr/local/go/bin:$(PATH)
 # that each package is compiled once and shared through the build cache.
 export CGO_ENABLED := 0
 export GOFLAGS := -trimpath
+# The Go release everything is built with, fetched through the Go module
+# proxy when the machine's own is another: the machine's go1.26.8 has
+# standard-library vulnerabilities the agent reaches (net/http,
+# crypto/tls, crypto/x509; `make vulncheck`), fixed by 1.26.11.
+export GOTOOLCHAIN := go1.26.11
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 # The commit built (-dirty with uncommitted changes); empty outside a git
