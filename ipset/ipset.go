@@ -268,7 +268,7 @@ func RefusedEntries(err error) (keys []Key, only bool) {
 	walk = func(e error) {
 		// A joined error part by part (errors.As would stop at its first
 		// EntryError), a wrapper through what it wraps.
-		if joined, ok := e.(interface{ Unwrap() []error }); ok { //nolint:errorlint // the parts are walked below
+		if joined, ok := e.(interface{ Unwrap() []error }); ok {
 			for _, inner := range joined.Unwrap() {
 				walk(inner)
 			}

@@ -174,3 +174,18 @@ func (s Stats) Add(o Stats) Stats {
 	return Stats{Connections: s.Connections + o.Connections, PacketsIn: s.PacketsIn + o.PacketsIn,
 		PacketsOut: s.PacketsOut + o.PacketsOut, BytesIn: s.BytesIn + o.BytesIn, BytesOut: s.BytesOut + o.BytesOut}
 }
+
+// Since is what the counters grew by from earlier ones of the same
+// virtual server: each counter's difference, or the counter itself where
+// it is below the earlier one (the virtual server was re-created, or a 32-
+// bit counter wrapped: counted from 0 again).
+func (s Stats) Since(earlier Stats) Stats {
+	d := func(now, then uint64) uint64 {
+		if now < then {
+			return now
+		}
+		return now - then
+	}
+	return Stats{Connections: d(s.Connections, earlier.Connections), PacketsIn: d(s.PacketsIn, earlier.PacketsIn),
+		PacketsOut: d(s.PacketsOut, earlier.PacketsOut), BytesIn: d(s.BytesIn, earlier.BytesIn), BytesOut: d(s.BytesOut, earlier.BytesOut)}
+}

@@ -22,8 +22,13 @@ import (
 // Sync failed (by index in list), and the pending finishers. Only the sync
 // loop touches it once Run has begun.
 type consumerSet struct {
-	list                []consumer.Consumer
-	retry               map[int]*reconciler.Backoff
+	list  []consumer.Consumer
+	retry map[int]*reconciler.Backoff
+	// again holds the backoff of each consumer whose Sync succeeded but
+	// asked to be synced again (consumer.ServiceReporter's Retry: writes
+	// the kernel refused for some Service): due like a retry, but the node
+	// is not failing for it.
+	again               map[int]*reconciler.Backoff
 	finishers           []finisher
 	retryBase, retryMax time.Duration
 	log                 *zap.Logger
@@ -36,7 +41,8 @@ type finisher struct {
 }
 
 func newConsumerSet(retryBase, retryMax time.Duration, log *zap.Logger) *consumerSet {
-	return &consumerSet{retry: map[int]*reconciler.Backoff{}, retryBase: retryBase, retryMax: retryMax, log: log}
+	return &consumerSet{retry: map[int]*reconciler.Backoff{}, again: map[int]*reconciler.Backoff{},
+		retryBase: retryBase, retryMax: retryMax, log: log}
 }
 
 // add adds a consumer; one that reads off the loop gets wake.
@@ -67,9 +73,11 @@ func (cs *consumerSet) setRanges(ranges []netip.Prefix) {
 // due reports whether a consumer's retry is due or a consumer's background
 // read waits to be applied.
 func (cs *consumerSet) due(now time.Time) bool {
-	for _, b := range cs.retry {
-		if b.Due(now) {
-			return true
+	for _, m := range []map[int]*reconciler.Backoff{cs.retry, cs.again} {
+		for _, b := range m {
+			if b.Due(now) {
+				return true
+			}
 		}
 	}
 	for _, c := range cs.list {
@@ -86,9 +94,11 @@ func (cs *consumerSet) retrying() bool { return len(cs.retry) > 0 }
 // nextRetry is the earlier of next and the consumers' next retry (zero:
 // none waits).
 func (cs *consumerSet) nextRetry(next time.Time) time.Time {
-	for _, b := range cs.retry {
-		if at := b.Next(); next.IsZero() || at.Before(next) {
-			next = at
+	for _, m := range []map[int]*reconciler.Backoff{cs.retry, cs.again} {
+		for _, b := range m {
+			if at := b.Next(); next.IsZero() || at.Before(next) {
+				next = at
+			}
 		}
 	}
 	return next
@@ -104,9 +114,9 @@ func (cs *consumerSet) sync(now time.Time, full, after bool) error {
 		if _, ok := c.(consumer.AfterReconciler); ok != after {
 			continue
 		}
-		b := cs.retry[i]
+		b, a := cs.retry[i], cs.again[i]
 		cfull := full || (b != nil && b.Due(now))
-		if err := c.Sync(cfull); err != nil {
+		if err := c.Sync(cfull || (a != nil && a.Due(now))); err != nil {
 			if b == nil {
 				b = &reconciler.Backoff{}
 				cs.retry[i] = b
@@ -115,24 +125,30 @@ func (cs *consumerSet) sync(now time.Time, full, after bool) error {
 			errs = append(errs, nodeFailure{part: c.Name(), err: fmt.Errorf("%s: %w", c.Name(), err)})
 			continue
 		}
-		if sr, ok := c.(consumer.ServiceReporter); ok && sr.Retry() {
-			// Healthy, but some Service's writes were refused: again
-			// after the backoff.
-			// (A partial sync meanwhile leaves the backoff as it is.)
-			if b == nil {
-				b = &reconciler.Backoff{}
-				cs.retry[i] = b
-				b.Fail(now, cs.retryBase, cs.retryMax)
-			} else if cfull {
-				b.Fail(now, cs.retryBase, cs.retryMax)
-			}
-			continue
-		}
 		if cfull || b == nil {
 			delete(cs.retry, i)
 		}
+		cs.syncAgain(i, c, now)
 	}
 	return errors.Join(errs...)
+}
+
+// syncAgain keeps the backoff of a consumer that asks to be synced again
+// (consumer.ServiceReporter's Retry): started at its first ask, doubled at
+// each due sync that still asks, gone once it stops asking.
+func (cs *consumerSet) syncAgain(i int, c consumer.Consumer, now time.Time) {
+	sr, ok := c.(consumer.ServiceReporter)
+	a := cs.again[i]
+	switch {
+	case !ok || !sr.Retry():
+		delete(cs.again, i)
+	case a == nil:
+		a = &reconciler.Backoff{}
+		cs.again[i] = a
+		a.Fail(now, cs.retryBase, cs.retryMax)
+	case a.Due(now):
+		a.Fail(now, cs.retryBase, cs.retryMax)
+	}
 }
 
 // runFinishers runs the pending finishers; those that succeed are done.

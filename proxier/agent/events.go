@@ -60,9 +60,13 @@ func newLimitedRecorder(inner record.EventRecorder, limiter flowcontrol.PassiveR
 	return &limitedRecorder{inner: inner, limiter: limiter, log: log}
 }
 
-// allow takes a token, or counts a dropped Event.
-func (r *limitedRecorder) allow() bool {
-	if r.limiter.TryAccept() {
+// allow takes a token for a Warning, or counts a dropped one. Normal Events
+// (a failure's end: ServiceProgrammed, NodeSyncRecovered,
+// VirtualServerConflictResolved) pass: dropping one would leave the last
+// Event saying the failure goes on; each follows a Warning, and the spam
+// filter bounds them per object.
+func (r *limitedRecorder) allow(eventtype string) bool {
+	if eventtype == corev1.EventTypeNormal || r.limiter.TryAccept() {
 		return true
 	}
 	r.mu.Lock()
@@ -76,19 +80,19 @@ func (r *limitedRecorder) allow() bool {
 }
 
 func (r *limitedRecorder) Event(obj runtime.Object, eventtype, reason, message string) {
-	if r.allow() {
+	if r.allow(eventtype) {
 		r.inner.Event(obj, eventtype, reason, message)
 	}
 }
 
 func (r *limitedRecorder) Eventf(obj runtime.Object, eventtype, reason, messageFmt string, args ...any) {
-	if r.allow() {
+	if r.allow(eventtype) {
 		r.inner.Eventf(obj, eventtype, reason, messageFmt, args...)
 	}
 }
 
 func (r *limitedRecorder) AnnotatedEventf(obj runtime.Object, annotations map[string]string, eventtype, reason, messageFmt string, args ...any) {
-	if r.allow() {
+	if r.allow(eventtype) {
 		r.inner.AnnotatedEventf(obj, annotations, eventtype, reason, messageFmt, args...)
 	}
 }

@@ -29,4 +29,10 @@ func TestEventsBoundedPerNode(t *testing.T) {
 	if got := logs.FilterMessageSnippet("Events dropped").Len(); got != 1 {
 		t.Errorf("%d log lines about dropped Events, want 1 (at most one a minute)", got)
 	}
+	// The end of a failure is never dropped by the node's bucket.
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s0"}}
+	r.Event(svc, corev1.EventTypeNormal, "ServiceProgrammed", "programmed again")
+	if n := len(fake.Events); n != eventsPerNodeBurst+1 {
+		t.Errorf("a Normal Event past the node's burst was dropped (%d recorded)", n)
+	}
 }

@@ -103,15 +103,23 @@ type failingOutcome struct {
 
 func (o failingOutcome) Problems() []reconciler.ServiceStatus {
 	out := o.outcome.Problems()
+	if len(o.f.reported) == 0 {
+		return out
+	}
+	at := make(map[types.NamespacedName]int, len(out))
+	for i, s := range out {
+		at[s.Service] = i
+	}
 	for _, name := range slices.SortedFunc(maps.Keys(o.f.reported), compareNames) {
 		why := o.f.reported[name]
-		if i := slices.IndexFunc(out, func(s reconciler.ServiceStatus) bool { return s.Service == name }); i >= 0 {
+		if i, ok := at[name]; ok {
 			out[i].Failures = max(out[i].Failures, 1)
 			out[i].LastError = strings.TrimPrefix(out[i].LastError+"; "+why, "; ")
 			continue
 		}
 		out = append(out, reconciler.ServiceStatus{Service: name, Failures: 1, LastError: why})
 	}
+	slices.SortFunc(out, func(a, b reconciler.ServiceStatus) int { return compareNames(a.Service, b.Service) })
 	return out
 }
 
@@ -119,7 +127,12 @@ func (o failingOutcome) Failing(name types.NamespacedName) bool {
 	return o.outcome.Failing(name) || o.f.reported[name] != ""
 }
 
-func compareNames(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) }
+func compareNames(a, b types.NamespacedName) int {
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
+}
 
 // serviceFailed logs a change of a Service's failure and raises an Event on
 // it (why "": it no longer fails).

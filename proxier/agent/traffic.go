@@ -6,6 +6,7 @@ package agent
 // Service port), and each scrape dumps every virtual server.
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -34,19 +35,29 @@ type trafficOwner struct {
 	created time.Time
 }
 
-// trafficIndex maps each virtual server to the Service ports that want
-// it. The sync loop writes it (setPlan), scrapes read it.
+// trafficIndex maps each virtual server to the Service ports that want it,
+// and keeps each Service port's counts. The sync loop writes the map
+// (setPlan), scrapes read it and the counts (sum).
 type trafficIndex struct {
 	mu    sync.Mutex
 	byVS  map[ktypes.VSKey][]trafficOwner
 	bySvc map[types.NamespacedName][]ktypes.VSKey
+	// last is each virtual server's counters at the last scrape, and
+	// totals each Service port's counts: a port's series grows by what its
+	// virtual servers counted since, so it never goes back when one of
+	// them leaves it (an address removed, a conflict's holder changed) or
+	// is re-created (its counters start from 0).
+	last   map[ktypes.VSKey]ktypes.Stats
+	totals map[trafficPort]ktypes.Stats
 }
 
 func newTrafficIndex() *trafficIndex {
-	return &trafficIndex{byVS: map[ktypes.VSKey][]trafficOwner{}, bySvc: map[types.NamespacedName][]ktypes.VSKey{}}
+	return &trafficIndex{byVS: map[ktypes.VSKey][]trafficOwner{}, bySvc: map[types.NamespacedName][]ktypes.VSKey{},
+		last: map[ktypes.VSKey]ktypes.Stats{}, totals: map[trafficPort]ktypes.Stats{}}
 }
 
-// setPlan records a Service's virtual servers (nil: it is gone).
+// setPlan records a Service's virtual servers (nil: it is gone, and so are
+// its ports' counts).
 func (x *trafficIndex) setPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -59,7 +70,8 @@ func (x *trafficIndex) setPlan(name types.NamespacedName, plan *model.ServicePla
 		}
 	}
 	delete(x.bySvc, name)
-	if plan == nil || len(plan.VirtualServers) == 0 {
+	if plan == nil {
+		maps.DeleteFunc(x.totals, func(p trafficPort, _ ktypes.Stats) bool { return p.svc == name })
 		return
 	}
 	keys := make([]ktypes.VSKey, 0, len(plan.VirtualServers))
@@ -67,11 +79,13 @@ func (x *trafficIndex) setPlan(name types.NamespacedName, plan *model.ServicePla
 		keys = append(keys, vs.VSKey)
 		x.byVS[vs.VSKey] = append(x.byVS[vs.VSKey], trafficOwner{trafficPort{name, vs.PortName, vs.Protocol}, plan.Created})
 	}
-	x.bySvc[name] = keys
+	if len(keys) > 0 {
+		x.bySvc[name] = keys
+	}
 }
 
 // holder is the Service port whose traffic a virtual server carries: the
-// oldest Service's, as the reconciler decides (model.Precedes' order).
+// one whose Service holds it (model.Precedes' order).
 func (x *trafficIndex) holder(k ktypes.VSKey) (trafficPort, bool) {
 	owners := x.byVS[k]
 	if len(owners) == 0 {
@@ -79,25 +93,33 @@ func (x *trafficIndex) holder(k ktypes.VSKey) (trafficPort, bool) {
 	}
 	best := owners[0]
 	for _, o := range owners[1:] {
-		if o.created.Before(best.created) || (o.created.Equal(best.created) && o.svc.String() < best.svc.String()) {
+		a := model.ServicePlan{Service: o.svc, Created: o.created}
+		b := model.ServicePlan{Service: best.svc, Created: best.created}
+		if model.Precedes(&a, &b) {
 			best = o
 		}
 	}
 	return best.trafficPort, true
 }
 
-// sum adds the kernel's counters up per Service port; virtual servers no
-// Service wants (another proxy's, one being removed) are left out.
+// sum takes a scrape's counters: each virtual server's growth since the
+// last scrape (all of it when it is new or was re-created) is added to the
+// Service port that holds it now; virtual servers no Service wants
+// (another proxy's, one being removed) count for none. It returns the
+// ports' totals.
 func (x *trafficIndex) sum(stats map[ktypes.VSKey]ktypes.Stats) map[trafficPort]ktypes.Stats {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	out := make(map[trafficPort]ktypes.Stats, len(x.bySvc))
 	for k, st := range stats {
-		if p, ok := x.holder(k); ok {
-			out[p] = out[p].Add(st)
+		p, ok := x.holder(k)
+		if !ok {
+			continue
 		}
+		x.totals[p] = x.totals[p].Add(st.Since(x.last[k]))
 	}
-	return out
+	clear(x.last)
+	maps.Copy(x.last, stats)
+	return maps.Clone(x.totals)
 }
 
 // serviceTraffic is the collector of the per-Service series.

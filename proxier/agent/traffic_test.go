@@ -70,6 +70,35 @@ ipvs_proxy_service_bytes_total{direction="out",namespace="default",port="http",p
 		t.Errorf("a scrape called %v, want one dump of the virtual servers", ipvs.Calls())
 	}
 
+	// web loses its node port: its series keeps what the node port
+	// counted (a counter never goes back), and grows by what its
+	// clusterIP counts from then on.
+	p.tracker.onService(clusterIPService("web", "10.96.0.10"), false)
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	ipvs.SetStats(vs("10.96.0.10", 80), ktypes.Stats{Connections: 4})
+	webConns := func() float64 {
+		t.Helper()
+		for _, mf := range families(t, reg) {
+			if mf.GetName() != "ipvs_proxy_service_connections_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "service" && l.GetValue() == "web" {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		t.Fatal("no connections series of web")
+		return 0
+	}
+	if got := webConns(); got != 6 {
+		t.Errorf("web's connections after its node port went and its clusterIP counted one more: %v, want 6 (5 + 1)", got)
+	}
+
 	p.tracker.onService(clusterIPService("web", "10.96.0.10"), true) // deleted
 	if err := p.SyncOnce(false); err != nil {
 		t.Fatal(err)

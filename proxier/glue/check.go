@@ -96,7 +96,7 @@ func (g *Glue) applyCheck(st *Stats) []error {
 	added, deleted := st.Added, st.Deleted
 	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
 		r := res.sets[id]
-		s, err := g.syncer.SyncRead(id.spec(g.refs[id].Len()), g.refs[id], r.set, r.err)
+		s, err := g.syncer.SyncRead(g.specOf(id), g.refs[id], r.set, r.err)
 		st.add(s)
 		if err := g.afterSetSync(id, err); err != nil {
 			errs = append(errs, err)

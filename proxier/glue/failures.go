@@ -1,14 +1,16 @@
 package glue
 
-// Failures charged to Services: a Service whose entries are over its limit,
-// or whose entries a set refused (a full set, an entry the kernel does not
-// take), fails alone. Its entries are left out or retried, it is reported
-// (consumer.ServiceReporter), and the glue, the node and every other
-// Service stay healthy.
+// Failures charged to Services: entries a set refused on their own (a full
+// set, an entry the kernel does not take) fail the Services that want
+// them, not the node: they are reported (consumer.ServiceReporter), the set
+// is written again after the glue's backoff, and every other Service's
+// entries are written meanwhile. (A Service over its limits is refused
+// whole by the model, model.Limits: it reaches the glue with no virtual
+// server.)
 
 import (
+	"errors"
 	"fmt"
-	"maps"
 	"slices"
 
 	"go.uber.org/zap"
@@ -20,75 +22,100 @@ import (
 
 var _ consumer.ServiceReporter = (*Glue)(nil)
 
-// maxChargedEntries bounds the refused entries of one set sync whose owners
-// are looked up (each lookup searches every Service's entries); the rest
-// are retried with the set, unnamed.
-const maxChargedEntries = 64
+// maxFailureText bounds what one Service's failure says (an Event's text).
+const maxFailureText = 300
 
-// entriesOf is what a Service's plan puts in the sets: none when they are
-// over the limit, and none in SERVICE while its restrictions are refused
+// entriesOf is what a Service's plan puts in the sets: none in SERVICE
+// while a set that restricts its virtual servers refuses its entries
 // (withheld).
 func (g *Glue) entriesOf(name types.NamespacedName) held {
 	next := serviceEntries(g.plans[name], g.nodeAddrs)
-	if limit := g.cfg.SetEntriesPerService; limit > 0 && len(next) > limit {
-		g.overLimit[name] = fmt.Sprintf("not accepted on this node: the Service wants %d entries in the iptables glue's sets, more than the limit of %d", len(next), limit)
-		return nil
-	}
-	delete(g.overLimit, name)
 	if g.withheld[name] {
 		next = slices.DeleteFunc(slices.Clone(next), func(se setEntry) bool { return se.set.id().base == setService })
 	}
 	return next
 }
 
-// afterSetSync takes a set's sync error: entries the set refused are
-// charged to the Services that want them (the set stays dirty, so a later
-// sync writes them again), and only an error of the set or the call is
-// the node's, returned.
+// afterSetSync takes a set's sync error: entries the set refused on their
+// own are charged to the Services that want them (the set stays dirty and
+// is written again after the glue's backoff: Retry), and only an error of
+// the set or the call is the node's, returned; it leaves the charges and
+// holds of the set's last sync as they were (it says nothing of them).
 func (g *Glue) afterSetSync(id setID, err error) error {
+	if err == nil {
+		delete(g.dirty, id)
+		delete(g.partial, id)
+		g.charge(id, nil)
+		return nil
+	}
 	refused, only := ipset.RefusedEntries(err)
-	charged := map[types.NamespacedName]string{}
-	if only {
-		for i, k := range refused {
-			if i == maxChargedEntries {
-				break
+	if !only {
+		return g.setError(id, err)
+	}
+	g.partial[id] = struct{}{}
+	charged := g.owners(id, refused, err)
+	g.charge(id, charged)
+	g.log.Warn("ipset refused entries; charged to the Services that want them", zap.String("set", id.name()),
+		zap.Strings("services", names(charged)), zap.Int("entries", len(refused)), zap.Error(err))
+	return nil
+}
+
+// owners maps the Services whose entries in set id the kernel refused to
+// what it said of the first one: one pass over the Services' entries.
+func (g *Glue) owners(id setID, refused []ipset.Key, err error) map[types.NamespacedName]string {
+	why := map[ipset.Key]string{}
+	for _, k := range refused {
+		why[k] = ""
+	}
+	var walkErr func(error)
+	walkErr = func(e error) {
+		var ee *ipset.EntryError
+		switch {
+		case errors.As(e, &ee) && !isJoined(e):
+			if _, ok := why[ee.Entry.Key()]; ok {
+				why[ee.Entry.Key()] = fmt.Sprintf("set %s refused entry %s: %v", id.name(), ee.Entry, ee.Err)
 			}
-			for _, name := range g.owners(id, k) {
-				if _, ok := charged[name]; !ok {
-					charged[name] = fmt.Sprintf("set %s refused entry %s: %v", id.name(), k.Entry(), err)
-				}
+		case isJoined(e):
+			for _, inner := range e.(interface{ Unwrap() []error }).Unwrap() {
+				walkErr(inner)
 			}
 		}
 	}
-	g.charge(id, charged)
-	switch {
-	case err == nil:
-		delete(g.dirty, id)
-		return nil
-	case only:
-		g.log.Warn("ipset refused entries; charged to the Services that want them", zap.String("set", id.name()),
-			zap.Strings("services", names(charged)), zap.Int("entries", len(refused)), zap.Error(err))
-		return nil
-	}
-	return g.setError(id, err)
-}
-
-// owners are the Services whose entries hold k in set id.
-func (g *Glue) owners(id setID, k ipset.Key) []types.NamespacedName {
-	want := setEntry{refOf(id), k}
-	var out []types.NamespacedName
+	walkErr(err)
+	ref := refOf(id)
+	out := map[types.NamespacedName]string{}
 	for name, h := range g.contrib {
-		if _, ok := slices.BinarySearchFunc(h, want, setEntry.compare); ok {
-			out = append(out, name)
+		for _, se := range h {
+			if se.set != ref {
+				continue
+			}
+			if w, ok := why[se.k]; ok {
+				if _, seen := out[name]; !seen {
+					out[name] = truncate(w, maxFailureText)
+				}
+			}
 		}
 	}
 	return out
 }
 
-// charge records the Services a set's last sync failed for; for a set that
-// restricts virtual servers, a Service charged there is withheld from
-// SERVICE until the set takes its entries, and one no longer charged is
-// let back in.
+func isJoined(e error) bool {
+	_, ok := e.(interface{ Unwrap() []error })
+	return ok
+}
+
+// truncate cuts s to n bytes at most.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+// charge records the Services a set's last sync refused entries of (none:
+// the set took them all); for a set that restricts virtual servers, a
+// Service charged there is withheld from SERVICE until the set takes its
+// entries, and one no longer charged is let back in.
 func (g *Glue) charge(id setID, charged map[types.NamespacedName]string) {
 	before := g.refused[id]
 	if len(charged) == 0 {
@@ -124,11 +151,10 @@ func (g *Glue) restrictionRefused(name types.NamespacedName) bool {
 	return false
 }
 
-// ServiceFailures implements consumer.ServiceReporter: the Services over
-// their limit and those whose entries a set refused at its last sync.
+// ServiceFailures implements consumer.ServiceReporter: the Services whose
+// entries a set refused at its last sync.
 func (g *Glue) ServiceFailures() map[types.NamespacedName]string {
-	out := make(map[types.NamespacedName]string, len(g.overLimit))
-	maps.Copy(out, g.overLimit)
+	out := map[types.NamespacedName]string{}
 	for _, charged := range g.refused {
 		for name, why := range charged {
 			if _, ok := out[name]; !ok {
@@ -139,8 +165,9 @@ func (g *Glue) ServiceFailures() map[types.NamespacedName]string {
 	return out
 }
 
-// Retry implements consumer.ServiceReporter: a set refused entries.
-func (g *Glue) Retry() bool { return len(g.refused) > 0 }
+// Retry implements consumer.ServiceReporter: a set's last sync had
+// entries refused, so it is to be written again (whoever wanted them).
+func (g *Glue) Retry() bool { return len(g.partial) > 0 }
 
 // names lists the Services' names, sorted.
 func names(m map[types.NamespacedName]string) []string {

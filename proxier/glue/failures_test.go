@@ -2,6 +2,7 @@ package glue
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -13,42 +14,6 @@ import (
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
-
-// TestServiceOverSetLimit: a Service whose entries are over the limit gets
-// none (SERVICE does not accept it: the VIP protection refuses its ports)
-// and is reported; the sync succeeds, and other Services are written.
-func TestServiceOverSetLimit(t *testing.T) {
-	cfg := dualStack
-	cfg.SetEntriesPerService = 6
-	b := newBed(t, cfg)
-	small := service(1) // 5 entries
-	big := service(2)
-	for port := range uint16(3) {
-		big.VirtualServers = append(big.VirtualServers, vs(model.KindClusterIP, "10.96.0.3", tcp, 81+port, "10.100.0.4:8080"))
-	}
-	b.g.SetPlan(small.Service, small)
-	b.g.SetPlan(big.Service, big)
-	b.sync(t, true)
-	if got := b.sets.Entries("IPVSP-SERVICE"); !slices.Equal(got, []string{"10.0.2.15,tcp:30001", "10.96.0.2,tcp:80"}) {
-		t.Errorf("IPVSP-SERVICE = %v, want only ns/s1's two virtual servers", got)
-	}
-	fails := b.g.ServiceFailures()
-	if len(fails) != 1 || !strings.Contains(fails[name("s2")], "more than the limit of 6") {
-		t.Errorf("ServiceFailures = %v, want ns/s2 over the limit", fails)
-	}
-	if b.g.Retry() {
-		t.Error("Retry() = true for a Service over its limit: it stands until the Service changes")
-	}
-	// Back under the limit: written, no longer reported.
-	b.g.SetPlan(big.Service, service(2))
-	b.sync(t, false)
-	if got := b.sets.Entries("IPVSP-SERVICE"); len(got) != 4 {
-		t.Errorf("IPVSP-SERVICE = %v, want both Services' virtual servers", got)
-	}
-	if fails := b.g.ServiceFailures(); len(fails) != 0 {
-		t.Errorf("ServiceFailures = %v after the Service shrank, want none", fails)
-	}
-}
 
 // TestRefusedEntriesChargedToService: a set that refuses some entries (a
 // full set, here injected) fails the Services that want them, not the sync
@@ -128,19 +93,82 @@ func TestSetErrorIsTheNodes(t *testing.T) {
 	}
 }
 
-// TestSetSizeFollowsCount: hash sets get ipset's default size until twice
-// their entries need more; then the next power of two.
+// TestSetSizeFollowsCount: hash sets get ipset's default size until their
+// entries need more (twice the count); then they grow past half full and
+// shrink only below an eighth, so a count moving to and fro does not
+// rebuild the set at each crossing.
 func TestSetSizeFollowsCount(t *testing.T) {
-	id := setID{setService, ipset.IPv4}
+	const d = ipset.DefaultMaxElem
+	size := uint32(0)
 	for _, tc := range []struct {
 		n    int
 		want uint32
-	}{{0, ipset.DefaultMaxElem}, {ipset.DefaultMaxElem / 2, ipset.DefaultMaxElem}, {ipset.DefaultMaxElem/2 + 1, 2 * ipset.DefaultMaxElem}, {3_000_000, 8 << 20}} {
-		if got := id.spec(tc.n).MaxElem; got != tc.want {
-			t.Errorf("spec(%d).MaxElem = %d, want %d", tc.n, got, tc.want)
+	}{
+		{0, d}, {d / 2, d}, {d/2 + 1, 2 * d}, // grows past half
+		{d / 2, 2 * d}, {d/2 + 1, 2 * d}, {d / 3, 2 * d}, // to and fro: stays
+		{d/4 - 1, d},                  // below an eighth: shrinks
+		{3_000_000, 8 << 20}, {10, d}, // never below the default
+	} {
+		size = nextMaxElem(size, tc.n)
+		if size != tc.want {
+			t.Errorf("at %d entries the size is %d, want %d", tc.n, size, tc.want)
 		}
 	}
-	if got := (setID{setHealthCheck, ipset.None}).spec(70000); got.MaxElem != 0 || got.PortTo != 65535 {
+	if got := (setID{setHealthCheck, ipset.None}).spec(1 << 22); got.MaxElem != 0 || got.PortTo != 65535 {
 		t.Errorf("the health-check bitmap's spec = %+v, want the port range and no maxelem", got)
+	}
+}
+
+// TestWithheldSurvivesOtherErrors: a Service withheld from SERVICE because
+// LB-FW refused its entry stays withheld when the next write of LB-FW fails
+// whole (an error that says nothing of its entry), and every one of 100
+// such Services is withheld, not only some (review findings).
+func TestWithheldSurvivesOtherErrors(t *testing.T) {
+	b := newBed(t, dualStack)
+	for i := range 100 {
+		p := service(i)
+		lb := vs(model.KindLoadBalancer, fmt.Sprintf("10.251.%d.%d", i/250, 1+i%250), tcp, 80, "10.100.0.3:8080")
+		lb.SourceRanges = []netip.Prefix{pfx("192.0.2.0/24")}
+		p.VirtualServers = append(p.VirtualServers, lb)
+		b.g.SetPlan(p.Service, p)
+	}
+	b.sets.RefuseEntries(func(set string, _ ipset.Entry) error {
+		if set == "IPVSP-LB-FW" {
+			return ipset.ErrSetFull
+		}
+		return nil
+	})
+	if _, err := b.g.SyncStats(true); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	accepted := func() int {
+		n := 0
+		for _, e := range b.sets.Entries("IPVSP-SERVICE") {
+			if strings.HasPrefix(e, "10.251.") {
+				n++
+			}
+		}
+		return n
+	}
+	if n, fails := accepted(), len(b.g.ServiceFailures()); n != 0 || fails != 100 {
+		t.Errorf("%d LoadBalancer IPs accepted and %d Services failing with LB-FW refused, want 0 and 100", n, fails)
+	}
+	b.sets.RefuseEntries(nil)
+	b.sets.InjectErrors(func(c ipsetfake.Call) error {
+		if strings.HasPrefix(string(c), "Add IPVSP-LB-FW") || strings.HasPrefix(string(c), "List IPVSP-LB-FW") {
+			return errors.New("injected: the call failed")
+		}
+		return nil
+	})
+	if _, err := b.g.SyncStats(false); err == nil {
+		t.Fatal("a failed call was no error")
+	}
+	if n := accepted(); n != 0 {
+		t.Errorf("%d LoadBalancer IPs accepted after a failed write of LB-FW, want 0: the hold must stand", n)
+	}
+	b.sets.InjectErrors(nil)
+	b.sync(t, false)
+	if n, fails := accepted(), len(b.g.ServiceFailures()); n != 100 || fails != 0 {
+		t.Errorf("%d LoadBalancer IPs accepted and %d failing once LB-FW takes them, want 100 and 0", n, fails)
 	}
 }

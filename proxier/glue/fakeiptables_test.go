@@ -20,6 +20,8 @@ type fakeIPTables struct {
 	calls  []string                    // "iptables-nft-restore --noflush" and the like
 	inputs []string                    // restore inputs, in order
 	fail   func(tool string) error
+	// inputPolicy is filter INPUT's policy ("": ACCEPT).
+	inputPolicy string
 }
 
 type fTab struct {
@@ -120,6 +122,9 @@ func (f *fakeIPTables) save(key string) string {
 			policy := "-"
 			if slices.Contains(fakeBuiltins[n], c) {
 				policy = "ACCEPT"
+			}
+			if n == "filter" && c == "INPUT" && f.inputPolicy != "" {
+				policy = f.inputPolicy
 			}
 			fmt.Fprintf(&b, ":%s %s [0:0]\n", c, policy)
 		}

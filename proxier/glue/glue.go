@@ -61,11 +61,6 @@ type Config struct {
 	IPv4, IPv6 bool
 	// Clock is the proxier's clock (Config.Clock); default the real one.
 	Clock clock.PassiveClock
-	// SetEntriesPerService bounds one Service's entries in the sets
-	// (model.Limits.SetEntries); 0: no bound. A Service over it gets no
-	// entry, so SERVICE does not accept its virtual servers, and is
-	// reported (ServiceFailures).
-	SetEntriesPerService int
 }
 
 // Glue programs the iptables glue. It is a consumer.Consumer and, like the
@@ -91,12 +86,15 @@ type Glue struct {
 	nodeAddrs []netip.Addr
 	ranges    []netip.Prefix // SetServiceRanges
 
-	// Failures charged to Services (failures.go): those over the limit,
-	// those whose entries each set refused at its last sync, and those
-	// kept out of SERVICE because a set restricting them refused theirs.
-	overLimit map[types.NamespacedName]string
-	refused   map[setID]map[types.NamespacedName]string
-	withheld  map[types.NamespacedName]bool
+	// Failures charged to Services (failures.go): the Services whose
+	// entries each set refused at its last sync, those kept out of
+	// SERVICE because a set restricting them refused theirs, and the sets
+	// whose last sync had entries refused (written again: Retry).
+	refused  map[setID]map[types.NamespacedName]string
+	withheld map[types.NamespacedName]bool
+	partial  map[setID]struct{}
+	// sizes are the hash sets' maxelem (nextMaxElem).
+	sizes map[setID]uint32
 
 	synced bool // a full sync has succeeded
 	failed bool // the last sync failed: the next full one runs whole in the loop
@@ -123,9 +121,10 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		dirty:   map[setID]struct{}{},
 		check:   consumer.NewOffLoop[checkResult](cfg.Clock),
 
-		overLimit: map[types.NamespacedName]string{},
-		refused:   map[setID]map[types.NamespacedName]string{},
-		withheld:  map[types.NamespacedName]bool{},
+		refused:  map[setID]map[types.NamespacedName]string{},
+		withheld: map[types.NamespacedName]bool{},
+		partial:  map[setID]struct{}{},
+		sizes:    map[setID]uint32{},
 	}
 	for _, id := range setIDs(cfg.IPv4, cfg.IPv6) {
 		g.refs[id] = ipset.NewCounts()
@@ -181,6 +180,13 @@ func (g *Glue) ruleConfig(fam ipset.Family) RuleConfig {
 		c.ClusterCIDR = true
 	}
 	return c
+}
+
+// specOf is a set's spec for the entries it is to hold now.
+func (g *Glue) specOf(id setID) ipset.Spec {
+	size := nextMaxElem(g.sizes[id], g.refs[id].Len())
+	g.sizes[id] = size
+	return id.spec(size)
 }
 
 // ref changes the count of an entry and marks its set dirty when the entry
@@ -313,7 +319,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 		// In the loop every set is read again; otherwise the Syncer
 		// writes what changed since the set's last sync (or, after a
 		// failed write, reads it again).
-		s, err := g.syncer.Sync(id.spec(g.refs[id].Len()), g.refs[id], inLoop)
+		s, err := g.syncer.Sync(g.specOf(id), g.refs[id], inLoop)
 		st.add(s)
 		if err := g.afterSetSync(id, err); err != nil {
 			errs = append(errs, err)
@@ -404,6 +410,19 @@ func (g *Glue) refreshNodeAddresses(st *Stats) error {
 	return nil
 }
 
+// warnDefaultDrop warns, at start, where the host's filter INPUT drops by
+// default and Service traffic is not accepted ahead of the host's rules:
+// it is then dropped unless the host's own rules accept it (node ports,
+// and pods' connections to clusterIPs, which are local addresses).
+func (g *Glue) warnDefaultDrop(fam ipset.Family, have Saved) {
+	t := have["filter"]
+	if g.cfg.AcceptServices || t == nil || (t.Policies["INPUT"] != "DROP" && t.Policies["INPUT"] != "REJECT") {
+		return
+	}
+	g.log.Warn("the host's filter INPUT policy drops: Service traffic (node ports, and pods' connections to clusterIPs) passes only what the host's own INPUT rules accept; set iptables.acceptServiceTraffic to accept it ahead of them",
+		zap.String("family", fam.String()), zap.String("policy", t.Policies["INPUT"]))
+}
+
 // syncRules reads each family's rules and applies the difference in one
 // iptables-restore per family (one transaction per table). On the first
 // sync, the rules of a family that is not served are removed. saved, when
@@ -435,6 +454,9 @@ func (g *Glue) syncRules(first bool, saved map[ipset.Family]savedRead) (restores
 		if err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if first {
+			g.warnDefaultDrop(fam, have)
 		}
 		input := RestoreInput(want, have, Owned)
 		if input == "" {

@@ -524,3 +524,21 @@ func TestServiceRanges(t *testing.T) {
 		t.Errorf("after the change: IPVSP-6-SERVICE-RANGE = %v, want empty", got)
 	}
 }
+
+// TestWarnsOnDefaultDropInput: on a host whose filter INPUT drops by
+// default, the first sync warns that Service traffic passes only what the
+// host's rules accept, unless acceptServiceTraffic accepts it ahead of
+// them (then no warning).
+func TestWarnsOnDefaultDropInput(t *testing.T) {
+	for _, accept := range []bool{false, true} {
+		cfg := dualStack
+		cfg.AcceptServices = accept
+		b := newBed(t, cfg)
+		b.ipt.inputPolicy = "DROP"
+		b.sync(t, true)
+		n := b.logs.FilterMessageSnippet("the host's filter INPUT policy drops").Len()
+		if want := map[bool]int{false: 2, true: 0}[accept]; n != want {
+			t.Errorf("acceptServiceTraffic %v: %d warnings, want %d (one per family)", accept, n, want)
+		}
+	}
+}

@@ -192,6 +192,8 @@ type SavedTable struct {
 	Chains []string
 	// Rules maps a chain to its "-A CHAIN ..." lines, in order.
 	Rules map[string][]string
+	// Policies maps a built-in chain to its policy (ACCEPT, DROP).
+	Policies map[string]string
 }
 
 // ParseSave parses iptables-save output.
@@ -203,12 +205,15 @@ func ParseSave(out string) Saved {
 		switch {
 		case line == "" || strings.HasPrefix(line, "#"):
 		case strings.HasPrefix(line, "*"):
-			cur = &SavedTable{Rules: map[string][]string{}}
+			cur = &SavedTable{Rules: map[string][]string{}, Policies: map[string]string{}}
 			s[line[1:]] = cur
 		case cur == nil:
 		case strings.HasPrefix(line, ":"):
-			name, _, _ := strings.Cut(line[1:], " ")
+			name, rest, _ := strings.Cut(line[1:], " ")
 			cur.Chains = append(cur.Chains, name)
+			if policy, _, _ := strings.Cut(rest, " "); policy != "-" && policy != "" {
+				cur.Policies[name] = policy
+			}
 		case strings.HasPrefix(line, "-A "):
 			chain, _, _ := strings.Cut(line[3:], " ")
 			cur.Rules[chain] = append(cur.Rules[chain], line)

@@ -137,8 +137,8 @@ COMMIT
 		"filter": {Chains: []string{"INPUT", "IPVSP-INPUT"}, Rules: map[string][]string{
 			"INPUT":       {`-A INPUT -m comment --comment "ipvs-proxy: x" -j IPVSP-INPUT`},
 			"IPVSP-INPUT": {"-A IPVSP-INPUT -m mark --mark 0x8000/0x8000 -j DROP"},
-		}},
-		"nat": {Chains: []string{"PREROUTING"}, Rules: map[string][]string{}},
+		}, Policies: map[string]string{"INPUT": "ACCEPT"}},
+		"nat": {Chains: []string{"PREROUTING"}, Rules: map[string][]string{}, Policies: map[string]string{"PREROUTING": "ACCEPT"}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("parse (-want +got):\n%s", diff)

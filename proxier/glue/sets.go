@@ -95,20 +95,16 @@ type setID struct {
 
 func (id setID) name() string { return SetName(id.base, id.fam) }
 
-// spec is the set's spec when it is to hold n entries: a hash set's
-// maxelem is ipset.DefaultMaxElem, or twice n rounded up to a power of two
-// when that is more, so a set never fills (the Services' limits bound each
-// Service's share; their number, the apiserver's quotas). A size that
-// changes is a new spec: the Syncer fills a set of the new size and swaps
-// it in.
-func (id setID) spec(n int) ipset.Spec {
+// spec is the set's spec with a hash set's maxelem (ignored for the
+// bitmap): see Glue.maxElem.
+func (id setID) spec(maxElem uint32) ipset.Spec {
 	for _, st := range setTypes {
 		if st.base == id.base {
 			s := ipset.Spec{Name: id.name(), Type: st.typ, Family: id.fam}
 			if st.typ == ipset.BitmapPort {
 				s.PortFrom, s.PortTo = 0, 65535
 			} else {
-				s.MaxElem = maxElemFor(n)
+				s.MaxElem = maxElem
 			}
 			return s.Normalized()
 		}
@@ -116,13 +112,32 @@ func (id setID) spec(n int) ipset.Spec {
 	panic("glue: unknown set " + id.base)
 }
 
-// maxElemFor is the maxelem of a hash set of n entries (see setID.spec).
+// maxElemFor is the smallest size for n entries: ipset's default
+// (1,048,576), or twice n rounded up to a power of two when that is more.
 func maxElemFor(n int) uint32 {
 	size := uint64(ipset.DefaultMaxElem)
 	for size < 2*uint64(n) && size < 1<<31 {
 		size *= 2
 	}
 	return uint32(size)
+}
+
+// nextMaxElem is a hash set's size for n entries when it has cur (0: none
+// yet): it grows once n passes half of it, and shrinks only below an
+// eighth, so that a count moving to and fro across a power of two does not
+// rebuild a set of a million entries at each crossing. A size that changes
+// is a new spec: the Syncer fills a set of the new size and swaps it in. So
+// a set never fills: the Services' limits bound each one's share, their
+// number the apiserver's quotas.
+func nextMaxElem(cur uint32, n int) uint32 {
+	want := maxElemFor(n)
+	switch {
+	case cur == 0, uint64(2*n) > uint64(cur):
+		return max(want, cur)
+	case cur > ipset.DefaultMaxElem && uint64(8*n) < uint64(cur):
+		return want
+	}
+	return cur
 }
 
 // setIDs lists the sets of the enabled families, in a fixed order.

@@ -68,7 +68,11 @@ func TestServiceEntries(t *testing.T) {
 		// holds this node's endpoints only, too).
 		NodeEndpoints: []netip.Addr{addr("10.100.1.2"), addr("fd00:101::2")},
 	}
-	got := serviceEntries(plan, []netip.Addr{addr("10.0.2.15")}).render()
+	entries := serviceEntries(plan, []netip.Addr{addr("10.0.2.15")})
+	if bound := model.SetEntriesBound(plan); len(entries) > bound {
+		t.Errorf("%d entries, more than model.SetEntriesBound's %d (the limit would not hold)", len(entries), bound)
+	}
+	got := entries.render()
 	want := []string{
 		"IPVSP-6-CLUSTER-IP: fd00:96::a,udp:53",
 		"IPVSP-6-HAIRPIN: fd00:101::2,udp:5353,fd00:101::2",

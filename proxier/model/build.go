@@ -226,6 +226,7 @@ func (b *planBuilder) build(endpointSlices []*EndpointSlice) {
 			return
 		}
 	}
+	b.checkSetEntries()
 	slices.SortFunc(b.vss, func(x, y VSPlan) int { return ktypes.VSKey.Compare(x.VSKey, y.VSKey) })
 }
 

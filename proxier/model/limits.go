@@ -1,6 +1,10 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+)
 
 // Limits bound what one Service may ask of a node. Any tenant who can write
 // a Service and EndpointSlices in their own namespace chooses these counts
@@ -22,8 +26,8 @@ type Limits struct {
 	// ports of its EndpointSlices are held to the same bound before any
 	// real server is built.
 	RealServers int
-	// SetEntries per Service in the iptables glue's sets (the glue checks
-	// it: the entries follow from the plan).
+	// SetEntries per Service in the iptables glue's sets, counted from the
+	// plan as the most the glue may write for it (setEntriesBound).
 	SetEntries int
 }
 
@@ -118,4 +122,46 @@ func (b *planBuilder) checkRealServers(vs VSPlan) bool {
 		b.refuse("the Service wants more than %d real servers, the limit", lim.RealServers)
 	}
 	return b.refused == ""
+}
+
+// checkSetEntries refuses a Service whose plan could put more entries in the
+// glue's sets than the limit: counted here, from the plan, so that a
+// Service over it is refused whole (no virtual server either), never left
+// half programmed.
+func (b *planBuilder) checkSetEntries() {
+	lim := b.cfg.Limits.OrDefault()
+	if n := setEntriesBound(b.vss, func(a netip.Addr) bool { return b.nodeRS[a] }); n > lim.SetEntries {
+		b.refuse("the Service would put up to %d entries in the iptables glue's sets, more than the limit of %d", n, lim.SetEntries)
+	}
+}
+
+// setEntriesBound is the most entries the glue writes for these virtual
+// servers (proxier/glue's serviceEntries): per virtual server its SERVICE
+// entry, one of CLUSTER-IP, EXTERNAL or IN-CLUSTER-ONLY, its address in VIP;
+// a firewalled LoadBalancer's LB-FW and LB-SRC-IP entries and one LB-SRC
+// entry per range; and a hairpin entry per real server on this node; plus
+// the health-check port.
+func setEntriesBound(vss []VSPlan, onNode func(netip.Addr) bool) int {
+	n := 1
+	for _, vs := range vss {
+		n += 3
+		if len(vs.SourceRanges) > 0 {
+			n += 2 + len(vs.SourceRanges)
+		}
+		for _, rs := range vs.RealServers {
+			if onNode(rs.Address) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// SetEntriesBound is the most entries the glue writes for a plan (the
+// bound Limits.SetEntries is checked against).
+func SetEntriesBound(p *ServicePlan) int {
+	return setEntriesBound(p.VirtualServers, func(a netip.Addr) bool {
+		_, ok := slices.BinarySearchFunc(p.NodeEndpoints, a, netip.Addr.Compare)
+		return ok
+	})
 }
