@@ -7,7 +7,12 @@ export PATH := /usr/local/go/bin:$(PATH)
 export CGO_ENABLED := 0
 export GOFLAGS := -trimpath
 GO ?= go
-VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The release this tree makes: the Helm chart's appVersion, the tag of the
+# image the chart and deploy/ run. A build of a release's git tag (vX.Y.Z)
+# is that version; one after it, git describe's vX.Y.Z-N-gHASH; one of a
+# tree without such a tag, APP_VERSION-dev (its revision tells it apart).
+APP_VERSION := $(shell sed -n 's/^appVersion: *//p' deploy/helm/ipvs-proxy/Chart.yaml)
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo $(APP_VERSION)-dev)
 # The commit built (-dirty with uncommitted changes); empty outside a git
 # checkout, where the binary reports the revision Go stamped, if any.
 REVISION ?= $(shell r=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || r=$$r-dirty; echo $$r; })
@@ -25,7 +30,7 @@ build:
 # The container image, an OCI archive assembled without a container engine
 # from bin/ipvs-proxy and Debian's iptables and kmod (see deploy/image).
 # Files carry the last commit's time, so a rebuild gives the same digest.
-IMAGE ?= ipvs-proxy:latest
+IMAGE ?= ipvs-proxy:$(APP_VERSION)
 image: build
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
 		$(GO) run ./deploy/image --binary bin/ipvs-proxy --output bin/ipvs-proxy-image.tar --tag '$(IMAGE)' --version '$(VERSION)'
