@@ -20,7 +20,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 
-.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster results
+.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint monitoring-check demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster results
 
 all: build
 
@@ -157,7 +157,7 @@ fuzz:
 # of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
 # on a fresh machine the downloads overlap instead of each waiting behind
 # the compiles of the build before it.
-MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint deploy/helm
+MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint e2e/tools/prometheus deploy/helm
 deps:
 	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
 		status=0; for p in $$pids; do wait $$p || status=1; done; \
@@ -180,6 +180,23 @@ lint:
 	$(GOLANGCI_LINT) run ./...
 	cd e2e && $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
 	cd deploy/helm && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
+	$(MAKE) --no-print-directory monitoring-check
+
+# The chart's alert rules (its PrometheusRule's spec, rendered with the
+# default values) through promtool: `check rules`, then `test rules`
+# with deploy/helm/promtool's cases (alerts that fire and alerts that
+# do not). promtool is Prometheus's, pinned by e2e/tools/prometheus's
+# go.mod and built into bin/ without service discovery (remove_all_sd:
+# rule checks need none), as golangci-lint is.
+PROMTOOL := $(CURDIR)/bin/promtool
+MONITORING_OUT := $(CURDIR)/bin/monitoring
+monitoring-check:
+	$(GO) -C e2e/tools/prometheus build -tags remove_all_sd -o $(PROMTOOL) github.com/prometheus/prometheus/cmd/promtool
+	rm -rf $(MONITORING_OUT) && mkdir -p $(MONITORING_OUT)
+	$(GO) -C deploy/helm run ./render -alert-rules > $(MONITORING_OUT)/alerts.yaml
+	cp deploy/helm/promtool/alerts_test.yaml $(MONITORING_OUT)/
+	$(PROMTOOL) check rules $(MONITORING_OUT)/alerts.yaml
+	cd $(MONITORING_OUT) && $(PROMTOOL) test rules alerts_test.yaml
 
 demo:
 	$(E2E_CMD) ./cmd/demo

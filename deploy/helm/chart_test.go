@@ -317,6 +317,12 @@ func TestBadValues(t *testing.T) {
 		{`config: {logging: {format: text}}`, "format"},
 		{`toleration: []`, "toleration"},
 		{`apiServer: ""`, "apiServer"},
+		// Both monitors would scrape every agent twice; a monitor of a
+		// metrics address turned off, nothing.
+		{`{serviceMonitor: {enabled: true}, podMonitor: {enabled: true}}`, "enable one"},
+		{`{podMonitor: {enabled: true}, config: {metricsBindAddress: ""}}`, "metricsBindAddress is empty"},
+		{`serviceMonitor: {enabled: true, interval: 30}`, "interval"},
+		{`monitoring: {job: ""}`, "job"},
 	} {
 		var vals map[string]any
 		if err := yaml.Unmarshal([]byte(tc.vals), &vals); err != nil {

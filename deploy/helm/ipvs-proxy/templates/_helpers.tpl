@@ -40,6 +40,30 @@ k8s-app: ipvs-proxy
 {{- .Values.serviceAccount.name | default "ipvs-proxy" -}}
 {{- end }}
 
+{{/* Whether a ServiceMonitor or a PodMonitor scrapes the agents (and so
+the metrics address is opened to the pod network). */}}
+{{- define "ipvs-proxy.scraped" -}}
+{{- if and .Values.serviceMonitor.enabled .Values.podMonitor.enabled -}}
+{{- fail "serviceMonitor.enabled and podMonitor.enabled: enable one (both scrape every agent, twice)" -}}
+{{- end -}}
+{{- if or .Values.serviceMonitor.enabled .Values.podMonitor.enabled -}}true{{- end -}}
+{{- end }}
+
+{{/* config.metricsBindAddress as the agent gets it: a loopback address is
+opened to the pod network (0.0.0.0, same port) when a monitor scrapes. */}}
+{{- define "ipvs-proxy.metricsBindAddress" -}}
+{{- $addr := .Values.config.metricsBindAddress | default "" -}}
+{{- if include "ipvs-proxy.scraped" . -}}
+{{- if not $addr -}}
+{{- fail "serviceMonitor/podMonitor enabled but config.metricsBindAddress is empty: nothing to scrape" -}}
+{{- end -}}
+{{- if or (hasPrefix "127." $addr) (hasPrefix "[::1]" $addr) (hasPrefix "localhost" $addr) -}}
+{{- $addr = printf "0.0.0.0:%s" (include "ipvs-proxy.port" $addr) -}}
+{{- end -}}
+{{- end -}}
+{{ $addr }}
+{{- end }}
+
 {{/* The image of both containers: repository:tag (the chart's appVersion
 when the tag is empty), or repository@digest. */}}
 {{- define "ipvs-proxy.image" -}}
@@ -63,4 +87,56 @@ when the tag is empty), or repository@digest. */}}
 {{- define "ipvs-proxy.args" -}}
 - --config=/etc/ipvs-proxy/config.yaml
 - --hostname-override=$(NODE_NAME)
+{{- end }}
+
+{{/* The relabelings of both monitors: the job monitoring.job, and the
+node's name as `node`. */}}
+{{- define "ipvs-proxy.relabelings" -}}
+- targetLabel: job
+  replacement: {{ .Values.monitoring.job | quote }}
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: node
+{{- end }}
+
+{{/* A monitor's endpoint: (dict "top" $ "monitor" .Values.xMonitor). */}}
+{{- define "ipvs-proxy.endpoint" -}}
+port: metrics
+path: /metrics
+{{- with .monitor.interval }}
+interval: {{ . }}
+{{- end }}
+{{- with .monitor.scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+relabelings:
+  {{- include "ipvs-proxy.relabelings" .top | nindent 2 }}
+  {{- with .monitor.relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .monitor.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The seconds of a Go duration (1m30s: 90; 500ms: 0.5), as the schema's
+duration pattern allows them. */}}
+{{- define "ipvs-proxy.seconds" -}}
+{{- $unit := dict "h" 3600.0 "m" 60.0 "s" 1.0 "ms" 0.001 "us" 0.000001 "µs" 0.000001 "ns" 0.000000001 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9.]+(ns|us|µs|ms|s|m|h)" . -1 -}}
+{{- $n := regexFind "^[0-9.]+" . -}}
+{{- $total = addf $total (mulf (float64 $n) (get $unit (trimPrefix $n .))) -}}
+{{- end -}}
+{{ $total }}
+{{- end }}
+
+{{/* An alert's labels: (list $ SEVERITY): its severity and values'
+prometheusRule.ruleLabels. */}}
+{{- define "ipvs-proxy.alertLabels" -}}
+{{- $top := index . 0 -}}
+severity: {{ index . 1 }}
+{{- with $top.Values.prometheusRule.ruleLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
