@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -254,6 +255,37 @@ func TestDashboards(t *testing.T) {
 		got, _ := data["ipvs-proxy.json"].(string)
 		if !bytes.Equal(bytes.TrimSpace(want), []byte(got)) {
 			t.Errorf("values %s: the ConfigMap's ipvs-proxy.json (%d bytes) is not deploy/grafana/ipvs-proxy.json (%d bytes): cp deploy/grafana/ipvs-proxy.json deploy/helm/ipvs-proxy/dashboards/", tc.vals, len(got), len(want))
+		}
+	}
+}
+
+// TestMonitoringObjectsAreOperators: the ServiceMonitor, PodMonitor and
+// PrometheusRule decode strictly into the Prometheus Operator's own types
+// (monitoring.coreos.com/v1, its Go API at the version go.mod pins): no
+// field the operator does not know, none of the wrong type, as its CRDs
+// would refuse them at install.
+func TestMonitoringObjectsAreOperators(t *testing.T) {
+	for _, tc := range []struct {
+		vals, key string
+		into      any
+	}{
+		{`serviceMonitor: {enabled: true, scrapeTimeout: 10s, relabelings: [{action: labeldrop, regex: pod}], metricRelabelings: [{action: drop, sourceLabels: [__name__], regex: go_gc_.*}]}`,
+			"ServiceMonitor/kube-system/ipvs-proxy", &monitoringv1.ServiceMonitor{}},
+		{`podMonitor: {enabled: true, scrapeTimeout: 10s, relabelings: [{action: labeldrop, regex: pod}]}`,
+			"PodMonitor/kube-system/ipvs-proxy", &monitoringv1.PodMonitor{}},
+		{`prometheusRule: {enabled: true, ruleLabels: {team: net}}`,
+			"PrometheusRule/kube-system/ipvs-proxy", &monitoringv1.PrometheusRule{}},
+	} {
+		o := renderYAML(t, tc.vals)[tc.key]
+		if o == nil {
+			t.Fatalf("values %s: no %s", tc.vals, tc.key)
+		}
+		b, err := yaml.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.UnmarshalStrict(b, tc.into); err != nil {
+			t.Errorf("values %s: %s is not the operator's: %v", tc.vals, tc.key, err)
 		}
 	}
 }
