@@ -12,7 +12,12 @@ export GOFLAGS := -trimpath
 # crypto/tls, crypto/x509; `make vulncheck`), fixed by 1.26.11.
 export GOTOOLCHAIN := go1.26.11
 GO ?= go
-VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The release this tree makes: the Helm chart's appVersion, the tag of the
+# image the chart and deploy/ run. A build of a release's git tag (vX.Y.Z)
+# is that version; one after it, git describe's vX.Y.Z-N-gHASH; one of a
+# tree without such a tag, APP_VERSION-dev (its revision tells it apart).
+APP_VERSION := $(shell sed -n 's/^appVersion: *//p' deploy/helm/ipvs-proxy/Chart.yaml)
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo $(APP_VERSION)-dev)
 # The commit built (-dirty with uncommitted changes); empty outside a git
 # checkout, where the binary reports the revision Go stamped, if any.
 REVISION ?= $(shell r=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || r=$$r-dirty; echo $$r; })
@@ -20,7 +25,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 
-.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster results
+.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck monitoring-check demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster results
 
 all: build
 
@@ -33,7 +38,7 @@ build:
 # The binary's SBOM (CycloneDX, by cyclonedx-gomod pinned in
 # e2e/tools/cyclonedx-gomod: every Go module linked in, with its version)
 # is bin/ipvs-proxy.cdx.json and /sbom.cdx.json in the image.
-IMAGE ?= ipvs-proxy:latest
+IMAGE ?= ipvs-proxy:$(APP_VERSION)
 image: build
 	$(GO) -C e2e/tools/cyclonedx-gomod tool cyclonedx-gomod bin -json -noserial -notimestamp -version '$(VERSION)' \
 		-output $(CURDIR)/bin/ipvs-proxy.cdx.json $(CURDIR)/bin/ipvs-proxy
@@ -162,7 +167,7 @@ fuzz:
 # of Kubernetes, Ginkgo and CoreDNS, the chart's), before anything builds:
 # on a fresh machine the downloads overlap instead of each waiting behind
 # the compiles of the build before it.
-MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint e2e/tools/govulncheck e2e/tools/cyclonedx-gomod deploy/helm
+MODULES := . e2e e2e/tools/k8sbin e2e/tools/k8se2e e2e/tools/ginkgo e2e/tools/coredns e2e/tools/golangci-lint e2e/tools/govulncheck e2e/tools/cyclonedx-gomod e2e/tools/prometheus deploy/helm
 deps:
 	@t0=$$(date +%s); pids=; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod download) & pids="$$pids $$!"; done; \
 		status=0; for p in $$pids; do wait $$p || status=1; done; \
@@ -186,6 +191,7 @@ lint:
 	cd e2e && $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
 	cd deploy/helm && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
 	$(MAKE) --no-print-directory vulncheck
+	$(MAKE) --no-print-directory monitoring-check
 
 # govulncheck over the agent's module (what the binary and the image
 # builder link), offline: govulncheck and the Go vulnerability database
@@ -201,6 +207,22 @@ vulncheck:
 	rm -rf bin/vulndb && bin/indexdb -vulns "$$($(GO) -C e2e/tools/govulncheck list -m -f '{{.Dir}}' golang.org/x/vulndb)/data/osv" -out bin/vulndb
 	@echo "vulncheck: database golang.org/x/vulndb@$$($(GO) -C e2e/tools/govulncheck list -m -f '{{.Version}}' golang.org/x/vulndb), $$(ls bin/vulndb/ID | wc -l) entries; $$($(GO) env GOVERSION)"
 	bin/govulncheck -db file://$(CURDIR)/bin/vulndb ./...
+
+# The chart's alert rules (its PrometheusRule's spec, rendered with the
+# default values) through promtool: `check rules`, then `test rules`
+# with deploy/helm/promtool's cases (alerts that fire and alerts that
+# do not). promtool is Prometheus's, pinned by e2e/tools/prometheus's
+# go.mod and built into bin/ without service discovery (remove_all_sd:
+# rule checks need none), as golangci-lint is.
+PROMTOOL := $(CURDIR)/bin/promtool
+MONITORING_OUT := $(CURDIR)/bin/monitoring
+monitoring-check:
+	$(GO) -C e2e/tools/prometheus build -tags remove_all_sd -o $(PROMTOOL) github.com/prometheus/prometheus/cmd/promtool
+	rm -rf $(MONITORING_OUT) && mkdir -p $(MONITORING_OUT)
+	$(GO) -C deploy/helm run ./render -alert-rules > $(MONITORING_OUT)/alerts.yaml
+	cp deploy/helm/promtool/alerts_test.yaml $(MONITORING_OUT)/
+	$(PROMTOOL) check rules $(MONITORING_OUT)/alerts.yaml
+	cd $(MONITORING_OUT) && $(PROMTOOL) test rules alerts_test.yaml
 
 demo:
 	$(E2E_CMD) ./cmd/demo

@@ -286,7 +286,7 @@ func podHardening(ctx context.Context, t *testing.T, c *cluster.Cluster, ns stri
 				TerminationGracePeriodSeconds: ptr.To[int64](1),
 				SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
 				Containers: []corev1.Container{{
-					Name: "preflight", Image: cluster.ProxyImage, ImagePullPolicy: corev1.PullIfNotPresent,
+					Name: "preflight", Image: pods.Items[0].Spec.Containers[0].Image, ImagePullPolicy: corev1.PullIfNotPresent,
 					Command: []string{"/usr/local/bin/ipvs-proxy", "preflight"},
 					SecurityContext: &corev1.SecurityContext{
 						RunAsUser: ptr.To(tc.user), AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),

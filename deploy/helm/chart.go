@@ -7,6 +7,7 @@ package helm
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 
 	"helm.sh/helm/v4/pkg/chart/common"
@@ -14,6 +15,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/engine"
 	releaseutil "helm.sh/helm/v4/pkg/release/v1/util"
+	"sigs.k8s.io/yaml"
 )
 
 // Manifest is one rendered object: its template file and its YAML.
@@ -89,4 +91,43 @@ func Stream(ms []Manifest) string {
 		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", m.Template, strings.TrimSpace(m.YAML))
 	}
 	return b.String()
+}
+
+// AlertRules renders the chart's PrometheusRule (prometheusRule.enabled
+// set over vals) for release name in namespace and returns its spec: a
+// Prometheus rule file, as promtool and a Prometheus server read it.
+func AlertRules(dir, name, namespace string, vals map[string]any) ([]byte, error) {
+	vals = maps.Clone(vals)
+	if vals == nil {
+		vals = map[string]any{}
+	}
+	rule, _ := vals["prometheusRule"].(map[string]any)
+	rule = maps.Clone(rule)
+	if rule == nil {
+		rule = map[string]any{}
+	}
+	rule["enabled"] = true
+	vals["prometheusRule"] = rule
+	ms, err := Render(dir, name, namespace, vals)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		var o struct {
+			Kind string         `json:"kind"`
+			Spec map[string]any `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(m.YAML), &o); err != nil {
+			return nil, fmt.Errorf("chart %s: %s: %w", dir, m.Template, err)
+		}
+		if o.Kind != "PrometheusRule" {
+			continue
+		}
+		b, err := yaml.Marshal(o.Spec)
+		if err != nil {
+			return nil, fmt.Errorf("chart %s: PrometheusRule: %w", dir, err)
+		}
+		return b, nil
+	}
+	return nil, errors.New("chart " + dir + ": no PrometheusRule rendered")
 }

@@ -226,7 +226,14 @@ func TestValues(t *testing.T) {
 			run + "image":           "registry.example.com/ipvs-proxy:v1",
 			pre + "image":           "registry.example.com/ipvs-proxy:v1",
 			run + "imagePullPolicy": "Always",
-			pre + "imagePullPolicy": "Always"}},
+			pre + "imagePullPolicy": "Always",
+			// The version label follows the image's tag.
+			"ServiceAccount/kube-system/ipvs-proxy metadata.labels.app.kubernetes.io/version": "v1",
+			"ClusterRole/<nil>/ipvs-proxy metadata.labels.app.kubernetes.io/version":          "v1",
+			"ClusterRoleBinding/<nil>/ipvs-proxy metadata.labels.app.kubernetes.io/version":   "v1",
+			"ConfigMap/kube-system/ipvs-proxy metadata.labels.app.kubernetes.io/version":      "v1",
+			ds[:len(ds)-len("spec.")] + "metadata.labels.app.kubernetes.io/version":           "v1",
+			ds + "template.metadata.labels.app.kubernetes.io/version":                         "v1"}},
 		{"image digest", `image: {digest: "sha256:` + strings.Repeat("ab", 32) + `"}`, map[string]any{
 			run + "image": "ipvs-proxy@sha256:" + strings.Repeat("ab", 32),
 			pre + "image": "ipvs-proxy@sha256:" + strings.Repeat("ab", 32)}},
@@ -246,6 +253,19 @@ func TestValues(t *testing.T) {
 			pod + "securityContext.seccompProfile.localhostProfile": "profiles/ipvs-proxy.json"}},
 		{"no pod securityContext", `podSecurityContext: null`, map[string]any{
 			pod + "securityContext.seccompProfile.type": nil}},
+		{"extra args of run", `extraArgs: [--v=2]`, map[string]any{
+			run + "command[4]": "--v=2"}},
+		{"preflight: extra args and resources", `preflight: {extraArgs: [--all-schedulers], resources: {limits: {memory: 128Mi}}}`, map[string]any{
+			pre + "command[5]":              "--all-schedulers",
+			pre + "resources.limits.memory": "128Mi"}},
+		{"extra volumes in both containers", `{extraVolumes: [{name: kube-proxy, configMap: {name: kube-proxy}}], extraVolumeMounts: [{name: kube-proxy, mountPath: /var/lib/kube-proxy}]}`, map[string]any{
+			pod + "volumes[5].name":           "kube-proxy",
+			pod + "volumes[5].configMap.name": "kube-proxy",
+			run + "volumeMounts[4].name":      "kube-proxy",
+			run + "volumeMounts[4].mountPath": "/var/lib/kube-proxy",
+			pre + "volumeMounts[4].name":      "kube-proxy",
+			pre + "volumeMounts[4].mountPath": "/var/lib/kube-proxy",
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var vals map[string]any
@@ -303,6 +323,12 @@ func TestBadValues(t *testing.T) {
 		{`toleration: []`, "toleration"},
 		{`apiServer: ""`, "apiServer"},
 		{`podSecurityContext: {seccompProfile: {type: Default}}`, "type"},
+		// Both monitors would scrape every agent twice; a monitor of a
+		// metrics address turned off, nothing.
+		{`{serviceMonitor: {enabled: true}, podMonitor: {enabled: true}}`, "enable one"},
+		{`{podMonitor: {enabled: true}, config: {metricsBindAddress: ""}}`, "metricsBindAddress is empty"},
+		{`serviceMonitor: {enabled: true, interval: 30}`, "interval"},
+		{`monitoring: {job: ""}`, "job"},
 	} {
 		var vals map[string]any
 		if err := yaml.Unmarshal([]byte(tc.vals), &vals); err != nil {
@@ -334,18 +360,14 @@ func TestNotes(t *testing.T) {
 	}
 }
 
-// TestSchemaNamesEveryConfigKey: values.schema.json, which refuses unknown
-// config keys, knows every key of values.yaml's config, in its group (and
-// so, by TestDefaultRenderingIsDeploy, of deploy/'s config.yaml).
-func TestSchemaNamesEveryConfigKey(t *testing.T) {
-	var schema struct {
-		Properties struct {
-			Config schemaObject `json:"config"`
-		} `json:"properties"`
-	}
-	var values struct {
-		Config map[string]any `json:"config"`
-	}
+// TestSchemaNamesEveryValue: values.schema.json, which refuses unknown
+// keys, knows every key of values.yaml, config's in their groups (and so,
+// by TestDefaultRenderingIsDeploy, deploy/'s config.yaml), and names none
+// that values.yaml lacks: every value is documented with its default. An
+// object the schema leaves open (resources, labels) is one value.
+func TestSchemaNamesEveryValue(t *testing.T) {
+	var schema schemaObject
+	var values map[string]any
 	for f, into := range map[string]any{"values.schema.json": &schema, "values.yaml": &values} {
 		b, err := os.ReadFile(filepath.Join(chartDir, f))
 		if err != nil {
@@ -355,26 +377,38 @@ func TestSchemaNamesEveryConfigKey(t *testing.T) {
 			t.Fatalf("%s: %v", f, err)
 		}
 	}
-	got, want := schema.Properties.Config.paths(""), configPaths("", values.Config)
+	got, want := schema.paths(schema.Definitions, ""), schema.valuePaths(schema.Definitions, "", values)
 	slices.Sort(want)
 	slices.Sort(got)
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("the schema's config keys differ from values.yaml's (-values +schema):\n%s", diff)
+		t.Errorf("the schema's keys differ from values.yaml's (-values +schema):\n%s", diff)
+	}
+	if !slices.Contains(got, "config.ipvs.syncPeriod") {
+		t.Errorf("the schema's keys miss config.ipvs.syncPeriod: %v", got)
 	}
 }
 
 // schemaObject is an object of a JSON schema, with its properties.
 type schemaObject struct {
-	Type       string                  `json:"type"`
-	Properties map[string]schemaObject `json:"properties"`
+	Ref         string                  `json:"$ref"`
+	Properties  map[string]schemaObject `json:"properties"`
+	Definitions map[string]schemaObject `json:"definitions"`
+}
+
+// resolve follows o's $ref into defs.
+func (o schemaObject) resolve(defs map[string]schemaObject) schemaObject {
+	if name, ok := strings.CutPrefix(o.Ref, "#/definitions/"); ok {
+		return defs[name]
+	}
+	return o
 }
 
 // paths lists the dotted paths of o's leaf properties, under prefix.
-func (o schemaObject) paths(prefix string) []string {
+func (o schemaObject) paths(defs map[string]schemaObject, prefix string) []string {
 	var out []string
 	for name, p := range o.Properties {
-		if p.Type == "object" && len(p.Properties) > 0 {
-			out = append(out, p.paths(prefix+name+".")...)
+		if p = p.resolve(defs); len(p.Properties) > 0 {
+			out = append(out, p.paths(defs, prefix+name+".")...)
 		} else {
 			out = append(out, prefix+name)
 		}
@@ -382,13 +416,14 @@ func (o schemaObject) paths(prefix string) []string {
 	return out
 }
 
-// configPaths lists the dotted paths of the values in config that are no
-// mapping, under prefix.
-func configPaths(prefix string, config map[string]any) []string {
+// valuePaths lists the dotted paths of vals, under prefix, descending
+// into a mapping where o has properties for it.
+func (o schemaObject) valuePaths(defs map[string]schemaObject, prefix string, vals map[string]any) []string {
 	var out []string
-	for name, v := range config {
-		if m, ok := v.(map[string]any); ok {
-			out = append(out, configPaths(prefix+name+".", m)...)
+	for name, v := range vals {
+		p := o.Properties[name].resolve(defs)
+		if m, ok := v.(map[string]any); ok && len(p.Properties) > 0 {
+			out = append(out, p.valuePaths(defs, prefix+name+".", m)...)
 		} else {
 			out = append(out, prefix+name)
 		}

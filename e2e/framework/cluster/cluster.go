@@ -109,7 +109,8 @@ type Options struct {
 	// MemoryMB and CPUs of each node's VM (default 3584 and 2).
 	MemoryMB, CPUs int
 	// ProxyImage is ipvs-proxy's image archive (make image); empty: built
-	// as make image does. Imported as ProxyImage.
+	// as make image does. Its image is named ProxyImage (make image names
+	// it so).
 	ProxyImage string
 	// Images are more image archives to import (a file name in the
 	// guest, ending in .tar, to a host archive), e.g. the e2e suite's.

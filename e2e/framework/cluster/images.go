@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/ipvs-proxy/ipvs-proxy/deploy/image/ociimage"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/repo"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
@@ -26,9 +28,28 @@ const (
 	// answers "<name> <client-ip>", `vmagent hit` and `vmagent http` are
 	// clients.
 	ServerImage = "ipvs-proxy.test/vmagent:e2e"
-	// ProxyImage is the name deploy/daemonset.yaml uses (make image).
-	ProxyImage = "ipvs-proxy:latest"
 )
+
+// ProxyImage is the name of ipvs-proxy's image that deploy/daemonset.yaml
+// and the chart use, and `make image` gives it: ipvs-proxy tagged with the
+// chart's appVersion (root: the repository's).
+func ProxyImage(root string) (string, error) {
+	chart := filepath.Join(root, "deploy", "helm", "ipvs-proxy", "Chart.yaml")
+	b, err := os.ReadFile(chart)
+	if err != nil {
+		return "", fmt.Errorf("ipvs-proxy's image: %w", err)
+	}
+	var meta struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(b, &meta); err != nil {
+		return "", fmt.Errorf("ipvs-proxy's image: %s: %w", chart, err)
+	}
+	if meta.AppVersion == "" {
+		return "", fmt.Errorf("ipvs-proxy's image: %s has no appVersion", chart)
+	}
+	return "ipvs-proxy:" + meta.AppVersion, nil
+}
 
 // imageEpoch is the time of the test images' files (reproducible).
 var imageEpoch = time.Unix(1700000000, 0).UTC()
@@ -67,9 +88,14 @@ func binaryImage(cacheDir, bin, name, ref string) (string, error) {
 
 // proxyImage builds ipvs-proxy's image as `make image` does: the static,
 // stripped binary and deploy/image (Debian's iptables and kmod). The
-// archive is cached in cacheDir/images by the binary's digest.
+// archive is cached in cacheDir/images by the binary's digest and the
+// image's name.
 func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...any)) (string, error) {
 	root, err := repo.Root() // both are the root module's
+	if err != nil {
+		return "", err
+	}
+	ref, err := ProxyImage(root)
 	if err != nil {
 		return "", err
 	}
@@ -83,9 +109,10 @@ func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...
 	}
 	sum, err := ociimage.FileDigest(bin)
 	if err != nil {
-		return "", fmt.Errorf("image %s: %w", ProxyImage, err)
+		return "", fmt.Errorf("image %s: %w", ref, err)
 	}
-	out := filepath.Join(cacheDir, "images", "ipvs-proxy-"+sum[:12]+".tar")
+	h := sha256.Sum256([]byte(ref + "\x00" + sum))
+	out := filepath.Join(cacheDir, "images", "ipvs-proxy-"+hex.EncodeToString(h[:])[:12]+".tar")
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
 	}
@@ -97,7 +124,7 @@ func proxyImage(ctx context.Context, cacheDir, tmp string, logf func(string, ...
 		return "", fmt.Errorf("ipvs-proxy's SBOM: %w\n%s", err, b)
 	}
 	cmd := exec.CommandContext(ctx, "go", "run", "github.com/ipvs-proxy/ipvs-proxy/deploy/image",
-		"--binary", bin, "--sbom", sbom, "--output", out, "--tag", ProxyImage, "--version", "e2e")
+		"--binary", bin, "--sbom", sbom, "--output", out, "--tag", ref, "--version", "e2e")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(imageEpoch.Unix(), 10))
 	b, err := cmd.CombinedOutput()
