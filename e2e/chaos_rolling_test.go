@@ -227,23 +227,30 @@ func TestChaosRollingUpdate(t *testing.T) {
 // when the test ends.
 func startTraffic(ctx context.Context, t *testing.T, v *vm.VM, vip, control string) (hit, controlHit, hold *vm.Proc) {
 	t.Helper()
-	start := func(argv ...string) *vm.Proc {
-		p, err := v.Start(ctx, argv...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Stop() })
-		return p
-	}
-	hitArgs := func(addr string) []string {
-		return []string{"vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", "1000000", "--interval", "100ms", "--timeout", "5s"}
-	}
-	hit, controlHit = start(hitArgs(vip)...), start(hitArgs(control)...)
-	hold = start("vmagent", "hold", "--addr", vip, "--interval", "200ms", "--timeout", "10s")
+	hit, controlHit = startHit(ctx, t, v, vip), startHit(ctx, t, v, control)
+	hold = startProc(ctx, t, v, "vmagent", "hold", "--addr", vip, "--interval", "200ms", "--timeout", "10s")
 	if err := hold.WaitFor(ctx, "answer 1 "); err != nil {
 		t.Fatal(err)
 	}
 	return hit, controlHit, hold
+}
+
+// startHit starts, in v's root namespace, a new TCP connection to addr
+// every 100 ms (no retry, 5 s timeout), stopped when the test ends.
+func startHit(ctx context.Context, t *testing.T, v *vm.VM, addr string) *vm.Proc {
+	t.Helper()
+	return startProc(ctx, t, v, "vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", "1000000", "--interval", "100ms", "--timeout", "5s")
+}
+
+// startProc starts argv in v, stopped when the test ends.
+func startProc(ctx context.Context, t *testing.T, v *vm.VM, argv ...string) *vm.Proc {
+	t.Helper()
+	p, err := v.Start(ctx, argv...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop() })
+	return p
 }
 
 // unexcusedFailures are the failures of a hit that a change under test

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -386,6 +388,70 @@ func vmHit(ctx context.Context, t *testing.T, v *vm.VM, addr string, n int, extr
 	return hit
 }
 
+// unexcusedOnNodes is unexcusedFailures for a move between two nodes: a
+// failed connection whose real server (dests: by local address) is
+// remoteIP, on the second node, is excused by that node's control
+// (remoteControl) failing; any other (on the client's node, or whose
+// real server is not known: a failed connect names no local port) by the
+// client node's control (localControl).
+func unexcusedOnNodes(t *testing.T, failures []hitFailure, dests map[string]string, remoteIP string, localControl, remoteControl []hitFailure) []string {
+	t.Helper()
+	var unexcused []string
+	for _, fl := range failures {
+		dest, excuse := dests[localAddr(fl.err)], localControl
+		if dest == remoteIP {
+			excuse = remoteControl
+		}
+		t.Logf("failed connection %s: its real server %q", fl, dest)
+		unexcused = append(unexcused, unexcusedFailures(t, []hitFailure{fl}, excuse)...)
+	}
+	return unexcused
+}
+
+// ipvsConnDestinations maps each client address ("ip:port", as Go
+// writes it) of v's IPVS connection table (`ipvsadm -Lnc`) to the real
+// server's IP that IPVS sent it to. An entry outlives its connection by
+// its state's timeout (a minute or two), so a failed attempt's is there
+// just after it.
+func ipvsConnDestinations(ctx context.Context, t *testing.T, v *vm.VM) map[string]string {
+	t.Helper()
+	out, err := v.RunOK(ctx, "ipvsadm", "-Lnc")
+	if err != nil {
+		t.Logf("ipvsadm -Lnc: %v", err)
+		return nil
+	}
+	dests := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 {
+			continue
+		}
+		src, err1 := netip.ParseAddrPort(f[3])
+		dst, err2 := netip.ParseAddrPort(f[5])
+		if err1 == nil && err2 == nil {
+			dests[src.String()] = dst.Addr().String()
+		}
+	}
+	return dests
+}
+
+// localAddr is the local address of a connection in a Go network error
+// ("read tcp 10.96.0.5:41432->10.96.0.5:80: i/o timeout"), "" if it names
+// none (a failed connect).
+func localAddr(err string) string {
+	m := localAddrRE.FindStringSubmatch(err)
+	if m == nil {
+		return ""
+	}
+	a, perr := netip.ParseAddrPort(m[1])
+	if perr != nil {
+		return ""
+	}
+	return a.String()
+}
+
+var localAddrRE = regexp.MustCompile(`(\S+)->\S+: `)
+
 // restartAgentsWithConfig changes ipvs-proxy's ConfigMap's config.yaml
 // (oldNew: pairs of a text it holds and its replacement), deletes the
 // DaemonSet's pods and waits until a new pod is ready on every node.
@@ -493,13 +559,7 @@ func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Clust
 			if err != nil {
 				return false, err.Error()
 			}
-			got := ipvsWeights(out)
-			for ip, w := range want {
-				if g, ok := got[ip]; w >= 0 && (!ok || g != w) || w < 0 && g != 0 {
-					return false, out
-				}
-			}
-			return true, out
+			return weightsMatch(ipvsWeights(out), want), out
 		})
 	}
 	oldIP := f.podIP(t, runPods(ctx, t, c, ns, pod(oldName, nodeA, 10*time.Second))[oldName])
@@ -509,13 +569,22 @@ func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Clust
 	moving := svc(app, map[string]string{"app": app}, 8080, corev1.ServiceSpec{
 		Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal})
 	vip := net.JoinHostPort(moving.Spec.ClusterIP, "80")
-	// The control: the client pod on node-1, which does not change.
+	// The controls, which do not change: the client pod on node-1, and
+	// the server pod on node-2 (a stall of node-2 alone fails
+	// connections to the new pod and not the first control).
 	control := net.JoinHostPort(svc("control"+f.suffix, map[string]string{"app": "client"}, 8081, corev1.ServiceSpec{}).Spec.ClusterIP, "80")
+	controlB := net.JoinHostPort(svc("control-b"+f.suffix, map[string]string{"app": "server"}, 8080, corev1.ServiceSpec{}).Spec.ClusterIP, "80")
+	serverPod, err := cs.CoreV1().Pods(ns).Get(ctx, "server", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	weightsOn(vip, map[string]int{oldIP: 1})
 	weightsOn(control, map[string]int{clientIP: 1})
+	weightsOn(controlB, map[string]int{f.podIP(t, serverPod): 1})
 	timeline := watchMove(ctx, t, c, ns, app, nodeA, vip)
 
 	hit, controlHit, hold := startTraffic(ctx, t, nodeA.VM, vip, control)
+	controlHitB := startHit(ctx, t, nodeA.VM, controlB)
 	time.Sleep(2 * time.Second) // traffic before the move
 
 	// The new pod serves 60 s after its SIGTERM: the next subtest's window.
@@ -535,9 +604,12 @@ func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Clust
 
 	res, failures := stopHit(t, hit)
 	_, controlFailures := stopHit(t, controlHit)
-	t.Logf("endpoint moved from %s (%s) to %s (%s): new connections %d, failed %d; answers %v; control failed %d",
-		nodeA.Name, oldIP, nodeB.Name, newIP, res.Total()+len(failures), len(failures), res.Answers, len(controlFailures))
-	if unexcused := unexcusedFailures(t, failures, controlFailures); len(unexcused) > 0 {
+	_, controlFailuresB := stopHit(t, controlHitB)
+	t.Logf("endpoint moved from %s (%s) to %s (%s): new connections %d, failed %d; answers %v; control failed %d on %s, %d on %s",
+		nodeA.Name, oldIP, nodeB.Name, newIP, res.Total()+len(failures), len(failures), res.Answers,
+		len(controlFailures), nodeA.Name, len(controlFailuresB), nodeB.Name)
+	unexcused := unexcusedOnNodes(t, failures, ipvsConnDestinations(ctx, t, nodeA.VM), newIP, controlFailures, controlFailuresB)
+	if len(unexcused) > 0 {
 		t.Errorf("%d new connections failed while the endpoint moved across nodes and the control answered: %v", len(unexcused), unexcused)
 	}
 	if res.Answers[newName] == 0 || res.Answers[oldName] == 0 {
@@ -726,6 +798,17 @@ func healthCheckAt(ctx context.Context, c *cluster.Cluster, ip, port string) (in
 
 // ipvsWeights reads the real servers of `ipvsadm -Ln` output: their
 // addresses (without the port) and weights.
+// weightsMatch reports whether the real servers' weights got (IP ->
+// weight) are those of want, -1 in want meaning "absent or 0".
+func weightsMatch(got, want map[string]int) bool {
+	for ip, w := range want {
+		if g, ok := got[ip]; w >= 0 && (!ok || g != w) || w < 0 && g != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func ipvsWeights(out string) map[string]int {
 	got := map[string]int{}
 	for _, l := range strings.Split(out, "\n") {
@@ -741,4 +824,42 @@ func ipvsWeights(out string) map[string]int {
 		got[host] = w
 	}
 	return got
+}
+
+func TestLocalAddr(t *testing.T) {
+	for _, tc := range []struct{ err, want string }{
+		{"timeout: read tcp [fd00:10:96::525e]:41432->[fd00:10:96::525e]:80: i/o timeout", "[fd00:10:96::525e]:41432"},
+		{"reset: read tcp 10.96.0.5:41432->10.96.0.5:80: read: connection reset by peer", "10.96.0.5:41432"},
+		{"refused: dial tcp 10.96.0.5:80: connect: connection refused", ""},
+	} {
+		if got := localAddr(tc.err); got != tc.want {
+			t.Errorf("localAddr(%q) = %q; want %q", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestUnexcusedOnNodes(t *testing.T) {
+	at := time.Date(2026, 11, 28, 23, 21, 2, 0, time.UTC)
+	onNew := hitFailure{at: at, err: "timeout: read tcp [fd00::a]:41432->[fd00::a]:80: i/o timeout"}
+	unknown := hitFailure{at: at, err: "refused: dial tcp [fd00::a]:80: connect: connection refused"}
+	dests := map[string]string{"[fd00::a]:41432": "fd00:2::5"}
+	stall := []hitFailure{{at: at.Add(3 * time.Second), err: "timeout"}}
+	for _, tc := range []struct {
+		name                string
+		failure             hitFailure
+		local, remote       []hitFailure
+		wantUnexcusedFailed bool
+	}{
+		{"on node-2, node-2 stalled", onNew, nil, stall, false},
+		{"on node-2, only node-1 stalled", onNew, stall, nil, true},
+		{"unknown real server, node-1 stalled", unknown, stall, nil, false},
+		{"unknown real server, only node-2 stalled", unknown, nil, stall, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := unexcusedOnNodes(t, []hitFailure{tc.failure}, dests, "fd00:2::5", tc.local, tc.remote)
+			if (len(got) > 0) != tc.wantUnexcusedFailed {
+				t.Errorf("unexcused %v; want a failure unexcused: %v", got, tc.wantUnexcusedFailed)
+			}
+		})
+	}
 }
