@@ -71,7 +71,7 @@ unit:
 # joins CI unless named here. The named targets below run the rest. Every
 # run goes through e2e/cmd/testlog: per-test times, a table of the slowest,
 # a failure on any skipped test, and the figures as data in bin/results.
-E2E_CHAOS_LONG := TestChaosAPIServerDown|TestChaosEndpointChurn|TestChaosManualDamage|TestChaosRollingUpdate
+E2E_CHAOS_LONG := TestChaosAPIServerDown|TestChaosEndpointChurn|TestChaosManualDamage|TestChaosRollingUpdate|TestHostTrafficDuringEndpointMove
 E2E_TAKEOVER := TestKubeProxyIPVSMode|TestTakeoverFromKubeProxy|TestTakeoverNodePortsOnNodeAddressesOnly
 E2E_CLUSTER := TestClusterNode
 TEST_SKIP = ^($(E2E_CHAOS_LONG)|$(E2E_TAKEOVER)|$(E2E_CLUSTER))$$$$|^TestChaosKernelFaults$$$$/^kernel-faults-(0|10)pct$$$$
@@ -112,13 +112,14 @@ e2e:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=e2e E2E_RUN=.
 
 # The reliability suite: agent restarts, an apiserver outage, watch gaps,
-# damage by hand, endpoint churn, kernel faults, a rolling update, each
+# damage by hand, endpoint churn, kernel faults, a rolling update, the
+# node's own connections through endpoint moves, each
 # under live traffic, at CHAOS_SIZE Services (300 by default; by hand
 # e.g. `make chaos CHAOS_SIZE=3000`).
 CHAOS_SIZE ?= 300
 CHAOS_OUT ?= $(CURDIR)/bin/chaos
 chaos:
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-tests E2E_PKGS=. E2E_RUN='^TestChaos'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-tests E2E_PKGS=. E2E_RUN='^(TestChaos|TestHostTrafficDuringEndpointMove$$$$)'
 
 # Taking a node over from kube-proxy's IPVS mode (kube-proxy v1.36.3 runs
 # in the bed's VM first).
