@@ -180,14 +180,7 @@ func TestGlueClusterIPSourceAddress(t *testing.T) {
 func TestGlueNodePortSourceAddress(t *testing.T) {
 	e := setup(t)
 	e.logGlueState(t)
-	ns := e.namespace(t)
-	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "np", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
-		s.Spec.Type = corev1.ServiceTypeNodePort
-	})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
-	addr := hostPort(nodeAddr, svc.Spec.Ports[0].NodePort)
-	e.expectClients(t, bed.ClientNetns, addr, gateway(bes[0]))
+	ns, svc, _, addr := e.nodePortService(t, "np")
 
 	cur, err := e.Client.CoreV1().Services(ns).Get(context.Background(), svc.Name, metav1.GetOptions{})
 	if err != nil {
@@ -671,15 +664,8 @@ func TestGlueLocalPolicyInClusterClients(t *testing.T) {
 func TestGlueHostFirewallDecides(t *testing.T) {
 	e := setup(t)
 	e.logGlueState(t)
-	ns := e.namespace(t)
-	bes := e.backends(t, 1)
-	svc := e.createService(t, ns, "fw", []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
-		s.Spec.Type = corev1.ServiceTypeNodePort
-	})
-	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	_, svc, bes, addr := e.nodePortService(t, "fw")
 	nodePort := fmt.Sprint(svc.Spec.Ports[0].NodePort)
-	addr := hostPort(nodeAddr, svc.Spec.Ports[0].NodePort)
-	e.expectClients(t, bed.ClientNetns, addr, gateway(bes[0]))
 
 	// The operator's host firewall, appended after ipvs-proxy's jump.
 	rule := []string{"INPUT", "-p", "tcp", "--dport", nodePort, "-m", "comment", "--comment", "operator: node port closed", "-j", "DROP"}
@@ -699,4 +685,20 @@ func TestGlueHostFirewallDecides(t *testing.T) {
 	e.expectBackends(t, "tcp", hostPort(svc.Spec.ClusterIP, 80), names(bes))
 	remove()
 	e.expectClients(t, bed.ClientNetns, addr, gateway(bes[0]))
+}
+
+// nodePortService is a NodePort Service of one backend in a fresh
+// namespace, answering on the node's address (masqueraded: the backend
+// sees its gateway); addr is that node port.
+func (e env) nodePortService(t *testing.T, name string) (ns string, svc *corev1.Service, bes []backend, addr string) {
+	t.Helper()
+	ns = e.namespace(t)
+	bes = e.backends(t, 1)
+	svc = e.createService(t, ns, name, []corev1.ServicePort{tcpPort("http", 80)}, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+	})
+	e.setSlice(t, svc, discoveryv1.AddressTypeIPv4, bes)
+	addr = hostPort(nodeAddr, svc.Spec.Ports[0].NodePort)
+	e.expectClients(t, bed.ClientNetns, addr, gateway(bes[0]))
+	return ns, svc, bes, addr
 }

@@ -256,10 +256,10 @@ func (e *EntryError) Error() string {
 
 func (e *EntryError) Unwrap() error { return e.Err }
 
-// RefusedEntries returns the entries that err's EntryErrors name (err may
-// join many), and whether err is nothing but such errors: a write that
-// failed for some entries only, with the set and the call sound.
-func RefusedEntries(err error) (keys []Key, only bool) {
+// RefusedEntries returns err's EntryErrors (err may join many), and
+// whether err is nothing but such errors: a write that failed for some
+// entries only, with the set and the call sound.
+func RefusedEntries(err error) (refused []*EntryError, only bool) {
 	if err == nil {
 		return nil, false
 	}
@@ -276,7 +276,7 @@ func RefusedEntries(err error) (keys []Key, only bool) {
 		}
 		switch x := e.(type) { //nolint:errorlint // wrappers are unwrapped one by one
 		case *EntryError:
-			keys = append(keys, x.Entry.Key())
+			refused = append(refused, x)
 		case interface{ Unwrap() error }:
 			walk(x.Unwrap())
 		default:
@@ -284,7 +284,7 @@ func RefusedEntries(err error) (keys []Key, only bool) {
 		}
 	}
 	walk(err)
-	return keys, only && len(keys) > 0
+	return refused, only && len(refused) > 0
 }
 
 // Interface is the kernel's IP sets.

@@ -652,7 +652,7 @@ func TestSyncerRefusedEntryDoesNotHoldDeletes(t *testing.T) {
 		return nil
 	})
 	_, err := s.Sync(spec, contents(ep("10.96.0.2", 80), refused), false)
-	if got, only := ipset.RefusedEntries(err); !only || len(got) != 1 || got[0] != refused.Key() {
+	if got, only := ipset.RefusedEntries(err); !only || len(got) != 1 || got[0].Entry != refused {
 		t.Fatalf("sync error %v: refused %v (only refusals: %v), want %s alone", err, got, only, refused)
 	}
 	if diff := cmp.Diff([]string{"10.96.0.2,tcp:80"}, f.Entries(spec.Name)); diff != "" {

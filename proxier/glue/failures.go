@@ -9,7 +9,6 @@ package glue
 // server.)
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 
@@ -53,7 +52,7 @@ func (g *Glue) afterSetSync(id setID, err error) error {
 		return g.setError(id, err)
 	}
 	g.partial[id] = struct{}{}
-	charged := g.owners(id, refused, err)
+	charged := g.owners(id, refused)
 	g.charge(id, charged)
 	g.log.Warn("ipset refused entries; charged to the Services that want them", zap.String("set", id.name()),
 		zap.Strings("services", names(charged)), zap.Int("entries", len(refused)), zap.Error(err))
@@ -62,34 +61,16 @@ func (g *Glue) afterSetSync(id setID, err error) error {
 
 // owners maps the Services whose entries in set id the kernel refused to
 // what it said of the first one: one pass over the Services' entries.
-func (g *Glue) owners(id setID, refused []ipset.Key, err error) map[types.NamespacedName]string {
-	why := map[ipset.Key]string{}
-	for _, k := range refused {
-		why[k] = ""
+func (g *Glue) owners(id setID, refused []*ipset.EntryError) map[types.NamespacedName]string {
+	why := make(map[ipset.Key]string, len(refused))
+	for _, ee := range refused {
+		why[ee.Entry.Key()] = fmt.Sprintf("set %s refused entry %s: %v", id.name(), ee.Entry, ee.Err)
 	}
-	var walkErr func(error)
-	walkErr = func(e error) {
-		var ee *ipset.EntryError
-		switch {
-		case errors.As(e, &ee) && !isJoined(e):
-			if _, ok := why[ee.Entry.Key()]; ok {
-				why[ee.Entry.Key()] = fmt.Sprintf("set %s refused entry %s: %v", id.name(), ee.Entry, ee.Err)
-			}
-		case isJoined(e):
-			for _, inner := range e.(interface{ Unwrap() []error }).Unwrap() {
-				walkErr(inner)
-			}
-		}
-	}
-	walkErr(err)
 	ref := refOf(id)
 	out := map[types.NamespacedName]string{}
 	for name, h := range g.contrib {
 		for _, se := range h {
-			if se.set != ref {
-				continue
-			}
-			if w, ok := why[se.k]; ok {
+			if w, ok := why[se.k]; ok && se.set == ref {
 				if _, seen := out[name]; !seen {
 					out[name] = truncate(w, maxFailureText)
 				}
@@ -97,11 +78,6 @@ func (g *Glue) owners(id setID, refused []ipset.Key, err error) map[types.Namesp
 		}
 	}
 	return out
-}
-
-func isJoined(e error) bool {
-	_, ok := e.(interface{ Unwrap() []error })
-	return ok
 }
 
 // truncate cuts s to n bytes at most.
