@@ -11,6 +11,8 @@ import (
 // links). Their test binaries run inside the VM with
 // IPVS_PROXY_KERNEL_TESTS=1, which turns a missing feature into a failure.
 var kernelTestPackages = []string{"github.com/ipvs-proxy/ipvs-proxy/netlinkutil", "github.com/ipvs-proxy/ipvs-proxy/ipset",
+	// the reconciler's diff on the kernel (TestOrderedTablesAgreeOnKernel)
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler",
 	// the bench's readers of IPVS and of kube-proxy's nftables table
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/guest/ipvsbench"}
 

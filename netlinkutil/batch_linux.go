@@ -116,12 +116,81 @@ func (k *kernelIPVS) Apply(writes []Write) []error {
 		msgs = append(msgs, nlbatch.Message{Type: k.familyID, Data: data})
 		idx = append(idx, i)
 	}
+	if err := k.restoreNodestConns(); err != nil {
+		return failAll(errs, writes, idx, err)
+	}
+	if hasMove(writes) {
+		if err := k.holdNodestConns(); err != nil {
+			return failAll(errs, writes, idx, err)
+		}
+	}
 	for j, r := range k.batch.Exchange(msgs) {
 		if r.Err != nil {
 			errs[idx[j]] = WrapWrite(writes[idx[j]], r.Err)
 		}
 	}
+	if err := k.restoreNodestConns(); err != nil {
+		// The writes were made; the sync fails so that it comes again,
+		// and the next batch sets the sysctl back first.
+		for _, i := range idx {
+			if writes[i].Move && errs[i] == nil {
+				errs[i] = WrapWrite(writes[i], err)
+			}
+		}
+	}
 	return errs
+}
+
+// failAll gives every write of a batch not sent the same error.
+func failAll(errs []error, writes []Write, idx []int, err error) []error {
+	for _, i := range idx {
+		errs[i] = WrapWrite(writes[i], err)
+	}
+	return errs
+}
+
+func hasMove(writes []Write) bool {
+	for _, w := range writes {
+		if w.Move {
+			return true
+		}
+	}
+	return false
+}
+
+// expireNodestConn is the sysctl that, at 1 (kube-proxy's setting and
+// ours), makes IPVS expire the connections of a deleted real server: at
+// their next packet, and in a sweep queued a jiffy after the delete.
+const expireNodestConn = "net/ipv4/vs/expire_nodest_conn"
+
+// holdNodestConns sets expire_nodest_conn to 0 for a batch that moves real
+// servers (a delete and an add of the same one, see ktypes.Op.Move);
+// restoreNodestConns sets it back after the batch (or before the next one,
+// if that failed). Between the two writes of a move the real server is
+// missing: at 1, a packet of one of its connections in that moment would
+// expire the connection (the add revives the same destination, but not a
+// connection already expired), and the sweep might run before the add; at
+// 0 the packet is dropped and retransmitted, and the connection goes on.
+func (k *kernelIPVS) holdNodestConns() error {
+	old, err := k.sys.Ensure(expireNodestConn, "0")
+	if err != nil {
+		return fmt.Errorf("hold the connections of moved real servers: %w", err)
+	}
+	if old != "0" {
+		k.nodestRestore = old
+	}
+	return nil
+}
+
+func (k *kernelIPVS) restoreNodestConns() error {
+	if k.nodestRestore == "" {
+		return nil
+	}
+	if _, err := k.sys.Ensure(expireNodestConn, k.nodestRestore); err != nil {
+		return fmt.Errorf("set %s back to %s after moving real servers: %w", expireNodestConn, k.nodestRestore, err)
+	}
+	k.nodestRestore = ""
+	return nil
 }
 
 // family returns the address family of an address (AF_INET or AF_INET6).

@@ -23,6 +23,11 @@ type kernelIPVS struct {
 	batch    *nlbatch.Socket
 	familyID uint16
 	table    *procTable
+	// sys is this network namespace's /proc/sys (the agent's own), and
+	// nodestRestore the value of expire_nodest_conn to set back after a
+	// batch of moves ("" when nothing is held; see holdNodestConns).
+	sys           Sysctls
+	nodestRestore string
 }
 
 // NewIPVS opens a netlink socket to the IPVS of the current network
@@ -50,7 +55,7 @@ func NewIPVS() (IPVS, error) {
 		b.Close()
 		return nil, err
 	}
-	return &kernelIPVS{h: h, batch: b, familyID: fam.ID, table: table}, nil
+	return &kernelIPVS{h: h, batch: b, familyID: fam.ID, table: table, sys: Sysctls{Root: "/proc/sys"}}, nil
 }
 
 func toService(k ktypes.VSKey) *ipvs.Service {

@@ -43,9 +43,13 @@ const (
 
 // IPVS is a fake IPVS table.
 type IPVS struct {
-	mu       sync.Mutex
-	vs       map[ktypes.VSKey]ktypes.VirtualServer
-	rs       map[ktypes.VSKey]map[ktypes.RSKey]ktypes.RealServer
+	mu sync.Mutex
+	vs map[ktypes.VSKey]ktypes.VirtualServer
+	rs map[ktypes.VSKey]map[ktypes.RSKey]ktypes.RealServer
+	// order is each virtual server's real-server list, head first: the
+	// kernel puts a new real server at the head (__ip_vs_update_dest),
+	// an update leaves it in place, and a dump walks the list.
+	order    map[ktypes.VSKey][]ktypes.RSKey
 	timeouts netlinkutil.Timeouts
 	calls    []Call
 	counts   counts
@@ -62,9 +66,20 @@ type IPVS struct {
 // NewIPVS returns an empty fake IPVS table.
 func NewIPVS() *IPVS {
 	return &IPVS{
-		vs: map[ktypes.VSKey]ktypes.VirtualServer{},
-		rs: map[ktypes.VSKey]map[ktypes.RSKey]ktypes.RealServer{},
+		vs:    map[ktypes.VSKey]ktypes.VirtualServer{},
+		rs:    map[ktypes.VSKey]map[ktypes.RSKey]ktypes.RealServer{},
+		order: map[ktypes.VSKey][]ktypes.RSKey{},
 	}
+}
+
+// listed returns a virtual server's real servers in the kernel's list
+// order (head first), as a dump reports them.
+func (f *IPVS) listed(vs ktypes.VSKey) []ktypes.RealServer {
+	out := make([]ktypes.RealServer, 0, len(f.order[vs]))
+	for _, k := range f.order[vs] {
+		out = append(out, f.rs[vs][k])
+	}
+	return out
 }
 
 var _ netlinkutil.IPVS = (*IPVS)(nil)
@@ -276,12 +291,7 @@ func (f *IPVS) ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error) {
 	if _, ok := f.vs[vs]; !ok {
 		return nil, fmt.Errorf("list destinations of %s: %w", vs, unix.ESRCH)
 	}
-	out := make([]ktypes.RealServer, 0, len(f.rs[vs]))
-	for _, r := range f.rs[vs] {
-		out = append(out, r)
-	}
-	slices.SortFunc(out, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
-	return out, nil
+	return f.listed(vs), nil
 }
 
 // Apply implements netlinkutil.IPVS: each write in order, as the single
@@ -345,12 +355,7 @@ func (f *IPVS) ListAllRealServers() (map[ktypes.VSKey][]ktypes.RealServer, error
 		if f.bulkSkips[k] {
 			continue
 		}
-		rss := make([]ktypes.RealServer, 0, len(f.rs[k]))
-		for _, r := range f.rs[k] {
-			rss = append(rss, r)
-		}
-		slices.SortFunc(rss, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
-		out[k] = rss
+		out[k] = f.listed(k)
 	}
 	return out, nil
 }
@@ -419,6 +424,7 @@ func (f *IPVS) deleteVirtualServer(vs ktypes.VSKey) error {
 	delete(f.vs, vs)
 	delete(f.stats, vs) // a new virtual server counts from 0
 	delete(f.rs, vs)
+	delete(f.order, vs)
 	return nil
 }
 
@@ -441,6 +447,7 @@ func (f *IPVS) addRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 		return fmt.Errorf("add destination %s: %w", rs.RSKey, unix.EEXIST)
 	}
 	m[rs.RSKey] = ktypes.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
+	f.order[vs] = slices.Insert(f.order[vs], 0, rs.RSKey)
 	return nil
 }
 
@@ -487,6 +494,7 @@ func (f *IPVS) deleteRealServer(vs ktypes.VSKey, rs ktypes.RSKey) error {
 		return fmt.Errorf("delete destination %s: %w", rs, unix.ENOENT)
 	}
 	delete(m, rs)
+	f.order[vs] = slices.DeleteFunc(f.order[vs], func(k ktypes.RSKey) bool { return k == rs })
 	return nil
 }
 

@@ -56,6 +56,11 @@ type Op struct {
 	// settings or its real server's weight.
 	WasVirtualServer VirtualServer
 	WasWeight        int
+	// Move marks the delete and the add that move a real server of an
+	// Ordered virtual server to the head of the kernel's list (the only
+	// way to reorder it): one follows the other in the same batch, and the
+	// delete is not a removal (its UDP flows' conntrack entries are kept).
+	Move bool
 }
 
 func (o Op) String() string {
@@ -73,7 +78,16 @@ func (o Op) String() string {
 	case OpUpdateRealServer:
 		return fmt.Sprintf("%s %s %s (was w=%d)", o.Kind, o.VirtualServer.VSKey, o.RealServer, o.WasWeight)
 	case OpDeleteRealServer:
-		return fmt.Sprintf("%s %s %s", o.Kind, o.VirtualServer.VSKey, o.RealServer.RSKey)
+		return fmt.Sprintf("%s %s %s%s", o.Kind, o.VirtualServer.VSKey, o.RealServer.RSKey, moveNote(o.Move))
+	case OpAddRealServer:
+		return fmt.Sprintf("%s %s %s%s", o.Kind, o.VirtualServer.VSKey, o.RealServer, moveNote(o.Move))
 	}
 	return fmt.Sprintf("%s %s %s", o.Kind, o.VirtualServer.VSKey, o.RealServer)
+}
+
+func moveNote(move bool) string {
+	if move {
+		return " (move to head)"
+	}
+	return ""
 }

@@ -91,6 +91,20 @@ func (v VirtualServer) Equal(o VirtualServer) bool {
 		(v.Flags&FlagPersistent == 0 || v.Timeout == o.Timeout)
 }
 
+// Ordered reports whether the virtual server's scheduler builds its table
+// by walking the real-server list in the kernel's list order (sh, dh and
+// mh: ip_vs_sh_reassign, ip_vs_dh_reassign, ip_vs_mh_populate). For these
+// the list's order is part of the wanted state: nodes whose lists hold
+// the same real servers in another order map the same client to other
+// endpoints.
+func (v VirtualServer) Ordered() bool {
+	switch v.Scheduler {
+	case "sh", "dh", "mh":
+		return true
+	}
+	return false
+}
+
 func (v VirtualServer) String() string {
 	s := fmt.Sprintf("%s %s", v.VSKey, v.Scheduler)
 	if v.Flags&FlagsCompared != 0 {

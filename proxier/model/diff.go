@@ -221,7 +221,8 @@ type Scope struct {
 // wanted real server marked Drain is never added: it is kept at weight 0
 // while have counts connections on it, and deleted once it counts none
 // (see Draining); so is a TCP real server the plan no longer has
-// (keptWhileBusy).
+// (keptWhileBusy). Ordered virtual servers (sh, dh, mh) keep neither, and
+// their real servers in one order (diffOrdered).
 func Diff(want Desired, have *Kernel, scope Scope) []ktypes.Op {
 	keys, addrs := scope.Keys, scope.Addresses
 	if scope.All {
@@ -357,6 +358,9 @@ func diffVirtualServer(ops []ktypes.Op, w Want, cur ktypes.VirtualServer, inKern
 	case !cur.Equal(vs):
 		ops = append(ops, ktypes.Op{Kind: ktypes.OpUpdateVirtualServer, Service: w.Service, VirtualServer: vs, WasVirtualServer: cur})
 	}
+	if vs.Ordered() {
+		return diffOrdered(ops, w, rss)
+	}
 	have := make(map[ktypes.RSKey]ktypes.RealServer, len(rss))
 	for _, rs := range rss {
 		have[rs.RSKey] = rs
@@ -403,7 +407,7 @@ func diffVirtualServer(ops []ktypes.Op, w Want, cur ktypes.VirtualServer, inKern
 // default), or the virtual server's deletion. UDP and SCTP real servers go
 // at once (kube-proxy's rule; their flows are scheduled afresh).
 func keptWhileBusy(vs ktypes.VirtualServer, rs ktypes.RealServer) bool {
-	return vs.Protocol == ktypes.TCP && rs.Busy()
+	return vs.Protocol == ktypes.TCP && rs.Busy() && !vs.Ordered()
 }
 
 // Draining reports whether the kernel's real servers (rss) of a wanted
@@ -420,7 +424,7 @@ func Draining(w VSPlan, rss []ktypes.RealServer) bool {
 		i, planned := slices.BinarySearchFunc(w.RealServers, r.RSKey, func(rs ktypes.RealServer, k ktypes.RSKey) int {
 			return rs.RSKey.Compare(k)
 		})
-		if (planned && w.RealServers[i].Drain) || (!planned && keptWhileBusy(w.VirtualServer, r)) {
+		if (planned && w.RealServers[i].Drain && !w.VirtualServer.Ordered()) || (!planned && keptWhileBusy(w.VirtualServer, r)) {
 			return true
 		}
 	}

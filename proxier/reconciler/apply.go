@@ -7,6 +7,7 @@ package reconciler
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 	"sort"
@@ -170,7 +171,7 @@ func (a *applyRun) realServersAndDeletes() {
 		switch {
 		case err != nil:
 			a.fail(*op, fmt.Errorf("%s: %w", op, err))
-		case op.Kind == ktypes.OpDeleteRealServer && k.Protocol == ktypes.UDP:
+		case op.Kind == ktypes.OpDeleteRealServer && k.Protocol == ktypes.UDP && !op.Move:
 			r.clearUDP(k, op.RealServer.RSKey)
 		case op.Kind == ktypes.OpDeleteVirtualServer:
 			r.kernel.DeleteVirtualServer(k)
@@ -269,7 +270,7 @@ func (r *Reconciler) applyIPVS(st *SyncStats, ops []ktypes.Op, idx []int) []erro
 		return nil
 	}
 	errs := make([]error, 0, len(idx))
-	for chunk := range slices.Chunk(idx, applyChunk) {
+	for chunk := range chunks(ops, idx) {
 		writes := make([]ktypes.Op, len(chunk))
 		for i, j := range chunk {
 			writes[i] = ops[j]
@@ -289,6 +290,24 @@ func (r *Reconciler) applyIPVS(st *SyncStats, ops []ktypes.Op, idx []int) []erro
 		}
 	}
 	return errs
+}
+
+// chunks cuts idx into runs of at most applyChunk writes (one more where
+// the run would end between the delete and the add of a move: they go in
+// one batch, see netlinkutil.IPVS.Apply).
+func chunks(ops []ktypes.Op, idx []int) iter.Seq[[]int] {
+	return func(yield func([]int) bool) {
+		for len(idx) > 0 {
+			n := min(applyChunk, len(idx))
+			if n < len(idx) && ops[idx[n-1]].Move && ops[idx[n-1]].Kind == ktypes.OpDeleteRealServer {
+				n++
+			}
+			if !yield(idx[:n]) {
+				return
+			}
+			idx = idx[n:]
+		}
+	}
 }
 
 // clearUDP deletes the conntrack entries of UDP flows to a real server just

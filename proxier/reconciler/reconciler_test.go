@@ -122,9 +122,13 @@ func TestReconcilerWrites(t *testing.T) {
 			wantKernel: []string{"10.96.0.10:80/TCP rr", "  -> 10.0.2.2:8080 w=1", "  -> 10.0.3.2:8080 w=1"},
 		},
 		{
-			name:       "change the scheduler",
-			plan:       modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
-			wantIPVS:   []string{"UpdateVirtualServer 10.96.0.10:80/TCP sh"},
+			// sh walks the list: the real servers that rr's adds left
+			// newest first are put in canonical order (ascending from
+			// the head) by moving the first one to the head.
+			name: "change the scheduler",
+			plan: modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "sh", "10.0.2.2:8080", "10.0.3.2:8080")),
+			wantIPVS: []string{"UpdateVirtualServer 10.96.0.10:80/TCP sh",
+				"DeleteRealServer 10.96.0.10:80/TCP 10.0.2.2:8080", "AddRealServer 10.96.0.10:80/TCP 10.0.2.2:8080 w=1"},
 			wantKernel: []string{"10.96.0.10:80/TCP sh", "  -> 10.0.2.2:8080 w=1", "  -> 10.0.3.2:8080 w=1"},
 		},
 		{
