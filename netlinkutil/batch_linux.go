@@ -120,9 +120,10 @@ func (k *kernelIPVS) Apply(writes []Write) []error {
 		return failAll(errs, writes, idx, err)
 	}
 	if hasMove(writes) {
-		if err := k.holdNodestConns(); err != nil {
-			return failAll(errs, writes, idx, err)
-		}
+		// Best effort: without it (a read-only /proc/sys) the moves are
+		// still made, and only a packet in the moment between a move's
+		// two writes could expire its connection.
+		k.holdNodestConns()
 	}
 	for j, r := range k.batch.Exchange(msgs) {
 		if r.Err != nil {
@@ -163,7 +164,7 @@ func hasMove(writes []Write) bool {
 // their next packet, and in a sweep queued a jiffy after the delete.
 const expireNodestConn = "net/ipv4/vs/expire_nodest_conn"
 
-// holdNodestConns sets expire_nodest_conn to 0 for a batch that moves real
+// holdNodestConns sets expire_nodest_conn to 0 (best effort) for a batch that moves real
 // servers (a delete and an add of the same one, see ktypes.Op.Move);
 // restoreNodestConns sets it back after the batch (or before the next one,
 // if that failed). Between the two writes of a move the real server is
@@ -171,26 +172,31 @@ const expireNodestConn = "net/ipv4/vs/expire_nodest_conn"
 // expire the connection (the add revives the same destination, but not a
 // connection already expired), and the sweep might run before the add; at
 // 0 the packet is dropped and retransmitted, and the connection goes on.
-func (k *kernelIPVS) holdNodestConns() error {
-	old, err := k.sys.Ensure(expireNodestConn, "0")
-	if err != nil {
-		return fmt.Errorf("hold the connections of moved real servers: %w", err)
+func (k *kernelIPVS) holdNodestConns() {
+	old, err := k.sys.Get(expireNodestConn)
+	if err != nil || old == "0" {
+		return
 	}
-	if old != "0" {
-		k.nodestRestore = old
-	}
-	return nil
+	// Set back even if this write's outcome is unknown.
+	k.nodestRestore = old
+	_, _ = k.sys.Ensure(expireNodestConn, "0")
 }
 
+// restoreNodestConns tries three times; if it still fails, the batch's
+// moves fail (their Service's sync comes again) and the next batch tries
+// first.
 func (k *kernelIPVS) restoreNodestConns() error {
 	if k.nodestRestore == "" {
 		return nil
 	}
-	if _, err := k.sys.Ensure(expireNodestConn, k.nodestRestore); err != nil {
-		return fmt.Errorf("set %s back to %s after moving real servers: %w", expireNodestConn, k.nodestRestore, err)
+	var err error
+	for range 3 {
+		if _, err = k.sys.Ensure(expireNodestConn, k.nodestRestore); err == nil {
+			k.nodestRestore = ""
+			return nil
+		}
 	}
-	k.nodestRestore = ""
-	return nil
+	return fmt.Errorf("set %s back to %s after moving real servers: %w", expireNodestConn, k.nodestRestore, err)
 }
 
 // family returns the address family of an address (AF_INET or AF_INET6).

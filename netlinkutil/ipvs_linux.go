@@ -34,6 +34,14 @@ type kernelIPVS struct {
 // namespace. It fails when the kernel has no IPVS (module ip_vs not loaded
 // and not loadable).
 func NewIPVS() (IPVS, error) {
+	return NewIPVSWithSysctls("/proc/sys")
+}
+
+// NewIPVSWithSysctls is NewIPVS with the /proc/sys of this network
+// namespace at root (the agent's container has the host's at
+// /host/proc/sys, writable), where a batch that moves real servers holds
+// expire_nodest_conn (see holdNodestConns).
+func NewIPVSWithSysctls(root string) (IPVS, error) {
 	// moby/ipvs only logs when the IPVS generic netlink family is missing,
 	// and its calls then "succeed" without doing anything: ask first.
 	fam, err := netlink.GenlFamilyGet("IPVS")
@@ -55,7 +63,7 @@ func NewIPVS() (IPVS, error) {
 		b.Close()
 		return nil, err
 	}
-	return &kernelIPVS{h: h, batch: b, familyID: fam.ID, table: table, sys: Sysctls{Root: "/proc/sys"}}, nil
+	return &kernelIPVS{h: h, batch: b, familyID: fam.ID, table: table, sys: Sysctls{Root: root}}, nil
 }
 
 func toService(k ktypes.VSKey) *ipvs.Service {

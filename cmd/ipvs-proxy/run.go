@@ -88,7 +88,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	if err != nil {
 		return err
 	}
-	realIPVS, err := netlinkutil.NewIPVS()
+	realIPVS, err := netlinkutil.NewIPVSWithSysctls(sysctls.Root())
 	if err != nil {
 		return err
 	}

@@ -359,7 +359,7 @@ func diffVirtualServer(ops []ktypes.Op, w Want, cur ktypes.VirtualServer, inKern
 		ops = append(ops, ktypes.Op{Kind: ktypes.OpUpdateVirtualServer, Service: w.Service, VirtualServer: vs, WasVirtualServer: cur})
 	}
 	if vs.Ordered() {
-		return diffOrdered(ops, w, rss)
+		return diffOrdered(ops, w, rss, inKernel && cur.Scheduler == "mh")
 	}
 	have := make(map[ktypes.RSKey]ktypes.RealServer, len(rss))
 	for _, rs := range rss {

@@ -35,7 +35,11 @@ import (
 // canonical order that the list holds in that order, so an endpoint whose
 // key sorts first costs one add, and one that sorts last moves every real
 // server ahead of it.
-func diffOrdered(ops []ktypes.Op, w Want, rss []ktypes.RealServer) []ktypes.Op {
+//
+// wasMH says whether the kernel's virtual server had mh already: one that
+// did not (a scheduler changed to mh) may hold draining real servers
+// added at weight 0, without mh's slots, so they are moved too.
+func diffOrdered(ops []ktypes.Op, w Want, rss []ktypes.RealServer, wasMH bool) []ktypes.Op {
 	vs := w.VirtualServer
 	want := make([]ktypes.RealServer, 0, len(w.RealServers))
 	for _, rs := range w.RealServers {
@@ -43,19 +47,19 @@ func diffOrdered(ops []ktypes.Op, w Want, rss []ktypes.RealServer) []ktypes.Op {
 			want = append(want, rs)
 		}
 	}
-	wanted := func(k ktypes.RSKey) bool {
-		_, ok := slices.BinarySearchFunc(want, k, func(rs ktypes.RealServer, k ktypes.RSKey) int { return rs.RSKey.Compare(k) })
-		return ok
-	}
-	pos := make(map[ktypes.RSKey]int, len(rss))
+	pos := make(map[ktypes.RSKey]int, len(rss)) // in the list, and may stay in place
 	weight := make(map[ktypes.RSKey]int, len(rss))
 	for _, rs := range rss {
-		if !wanted(rs.RSKey) {
+		i, ok := slices.BinarySearchFunc(want, rs.RSKey, func(rs ktypes.RealServer, k ktypes.RSKey) int { return rs.RSKey.Compare(k) })
+		if !ok {
 			ops = append(ops, ktypes.Op{Kind: ktypes.OpDeleteRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
 			continue
 		}
-		pos[rs.RSKey] = len(pos)
 		weight[rs.RSKey] = rs.Weight
+		if vs.Scheduler == "mh" && !wasMH && want[i].Weight == 0 {
+			continue
+		}
+		pos[rs.RSKey] = len(pos)
 	}
 	k := inPlace(want, pos)
 	for _, rs := range want[k:] {
@@ -65,7 +69,7 @@ func diffOrdered(ops []ktypes.Op, w Want, rss []ktypes.RealServer) []ktypes.Op {
 	}
 	for i := k - 1; i >= 0; i-- {
 		rs := want[i]
-		_, move := pos[rs.RSKey]
+		_, move := weight[rs.RSKey]
 		if move {
 			ops = append(ops, ktypes.Op{Kind: ktypes.OpDeleteRealServer, Service: w.Service, VirtualServer: vs,
 				RealServer: ktypes.RealServer{RSKey: rs.RSKey, Weight: weight[rs.RSKey]}, Move: true})

@@ -21,7 +21,9 @@ func TestDiffOrdered(t *testing.T) {
 		name string
 		want model.Want
 		have []string // the kernel's list, head first
-		ops  []string
+		// was is the kernel's scheduler, when not the wanted one.
+		was string
+		ops []string
 	}{{
 		name: "a new virtual server's real servers are added last first",
 		want: want("ns/a", model.KindClusterIP, sh, "10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"),
@@ -84,6 +86,19 @@ func TestDiffOrdered(t *testing.T) {
 			"update-real-server 10.96.0.1:80/TCP 10.0.0.1:8080 w=0 (was w=1) [ns/a]",
 		},
 	}, {
+		name: "changed to mh: a draining real server added at weight 0 (no mh slots) is moved to get them",
+		want: want("ns/a", model.KindClusterIP, mh, "10.0.0.1:8080", "10.0.0.2:8080@0"),
+		have: []string{"10.0.0.1:8080", "10.0.0.2:8080@0"},
+		was:  "rr",
+		ops: []string{
+			"update-virtual-server 10.96.0.1:80/TCP mh (was 10.96.0.1:80/TCP rr) [ns/a]",
+			"delete-real-server 10.96.0.1:80/TCP 10.0.0.2:8080 (move to head) [ns/a]",
+			"add-real-server 10.96.0.1:80/TCP 10.0.0.2:8080 w=1 (move to head) [ns/a]",
+			"update-real-server 10.96.0.1:80/TCP 10.0.0.2:8080 w=0 (was w=1) [ns/a]",
+			"delete-real-server 10.96.0.1:80/TCP 10.0.0.1:8080 (move to head) [ns/a]",
+			"add-real-server 10.96.0.1:80/TCP 10.0.0.1:8080 w=1 (move to head) [ns/a]",
+		},
+	}, {
 		name: "rr: the list's order is not looked at, a busy one drains",
 		want: want("ns/a", model.KindClusterIP, rr, "10.0.0.1:8080", "10.0.0.2:8080"),
 		have: []string{"10.0.0.2:8080", "10.0.0.9:8080#1", "10.0.0.1:8080"},
@@ -93,7 +108,11 @@ func TestDiffOrdered(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var have *model.Kernel
 			if tc.have != nil {
-				have = kernel(nil, kvs{tc.want.VirtualServer, tc.have})
+				kvsv := tc.want.VirtualServer
+				if tc.was != "" {
+					kvsv.Scheduler = tc.was
+				}
+				have = kernel(nil, kvs{kvsv, tc.have})
 			} else {
 				have = kernel(nil)
 			}

@@ -159,19 +159,51 @@ func (a *applyRun) virtualServers() {
 
 // realServersAndDeletes writes, in one batch, the real servers of the
 // virtual servers that were written and the deletes; a UDP real server or
-// virtual server deleted has its conntrack entries cleared.
+// virtual server deleted has its conntrack entries cleared. The writes of
+// the virtual servers whose real servers move (sh, dh, mh: ktypes.Op.Move)
+// go in a batch of their own, the one that holds expire_nodest_conn.
 func (a *applyRun) realServersAndDeletes() {
-	r := a.r
 	a.rest = slices.DeleteFunc(a.rest, func(i int) bool {
 		return a.ops[i].Kind != ktypes.OpDeleteVirtualServer && a.skip[a.ops[i].VirtualServer.VSKey]
 	})
-	for i, err := range r.applyIPVS(a.st, a.ops, a.rest) {
-		op := &a.ops[a.rest[i]]
+	moving := map[ktypes.VSKey]bool{}
+	for _, i := range a.rest {
+		if a.ops[i].Move {
+			moving[a.ops[i].VirtualServer.VSKey] = true
+		}
+	}
+	var plain, moves []int
+	for _, i := range a.rest {
+		if moving[a.ops[i].VirtualServer.VSKey] {
+			moves = append(moves, i)
+		} else {
+			plain = append(plain, i)
+		}
+	}
+	a.writeRest(plain)
+	a.writeRest(moves)
+}
+
+// writeRest makes the writes of ops[idx...] (real servers and deletes) and
+// what follows each: the view of the kernel, UDP conntrack entries.
+func (a *applyRun) writeRest(idx []int) {
+	r := a.r
+	movedOut := map[ktypes.VSKey]map[ktypes.RSKey]bool{} // a move's delete done
+	for i, err := range r.applyIPVS(a.st, a.ops, idx) {
+		op := &a.ops[idx[i]]
 		k := op.VirtualServer.VSKey
 		switch {
 		case err != nil:
 			a.fail(*op, fmt.Errorf("%s: %w", op, err))
-		case op.Kind == ktypes.OpDeleteRealServer && k.Protocol == ktypes.UDP && !op.Move:
+			if op.Move && op.Kind == ktypes.OpAddRealServer && movedOut[k][op.RealServer.RSKey] && k.Protocol == ktypes.UDP {
+				r.clearUDP(k, op.RealServer.RSKey) // deleted, not added again
+			}
+		case op.Kind == ktypes.OpDeleteRealServer && op.Move:
+			if movedOut[k] == nil {
+				movedOut[k] = map[ktypes.RSKey]bool{}
+			}
+			movedOut[k][op.RealServer.RSKey] = true
+		case op.Kind == ktypes.OpDeleteRealServer && k.Protocol == ktypes.UDP:
 			r.clearUDP(k, op.RealServer.RSKey)
 		case op.Kind == ktypes.OpDeleteVirtualServer:
 			r.kernel.DeleteVirtualServer(k)
@@ -292,14 +324,16 @@ func (r *Reconciler) applyIPVS(st *SyncStats, ops []ktypes.Op, idx []int) []erro
 	return errs
 }
 
-// chunks cuts idx into runs of at most applyChunk writes (one more where
-// the run would end between the delete and the add of a move: they go in
-// one batch, see netlinkutil.IPVS.Apply).
+// chunks cuts idx into runs of about applyChunk writes, never between two
+// writes of one virtual server whose real servers move: a move's delete
+// and add, and an mh draining real server's add and weight, go in one
+// batch (see netlinkutil.IPVS.Apply).
 func chunks(ops []ktypes.Op, idx []int) iter.Seq[[]int] {
 	return func(yield func([]int) bool) {
 		for len(idx) > 0 {
 			n := min(applyChunk, len(idx))
-			if n < len(idx) && ops[idx[n-1]].Move && ops[idx[n-1]].Kind == ktypes.OpDeleteRealServer {
+			for n < len(idx) && ops[idx[n-1]].VirtualServer.Ordered() &&
+				ops[idx[n]].VirtualServer.VSKey == ops[idx[n-1]].VirtualServer.VSKey {
 				n++
 			}
 			if !yield(idx[:n]) {

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -84,15 +85,19 @@ func TestOrderedSchedulersAgreeAcrossNodes(t *testing.T) {
 	}
 }
 
-// TestChunksKeepMovesWhole: a batch never ends between the delete and the
-// add of a move.
+// TestChunksKeepMovesWhole: a batch never ends between two writes of a
+// virtual server whose real servers move; other virtual servers' writes
+// are cut at applyChunk.
 func TestChunksKeepMovesWhole(t *testing.T) {
-	ops := make([]ktypes.Op, applyChunk+3)
+	ops := make([]ktypes.Op, applyChunk+4)
 	for i := range ops {
-		ops[i] = ktypes.Op{Kind: ktypes.OpAddRealServer}
+		vs := ktypes.VirtualServer{VSKey: ktypes.VSKey{Address: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Protocol: ktypes.TCP, Port: 80}, Scheduler: "rr"}
+		ops[i] = ktypes.Op{Kind: ktypes.OpAddRealServer, VirtualServer: vs}
 	}
-	ops[applyChunk-1] = ktypes.Op{Kind: ktypes.OpDeleteRealServer, Move: true}
-	ops[applyChunk] = ktypes.Op{Kind: ktypes.OpAddRealServer, Move: true}
+	sh := ktypes.VirtualServer{VSKey: ktypestest.VSKey("10.97.0.1:80", ktypes.TCP), Scheduler: "sh"}
+	for i := applyChunk - 2; i < applyChunk+2; i++ {
+		ops[i] = ktypes.Op{Kind: ktypes.OpAddRealServer, VirtualServer: sh, Move: i%2 == 1}
+	}
 	idx := make([]int, len(ops))
 	for i := range idx {
 		idx[i] = i
@@ -101,7 +106,7 @@ func TestChunksKeepMovesWhole(t *testing.T) {
 	for c := range chunks(ops, idx) {
 		sizes = append(sizes, len(c))
 	}
-	if want := []int{applyChunk + 1, 2}; !slices.Equal(sizes, want) {
+	if want := []int{applyChunk + 2, 2}; !slices.Equal(sizes, want) {
 		t.Errorf("chunk sizes %v, want %v", sizes, want)
 	}
 }

@@ -38,10 +38,11 @@ const (
 	driftMissingRS    = "missing-real-server"
 	driftExtraRS      = "extra-real-server"
 	driftWeight       = "different-weight"
-	driftMissingAddr  = "missing-address"  // wanted, not bound to the interface
-	driftUnwantedAddr = "unwanted-address" // bound, wanted by no Service
-	driftMissingRoute = "missing-route"    // a Service range wanted, not routed
-	driftExtraRoute   = "unwanted-route"   // routed, not wanted
+	driftOrder        = "real-server-order" // sh, dh, mh: out of canonical order (run moves it to the head)
+	driftMissingAddr  = "missing-address"   // wanted, not bound to the interface
+	driftUnwantedAddr = "unwanted-address"  // bound, wanted by no Service
+	driftMissingRoute = "missing-route"     // a Service range wanted, not routed
+	driftExtraRoute   = "unwanted-route"    // routed, not wanted
 )
 
 // driftKinds names the drift of each kind of operation that a sync would
@@ -392,6 +393,10 @@ func (r *Report) addDrift(byKey map[ktypes.VSKey]*statusVirtualServer, op ktypes
 	k := op.VirtualServer.VSKey
 	s := byKey[k]
 	rs := op.RealServer
+	if op.Move {
+		r.addOrderDrift(s, op)
+		return
+	}
 	var detail string
 	switch op.Kind {
 	case ktypes.OpAddVirtualServer:
@@ -425,6 +430,24 @@ func (r *Report) addDrift(byKey map[ktypes.VSKey]*statusVirtualServer, op ktypes
 	}
 	s.Drift = append(s.Drift, kind)
 	r.Drift = append(r.Drift, statusDrift{Kind: kind, VirtualServer: k.String(), Service: s.Service, Detail: detail})
+}
+
+// addOrderDrift records a move (the delete and the add of a real server
+// of an sh, dh or mh virtual server out of canonical order) once, on its
+// delete.
+func (r *Report) addOrderDrift(s *statusVirtualServer, op ktypes.Op) {
+	if op.Kind != ktypes.OpDeleteRealServer {
+		return
+	}
+	for i := range s.RealServers {
+		if s.RealServers[i].key == op.RealServer.RSKey {
+			s.RealServers[i].Drift = "order"
+		}
+	}
+	s.Drift = append(s.Drift, driftOrder)
+	r.Drift = append(r.Drift, statusDrift{Kind: driftOrder, VirtualServer: op.VirtualServer.VSKey.String(), Service: s.Service,
+		Detail: fmt.Sprintf("real server %s is out of the list's canonical order (%s builds its table from it; run moves it to the head)",
+			op.RealServer.RSKey, op.VirtualServer.Scheduler)})
 }
 
 // flagNames names a virtual server's flags: persistent, one-packet, and the
@@ -510,7 +533,7 @@ func writeTable(b *strings.Builder, vss []statusVirtualServer) error {
 		}
 		first := fmt.Sprintf("%s\t%s\t%s\t%s\t", dash(vs.Service), dash(vs.Kind), vs.key, sched)
 		vsDrift := strings.Join(slices.DeleteFunc(slices.Clone(vs.Drift), func(d string) bool {
-			return d == driftMissingRS || d == driftExtraRS || d == driftWeight
+			return d == driftMissingRS || d == driftExtraRS || d == driftWeight || d == driftOrder
 		}), ",")
 		if len(vs.RealServers) == 0 {
 			fmt.Fprintf(tw, "%s-\t\t\t\t%s\n", first, vsDrift)
