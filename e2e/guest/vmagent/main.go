@@ -12,6 +12,7 @@
 //	vmagent netns exec NAME -- COMMAND [ARG...]
 //	vmagent serve [--netns NAME] --name be1 --port 8080 [--tcp] [--udp]
 //	vmagent hit [--netns NAME] --proto tcp|udp --addr 10.96.0.10:80 [--n 6] [--timeout 2s]
+//	vmagent hitports --addr 10.96.0.10:80 --first 40000 [--n 1000] [--timeout 2s]
 //	vmagent hold [--netns NAME] [--proto tcp|udp] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s] [--reset]
 //	vmagent conntrack [--port 30080]
 //
@@ -19,6 +20,8 @@
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
 // nor --udp is given. hit prints a nettest.HitResult as JSON:
 // {"answers":{"be1":3,"be2":3},"clients":{"10.0.3.2":6},"errors":[]}.
+// hitports connects once from each of N source ports and prints which
+// backend answered each port: {"answers":{"40000":"be1"},"errors":{}}.
 // hold keeps one TCP connection (or one UDP flow: one socket, one source
 // port) and asks on it until it is stopped, printing
 // "answer N <backend> <client>" per answer, or "error ..." and exit status
@@ -54,6 +57,7 @@ const usage = `usage:
   vmagent netns exec NAME -- COMMAND [ARG...]
   vmagent serve [--netns NAME] --name NAME --port PORT [--tcp] [--udp]
   vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
+  vmagent hitports --addr HOST:PORT [--first PORT] [--n N] [--timeout DURATION]
   vmagent hold [--netns NAME] [--proto tcp|udp] --addr HOST:PORT [--interval DURATION] [--timeout DURATION] [--reset]
   vmagent http [--timeout DURATION] [--cacert FILE] URL
   vmagent conntrack [--port PORT]
@@ -87,6 +91,8 @@ func run(args []string, stdout io.Writer) error {
 		return serveCmd(args[1:], stdout)
 	case "hit":
 		return hitCmd(args[1:], stdout)
+	case "hitports":
+		return hitPortsCmd(args[1:], stdout)
 	case "hold":
 		return holdCmd(args[1:], stdout)
 	case "http":
