@@ -2,17 +2,25 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
+	"net"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -31,7 +39,8 @@ const listPage = 500
 // to 2 times as long as these pages, with more CPU (e2e/README.md, "Paged
 // initial lists"), or ask for it in one response, decoded whole before
 // any transform. A list error is returned as the apiserver's, unwrapped:
-// the reflector tells an expired list by it.
+// the reflector tells an expired list by it. An apiserver that cannot be
+// reached is waited for here, not by the reflector (untilReachable).
 type pagedListWatch struct {
 	list      func(context.Context, metav1.ListOptions) (runtime.Object, error)
 	watch     func(context.Context, metav1.ListOptions) (watch.Interface, error)
@@ -56,7 +65,7 @@ func (l *pagedListWatch) ListWithContext(ctx context.Context, opts metav1.ListOp
 	opts.Limit = l.page
 	out := &compactList{}
 	for {
-		page, err := l.list(ctx, opts)
+		page, err := untilReachable(ctx, func() (runtime.Object, error) { return l.list(ctx, opts) })
 		if err != nil {
 			return nil, err
 		}
@@ -94,12 +103,77 @@ func (l *pagedListWatch) List(opts metav1.ListOptions) (runtime.Object, error) {
 
 // WatchWithContext watches from the version the reflector asks.
 func (l *pagedListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	return l.watch(ctx, opts)
+	return untilReachable(ctx, func() (watch.Interface, error) { return l.watch(ctx, opts) })
 }
 
 // Watch is WatchWithContext without a context of its own.
 func (l *pagedListWatch) Watch(opts metav1.ListOptions) (watch.Interface, error) {
-	return l.watch(context.Background(), opts)
+	return l.WatchWithContext(context.Background(), opts)
+}
+
+// unreachableBackoff is how often a list or watch is tried again while the
+// apiserver cannot be reached: after 0.8 s, doubling, each wait drawn
+// between once and twice its step, the step capped at 5 s, so that once
+// the apiserver is back its changes reach the agent within 10 s (about 4 s
+// on average after a long outage). client-go's reflector, left to it, grows
+// its wait the same way to a cap of 30 s, waits of 30 to 60 s: after an
+// outage of a minute or more the agent went on serving the old state for
+// up to a minute (TestChangeAfterOutage: 11 to 48 s after 90 s). client-go
+// v0.36 has a ReflectorOptions.Backoff, but no informer passes one to its
+// reflector (kubernetes issue 136943). The cap keeps jitter and growth: at
+// 5,000 nodes and three informers each, about 2,000 connection attempts a
+// second against an apiserver that is gone (client-go's: about 330); an
+// apiserver that answers and sheds load (429) is left to the reflector's
+// own backoff, and the client honours its Retry-After.
+var unreachableBackoff = wait.Backoff{Duration: 800 * time.Millisecond, Factor: 2, Jitter: 1, Cap: 5 * time.Second, Steps: math.MaxInt32}
+
+// untilReachable calls do until the apiserver can be reached (unreachable),
+// waiting unreachableBackoff between calls, or the context ends; any other
+// outcome is do's. The first failure and the return are logged: the
+// reflector, which logs each failure it sees, sees none of these.
+func untilReachable[T any](ctx context.Context, do func() (T, error)) (T, error) {
+	b := unreachableBackoff
+	var since time.Time
+	var tries int
+	for {
+		v, err := do()
+		if !unreachable(ctx, err) {
+			if tries > 0 && err == nil {
+				klog.FromContext(ctx).Info("apiserver reachable again", "after", time.Since(since).Round(time.Millisecond), "tries", tries+1)
+			}
+			return v, err
+		}
+		if tries == 0 {
+			since = time.Now()
+			klog.FromContext(ctx).Info("apiserver unreachable; trying again every 5 to 10 s at most", "err", err)
+		}
+		tries++
+		t := time.NewTimer(b.Step())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return v, err
+		case <-t.C:
+		}
+	}
+}
+
+// unreachable tells an apiserver that is not there (the connection refused,
+// reset or cut, a timeout, a name that does not resolve) or that says it is
+// unavailable (503) from one that answers, while the context lasts.
+func unreachable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	if apierrors.IsServiceUnavailable(err) {
+		return true
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err)
 }
 
 // compactList is a list of compact objects, as the reflector takes lists
