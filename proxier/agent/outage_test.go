@@ -9,20 +9,32 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/zapr"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
@@ -152,9 +164,9 @@ func (f *fakeAPIServer) watch(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func runtimeRaw(o any) runtime.RawExtension {
+func runtimeRaw(o any) k8sruntime.RawExtension {
 	b, _ := json.Marshal(o)
-	return runtime.RawExtension{Raw: b}
+	return k8sruntime.RawExtension{Raw: b}
 }
 
 // client is the agent's client of this server (TuneClientConfig, as
@@ -174,19 +186,21 @@ func outageService(port int32) corev1.Service {
 		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.1", Ports: []corev1.ServicePort{{Port: port, Protocol: corev1.ProtocolTCP}}}}
 }
 
-// afterOutage runs the agent's Service informer (serviceInformer, with its
-// transform, as informerSet.add sets it up) against a fake apiserver, takes
-// the apiserver down for outage, changes a Service meanwhile, brings it
-// back and returns how long after its return the informer delivered the
-// change.
-func afterOutage(t *testing.T, outage time.Duration) time.Duration {
+// TestRefusedConnectionsWaitedFor: an apiserver taken down for real (its
+// connections refused, its watches cut, client-go's own errors) is waited
+// for in untilReachable, not by the reflector, and a Service changed while
+// it was gone reaches the agent's Service informer within 10 s of its
+// return. Real time, about 3 s; TestUntilReachableAfterOutage times long
+// outages.
+func TestRefusedConnectionsWaitedFor(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
 	f := newFakeAPIServer(t)
 	f.set(outageService(80))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	seen := make(chan int32, 16)
 	var infs informerSet
-	if _, err := infs.add(serviceInformer(f.client()), handler(func(o any, _ bool) {
+	if _, err := infs.add(serviceInformer(f.client(), newReacher(clock.RealClock{}, zap.New(core))), handler(func(o any, _ bool) {
 		if s, ok := o.(*model.Service); ok && len(s.Spec.Ports) > 0 {
 			seen <- s.Spec.Ports[0].Port
 		}
@@ -200,13 +214,19 @@ func afterOutage(t *testing.T, outage time.Duration) time.Duration {
 	}
 	f.down()
 	f.set(outageService(8080)) // the change made while the apiserver is gone
-	time.Sleep(outage)
+	time.Sleep(2 * time.Second)
 	f.up()
 	back := time.Now()
-	if err := waitPort(seen, 8080, 2*time.Minute); err != nil {
+	if err := waitPort(seen, 8080, 30*time.Second); err != nil {
 		t.Fatal("after the outage:", err)
 	}
-	return time.Since(back)
+	t.Logf("after a 2 s outage the change arrived %.1f s after the apiserver's return", time.Since(back).Seconds())
+	if d := time.Since(back); d > 2*maxStep(t) {
+		t.Errorf("the change arrived %.1f s after the apiserver's return, want within %v", d.Seconds(), 2*maxStep(t))
+	}
+	if n := logs.FilterMessage("apiserver unreachable; trying again every 5 to 10 s at most").Len(); n == 0 {
+		t.Errorf("untilReachable never waited: the reflector did (logged: %v)", logs.All())
+	}
 }
 
 func waitPort(seen <-chan int32, want int32, within time.Duration) error {
@@ -223,17 +243,184 @@ func waitPort(seen <-chan int32, want int32, within time.Duration) error {
 	}
 }
 
-// TestChangeAfterOutage: a Service changed while the apiserver was gone
-// reaches the agent within 10 s of the apiserver's return (the longest
-// wait of unreachableBackoff; client-go's reflector alone waited up to
-// 60 s, 2.5 to 12.8 s after this 30 s outage and 11 to 48 s after 90 s).
-func TestChangeAfterOutage(t *testing.T) {
-	const outage = 30 * time.Second
-	d := afterOutage(t, outage)
-	t.Logf("after a %v outage the change arrived %.1f s after the apiserver's return", outage, d.Seconds())
-	if d > 12*time.Second {
-		t.Errorf("the change arrived %.1f s after the apiserver's return, want within 10 s", d.Seconds())
+// maxStep is the longest step of newReacher's backoff.
+func maxStep(t *testing.T) time.Duration {
+	t.Helper()
+	return newReacher(clock.RealClock{}, zap.NewNop()).backoff.Cap
+}
+
+// refusedErr is the error of a list or watch whose connection the
+// apiserver's host refused, as client-go returns it.
+func refusedErr() error {
+	return &url.Error{Op: "Get", URL: "https://apiserver/api/v1/services",
+		Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}
+}
+
+// clockedAPIServer lists and watches (no) Services on a fake clock, and
+// refuses every connection until a time on it, as a stopped apiserver
+// does: a reflector over it lives through outages of minutes in
+// milliseconds.
+type clockedAPIServer struct {
+	clk *clocktesting.FakeClock
+
+	mu   sync.Mutex
+	upAt time.Time          // connections are refused before it
+	back time.Time          // the first list or watch served at or after upAt
+	w    *watch.FakeWatcher // the open watch, nil when none
+}
+
+func (s *clockedAPIServer) serve() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	if now.Before(s.upAt) {
+		return refusedErr()
 	}
+	if s.back.IsZero() {
+		s.back = now
+	}
+	return nil
+}
+
+func (s *clockedAPIServer) list(context.Context, metav1.ListOptions) (k8sruntime.Object, error) {
+	if err := s.serve(); err != nil {
+		return nil, err
+	}
+	return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "1"}}, nil
+}
+
+func (s *clockedAPIServer) watch(context.Context, metav1.ListOptions) (watch.Interface, error) {
+	if err := s.serve(); err != nil {
+		return nil, err
+	}
+	w := watch.NewFake()
+	s.mu.Lock()
+	s.w = w
+	s.mu.Unlock()
+	return w, nil
+}
+
+// watching is the open watch, nil when none.
+func (s *clockedAPIServer) watching() *watch.FakeWatcher {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w
+}
+
+func (s *clockedAPIServer) backAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.back
+}
+
+// outage waits (in real time) for the reflector's watch, lets a minute
+// pass on the clock, then cuts the watch and refuses connections for d.
+// It steps the clock by step while the reflector waits on it, and returns
+// how long after the outage's end, on the clock, the reflector listed or
+// watched again (to within step).
+func (s *clockedAPIServer) outage(t *testing.T, d, step time.Duration) time.Duration {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.watching() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the reflector does not watch")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.clk.Step(time.Minute) // a watch of a minute, not a "very short watch"
+	s.mu.Lock()
+	upAt, w := s.clk.Now().Add(d), s.w
+	s.upAt, s.back, s.w = upAt, time.Time{}, nil
+	s.mu.Unlock()
+	w.Stop()
+	for s.backAt().IsZero() {
+		if time.Now().After(deadline.Add(time.Minute)) {
+			t.Fatalf("the reflector has not called again %v after a %v outage", s.clk.Since(upAt), d)
+		}
+		if s.clk.HasWaiters() {
+			s.clk.Step(step)
+		} else {
+			runtime.Gosched()
+		}
+	}
+	return s.backAt().Sub(upAt)
+}
+
+// gapsAfterOutages runs a reflector over the ListerWatcher that lw makes
+// of a clockedAPIServer, on its fake clock, through n outages of d each,
+// and returns how long after each outage's end the reflector got through
+// again.
+func gapsAfterOutages(t *testing.T, n int, d time.Duration, lw func(*clockedAPIServer) cache.ListerWatcher) []time.Duration {
+	const step = 50 * time.Millisecond
+	s := &clockedAPIServer{clk: clocktesting.NewFakeClock(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))}
+	r := cache.NewReflectorWithOptions(lw(s), nil, cache.NewStore(cache.MetaNamespaceKeyFunc), cache.ReflectorOptions{Clock: s.clk})
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), zapr.NewLogger(zap.NewNop())))
+	done := make(chan struct{})
+	go func() { r.RunWithContext(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	gaps := make([]time.Duration, n)
+	for i := range gaps {
+		gaps[i] = s.outage(t, d, step)
+	}
+	return gaps
+}
+
+// reflectorListWatch is what the reflector got before untilReachable:
+// lists and watches whose errors it handles itself.
+type reflectorListWatch struct{ s *clockedAPIServer }
+
+func (l reflectorListWatch) List(o metav1.ListOptions) (k8sruntime.Object, error) {
+	return l.s.list(context.Background(), o)
+}
+func (l reflectorListWatch) Watch(o metav1.ListOptions) (watch.Interface, error) {
+	return l.s.watch(context.Background(), o)
+}
+func (l reflectorListWatch) IsWatchListSemanticsUnSupported() bool { return true }
+
+const (
+	outages     = 10
+	outageLimit = 5 * time.Minute
+)
+
+// TestUntilReachableAfterOutage: after each of ten outages of 5 minutes
+// (connections refused), the reflector over the agent's pagedListWatch
+// lists or watches again within twice the backoff's cap (10 s) of the
+// apiserver's return: a change made during an outage reaches the agent
+// then. Over client-go's own backoff the same outages end with gaps of up
+// to 60 s (TestReflectorBackoffAfterOutage).
+func TestUntilReachableAfterOutage(t *testing.T) {
+	gaps := gapsAfterOutages(t, outages, outageLimit, func(s *clockedAPIServer) cache.ListerWatcher {
+		return &pagedListWatch{list: s.list, watch: s.watch, transform: model.Compact, page: listPage,
+			reach: newReacher(s.clk, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))}
+	})
+	t.Logf("after %d outages of %v, listed or watched again after %s", outages, outageLimit, seconds(gaps))
+	if m := slices.Max(gaps); m > 2*maxStep(t)+50*time.Millisecond {
+		t.Errorf("listed or watched again %.1f s after an outage's end, want within %v", m.Seconds(), 2*maxStep(t))
+	}
+}
+
+// TestReflectorBackoffAfterOutage: the same outages over client-go's own
+// backoff (the reflector's: 0.8 s doubling to a 30 s cap, waits of 30 to
+// 60 s): at least one of ten gaps is longer than 10 s (each is, about 4
+// times in 5). Were this to fail, client-go would wait no longer than
+// untilReachable, which could go.
+func TestReflectorBackoffAfterOutage(t *testing.T) {
+	gaps := gapsAfterOutages(t, outages, outageLimit, func(s *clockedAPIServer) cache.ListerWatcher {
+		return reflectorListWatch{s}
+	})
+	t.Logf("after %d outages of %v, client-go listed or watched again after %s", outages, outageLimit, seconds(gaps))
+	if m := slices.Max(gaps); m <= 2*maxStep(t) {
+		t.Errorf("client-go listed or watched again within %.1f s of every outage's end: untilReachable is not needed", m.Seconds())
+	}
+}
+
+// seconds formats durations as seconds, one decimal.
+func seconds(ds []time.Duration) string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = strconv.FormatFloat(d.Seconds(), 'f', 1, 64)
+	}
+	return strings.Join(out, ", ") + " s"
 }
 
 // TestUnreachable: only an apiserver that is not there or says it is

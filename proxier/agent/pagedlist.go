@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -46,6 +47,7 @@ type pagedListWatch struct {
 	watch     func(context.Context, metav1.ListOptions) (watch.Interface, error)
 	transform cache.TransformFunc
 	page      int64
+	reach     reacher
 }
 
 var _ cache.ListerWatcherWithContext = (*pagedListWatch)(nil)
@@ -65,7 +67,7 @@ func (l *pagedListWatch) ListWithContext(ctx context.Context, opts metav1.ListOp
 	opts.Limit = l.page
 	out := &compactList{}
 	for {
-		page, err := untilReachable(ctx, func() (runtime.Object, error) { return l.list(ctx, opts) })
+		page, err := untilReachable(ctx, l.reach, func() (runtime.Object, error) { return l.list(ctx, opts) })
 		if err != nil {
 			return nil, err
 		}
@@ -103,7 +105,7 @@ func (l *pagedListWatch) List(opts metav1.ListOptions) (runtime.Object, error) {
 
 // WatchWithContext watches from the version the reflector asks.
 func (l *pagedListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	return untilReachable(ctx, func() (watch.Interface, error) { return l.watch(ctx, opts) })
+	return untilReachable(ctx, l.reach, func() (watch.Interface, error) { return l.watch(ctx, opts) })
 }
 
 // Watch is WatchWithContext without a context of its own.
@@ -111,49 +113,57 @@ func (l *pagedListWatch) Watch(opts metav1.ListOptions) (watch.Interface, error)
 	return l.WatchWithContext(context.Background(), opts)
 }
 
-// unreachableBackoff is how often a list or watch is tried again while the
-// apiserver cannot be reached: after 0.8 s, doubling, each wait drawn
-// between once and twice its step, the step capped at 5 s, so that once
-// the apiserver is back its changes reach the agent within 10 s (about 4 s
-// on average after a long outage). client-go's reflector, left to it, grows
-// its wait the same way to a cap of 30 s, waits of 30 to 60 s: after an
-// outage of a minute or more the agent went on serving the old state for
-// up to a minute (TestChangeAfterOutage: 11 to 48 s after 90 s). client-go
-// v0.36 has a ReflectorOptions.Backoff, but no informer passes one to its
-// reflector (kubernetes issue 136943). The cap keeps jitter and growth: at
-// 5,000 nodes and three informers each, about 2,000 connection attempts a
-// second against an apiserver that is gone (client-go's: about 330); an
-// apiserver that answers and sheds load (429) is left to the reflector's
-// own backoff, and the client honours its Retry-After.
-var unreachableBackoff = wait.Backoff{Duration: 800 * time.Millisecond, Factor: 2, Jitter: 1, Cap: 5 * time.Second, Steps: math.MaxInt32}
+// reacher waits for an apiserver that cannot be reached, on its clock (a
+// test's fake one drives an outage of minutes in milliseconds).
+type reacher struct {
+	clock   clock.Clock
+	backoff wait.Backoff
+	log     *zap.Logger
+}
+
+// newReacher tries a list or watch again while the apiserver cannot be
+// reached: after 0.8 s, doubling, each wait drawn between once and twice
+// its step, the step capped at 5 s, so that once the apiserver is back its
+// changes reach the agent within 10 s (about 4 s on average after a long
+// outage). client-go's reflector, left to it, grows its wait the same way
+// to a cap of 30 s, waits of 30 to 60 s: after an outage of a minute or
+// more the agent went on serving the old state for up to a minute
+// (TestReflectorBackoffAfterOutage). client-go v0.36 has a
+// ReflectorOptions.Backoff, but no informer passes one to its reflector
+// (kubernetes issue 136943). The cap keeps jitter and growth: at 5,000
+// nodes and three informers each, about 2,000 connection attempts a second
+// against an apiserver that is gone (client-go's: about 330); an apiserver
+// that answers and sheds load (429) is left to the reflector's own
+// backoff, and the client honours its Retry-After.
+func newReacher(clk clock.Clock, log *zap.Logger) reacher {
+	return reacher{clock: clk, log: log,
+		backoff: wait.Backoff{Duration: 800 * time.Millisecond, Factor: 2, Jitter: 1, Cap: 5 * time.Second, Steps: math.MaxInt32}}
+}
 
 // untilReachable calls do until the apiserver can be reached (unreachable),
-// waiting unreachableBackoff between calls, or the context ends; any other
+// waiting r's backoff between calls, or the context ends; any other
 // outcome is do's. The first failure and the return are logged: the
 // reflector, which logs each failure it sees, sees none of these.
-func untilReachable[T any](ctx context.Context, do func() (T, error)) (T, error) {
-	b := unreachableBackoff
+func untilReachable[T any](ctx context.Context, r reacher, do func() (T, error)) (T, error) {
+	b := r.backoff
 	var since time.Time
 	var tries int
 	for {
 		v, err := do()
 		if !unreachable(ctx, err) {
 			if tries > 0 && err == nil {
-				klog.FromContext(ctx).Info("apiserver reachable again", "after", time.Since(since).Round(time.Millisecond), "tries", tries+1)
+				r.log.Info("apiserver reachable again", zap.Duration("after", r.clock.Since(since).Round(time.Millisecond)),
+					zap.Int("tries", tries+1))
 			}
 			return v, err
 		}
 		if tries == 0 {
-			since = time.Now()
-			klog.FromContext(ctx).Info("apiserver unreachable; trying again every 5 to 10 s at most", "err", err)
+			since = r.clock.Now()
+			r.log.Info("apiserver unreachable; trying again every 5 to 10 s at most", zap.Error(err))
 		}
 		tries++
-		t := time.NewTimer(b.Step())
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, r.clock, b.Step()) {
 			return v, err
-		case <-t.C:
 		}
 	}
 }
@@ -204,42 +214,43 @@ func ourSelector(o metav1.ListOptions) metav1.ListOptions {
 
 // serviceInformer watches the Services the proxier serves, listed in
 // pages, kept compact (model.Compact).
-func serviceInformer(client kubernetes.Interface) cache.SharedIndexInformer {
+func serviceInformer(client kubernetes.Interface, r reacher) cache.SharedIndexInformer {
 	svcs := client.CoreV1().Services(metav1.NamespaceAll)
-	return ourInformer(svcs.List, svcs.Watch, &corev1.Service{})
+	return ourInformer(svcs.List, svcs.Watch, &corev1.Service{}, r)
 }
 
 // sliceInformer watches the EndpointSlices of the Services the proxier
 // serves, listed in pages, kept compact (model.Compact).
-func sliceInformer(client kubernetes.Interface) cache.SharedIndexInformer {
+func sliceInformer(client kubernetes.Interface, r reacher) cache.SharedIndexInformer {
 	eps := client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
-	return ourInformer(eps.List, eps.Watch, &discoveryv1.EndpointSlice{})
+	return ourInformer(eps.List, eps.Watch, &discoveryv1.EndpointSlice{}, r)
 }
 
 // nodeInformer watches every Node, listed in pages, kept compact
 // (model.Node: the addresses of all, the zone and podCIDRs of this one).
-func nodeInformer(client kubernetes.Interface) cache.SharedIndexInformer {
+func nodeInformer(client kubernetes.Interface, r reacher) cache.SharedIndexInformer {
 	nodes := client.CoreV1().Nodes()
-	return cache.NewSharedIndexInformer(&pagedListWatch{
-		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return nodes.List(ctx, o)
-		},
-		watch:     nodes.Watch,
-		transform: model.Compact, page: listPage,
-	}, &corev1.Node{}, 0, cache.Indexers{})
+	return pagedInformer(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return nodes.List(ctx, o)
+	}, nodes.Watch, &corev1.Node{}, r)
 }
 
 // ourInformer is an informer of a typed client's objects that the
 // proxier serves (ServiceSelector), listed in pages.
 func ourInformer[L runtime.Object](list func(context.Context, metav1.ListOptions) (L, error),
-	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error), example runtime.Object) cache.SharedIndexInformer {
-	return cache.NewSharedIndexInformer(&pagedListWatch{
-		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return list(ctx, ourSelector(o))
-		},
-		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return watchFn(ctx, ourSelector(o))
-		},
-		transform: model.Compact, page: listPage,
-	}, example, 0, cache.Indexers{})
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error), example runtime.Object, r reacher) cache.SharedIndexInformer {
+	return pagedInformer(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return list(ctx, ourSelector(o))
+	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return watchFn(ctx, ourSelector(o))
+	}, example, r)
+}
+
+// pagedInformer is an informer without index whose lists and watches go
+// through pagedListWatch: in pages, compact, an unreachable apiserver
+// waited for with r.
+func pagedInformer(list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error), example runtime.Object, r reacher) cache.SharedIndexInformer {
+	return cache.NewSharedIndexInformer(&pagedListWatch{list: list, watch: watchFn, transform: model.Compact, page: listPage, reach: r},
+		example, 0, cache.Indexers{})
 }
