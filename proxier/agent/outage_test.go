@@ -24,13 +24,16 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -454,5 +457,48 @@ func TestUnreachable(t *testing.T) {
 		if got := unreachable(c.ctx, c.err); got != c.want {
 			t.Errorf("%s: unreachable = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestServiceCIDRInformerWaitsForTheApiserver: the ServiceCIDR informer's
+// lists go through untilReachable as the other informers' do: refused
+// twice, its list is waited for on the reacher's clock, not handed to the
+// reflector's backoff.
+func TestServiceCIDRInformerWaitsForTheApiserver(t *testing.T) {
+	client := fake.NewClientset(&networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16"}}})
+	var mu sync.Mutex
+	refusals := 2
+	client.PrependReactor("list", "servicecidrs", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if refusals == 0 {
+			return false, nil, nil
+		}
+		refusals--
+		return true, nil, refusedErr()
+	})
+	core, logs := observer.New(zap.InfoLevel)
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))
+	inf := serviceCIDRInformer(client, newReacher(clk, zap.New(core)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { inf.RunWithContext(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !inf.HasSynced() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not synced; logged: %v", logs.All())
+		}
+		if clk.HasWaiters() {
+			clk.Step(100 * time.Millisecond)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := logs.FilterMessage("apiserver reachable again").Len(); n != 1 {
+		t.Errorf("%d \"apiserver reachable again\" logged, want 1: the reflector, not untilReachable, waited", n)
+	}
+	if got := len(inf.GetStore().List()); got != 1 {
+		t.Errorf("%d ServiceCIDRs listed, want 1", got)
 	}
 }

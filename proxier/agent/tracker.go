@@ -429,7 +429,7 @@ func (t *tracker) watch(ctx context.Context, client kubernetes.Interface, infs *
 	if !watchRanges {
 		return synced, nil
 	}
-	has, err := t.watchServiceCIDRs(ctx, client)
+	has, err := t.watchServiceCIDRs(ctx, client, infs)
 	if err != nil {
 		t.log.Warn("cannot read the cluster's ServiceCIDRs (networking.k8s.io/v1, Kubernetes 1.33 and later; the ClusterRole must allow list and watch): binding one address per clusterIP; --service-cidrs names the ranges instead",
 			zap.Error(err))
