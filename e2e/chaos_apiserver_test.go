@@ -31,6 +31,26 @@ func (c chaosEnv) apiserverBack(t *testing.T, down *bool) {
 	})
 }
 
+// cutOff refuses the agent's connections to the apiserver in the VM (a
+// TCP reset: connection refused, as from a stopped apiserver) until the
+// returned func is called, or the test ends.
+func (c chaosEnv) cutOff(t *testing.T) (reconnect func()) {
+	t.Helper()
+	host, port, _ := strings.Cut(vm.APIServerGuestAddr, ":")
+	block := []string{"OUTPUT", "-p", "tcp", "-d", host, "--dport", port, "-j", "REJECT", "--reject-with", "tcp-reset"}
+	c.vmRun(t, append([]string{"iptables", "-I"}, block...)...)
+	blocked := true
+	t.Cleanup(func() {
+		if blocked {
+			_, _ = c.VM.RunOK(context.Background(), append([]string{"iptables", "-D"}, block...)...)
+		}
+	})
+	return func() {
+		c.vmRun(t, append([]string{"iptables", "-D"}, block...)...)
+		blocked = false
+	}
+}
+
 // changesAfter makes one change of each kind in ns: a Service created, a
 // Service's endpoints changed, a Service deleted; it returns when the API
 // took them.
@@ -54,16 +74,26 @@ func (c chaosEnv) changesAfter(t *testing.T, ns, prefix string, change, remove [
 	c.deleteServices(t, remove)
 }
 
+// duringLimit is how soon after the apiserver's return the changes made
+// during its outage must be in the kernel: untilReachable's longest wait
+// (10 s), a sync period (5 s in the bed) and the test's polling.
+const duringLimit = 20 * time.Second
+
 // TestChaosAPIServerDown: with CHAOS_SIZE Services and live traffic, the
 // apiserver stops for 60 s while the agent runs: no connection fails, the
 // kernel does not change (no write at all), /livez and /healthz stay 200
 // (the rules are in sync: kube-proxy's rule), /healthz reporting the
-// outage (apiserverUnreachableSince) within 2 × --sync-period; when the
-// apiserver is back the report clears and Services created, changed and
-// deleted then reach the kernel.
+// outage (apiserverUnreachableSince) within 2 × --sync-period. Services
+// created, changed and deleted during the outage reach the kernel within
+// duringLimit of the apiserver's return (the agent's own backoff,
+// untilReachable, waits 10 s at most; client-go's reflector waited up to
+// 60 s); the report clears, and changes made then reach the kernel too.
 func TestChaosAPIServerDown(t *testing.T) {
 	c := chaosSetup(t)
 	n := chaosSize(t)
+	if n < 30 {
+		t.Fatalf("CHAOS_SIZE=%d: this case changes 30 of its Services", n)
+	}
 	ns, live, bulk := c.scaled(t, n)
 	c.waitHealth(t, healthzURL, 200, time.Minute)
 
@@ -112,21 +142,38 @@ func TestChaosAPIServerDown(t *testing.T) {
 		t.Errorf("/healthz reported the outage after %v, want within %v", reportedAfter, healthLimit)
 	}
 
-	restart := time.Now()
+	// Changes made during the outage: the apiserver starts again with the
+	// agent still cut off from it (its connections refused in the VM, as
+	// while the apiserver was stopped); Services are created, changed and
+	// deleted; then the agent's path comes back, the apiserver's return
+	// as the agent sees it.
+	reconnect := c.cutOff(t)
 	if err := c.CP.StartAPIServer(context.Background()); err != nil {
 		t.Fatalf("restart the apiserver: %v", err)
 	}
 	down = false
+	c.changesAfter(t, ns, "during", bulk[20:25], bulk[25:30])
+	agentOutage := time.Since(stopped)
+	reconnect()
+	back := time.Now()
+	_, d := c.converge(t, "changes made during the outage", c.expected(t, ns), 2*time.Minute)
+	duringTook := time.Since(back)
+	t.Logf("changes made during the outage (the agent cut off %.0f s): in the kernel %.1f s after the apiserver's return (limit %v)",
+		seconds(agentOutage), seconds(duringTook), duringLimit)
+	if duringTook > duringLimit {
+		t.Errorf("changes made during the outage reached the kernel %.1f s after the apiserver's return, want within %v",
+			seconds(duringTook), duringLimit)
+	}
 	eventually(t, 2*time.Minute, func() error {
 		if code, b := c.healthOf(t, healthzURL); code != 200 || b["apiserverUnreachableSince"] != nil {
-			return fmt.Errorf("/healthz %d %v after the apiserver's restart", code, b)
+			return fmt.Errorf("/healthz %d %v after the apiserver's return", code, b)
 		}
 		return nil
 	})
-	healthyAfter := time.Since(restart)
+	healthyAfter := time.Since(back)
 	changed := time.Now()
 	c.changesAfter(t, ns, "after", bulk[:10], bulk[10:20])
-	_, d := c.converge(t, "changes after the apiserver returned", c.expected(t, ns), 2*time.Minute)
+	_, d = c.converge(t, "changes after the apiserver returned", c.expected(t, ns), 2*time.Minute)
 	took := time.Since(changed) // from the first change
 	time.Sleep(2 * time.Second)
 	attempted, failed, errs := lt.stop(t)
@@ -134,11 +181,12 @@ func TestChaosAPIServerDown(t *testing.T) {
 		t.Errorf("%d of %d connections failed: %q", failed, attempted, errs)
 	}
 	chaos.Record(t, "", chaos.Row{Case: "apiserver-down-60s", TrafficAttempted: attempted, TrafficFailed: failed,
-		KernelWrites: writes, ConvergeSeconds: seconds(took), Leaks: len(d.Leaks),
+		KernelWrites: writes, ConvergeSeconds: seconds(duringTook), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("%d Services; 0 writes and the kernel unchanged over %d checks in the outage; /livez and /healthz 200 throughout; "+
-			"the outage reported after %.0f s (limit %v), cleared %.1f s after the apiserver's restart; 10 Services created, 10 changed, "+
-			"10 deleted after it: in the kernel %.1f s later", n+1, checks, seconds(reportedAfter), healthLimit, seconds(healthyAfter),
-			seconds(took))})
+			"the outage reported after %.0f s (limit %v); 5 Services created, 5 changed, 5 deleted during it (the agent cut off %.0f s): "+
+			"in the kernel %.1f s after the apiserver's return (limit %v); the report cleared %.1f s after it; 10 created, 10 changed, "+
+			"10 deleted after it: in the kernel %.1f s later", n+1, checks, seconds(reportedAfter), healthLimit, seconds(agentOutage),
+			seconds(duringTook), duringLimit, seconds(healthyAfter), seconds(took))})
 }
 
 // apiserverRequests counts the apiserver's requests of a verb on Services
@@ -185,15 +233,7 @@ func TestChaosWatchGap(t *testing.T) {
 	lt := c.startLiveTraffic(t, live, 2)
 	mark := c.logMark()
 
-	host, port, _ := strings.Cut(vm.APIServerGuestAddr, ":")
-	block := []string{"OUTPUT", "-p", "tcp", "-d", host, "--dport", port, "-j", "REJECT", "--reject-with", "tcp-reset"}
-	c.vmRun(t, append([]string{"iptables", "-I"}, block...)...)
-	blocked := true
-	t.Cleanup(func() {
-		if blocked {
-			_, _ = c.VM.RunOK(context.Background(), append([]string{"iptables", "-D"}, block...)...)
-		}
-	})
+	reconnect := c.cutOff(t)
 	down := false
 	c.apiserverBack(t, &down)
 	restartAPIServer := func() {
@@ -211,8 +251,7 @@ func TestChaosWatchGap(t *testing.T) {
 		t.Fatal(err)
 	}
 	restartAPIServer()
-	c.vmRun(t, append([]string{"iptables", "-D"}, block...)...)
-	blocked = false
+	reconnect()
 	took, d := c.converge(t, "after the watch gap", c.expected(t, ns), 3*time.Minute)
 	time.Sleep(2 * time.Second)
 	attempted, failed, errs := lt.stop(t)

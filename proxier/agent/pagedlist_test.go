@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
@@ -137,7 +139,7 @@ func TestPagedInformerSyncs(t *testing.T) {
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.1"}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "other",
 			Labels: map[string]string{"service.kubernetes.io/service-proxy-name": "x"}}})
-	inf := serviceInformer(client)
+	inf := serviceInformer(client, newReacher(clock.RealClock{}, zap.NewNop()))
 	if err := inf.SetTransform(model.Compact); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -144,16 +143,17 @@ func (t *tracker) probeServiceCIDRs(ctx context.Context, client kubernetes.Inter
 }
 
 // watchServiceCIDRs follows the cluster's ServiceCIDR objects into the
-// ranges (setRanges). An API that cannot be listed (a cluster before
+// ranges (setRanges), with an informer of infs: an apiserver that cannot
+// be reached is waited for as the other informers wait for it
+// (untilReachable). An API that cannot be listed (a cluster before
 // Kubernetes 1.33, a ClusterRole without the right) is an error, and the
 // caller binds one address per clusterIP instead. The returned func tells
 // when the first list has been handled.
-func (t *tracker) watchServiceCIDRs(ctx context.Context, client kubernetes.Interface) (cache.InformerSynced, error) {
+func (t *tracker) watchServiceCIDRs(ctx context.Context, client kubernetes.Interface, infs *informerSet) (cache.InformerSynced, error) {
 	if err := t.probeServiceCIDRs(ctx, client); err != nil {
 		return nil, err
 	}
-	f := informers.NewSharedInformerFactory(client, 0)
-	inf := f.Networking().V1().ServiceCIDRs().Informer()
+	inf := serviceCIDRInformer(client, t.reach)
 	update := func() {
 		var objs []*networkingv1.ServiceCIDR
 		for _, o := range inf.GetStore().List() {
@@ -163,7 +163,7 @@ func (t *tracker) watchServiceCIDRs(ctx context.Context, client kubernetes.Inter
 		}
 		t.setRanges(serviceCIDRPrefixes(objs))
 	}
-	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := infs.add(inf, cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { update() },
 		UpdateFunc: func(any, any) { update() },
 		DeleteFunc: func(any) { update() },
@@ -171,10 +171,5 @@ func (t *tracker) watchServiceCIDRs(ctx context.Context, client kubernetes.Inter
 	if err != nil {
 		return nil, fmt.Errorf("watch ServiceCIDRs: %w", err)
 	}
-	f.Start(ctx.Done())
-	go func() {
-		<-ctx.Done()
-		f.Shutdown()
-	}()
 	return reg.HasSynced, nil
 }

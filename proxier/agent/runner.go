@@ -119,7 +119,12 @@ func (r *runner) waitMinPeriod(ctx context.Context, last time.Time, resyncing bo
 	if wait <= 0 || last.IsZero() || resyncing {
 		return true
 	}
-	timer := r.clock.NewTimer(wait)
+	return sleep(ctx, r.clock, wait)
+}
+
+// sleep waits d on clk; false when ctx ended first.
+func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
+	timer := clk.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():

@@ -34,6 +34,9 @@ type tracker struct {
 	clock         clock.PassiveClock
 	wake          func()
 	log           *zap.Logger
+	// reach waits for an apiserver that cannot be reached in the
+	// informers' lists and watches (untilReachable).
+	reach reacher
 	// metrics: the changes received and pending, and when the last was
 	// queued (kube-proxy's change trackers count them the same way).
 	metrics *Metrics
@@ -92,7 +95,7 @@ type rangeFacts struct {
 
 func newTracker(cfg Config, readAddresses func() ([]netip.Addr, error), wake func(), metrics *Metrics, log *zap.Logger) *tracker {
 	t := &tracker{nodeName: cfg.NodeName, nodePortAddresses: cfg.NodePortAddresses, readAddresses: readAddresses,
-		clock: cfg.Clock, wake: wake, metrics: metrics, log: log,
+		clock: cfg.Clock, wake: wake, metrics: metrics, log: log, reach: newReacher(cfg.Clock, log),
 		services: map[types.NamespacedName]*model.Service{},
 		slices:   map[types.NamespacedName][]*model.EndpointSlice{},
 		dirty:    map[types.NamespacedName]time.Time{},
@@ -410,15 +413,15 @@ type syncInput struct {
 // slices of other proxies (service-proxy-name) and headless ones are not
 // ours (ServiceSelector); both are listed in pages (pagedListWatch).
 func (t *tracker) watch(ctx context.Context, client kubernetes.Interface, infs *informerSet, watchRanges bool) ([]cache.InformerSynced, error) {
-	svcReg, err := infs.add(serviceInformer(client), handler(t.onService))
+	svcReg, err := infs.add(serviceInformer(client, t.reach), handler(t.onService))
 	if err != nil {
 		return nil, fmt.Errorf("watch services: %w", err)
 	}
-	sliceReg, err := infs.add(sliceInformer(client), t.sliceHandler())
+	sliceReg, err := infs.add(sliceInformer(client, t.reach), t.sliceHandler())
 	if err != nil {
 		return nil, fmt.Errorf("watch endpointslices: %w", err)
 	}
-	nodeReg, err := infs.add(nodeInformer(client), handler(t.onNode))
+	nodeReg, err := infs.add(nodeInformer(client, t.reach), handler(t.onNode))
 	if err != nil {
 		return nil, fmt.Errorf("watch nodes: %w", err)
 	}
@@ -426,7 +429,7 @@ func (t *tracker) watch(ctx context.Context, client kubernetes.Interface, infs *
 	if !watchRanges {
 		return synced, nil
 	}
-	has, err := t.watchServiceCIDRs(ctx, client)
+	has, err := t.watchServiceCIDRs(ctx, client, infs)
 	if err != nil {
 		t.log.Warn("cannot read the cluster's ServiceCIDRs (networking.k8s.io/v1, Kubernetes 1.33 and later; the ClusterRole must allow list and watch): binding one address per clusterIP; --service-cidrs names the ranges instead",
 			zap.Error(err))
