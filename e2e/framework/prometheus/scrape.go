@@ -79,30 +79,26 @@ func (c Config) YAML() ([]byte, error) {
 	return b, nil
 }
 
-// monitor is a ServiceMonitor or PodMonitor with the fields the
-// translation knows; it is decoded strictly, so that a field the chart
-// adds and the translation would ignore fails instead.
+// monitor is a ServiceMonitor or PodMonitor: its kind, name and
+// namespace, and its spec with the fields the translation knows, decoded
+// strictly, so that a field the chart adds and the translation would
+// ignore fails instead.
 type monitor struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name        string            `json:"name"`
-		Namespace   string            `json:"namespace"`
-		Labels      map[string]string `json:"labels"`
-		Annotations map[string]string `json:"annotations"`
-	} `json:"metadata"`
-	Spec struct {
-		JobLabel          string `json:"jobLabel"`
-		NamespaceSelector struct {
-			Any        bool     `json:"any"`
-			MatchNames []string `json:"matchNames"`
-		} `json:"namespaceSelector"`
-		Selector struct {
-			MatchLabels map[string]string `json:"matchLabels"`
-		} `json:"selector"`
-		Endpoints           []endpoint `json:"endpoints"`
-		PodMetricsEndpoints []endpoint `json:"podMetricsEndpoints"`
-	} `json:"spec"`
+	Kind, Name, Namespace string
+	Spec                  monitorSpec
+}
+
+type monitorSpec struct {
+	JobLabel          string `json:"jobLabel"`
+	NamespaceSelector struct {
+		Any        bool     `json:"any"`
+		MatchNames []string `json:"matchNames"`
+	} `json:"namespaceSelector"`
+	Selector struct {
+		MatchLabels map[string]string `json:"matchLabels"`
+	} `json:"selector"`
+	Endpoints           []endpoint `json:"endpoints"`
+	PodMetricsEndpoints []endpoint `json:"podMetricsEndpoints"`
 }
 
 // endpoint is a ServiceMonitor's endpoint or a PodMonitor's
@@ -160,14 +156,14 @@ func ScrapeConfigs(objs []*unstructured.Unstructured, kubeconfig string) ([]Scra
 }
 
 func decodeMonitor(obj *unstructured.Unstructured) (monitor, error) {
-	var m monitor
-	b, err := json.Marshal(obj.Object)
+	m := monitor{Kind: obj.GetKind(), Name: obj.GetName(), Namespace: obj.GetNamespace()}
+	b, err := json.Marshal(obj.Object["spec"])
 	if err != nil {
 		return m, fmt.Errorf("prometheus: %s %s: %w", obj.GetKind(), obj.GetName(), err)
 	}
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
-	if err := d.Decode(&m); err != nil {
+	if err := d.Decode(&m.Spec); err != nil {
 		return m, fmt.Errorf("prometheus: %s %s/%s has a field the bed's translation does not know: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
 	}
 	return m, nil
@@ -190,7 +186,7 @@ func (m monitor) scrapeConfigs(kubeconfig string) ([]ScrapeConfig, error) {
 	case len(ns.MatchNames) > 0:
 		sd.Namespaces = &Namespaces{Names: ns.MatchNames}
 	default:
-		sd.Namespaces = &Namespaces{Names: []string{m.Metadata.Namespace}}
+		sd.Namespaces = &Namespaces{Names: []string{m.Namespace}}
 	}
 	var out []ScrapeConfig
 	for i, ep := range eps {
@@ -206,7 +202,7 @@ func (m monitor) scrapeConfigs(kubeconfig string) ([]ScrapeConfig, error) {
 			return nil, fmt.Errorf("endpoint %d: metricRelabelings: %w", i, err)
 		}
 		out = append(out, ScrapeConfig{
-			JobName:     fmt.Sprintf("%s/%s/%s/%d", kind, m.Metadata.Namespace, m.Metadata.Name, i),
+			JobName:     fmt.Sprintf("%s/%s/%s/%d", kind, m.Namespace, m.Name, i),
 			HonorLabels: ep.HonorLabels, ScrapeInterval: ep.Interval, ScrapeTimeout: ep.ScrapeTimeout, MetricsPath: ep.Path,
 			KubernetesSDConfigs: []KubernetesSD{sd}, RelabelConfigs: rel, MetricRelabelConfigs: metric,
 		})
@@ -260,7 +256,7 @@ func (m monitor) objectLabels() []Relabel {
 	case m.Kind == "ServiceMonitor":
 		out = append(out, copyTo("__meta_kubernetes_service_name", "job"))
 	default:
-		out = append(out, Relabel{TargetLabel: "job", Replacement: ptr(m.Metadata.Namespace + "/" + m.Metadata.Name)})
+		out = append(out, Relabel{TargetLabel: "job", Replacement: ptr(m.Namespace + "/" + m.Name)})
 	}
 	return out
 }

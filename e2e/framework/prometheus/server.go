@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -119,10 +120,11 @@ func (s *Server) waitReady(ctx context.Context, limit time.Duration) error {
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
+			err = errors.New(resp.Status)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("prometheus: not ready after %s (%v): %s", limit, err, tail(s.Log(), 3000))
+			return fmt.Errorf("prometheus: not ready after %s (%w): %s", limit, err, tail(s.Log(), 3000))
 		case <-time.After(time.Second):
 		}
 	}
