@@ -73,7 +73,7 @@ unit:
 # a failure on any skipped test, and the figures as data in bin/results.
 E2E_CHAOS_LONG := TestChaosAPIServerDown|TestChaosEndpointChurn|TestChaosManualDamage|TestChaosRollingUpdate|TestHostTrafficDuringEndpointMove
 E2E_TAKEOVER := TestKubeProxyIPVSMode|TestTakeoverFromKubeProxy|TestTakeoverNodePortsOnNodeAddressesOnly
-E2E_CLUSTER := TestClusterNode
+E2E_CLUSTER := TestPrometheusScrapesAgents|TestClusterNode
 E2E_HASH := TestHashSchedulersAgreeAcrossNodes
 TEST_SKIP = ^($(E2E_CHAOS_LONG)|$(E2E_TAKEOVER)|$(E2E_CLUSTER)|$(E2E_HASH))$$$$|^TestChaosKernelFaults$$$$/^kernel-faults-(0|10)pct$$$$
 E2E_RUN ?= .
@@ -127,8 +127,9 @@ chaos:
 takeover:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=takeover E2E_PKGS=. E2E_RUN='^($(E2E_TAKEOVER))$$$$'
 
-# The one-node cluster: ipvs-proxy from deploy/ and from the Helm chart
-# with non-default values.
+# The one-node cluster: ipvs-proxy from the Helm chart with non-default
+# values, monitoring on; a real Prometheus scrapes it through the chart's
+# ServiceMonitor and answers both dashboards' queries.
 cluster:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=cluster E2E_PKGS=. E2E_RUN='^($(E2E_CLUSTER))$$$$'
 

@@ -52,11 +52,24 @@ func closeOneNode() {
 	}
 }
 
+// oneNodeValues are the chart's values of the one-node cluster: a default
+// scheduler other than the default (wrr: with equal weights it balances as
+// rr does) that must reach the kernel, and monitoring on as an operator
+// turns it on (deploy/README.md): the ServiceMonitor, every 5 s for a
+// short test, the job kubernetes-mixin's Proxy dashboard selects, the alerts and
+// the dashboards ConfigMap (TestPrometheusScrapesAgents).
+var oneNodeValues = map[string]any{
+	"config":         map[string]any{"ipvs": map[string]any{"scheduler": "wrr"}},
+	"monitoring":     map[string]any{"job": monitoringJob},
+	"serviceMonitor": map[string]any{"enabled": true, "interval": "5s"},
+	"prometheusRule": map[string]any{"enabled": true},
+	"dashboards":     map[string]any{"enabled": true},
+}
+
 // oneNodeCluster returns the shared one-node cluster, starting it on first
 // use. ipvs-proxy comes from the chart as Helm users install it: rendered
-// with Helm's SDK, with the apiserver's address and the pod CIDR set, and a
-// default scheduler other than the default (wrr: with equal weights it
-// balances as rr does) that must reach the kernel. (The conformance run
+// with Helm's SDK, with the apiserver's address and the pod CIDR set, and
+// oneNodeValues. (The conformance run
 // installs deploy/'s manifests, which the chart's default rendering
 // equals: deploy/helm's unit test; TestTwoNodes installs them as shipped.)
 func oneNodeCluster(t *testing.T) *cluster.Cluster {
@@ -74,7 +87,7 @@ func oneNodeCluster(t *testing.T) *cluster.Cluster {
 			return
 		}
 		logf("cluster: TIMING node Ready: %s", c.NodeReady.Round(time.Millisecond))
-		if err := c.DeployIPVSProxyChart(ctx, chartDir, map[string]any{"config": map[string]any{"ipvs": map[string]any{"scheduler": "wrr"}}}); err != nil {
+		if err := c.DeployIPVSProxyChart(ctx, chartDir, oneNodeValues); err != nil {
 			c.Close()
 			oneNode.err = err
 			return

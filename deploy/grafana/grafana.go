@@ -33,14 +33,29 @@ type Selector struct {
 	Labels []string
 }
 
+// panel is a dashboard's panel; a collapsed row holds its panels.
+type panel struct {
+	Title   string `json:"title"`
+	Type    string `json:"type"`
+	Targets []struct {
+		RefID string `json:"refId"`
+		Expr  string `json:"expr"`
+	} `json:"targets"`
+	Panels []panel `json:"panels"`
+}
+
+// flat lists ps with each collapsed row's panels after it.
+func flat(ps []panel) []panel {
+	var out []panel
+	for _, p := range ps {
+		out = append(out, p)
+		out = append(out, flat(p.Panels)...)
+	}
+	return out
+}
+
 type dashboard struct {
-	Panels []struct {
-		Title   string `json:"title"`
-		Targets []struct {
-			RefID string `json:"refId"`
-			Expr  string `json:"expr"`
-		} `json:"targets"`
-	} `json:"panels"`
+	Panels     []panel `json:"panels"`
 	Templating struct {
 		List []struct {
 			Name  string          `json:"name"`
@@ -57,7 +72,7 @@ func Queries(b []byte) ([]Query, error) {
 		return nil, fmt.Errorf("dashboard: %w", err)
 	}
 	var out []Query
-	for _, p := range d.Panels {
+	for _, p := range flat(d.Panels) {
 		for _, t := range p.Targets {
 			if strings.TrimSpace(t.Expr) == "" {
 				return nil, fmt.Errorf("dashboard: panel %q target %s has no expr", p.Title, t.RefID)
@@ -175,4 +190,86 @@ func Check(dashboard []byte, series map[string][]string) (problems, used []strin
 	}
 	slices.Sort(used)
 	return problems, used
+}
+
+// Expand replaces Grafana's variables in expr ($name, ${name},
+// ${name:format}) by their values in vars, as Grafana does before it
+// sends a query; a variable vars lacks is an error.
+func Expand(expr string, vars map[string]string) (string, error) {
+	var missing []string
+	out := variable.ReplaceAllStringFunc(expr, func(v string) string {
+		name := strings.TrimPrefix(strings.TrimSuffix(strings.TrimPrefix(v, "${"), "}"), "$")
+		name, _, _ = strings.Cut(name, ":")
+		value, ok := vars[name]
+		if !ok {
+			missing = append(missing, v)
+		}
+		return value
+	})
+	if len(missing) > 0 {
+		return "", fmt.Errorf("dashboard: %q: no value for %v", expr, missing)
+	}
+	return out, nil
+}
+
+// Panel is a panel of the dashboard: the row it is under, its title, and
+// the metrics (families: a histogram's _bucket, _sum and _count are one)
+// its queries read, in order of appearance.
+type Panel struct {
+	Row, Title string
+	Metrics    []string
+}
+
+// Panels lists the dashboard b's panels, rows left out.
+func Panels(b []byte) ([]Panel, error) {
+	var d dashboard
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	var out []Panel
+	row := ""
+	for _, p := range flat(d.Panels) {
+		if p.Type == "row" {
+			row = p.Title
+			continue
+		}
+		pn := Panel{Row: row, Title: p.Title}
+		for _, t := range p.Targets {
+			sels, err := Selectors(t.Expr)
+			if err != nil {
+				return nil, fmt.Errorf("dashboard: panel %q %s: %w", p.Title, t.RefID, err)
+			}
+			for _, s := range sels {
+				if m := family(s.Metric); !slices.Contains(pn.Metrics, m) {
+					pn.Metrics = append(pn.Metrics, m)
+				}
+			}
+		}
+		out = append(out, pn)
+	}
+	return out, nil
+}
+
+// family is a series name's metric: a histogram's series are its own.
+func family(series string) string {
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if f, ok := strings.CutSuffix(series, suffix); ok {
+			return f
+		}
+	}
+	return series
+}
+
+// PanelTable is a Markdown table of ps: row, panel, metrics.
+func PanelTable(ps []Panel) string {
+	var b strings.Builder
+	b.WriteString("| row | panel | metrics |\n|---|---|---|\n")
+	for _, p := range ps {
+		ms := make([]string, len(p.Metrics))
+		for i, m := range p.Metrics {
+			ms[i] = "`" + m + "`"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", p.Row, p.Title, strings.Join(ms, ", "))
+	}
+	return b.String()
 }

@@ -2,6 +2,7 @@ package grafana
 
 import (
 	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -175,5 +176,66 @@ func TestQueries(t *testing.T) {
 	}
 	if _, err := Queries([]byte(`{"panels": [{"title": "A", "targets": [{"refId": "A"}]}]}`)); err == nil {
 		t.Error("a target without expr was accepted")
+	}
+}
+
+// TestExpand: Grafana's variables in every form take their values; one
+// without a value is an error, not an empty string.
+func TestExpand(t *testing.T) {
+	vars := map[string]string{"job": "kube-proxy", "instance": ".*", "__rate_interval": "1m", "cluster": ""}
+	for _, tc := range []struct {
+		expr, want string
+	}{
+		{`rate(a{job=~"$job", instance=~"${instance}"}[$__rate_interval])`, `rate(a{job=~"kube-proxy", instance=~".*"}[1m])`},
+		{`up{cluster="$cluster", job=~"${job:regex}"}`, `up{cluster="", job=~"kube-proxy"}`},
+		{`count(up)`, `count(up)`},
+	} {
+		got, err := Expand(tc.expr, vars)
+		if err != nil || got != tc.want {
+			t.Errorf("Expand(%q) = %q, %v; want %q", tc.expr, got, err, tc.want)
+		}
+	}
+	if got, err := Expand(`a{node=~"$node"}`, vars); err == nil {
+		t.Errorf("a variable without a value expanded to %q", got)
+	}
+}
+
+// TestPanels: panels under their rows, collapsed rows' too, with the
+// metric families their queries read, each once.
+func TestPanels(t *testing.T) {
+	d := []byte(`{"panels": [
+		{"type": "row", "title": "R1"},
+		{"type": "stat", "title": "A", "targets": [{"refId": "A", "expr": "sum(rate(h_bucket[5m])) / sum(rate(h_count[5m]))"}, {"refId": "B", "expr": "g"}]},
+		{"type": "row", "title": "R2", "collapsed": true, "panels": [{"type": "timeseries", "title": "B", "targets": [{"refId": "A", "expr": "c_total"}]}]}]}`)
+	got, err := Panels(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Panel{{Row: "R1", Title: "A", Metrics: []string{"h", "g"}}, {Row: "R2", Title: "B", Metrics: []string{"c_total"}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// TestREADMEListsPanels: deploy/README.md's table of the dashboard's
+// panels is the one the dashboard gives (a panel or a metric added to the
+// JSON changes it).
+func TestREADMEListsPanels(t *testing.T) {
+	ps, err := Panels(Dashboard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := PanelTable(ps)
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := strings.Index(string(b), "| row | panel | metrics |\n")
+	if start < 0 {
+		t.Fatalf("deploy/README.md has no table of the dashboard's panels; want:\n%s", want)
+	}
+	got, _, _ := strings.Cut(string(b[start:]), "\n\n")
+	if diff := cmp.Diff(strings.Split(strings.TrimSpace(want), "\n"), strings.Split(got, "\n")); diff != "" {
+		t.Errorf("deploy/README.md's panels (-want +got):\n%s\nthe table:\n%s", diff, want)
 	}
 }

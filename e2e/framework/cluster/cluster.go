@@ -45,6 +45,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/controlplane"
@@ -138,6 +139,11 @@ type Cluster struct {
 	// that is not a node (nil unless Options.Outside).
 	Hub     *vm.Hub
 	Outside *vm.VM
+	// ChartMonitoring are the Prometheus Operator's objects (a
+	// ServiceMonitor, PodMonitor, PrometheusRule) of the last
+	// DeployIPVSProxyChart's rendering: not applied, the bed has no
+	// Operator; a test gives them to its own Prometheus.
+	ChartMonitoring []*unstructured.Unstructured
 
 	logf      func(string, ...any)
 	tmp       string

@@ -101,7 +101,8 @@ func addPodLabels(obj *unstructured.Unstructured, labels map[string]string) erro
 // deploy/helm, with `go run`), over values (the apiserver's address and
 // the cluster's pod CIDR are set here, as the chart asks, unless values'
 // config sets clusterCIDRs; values may add more), then server-side
-// applied as DeployIPVSProxy does.
+// applied as DeployIPVSProxy does, but for the Prometheus Operator's
+// objects, kept in c.ChartMonitoring.
 func (c *Cluster) DeployIPVSProxyChart(ctx context.Context, chartDir string, values map[string]any) error {
 	vals := map[string]any{"apiServer": "https://" + c.APIServerAddr()}
 	maps.Copy(vals, values)
@@ -145,8 +146,21 @@ func (c *Cluster) DeployIPVSProxyChart(ctx context.Context, chartDir string, val
 		return fmt.Errorf("cluster: chart %s: %w", chart, err)
 	}
 	c.logf("cluster: chart %s rendered %d objects in %s (go run, Helm's SDK) with values %s", chartDir, len(objs), time.Since(start).Round(time.Millisecond), b)
-	return c.applyIPVSProxy(ctx, objs)
+	var apply []*unstructured.Unstructured
+	c.ChartMonitoring = nil
+	for _, obj := range objs {
+		if obj.GroupVersionKind().Group == monitoringGroup {
+			c.ChartMonitoring = append(c.ChartMonitoring, obj)
+			continue
+		}
+		apply = append(apply, obj)
+	}
+	return c.applyIPVSProxy(ctx, apply)
 }
+
+// monitoringGroup is the Prometheus Operator's API group: the bed has no
+// Operator, so none of its kinds.
+const monitoringGroup = "monitoring.coreos.com"
 
 // applyIPVSProxy server-side applies ipvs-proxy's objects and waits for
 // its DaemonSet's pod to be ready.
