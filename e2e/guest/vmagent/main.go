@@ -14,6 +14,7 @@
 //	vmagent hit [--netns NAME] --proto tcp|udp --addr 10.96.0.10:80 [--n 6] [--timeout 2s]
 //	vmagent hold [--netns NAME] [--proto tcp|udp] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s] [--reset]
 //	vmagent conntrack [--port 30080]
+//	vmagent fou-add --port 6080 [--gue | --ipproto 4] [-6]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
@@ -57,6 +58,7 @@ const usage = `usage:
   vmagent hold [--netns NAME] [--proto tcp|udp] --addr HOST:PORT [--interval DURATION] [--timeout DURATION] [--reset]
   vmagent http [--timeout DURATION] [--cacert FILE] URL
   vmagent conntrack [--port PORT]
+  vmagent fou-add --port PORT [--gue | --ipproto N] [-6]
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -93,6 +95,8 @@ func run(args []string, stdout io.Writer) error {
 		return httpCmd(args[1:], stdout)
 	case "conntrack":
 		return conntrackCmd(args[1:], stdout)
+	case "fou-add":
+		return fouAddCmd(args[1:])
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
