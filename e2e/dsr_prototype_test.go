@@ -26,7 +26,7 @@ var dsrLBIP = cluster.SegmentAddr(210)
 // Marks and table of the prototype's backend side on node-2.
 const (
 	dsrMark  = "0x44"
-	dsrTable = "4242"
+	dsrTable = "42" // busybox ip takes table IDs up to 255
 	// dsrGUEPort is the UDP port node-2 decapsulates GUE on (fou).
 	dsrGUEPort = "6080"
 )
@@ -109,6 +109,9 @@ func TestDSRPrototype(t *testing.T) {
 		// Counters: INVALID by conntrack, and the client's SYNs.
 		"iptables -t mangle -A PREROUTING -m conntrack --ctstate INVALID",
 		"iptables -t mangle -A INPUT -m conntrack --ctstate INVALID",
+		"iptables -t mangle -A INPUT -m conntrack --ctstate INVALID -p tcp --tcp-flags SYN,ACK,FIN,RST ACK -m comment --comment ack",
+		"iptables -t mangle -A INPUT -m conntrack --ctstate INVALID -p tcp --tcp-flags FIN FIN -m comment --comment fin",
+		"iptables -t mangle -A INPUT -m conntrack --ctstate INVALID -p tcp --tcp-flags RST RST -m comment --comment rst",
 	}, " && "))
 	t.Logf("DSR node-1 IPVS:\n%s", sh(ingress.VM, "ipvsadm", "ipvsadm -Ln; grep -c '^ipip ' /proc/modules || true"))
 
@@ -177,15 +180,29 @@ func TestDSRPrototype(t *testing.T) {
 		// The inner packet arrives on tunl0 from the client, whose route is
 		// eth1: strict reverse-path filtering drops it. The effective value
 		// is the larger of all and the device's.
-		for _, v := range []struct{ all, dev string }{{"1", "1"}, {"1", "0"}, {"1", "2"}, {"0", "0"}} {
+		for _, v := range []struct{ all, dev, what, set, undo string }{
+			{all: "1", dev: "1"}, {all: "1", dev: "0"}, {all: "1", dev: "2"}, {all: "0", dev: "2"},
+			{all: "0", dev: "2", what: "tunl0 with an address",
+				set: "ip addr add 10.255.42.1/32 dev tunl0", undo: "ip addr del 10.255.42.1/32 dev tunl0"},
+			{all: "1", dev: "1", what: "src_valid_mark on tunl0 and the mark's reverse route through tunl0",
+				set:  "echo 1 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule add fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route add default dev tunl0 table 43",
+				undo: "echo 0 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule del fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route del default dev tunl0 table 43"},
+			{all: "0", dev: "0"},
+		} {
 			sh(backend.VM, "rp_filter", "echo "+v.all+" >/proc/sys/net/ipv4/conf/all/rp_filter && echo "+v.dev+" >/proc/sys/net/ipv4/conf/tunl0/rp_filter")
+			if v.set != "" {
+				sh(backend.VM, v.what, v.set)
+			}
 			before := dsrRPFilterCount(ctx, backend.VM)
 			res, err := outside.Hit(ctx, nettest.HitConfig{Proto: "tcp", Addr: lbAddr, N: 3, Timeout: 3 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("DSR rp_filter all=%s tunl0=%s: %d of 3 answered (errors %v); before: %s, after: %s", v.all, v.dev,
-				res.Total(), res.Errors, before, dsrRPFilterCount(ctx, backend.VM))
+			t.Logf("DSR rp_filter all=%s tunl0=%s %s: %d of 3 answered (errors %d); before: %s, after: %s", v.all, v.dev, v.what,
+				res.Total(), len(res.Errors), before, dsrRPFilterCount(ctx, backend.VM))
+			if v.undo != "" {
+				sh(backend.VM, "undo "+v.what, v.undo)
+			}
 		}
 	})
 
@@ -197,8 +214,8 @@ func TestDSRPrototype(t *testing.T) {
 				node1: "iptables -t mangle -A PREROUTING -d " + dsrLBIP + " -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --set-mss 1440",
 				undo1: "iptables -t mangle -D PREROUTING -d " + dsrLBIP + " -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --set-mss 1440"},
 			{name: "clamp the pod's SYN-ACK on node-2 (mangle FORWARD, connections that came through the tunnel, --set-mss 1440)",
-				node2: "iptables -t mangle -A FORWARD -p tcp --tcp-flags SYN,RST SYN,ACK -m conntrack --ctorigdst " + dsrLBIP + " -j TCPMSS --set-mss 1440",
-				undo2: "iptables -t mangle -D FORWARD -p tcp --tcp-flags SYN,RST SYN,ACK -m conntrack --ctorigdst " + dsrLBIP + " -j TCPMSS --set-mss 1440"},
+				node2: "iptables -t mangle -A FORWARD -p tcp --tcp-flags SYN,ACK,RST SYN,ACK -m conntrack --ctorigdst " + dsrLBIP + " -j TCPMSS --set-mss 1440",
+				undo2: "iptables -t mangle -D FORWARD -p tcp --tcp-flags SYN,ACK,RST SYN,ACK -m conntrack --ctorigdst " + dsrLBIP + " -j TCPMSS --set-mss 1440"},
 		}
 		for _, v := range variants {
 			if v.node1 != "" {
@@ -229,19 +246,18 @@ func TestDSRPrototype(t *testing.T) {
 	})
 
 	t.Run("UDP over the tunnel MTU", func(t *testing.T) {
-		// The client's datagrams: small, then 1472 bytes (1500 with
-		// headers, DF set by Linux's default PMTU discovery) three times,
-		// then 2000 bytes (fragmented by the client).
-		flush()
-		hub.reset()
-		for _, n := range []int{100, 1472, 1472, 1472, 2000} {
-			r, err := outside.Exec(ctx, vm.Command{Argv: []string{"sh", "-c", "nc -u -w 2 " + dsrLBIP + " 80"},
-				Stdin: []byte(strings.Repeat("d", n-1) + "\n"), Timeout: 10 * time.Second})
-			t.Logf("DSR UDP %d bytes: answer %q %q exit %d, %v", n, strings.TrimSpace(r.Stdout), strings.TrimSpace(r.Stderr), r.ExitCode, err)
+		// The client's datagrams on one socket: small, then 1472 bytes
+		// (1500 with headers: DF set by Linux's default PMTU discovery)
+		// three times, then 2000 bytes (fragmented by the client); then
+		// with IP_PMTUDISC_DO.
+		for _, mode := range []struct{ pmtudisc, sizes string }{{"want", "100,1472,1472,1472,2000"}, {"do", "1472,1472,1400"}} {
+			flush()
+			hub.reset()
+			out, code := try(outside, "vmagent udp-send --addr "+lbAddr+" --pmtudisc "+mode.pmtudisc+" --sizes "+mode.sizes)
+			s := hub.snapshot()
+			pmtu, _ := try(outside, "ip route get "+dsrLBIP)
+			t.Logf("DSR UDP, pmtudisc %s (exit %d):\n%s\nframes:\n%s\nclient's route after: %s", mode.pmtudisc, code, out, s.report(macs), pmtu)
 		}
-		s := hub.snapshot()
-		pmtu, _ := try(outside, "ip route get "+dsrLBIP)
-		t.Logf("DSR UDP frames:\n%s\nclient's route after: %s", s.report(macs), pmtu)
 	})
 
 	t.Run("GUE (fou)", func(t *testing.T) {
@@ -416,6 +432,12 @@ func (w *dsrWatch) frame(f []byte) {
 	case proto == 4:
 		w.s.ipip[src]++
 		w.s.ipipMax = max(w.s.ipipMax, total)
+		if len(ip) > ihl+20 {
+			inner := ip[ihl:]
+			if iihl := int(inner[0]&0x0f) * 4; inner[9] == 6 && len(inner) >= iihl+20 {
+				w.syn("inner "+netip.AddrFrom4([4]byte(inner[12:16])).String()+"->"+netip.AddrFrom4([4]byte(inner[16:20])).String(), inner[iihl:])
+			}
+		}
 	case proto == 17 && len(ip) >= ihl+4 && fmt.Sprint(binary.BigEndian.Uint16(ip[ihl+2:ihl+4])) == dsrGUEPort:
 		w.s.gue[src]++
 		w.s.ipipMax = max(w.s.ipipMax, total)
@@ -423,28 +445,32 @@ func (w *dsrWatch) frame(f []byte) {
 		w.s.fragNeeded[src]++
 		w.s.fragMTU[int(binary.BigEndian.Uint16(ip[ihl+6:ihl+8]))]++
 	case proto == 6 && len(ip) >= ihl+20 && frag&0x1fff == 0:
-		tcp := ip[ihl:]
-		flags := tcp[13]
-		if flags&0x02 == 0 {
-			break
-		}
-		kind := "SYN"
-		if flags&0x10 != 0 {
-			kind = "SYN-ACK"
-		}
-		off := int(tcp[12]>>4) * 4
-		for i := 20; i+3 < off && i+3 < len(tcp); {
-			switch tcp[i] {
-			case 0:
-				i = off
-			case 1:
-				i++
-			case 2:
-				w.s.mss[fmt.Sprintf("%s %s->%s mss=%d", kind, s, d, binary.BigEndian.Uint16(tcp[i+2:i+4]))]++
-				i = off
-			default:
-				i += max(int(tcp[i+1]), 2)
-			}
+		w.syn(s.String()+"->"+d.String(), ip[ihl:])
+	}
+}
+
+// syn counts a TCP SYN's or SYN-ACK's MSS option (w.mu held).
+func (w *dsrWatch) syn(what string, tcp []byte) {
+	flags := tcp[13]
+	if flags&0x02 == 0 {
+		return
+	}
+	kind := "SYN"
+	if flags&0x10 != 0 {
+		kind = "SYN-ACK"
+	}
+	off := int(tcp[12]>>4) * 4
+	for i := 20; i+3 < off && i+3 < len(tcp); {
+		switch tcp[i] {
+		case 0:
+			return
+		case 1:
+			i++
+		case 2:
+			w.s.mss[fmt.Sprintf("%s %s mss=%d", kind, what, binary.BigEndian.Uint16(tcp[i+2:i+4]))]++
+			return
+		default:
+			i += max(int(tcp[i+1]), 2)
 		}
 	}
 }
