@@ -187,11 +187,15 @@ func TestDSRPrototype(t *testing.T) {
 			{all: "1", dev: "1", what: "src_valid_mark on tunl0 and the mark's reverse route through tunl0",
 				set:  "echo 1 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule add fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route add default dev tunl0 table 43",
 				undo: "echo 0 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule del fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route del default dev tunl0 table 43"},
+			{all: "1", dev: "1", what: "the same, and tunl0 with an address",
+				set:  "ip addr add 10.255.42.1/32 dev tunl0 && echo 1 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule add fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route add default dev tunl0 table 43",
+				undo: "ip addr del 10.255.42.1/32 dev tunl0 && echo 0 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule del fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route del default dev tunl0 table 43"},
 			{all: "0", dev: "0"},
 		} {
 			sh(backend.VM, "rp_filter", "echo "+v.all+" >/proc/sys/net/ipv4/conf/all/rp_filter && echo "+v.dev+" >/proc/sys/net/ipv4/conf/tunl0/rp_filter")
 			if v.set != "" {
 				sh(backend.VM, v.what, v.set)
+				t.Logf("DSR rp_filter variant %q: %s", v.what, sh(backend.VM, "rules", "ip rule; ip route show table 43; ip -4 addr show dev tunl0 | grep inet || true"))
 			}
 			before := dsrRPFilterCount(ctx, backend.VM)
 			res, err := outside.Hit(ctx, nettest.HitConfig{Proto: "tcp", Addr: lbAddr, N: 3, Timeout: 3 * time.Second})
@@ -369,6 +373,7 @@ type dsrSnapshot struct {
 	toVIP      map[string]int // frames to the LBIP, by destination MAC
 	fromVIP    map[string]int // frames from the LBIP, by source MAC
 	ipip       map[string]int // IPIP frames, by source MAC
+	outer      map[string]int // IPIP and GUE frames, by outer "src->dst"
 	gue        map[string]int // UDP frames to the GUE port, by source MAC
 	ipipMax    int            // the largest IPIP or GUE frame's IP length
 	fragNeeded map[string]int // ICMP fragmentation needed, by source MAC
@@ -389,7 +394,7 @@ func (w *dsrWatch) stop() { w.unwatch() }
 func (w *dsrWatch) reset() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.s = dsrSnapshot{toVIP: map[string]int{}, fromVIP: map[string]int{}, ipip: map[string]int{}, gue: map[string]int{},
+	w.s = dsrSnapshot{toVIP: map[string]int{}, outer: map[string]int{}, fromVIP: map[string]int{}, ipip: map[string]int{}, gue: map[string]int{},
 		fragNeeded: map[string]int{}, fragMTU: map[int]int{}, fragments: map[string]int{}, mss: map[string]int{}}
 }
 
@@ -398,7 +403,7 @@ func (w *dsrWatch) snapshot() dsrSnapshot {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.s
-	s.toVIP, s.fromVIP, s.ipip, s.gue = maps.Clone(s.toVIP), maps.Clone(s.fromVIP), maps.Clone(s.ipip), maps.Clone(s.gue)
+	s.toVIP, s.fromVIP, s.ipip, s.gue, s.outer = maps.Clone(s.toVIP), maps.Clone(s.fromVIP), maps.Clone(s.ipip), maps.Clone(s.gue), maps.Clone(s.outer)
 	s.fragNeeded, s.fragMTU, s.fragments, s.mss = maps.Clone(s.fragNeeded), maps.Clone(s.fragMTU), maps.Clone(s.fragments), maps.Clone(s.mss)
 	return s
 }
@@ -431,6 +436,7 @@ func (w *dsrWatch) frame(f []byte) {
 	switch {
 	case proto == 4:
 		w.s.ipip[src]++
+		w.s.outer[s.String()+"->"+d.String()]++
 		w.s.ipipMax = max(w.s.ipipMax, total)
 		if len(ip) > ihl+20 {
 			inner := ip[ihl:]
@@ -440,6 +446,7 @@ func (w *dsrWatch) frame(f []byte) {
 		}
 	case proto == 17 && len(ip) >= ihl+4 && fmt.Sprint(binary.BigEndian.Uint16(ip[ihl+2:ihl+4])) == dsrGUEPort:
 		w.s.gue[src]++
+		w.s.outer[s.String()+"->"+d.String()]++
 		w.s.ipipMax = max(w.s.ipipMax, total)
 	case proto == 1 && len(ip) >= ihl+8 && ip[ihl] == 3 && ip[ihl+1] == 4:
 		w.s.fragNeeded[src]++
@@ -493,6 +500,6 @@ func (s dsrSnapshot) report(names map[string]string) string {
 		sort.Strings(parts)
 		return "{" + strings.Join(parts, " ") + "}"
 	}
-	return fmt.Sprintf("  to LBIP by receiving MAC %s\n  from LBIP by sending MAC %s\n  IPIP by sender %s, GUE by sender %s, largest outer %d bytes\n  ICMP frag-needed by sender %s MTUs %v\n  IPv4 fragments by sender %s",
-		name(s.toVIP), name(s.fromVIP), name(s.ipip), name(s.gue), s.ipipMax, name(s.fragNeeded), s.fragMTU, name(s.fragments))
+	return fmt.Sprintf("  to LBIP by receiving MAC %s\n  from LBIP by sending MAC %s\n  IPIP by sender %s, GUE by sender %s, outer addresses %v, largest outer %d bytes\n  ICMP frag-needed by sender %s MTUs %v\n  IPv4 fragments by sender %s",
+		name(s.toVIP), name(s.fromVIP), name(s.ipip), name(s.gue), s.outer, s.ipipMax, name(s.fragNeeded), s.fragMTU, name(s.fragments))
 }
