@@ -184,12 +184,14 @@ func TestDSRPrototype(t *testing.T) {
 			{all: "1", dev: "1"}, {all: "1", dev: "0"}, {all: "1", dev: "2"}, {all: "0", dev: "2"},
 			{all: "0", dev: "2", what: "tunl0 with an address",
 				set: "ip addr add 10.255.42.1/32 dev tunl0", undo: "ip addr del 10.255.42.1/32 dev tunl0"},
-			{all: "1", dev: "1", what: "src_valid_mark on tunl0 and the mark's reverse route through tunl0",
+			// The reverse lookup of a forwarded packet has the forward
+			// route's output device as its input (cni0 here), not lo.
+			{all: "1", dev: "1", what: "src_valid_mark on tunl0 and the mark's reverse route through tunl0 (rule iif lo)",
 				set:  "echo 1 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule add fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route add default dev tunl0 table 43",
 				undo: "echo 0 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule del fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route del default dev tunl0 table 43"},
-			{all: "1", dev: "1", what: "the same, and tunl0 with an address",
-				set:  "ip addr add 10.255.42.1/32 dev tunl0 && echo 1 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule add fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route add default dev tunl0 table 43",
-				undo: "ip addr del 10.255.42.1/32 dev tunl0 && echo 0 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule del fwmark " + dsrMark + " iif lo table 43 priority 101 && ip route del default dev tunl0 table 43"},
+			{all: "1", dev: "1", what: "src_valid_mark on tunl0 and the mark's reverse route through tunl0 (rule iif cni0)",
+				set:  "echo 1 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule add fwmark " + dsrMark + " iif cni0 table 43 priority 101 && ip route add default dev tunl0 table 43",
+				undo: "echo 0 >/proc/sys/net/ipv4/conf/tunl0/src_valid_mark && ip rule del fwmark " + dsrMark + " iif cni0 table 43 priority 101 && ip route del default dev tunl0 table 43"},
 			{all: "0", dev: "0"},
 		} {
 			sh(backend.VM, "rp_filter", "echo "+v.all+" >/proc/sys/net/ipv4/conf/all/rp_filter && echo "+v.dev+" >/proc/sys/net/ipv4/conf/tunl0/rp_filter")
