@@ -83,7 +83,10 @@ var (
 	extraModules = []string{"bridge", "br_netfilter", "sctp", "xt_physdev", "xt_recent", "xt_limit",
 		"nft_fib_inet", "nft_limit", "ip_vs_ftp", "overlay",
 		// kube-proxy's nftables mode (NFTablesModules) beyond bootModules.
-		"nft_fib_ipv4", "nft_fib_ipv6", "nft_numgen", "nft_reject_ipv4", "nft_reject_ipv6"}
+		"nft_fib_ipv4", "nft_fib_ipv6", "nft_numgen", "nft_reject_ipv4", "nft_reject_ipv6",
+		// Direct server return (TestDSRPrototype): IPIP and GUE (fou)
+		// decapsulation, the IPv6 tunnel, TCP MSS clamping.
+		"ipip", "fou", "ip6_tunnel", "xt_TCPMSS"}
 )
 
 // recipe is the asset recipe's version: the revision and a hash of the

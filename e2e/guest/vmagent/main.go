@@ -15,6 +15,8 @@
 //	vmagent hitports --addr 10.96.0.10:80 --first 40000 [--n 1000] [--timeout 2s]
 //	vmagent hold [--netns NAME] [--proto tcp|udp] --addr 10.96.0.10:80 [--interval 200ms] [--timeout 2s] [--reset]
 //	vmagent conntrack [--port 30080]
+//	vmagent fou-add --port 6080 [--gue | --ipproto 4] [-6]
+//	vmagent udp-send --addr 10.96.0.10:53 [--sizes 100,1472] [--timeout 2s] [--pmtudisc want|do|dont]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
@@ -61,6 +63,8 @@ const usage = `usage:
   vmagent hold [--netns NAME] [--proto tcp|udp] --addr HOST:PORT [--interval DURATION] [--timeout DURATION] [--reset]
   vmagent http [--timeout DURATION] [--cacert FILE] URL
   vmagent conntrack [--port PORT]
+  vmagent fou-add --port PORT [--gue | --ipproto N] [-6]
+  vmagent udp-send --addr HOST:PORT [--sizes N,N...] [--timeout DURATION] [--pmtudisc want|do|dont]
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -99,6 +103,10 @@ func run(args []string, stdout io.Writer) error {
 		return httpCmd(args[1:], stdout)
 	case "conntrack":
 		return conntrackCmd(args[1:], stdout)
+	case "fou-add":
+		return fouAddCmd(args[1:])
+	case "udp-send":
+		return udpSendCmd(args[1:], stdout)
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
