@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -349,7 +350,7 @@ func dsrUpload(ctx context.Context, v *vm.VM, addr string, size int) (greeting s
 		}
 		lines++
 	}
-	if err == io.EOF {
+	if errors.Is(err, io.EOF) {
 		err = nil
 	}
 	if err == nil {
