@@ -173,13 +173,10 @@ const expireNodestConn = "net/ipv4/vs/expire_nodest_conn"
 // connection already expired), and the sweep might run before the add; at
 // 0 the packet is dropped and retransmitted, and the connection goes on.
 func (k *kernelIPVS) holdNodestConns() {
-	old, err := k.sys.Get(expireNodestConn)
-	if err != nil || old == "0" {
-		return
+	old, err := k.sys.Ensure(expireNodestConn, "0")
+	if err == nil && old != "0" {
+		k.nodestRestore = old
 	}
-	// Set back even if this write's outcome is unknown.
-	k.nodestRestore = old
-	_, _ = k.sys.Ensure(expireNodestConn, "0")
 }
 
 // restoreNodestConns tries three times; if it still fails, the batch's

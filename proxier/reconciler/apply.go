@@ -166,11 +166,18 @@ func (a *applyRun) realServersAndDeletes() {
 	a.rest = slices.DeleteFunc(a.rest, func(i int) bool {
 		return a.ops[i].Kind != ktypes.OpDeleteVirtualServer && a.skip[a.ops[i].VirtualServer.VSKey]
 	})
-	moving := map[ktypes.VSKey]bool{}
+	var moving map[ktypes.VSKey]bool
 	for _, i := range a.rest {
 		if a.ops[i].Move {
+			if moving == nil {
+				moving = map[ktypes.VSKey]bool{}
+			}
 			moving[a.ops[i].VirtualServer.VSKey] = true
 		}
+	}
+	if moving == nil {
+		a.writeRest(a.rest)
+		return
 	}
 	var plain, moves []int
 	for _, i := range a.rest {
@@ -188,21 +195,22 @@ func (a *applyRun) realServersAndDeletes() {
 // what follows each: the view of the kernel, UDP conntrack entries.
 func (a *applyRun) writeRest(idx []int) {
 	r := a.r
-	movedOut := map[ktypes.VSKey]map[ktypes.RSKey]bool{} // a move's delete done
+	type moved struct {
+		vs ktypes.VSKey
+		rs ktypes.RSKey
+	}
+	movedOut := map[moved]bool{} // a move's delete done
 	for i, err := range r.applyIPVS(a.st, a.ops, idx) {
 		op := &a.ops[idx[i]]
 		k := op.VirtualServer.VSKey
 		switch {
 		case err != nil:
 			a.fail(*op, fmt.Errorf("%s: %w", op, err))
-			if op.Move && op.Kind == ktypes.OpAddRealServer && movedOut[k][op.RealServer.RSKey] && k.Protocol == ktypes.UDP {
+			if op.Move && op.Kind == ktypes.OpAddRealServer && movedOut[moved{k, op.RealServer.RSKey}] && k.Protocol == ktypes.UDP {
 				r.clearUDP(k, op.RealServer.RSKey) // deleted, not added again
 			}
 		case op.Kind == ktypes.OpDeleteRealServer && op.Move:
-			if movedOut[k] == nil {
-				movedOut[k] = map[ktypes.RSKey]bool{}
-			}
-			movedOut[k][op.RealServer.RSKey] = true
+			movedOut[moved{k, op.RealServer.RSKey}] = true
 		case op.Kind == ktypes.OpDeleteRealServer && k.Protocol == ktypes.UDP:
 			r.clearUDP(k, op.RealServer.RSKey)
 		case op.Kind == ktypes.OpDeleteVirtualServer:
