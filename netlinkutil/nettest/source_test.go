@@ -2,6 +2,7 @@ package nettest
 
 import (
 	"context"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -24,7 +25,13 @@ func TestDialFromReusesSourcePort(t *testing.T) {
 				return
 			}
 			seen <- c.RemoteAddr().(*net.TCPAddr).Port
-			c.Close()
+			// Wait for the client's close (a reset): closing first
+			// would leave this side's TIME_WAIT on the same four
+			// addresses, which may refuse the next dial's SYN.
+			go func() {
+				_, _ = io.Copy(io.Discard, c)
+				c.Close()
+			}()
 		}
 	}()
 	// A free port, found by binding one and letting it go.
