@@ -124,11 +124,47 @@ type RSKey struct {
 
 func (k RSKey) String() string { return netip.AddrPortFrom(k.Address, k.Port).String() }
 
-// RealServer is one IPVS destination. ipvs-proxy always uses masquerading
-// (NAT) forwarding.
+// Forward is how IPVS sends a real server its packets.
+type Forward uint8
+
+// Forwarding methods. NAT (masquerading) is the default and what every
+// clusterIP and node port uses; the tunnels carry a Service's external
+// traffic straight to the endpoint, whose node answers the client directly
+// (direct server return, proxier/DSR.md).
+const (
+	// ForwardNAT rewrites the destination to the real server (IPVS's MASQ).
+	ForwardNAT Forward = iota
+	// ForwardTunnel encapsulates the packet in IPIP to the real server's
+	// address (IPVS's TUNNEL with tunnel type IPIP).
+	ForwardTunnel
+	// ForwardGUE encapsulates it in IPIP inside UDP (Generic UDP
+	// Encapsulation) to RealServer.TunPort (IPVS's TUNNEL with type GUE).
+	ForwardGUE
+)
+
+func (f Forward) String() string {
+	switch f {
+	case ForwardNAT:
+		return "nat"
+	case ForwardTunnel:
+		return "tunnel"
+	case ForwardGUE:
+		return "gue"
+	}
+	return fmt.Sprintf("forward-%d", uint8(f))
+}
+
+// RealServer is one IPVS destination, masqueraded (NAT) unless Forward
+// says otherwise.
 type RealServer struct {
 	RSKey
 	Weight int
+	// Forward is the forwarding method; TunPort is GUE's UDP destination
+	// port (0 for the other methods). Both are compared by Diff: a change
+	// is an in-place update, which the kernel applies to new connections
+	// only (a connection keeps the method it was made with).
+	Forward Forward
+	TunPort uint16
 	// Drain marks a real server of a plan whose endpoint is in a slice but
 	// no longer serves (terminating with serving false, or failing
 	// readiness). Its weight is 0, and the kernel keeps it only while it
@@ -149,10 +185,18 @@ func (r RealServer) Busy() bool { return r.ActiveConns+r.InactiveConns > 0 }
 // String shows the destination and its weight (a weight of 0 means
 // draining: no new connections), and the Drain marking.
 func (r RealServer) String() string {
-	if r.Drain {
-		return fmt.Sprintf("%s w=%d drain", r.RSKey, r.Weight)
+	s := fmt.Sprintf("%s w=%d", r.RSKey, r.Weight)
+	switch r.Forward {
+	case ForwardNAT:
+	case ForwardGUE:
+		s += fmt.Sprintf(" gue:%d", r.TunPort)
+	default:
+		s += " " + r.Forward.String()
 	}
-	return fmt.Sprintf("%s w=%d", r.RSKey, r.Weight)
+	if r.Drain {
+		s += " drain"
+	}
+	return s
 }
 
 // Compare orders virtual servers by address, protocol, port.
