@@ -163,6 +163,10 @@ type planBuilder struct {
 	healthCheckNodePort uint16
 	localEndpoints      int // ready endpoints on this node (readyLocal)
 
+	forward    ktypes.Forward             // AnnotationForwarding, where the node allows it
+	tunnels    int                        // tunnelled virtual servers so far
+	clusterIPs map[buildFamily]netip.Addr // the clusterIP of each family, as programmed
+
 	nodeRS      map[netip.Addr]bool // addresses of real servers on this node
 	realServers int                 // real servers built so far (Limits)
 	refused     string              // the Service is over a limit (Limits)
@@ -205,8 +209,15 @@ func truncate(s string, n int) string {
 
 func (b *planBuilder) build(endpointSlices []*EndpointSlice) {
 	b.schedule()
+	b.forward = b.forwarding()
 	b.parseSlices(endpointSlices)
 	addrs := b.addresses()
+	b.clusterIPs = map[buildFamily]netip.Addr{}
+	for _, a := range addrs.service {
+		if _, dup := b.clusterIPs[buildFamilyOf(a.addr)]; a.kind == KindClusterIP && !dup {
+			b.clusterIPs[buildFamilyOf(a.addr)] = a.addr
+		}
+	}
 
 	b.sourceRanges = b.parseSourceRanges()
 	if b.svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
@@ -696,6 +707,7 @@ func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, por
 	if a.kind == KindClusterIP {
 		b.vss[len(b.vss)-1].Routed = InRanges(b.cfg.ServiceRanges, a.addr)
 	}
+	b.tunnelled(&b.vss[len(b.vss)-1])
 	b.checkRealServers(b.vss[len(b.vss)-1])
 }
 

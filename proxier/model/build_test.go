@@ -273,6 +273,7 @@ var testCfg = model.BuildConfig{Scheduler: scheduler.Spec{Name: "rr"}}
 var planCmp = []cmp.Option{
 	cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
+	cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b }),
 	// Compare virtual servers exactly, not with their lenient Equal method.
 	cmp.Comparer(func(a, b ktypes.VirtualServer) bool { return a == b }),
 }

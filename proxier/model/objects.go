@@ -23,7 +23,8 @@ type Service struct {
 	UID             types.UID
 	ResourceVersion string
 	Created         time.Time
-	// Annotations holds the scheduler's annotations only (nil without).
+	// Annotations holds the scheduler's and AnnotationForwarding only (nil
+	// without).
 	Annotations map[string]string
 	Spec        ServiceSpec
 	Status      ServiceStatus
@@ -131,7 +132,7 @@ func ServiceOf(svc *corev1.Service) *Service {
 	out := &Service{Namespace: svc.Namespace, Name: svc.Name, UID: svc.UID, ResourceVersion: svc.ResourceVersion,
 		Created: svc.CreationTimestamp.Time,
 		Annotations: keepKeys(svc.Annotations, func(k string) bool {
-			return k == scheduler.AnnotationScheduler || k == scheduler.AnnotationFlags
+			return k == scheduler.AnnotationScheduler || k == scheduler.AnnotationFlags || k == AnnotationForwarding
 		}),
 		Spec: ServiceSpec{Type: sp.Type, ClusterIP: sp.ClusterIP, ClusterIPs: sp.ClusterIPs, IPFamilies: sp.IPFamilies,
 			ExternalIPs: sp.ExternalIPs, LoadBalancerSourceRanges: sp.LoadBalancerSourceRanges,

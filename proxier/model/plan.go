@@ -67,6 +67,15 @@ type VSPlan struct {
 	// the proxy's interface (BuildConfig.ServiceRanges): the address is
 	// the node's own without being bound, and protected as a bound one.
 	Routed bool
+	// Forward is how traffic from outside the cluster reaches the
+	// endpoints of an externalIP or LoadBalancer virtual server
+	// (AnnotationForwarding): NAT, or a tunnel (with TunPort for GUE) to
+	// the real servers on other nodes (those on this node keep NAT).
+	// InClusterTo is then the clusterIP and port that the glue redirects
+	// in-cluster clients to, which NATs them.
+	Forward     ktypes.Forward
+	TunPort     uint16
+	InClusterTo netip.AddrPort
 }
 
 // Bound reports whether the virtual server's address is bound to the
@@ -159,4 +168,6 @@ type BuildConfig struct {
 	ServiceRanges []netip.Prefix
 	// Limits bound what one Service may ask of the node.
 	Limits Limits
+	// DSR is the node's direct server return (AnnotationForwarding).
+	DSR DSRConfig
 }

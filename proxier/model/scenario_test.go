@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -77,6 +78,13 @@ type scenarioConfig struct {
 	OtherNodes      map[netip.Addr]string `json:"otherNodes"`
 	ExternalIPCIDRs []netip.Prefix        `json:"externalIPCIDRs"`
 	Limits          scenarioLimits        `json:"limits"`
+	DSR             scenarioDSR           `json:"dsr"`
+}
+
+// scenarioDSR is model.DSRConfig in a scenario's config.yaml.
+type scenarioDSR struct {
+	Off     string `json:"offBecause"` // not "off", a YAML 1.1 boolean
+	GUEPort uint16 `json:"guePort"`
 }
 
 // scenarioLimits is model.Limits in a scenario's config.yaml.
@@ -216,7 +224,8 @@ func decodeStrict(file string, ar *txtar.Archive, name string, v any) error {
 func (c scenarioConfig) toBuildConfig() (model.BuildConfig, error) {
 	out := model.BuildConfig{Scheduler: scheduler.Spec{Name: c.Scheduler}, IPv4: c.IPv4, IPv6: c.IPv6,
 		ServiceRanges: c.ServiceRanges, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer,
-		OtherNodes: c.OtherNodes, ExternalIPCIDRs: c.ExternalIPCIDRs, Limits: model.Limits(c.Limits)}
+		OtherNodes: c.OtherNodes, ExternalIPCIDRs: c.ExternalIPCIDRs, Limits: model.Limits(c.Limits),
+		DSR: model.DSRConfig(c.DSR)}
 	if c.SchedulerFlags != "" {
 		flags, err := scheduler.ParseFlags(c.Scheduler, c.SchedulerFlags)
 		if err != nil {
@@ -381,6 +390,13 @@ func dumpVirtualServer(b *strings.Builder, vs model.VSPlan) {
 			ranges[i] = p.String()
 		}
 		fmt.Fprintf(b, " sourceRanges=%s", strings.Join(ranges, ","))
+	}
+	if vs.Forward != ktypes.ForwardNAT {
+		fmt.Fprintf(b, " forward=%s", vs.Forward)
+		if vs.TunPort != 0 {
+			fmt.Fprintf(b, ":%d", vs.TunPort)
+		}
+		fmt.Fprintf(b, " inCluster->%s", vs.InClusterTo)
 	}
 	b.WriteString("\n")
 	if len(vs.RealServers) == 0 {
