@@ -85,6 +85,11 @@ type Glue struct {
 	dirty     map[setID]struct{}
 	nodeAddrs []netip.Addr
 	ranges    []netip.Prefix // SetServiceRanges
+	// redirects are each Service's in-cluster redirects (RuleConfig's
+	// Redirects); rulesDirty says they changed since the rules were
+	// last written, so a partial sync writes the rules too.
+	redirects  map[types.NamespacedName][]Redirect
+	rulesDirty bool
 
 	// Failures charged to Services (failures.go): the Services whose
 	// entries each set refused at its last sync, those kept out of
@@ -115,11 +120,12 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 	}
 	g := &Glue{
 		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log, clock: cfg.Clock,
-		plans:   map[types.NamespacedName]*model.ServicePlan{},
-		contrib: map[types.NamespacedName]held{},
-		refs:    map[setID]*ipset.Counts{},
-		dirty:   map[setID]struct{}{},
-		check:   consumer.NewOffLoop[checkResult](cfg.Clock),
+		plans:     map[types.NamespacedName]*model.ServicePlan{},
+		contrib:   map[types.NamespacedName]held{},
+		redirects: map[types.NamespacedName][]Redirect{},
+		refs:      map[setID]*ipset.Counts{},
+		dirty:     map[setID]struct{}{},
+		check:     consumer.NewOffLoop[checkResult](cfg.Clock),
 
 		refused:  map[setID]map[types.NamespacedName]string{},
 		withheld: map[types.NamespacedName]bool{},
@@ -169,13 +175,14 @@ func (g *Glue) families() []ipset.Family {
 // ruleConfig is the rule configuration of a family.
 func (g *Glue) ruleConfig(fam ipset.Family) RuleConfig {
 	c := RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll, AcceptServices: g.cfg.AcceptServices,
-		BridgeInterface: g.cfg.LocalBridge, InterfacePrefix: g.cfg.LocalInterfacePrefix}
+		BridgeInterface: g.cfg.LocalBridge, InterfacePrefix: g.cfg.LocalInterfacePrefix, Redirects: g.redirectsFor(fam)}
 	for _, p := range g.cfg.ClusterCIDRs {
 		if ipset.Of(p.Addr()) != fam {
 			continue
 		}
 		if p.Bits() == 0 { // every source is in the cluster: never masquerade
-			return RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll, AcceptServices: g.cfg.AcceptServices}
+			return RuleConfig{Family: fam, MasqueradeAll: g.cfg.MasqueradeAll, AcceptServices: g.cfg.AcceptServices,
+				Redirects: c.Redirects}
 		}
 		c.ClusterCIDR = true
 	}
@@ -211,6 +218,40 @@ func (g *Glue) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 		g.plans[name] = plan
 	}
 	g.recompute(name)
+	if r := redirectsOf(plan); !slices.Equal(r, g.redirects[name]) {
+		if len(r) == 0 {
+			delete(g.redirects, name)
+		} else {
+			g.redirects[name] = r
+		}
+		g.rulesDirty = true
+	}
+}
+
+// TellsPodsApart reports whether the rules can tell pods' traffic from the
+// rest of the world (--cluster-cidr, or pods' interfaces) in every family
+// served: direct server return needs it (dsrRules).
+func (g *Glue) TellsPodsApart() bool {
+	for _, fam := range g.families() {
+		if _, _, ok := g.ruleConfig(fam).localMatch(false); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// redirectsFor lists every Service's redirects of a family, sorted.
+func (g *Glue) redirectsFor(fam ipset.Family) []Redirect {
+	var out []Redirect
+	for _, rs := range g.redirects {
+		for _, r := range rs {
+			if ipset.Of(r.VIP) == fam {
+				out = append(out, r)
+			}
+		}
+	}
+	slices.SortFunc(out, Redirect.compare)
+	return out
 }
 
 // recompute replaces a Service's entries with those of its current plan.
@@ -327,10 +368,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	}
 	st.SetWriteTime = g.clock.Since(setsStart) - st.SetReadTime
 	if inLoop {
-		rulesStart := g.clock.Now()
-		n, err := g.syncRules(first, nil)
-		st.Restores += n
-		st.RulesTime = g.clock.Since(rulesStart)
+		err := g.timedSyncRules(&st, first)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -343,6 +381,14 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 			errs = append(errs, g.destroyStaleSets()...)
 		}
 	} else {
+		if g.rulesDirty {
+			// Redirects changed: the rules are written now, with an
+			// iptables-save in the loop (Services with direct server
+			// return only).
+			if err := g.timedSyncRules(&st, false); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		errs = append(errs, g.applyCheck(&st)...)
 		if background && !g.check.Running() {
 			g.startCheck()
@@ -356,6 +402,15 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	g.failed = err != nil
 	st.Duration = g.clock.Since(start)
 	return st, err
+}
+
+// timedSyncRules is syncRules in the loop, counted in st.
+func (g *Glue) timedSyncRules(st *Stats, first bool) error {
+	start := g.clock.Now()
+	n, err := g.syncRules(first, nil)
+	st.Restores += n
+	st.RulesTime = g.clock.Since(start)
+	return err
 }
 
 // add counts one set's sync.
@@ -470,7 +525,11 @@ func (g *Glue) syncRules(first bool, saved map[ipset.Family]savedRead) (restores
 		g.log.Info("iptables rules applied", zap.Stringer("iptables", ipt), zap.Bool("served", served),
 			zap.Int("lines", countLines(input)))
 	}
-	return restores, errors.Join(errs...)
+	err = errors.Join(errs...)
+	if err == nil {
+		g.rulesDirty = false
+	}
+	return restores, err
 }
 
 func countLines(s string) int {

@@ -1,10 +1,13 @@
 package glue
 
 import (
+	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // ChainPrefix starts the name of every iptables chain ipvs-proxy owns.
@@ -32,11 +35,15 @@ const (
 	chainSrcRanges   = "IPVSP-SOURCE-RANGES"
 	chainForward     = "IPVSP-FORWARD"
 	chainOutput      = "IPVSP-OUTPUT"
+	chainDSR         = "IPVSP-DSR"
+	chainDSRHost     = "IPVSP-DSR-HOST"
+	chainDSRRedirect = "IPVSP-DSR-REDIRECT"
 )
 
 // RuleConfig is everything the rules depend on. Services are not part of
-// it: every per-Service datum lives in ipsets, so the rules are the same
-// for 0 and for 100,000 Services.
+// it but for Redirects: every other per-Service datum lives in ipsets, so
+// the rules are the same for 0 and for 100,000 Services without direct
+// server return.
 type RuleConfig struct {
 	Family ipset.Family
 	// MasqueradeAll masquerades all traffic to clusterIPs.
@@ -56,6 +63,34 @@ type RuleConfig struct {
 	// Service traffic returns from IPVSP-INPUT and the host's rules after
 	// it decide: node ports stay behind the operator's firewall.
 	AcceptServices bool
+	// Redirects are the tunnelled virtual servers of this family, sorted:
+	// one DNAT rule each (a DNAT target takes one address, which no set
+	// can give), bounded per Service by the model.
+	Redirects []Redirect
+}
+
+// Redirect sends in-cluster clients of a tunnelled virtual server (VIP,
+// Protocol, Port) to To, the Service's clusterIP and port, which IPVS
+// NATs: a tunnelled reply would reach a pod's node from the VIP, one of
+// that node's own addresses, and be dropped as a martian.
+type Redirect struct {
+	VIP      netip.Addr
+	Protocol ktypes.Protocol
+	Port     uint16
+	To       netip.AddrPort
+}
+
+func (r Redirect) compare(o Redirect) int {
+	return ktypes.VSKey{Address: r.VIP, Protocol: r.Protocol, Port: r.Port}.Compare(
+		ktypes.VSKey{Address: o.VIP, Protocol: o.Protocol, Port: o.Port})
+}
+
+// rule is the redirect's rule in IPVSP-DSR-REDIRECT, as iptables-save
+// prints it.
+func (r Redirect) rule() string {
+	proto := strings.ToLower(r.Protocol.String())
+	return fmt.Sprintf("-A %s -d %s -p %s -m %s --dport %d -j DNAT --to-destination %s",
+		chainDSRRedirect, netip.PrefixFrom(r.VIP, r.VIP.BitLen()), proto, proto, r.Port, r.To)
 }
 
 // localMatch is the match of pods' traffic (negated: of all other traffic),
@@ -136,8 +171,9 @@ func Rules(c RuleConfig) []Table {
 	}
 
 	nat := Table{
-		Name:   "nat",
-		Chains: []string{chainServices, chainFirewall, chainInCluster, chainMarkMasq, chainPostrouting},
+		Name: "nat",
+		Chains: []string{chainServices, chainFirewall, chainInCluster, chainMarkMasq, chainPostrouting,
+			chainDSR, chainDSRHost, chainDSRRedirect},
 		Jumps: []Jump{
 			{"PREROUTING", "ipvs-proxy: Service traffic", chainServices},
 			{"OUTPUT", "ipvs-proxy: Service traffic", chainServices},
@@ -149,6 +185,7 @@ func Rules(c RuleConfig) []Table {
 		t.Rules = append(t.Rules, "-A "+chain+" "+strings.TrimSpace(strings.Join(rule, " ")))
 	}
 	add(&nat, chainServices, "-m set --match-set", set(setLBFirewall), "dst,dst -j", chainFirewall)
+	add(&nat, chainServices, "-m set --match-set", set(setDSR), "dst,dst -j", chainDSR)
 	notLocalIface, notLocalSet, detected := c.localMatch(true)
 	switch {
 	case c.MasqueradeAll:
@@ -183,6 +220,7 @@ func Rules(c RuleConfig) []Table {
 	add(&nat, chainPostrouting, "-m mark ! --mark", MarkMasq+"/"+MarkMasq, "-j RETURN")
 	add(&nat, chainPostrouting, "-j MARK --set-xmark", MarkMasq+"/0x0")
 	add(&nat, chainPostrouting, "-j MASQUERADE --random-fully")
+	dsrRules(&nat, c, add)
 
 	filter := Table{
 		Name:   "filter",
@@ -216,6 +254,29 @@ func Rules(c RuleConfig) []Table {
 	add(&filter, chainForward, "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
 	add(&filter, chainOutput, "-m mark --mark", MarkDrop+"/"+MarkDrop, "-j DROP")
 	return []Table{nat, filter}
+}
+
+// dsrRules send in-cluster clients of a tunnelled virtual server to its
+// clusterIP: pods keep their source (unless every clusterIP connection is
+// masqueraded), the node's own connections are masqueraded as they are to
+// a clusterIP; the rest of the world returns to IPVSP-SERVICES, and IPVS
+// tunnels it. The agent turns direct server return off where nothing tells
+// pods' traffic apart (model.DSRConfig), so that the tunnel never takes
+// pods' connections.
+func dsrRules(nat *Table, c RuleConfig, add func(t *Table, chain string, rule ...string)) {
+	if iface, set, ok := c.localMatch(false); ok {
+		to := chainDSRRedirect
+		if c.MasqueradeAll {
+			to = chainDSRHost
+		}
+		add(nat, chainDSR, iface, set, "-j", to)
+	}
+	add(nat, chainDSR, "-m addrtype --src-type LOCAL -j", chainDSRHost)
+	add(nat, chainDSRHost, "-j MARK --set-xmark", MarkMasq+"/"+MarkMasq)
+	add(nat, chainDSRHost, "-j", chainDSRRedirect)
+	for _, r := range c.Redirects {
+		nat.Rules = append(nat.Rules, r.rule())
+	}
 }
 
 // Dump renders tables as an iptables-restore input that creates them on a

@@ -1,12 +1,14 @@
 package glue
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // wantDumpIPv4 is the whole rule dump of IPv4 with a cluster CIDR: every
@@ -17,10 +19,14 @@ const wantDumpIPv4 = `*nat
 :IPVSP-IN-CLUSTER - [0:0]
 :IPVSP-MARK-MASQ - [0:0]
 :IPVSP-POSTROUTING - [0:0]
+:IPVSP-DSR - [0:0]
+:IPVSP-DSR-HOST - [0:0]
+:IPVSP-DSR-REDIRECT - [0:0]
 -I PREROUTING 1 -m comment --comment "ipvs-proxy: Service traffic" -j IPVSP-SERVICES
 -I OUTPUT 1 -m comment --comment "ipvs-proxy: Service traffic" -j IPVSP-SERVICES
 -I POSTROUTING 1 -m comment --comment "ipvs-proxy: masquerade" -j IPVSP-POSTROUTING
 -A IPVSP-SERVICES -m set --match-set IPVSP-LB-FW dst,dst -j IPVSP-FIREWALL
+-A IPVSP-SERVICES -m set --match-set IPVSP-DSR dst,dst -j IPVSP-DSR
 -A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set ! --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-MARK-MASQ
 -A IPVSP-SERVICES -m set --match-set IPVSP-IN-CLUSTER-ONLY dst,dst -j IPVSP-IN-CLUSTER
 -A IPVSP-SERVICES -m set --match-set IPVSP-EXTERNAL dst,dst -j IPVSP-MARK-MASQ
@@ -35,6 +41,10 @@ const wantDumpIPv4 = `*nat
 -A IPVSP-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
 -A IPVSP-POSTROUTING -j MARK --set-xmark 0x4000/0x0
 -A IPVSP-POSTROUTING -j MASQUERADE --random-fully
+-A IPVSP-DSR -m set --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-DSR-REDIRECT
+-A IPVSP-DSR -m addrtype --src-type LOCAL -j IPVSP-DSR-HOST
+-A IPVSP-DSR-HOST -j MARK --set-xmark 0x4000/0x4000
+-A IPVSP-DSR-HOST -j IPVSP-DSR-REDIRECT
 COMMIT
 *filter
 :IPVSP-INPUT - [0:0]
@@ -73,24 +83,34 @@ func TestRulesDumpIPv4(t *testing.T) {
 func TestRulesDumpVariants(t *testing.T) {
 	clusterIPRule := "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set ! --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-MARK-MASQ\n"
 	podsRule := "-A IPVSP-IN-CLUSTER -m set --match-set IPVSP-CLUSTER-CIDR src -j RETURN\n"
+	dsrPodsRule := "-A IPVSP-DSR -m set --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-DSR-REDIRECT\n"
 	for _, tc := range []struct {
 		name string
 		cfg  RuleConfig
 		want string
 	}{
 		{"masquerade all", RuleConfig{Family: ipset.IPv4, MasqueradeAll: true, ClusterCIDR: true},
-			strings.Replace(wantDumpIPv4, clusterIPRule, "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n", 1)},
+			strings.NewReplacer(clusterIPRule, "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n",
+				dsrPodsRule, "-A IPVSP-DSR -m set --match-set IPVSP-CLUSTER-CIDR src -j IPVSP-DSR-HOST\n").Replace(wantDumpIPv4)},
 		{"no cluster CIDR", RuleConfig{Family: ipset.IPv4},
 			strings.NewReplacer(clusterIPRule, "-A IPVSP-SERVICES -m set --match-set IPVSP-CLUSTER-IP dst,dst -m set --match-set IPVSP-VIP src -j IPVSP-MARK-MASQ\n",
-				podsRule, "").Replace(wantDumpIPv4)},
+				podsRule, "", dsrPodsRule, "").Replace(wantDumpIPv4)},
 		{"pods on a bridge", RuleConfig{Family: ipset.IPv4, BridgeInterface: "cbr0"},
 			strings.NewReplacer(clusterIPRule, "-A IPVSP-SERVICES ! -i cbr0 -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n",
-				podsRule, "-A IPVSP-IN-CLUSTER -i cbr0 -j RETURN\n").Replace(wantDumpIPv4)},
+				podsRule, "-A IPVSP-IN-CLUSTER -i cbr0 -j RETURN\n",
+				dsrPodsRule, "-A IPVSP-DSR -i cbr0 -j IPVSP-DSR-REDIRECT\n").Replace(wantDumpIPv4)},
 		{"pods on interfaces named so", RuleConfig{Family: ipset.IPv4, InterfacePrefix: "veth"},
 			strings.NewReplacer(clusterIPRule, "-A IPVSP-SERVICES ! -i veth+ -m set --match-set IPVSP-CLUSTER-IP dst,dst -j IPVSP-MARK-MASQ\n",
-				podsRule, "-A IPVSP-IN-CLUSTER -i veth+ -j RETURN\n").Replace(wantDumpIPv4)},
+				podsRule, "-A IPVSP-IN-CLUSTER -i veth+ -j RETURN\n",
+				dsrPodsRule, "-A IPVSP-DSR -i veth+ -j IPVSP-DSR-REDIRECT\n").Replace(wantDumpIPv4)},
 		{"Service traffic accepted ahead of the host's firewall", RuleConfig{Family: ipset.IPv4, ClusterCIDR: true, AcceptServices: true},
 			strings.Replace(wantDumpIPv4, "IPVSP-SERVICE dst,dst -j RETURN", "IPVSP-SERVICE dst,dst -j ACCEPT", 1)},
+		{"direct server return", RuleConfig{Family: ipset.IPv4, ClusterCIDR: true, Redirects: []Redirect{
+			{VIP: netip.MustParseAddr("198.51.100.10"), Protocol: ktypes.TCP, Port: 80, To: netip.MustParseAddrPort("10.96.0.10:80")},
+			{VIP: netip.MustParseAddr("198.51.100.53"), Protocol: ktypes.UDP, Port: 53, To: netip.MustParseAddrPort("10.96.0.53:53")},
+		}}, strings.Replace(wantDumpIPv4, "-A IPVSP-DSR-HOST -j IPVSP-DSR-REDIRECT\n", "-A IPVSP-DSR-HOST -j IPVSP-DSR-REDIRECT\n"+
+			"-A IPVSP-DSR-REDIRECT -d 198.51.100.10/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 10.96.0.10:80\n"+
+			"-A IPVSP-DSR-REDIRECT -d 198.51.100.53/32 -p udp -m udp --dport 53 -j DNAT --to-destination 10.96.0.53:53\n", 1)},
 		{"IPv6", RuleConfig{Family: ipset.IPv6, ClusterCIDR: true},
 			strings.NewReplacer("--match-set IPVSP-", "--match-set IPVSP-6-",
 				"icmp-port-unreachable", "icmp6-port-unreachable").Replace(wantDumpIPv4)},

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -47,6 +48,10 @@ const (
 	setClusterCIDR = "CLUSTER-CIDR"
 	// setHealthCheck: health-check node ports (bitmap:port, both families).
 	setHealthCheck = "HC-NODE-PORT"
+	// setDSR: ip,proto:port of every externalIP and LoadBalancer virtual
+	// server whose external traffic is tunnelled (direct server return):
+	// in-cluster clients of it are redirected to its clusterIP (Redirect).
+	setDSR = "DSR"
 )
 
 type setType struct {
@@ -63,6 +68,7 @@ type setType struct {
 var setTypes = []setType{
 	{setClusterIP, ipset.HashIPPort},
 	{setExternal, ipset.HashIPPort},
+	{setDSR, ipset.HashIPPort},
 	{setVIP, ipset.HashIP},
 	{setServiceRange, ipset.HashNet},
 	{setInClusterOnly, ipset.HashIPPort},
@@ -223,7 +229,13 @@ func serviceEntries(plan *model.ServicePlan, nodeAddrs []netip.Addr) held {
 		if vs.Kind == model.KindClusterIP {
 			out.add(setClusterIP, fam, key)
 		}
-		if vs.Kind.External() && !vs.Local {
+		switch {
+		case vs.Forward != ktypes.ForwardNAT:
+			// Tunnelled: the endpoint sees the client's own address and
+			// answers it directly; its local endpoints are NATed without
+			// masquerade, since their replies pass through this node.
+			out.add(setDSR, fam, key)
+		case vs.Kind.External() && !vs.Local:
 			out.add(setExternal, fam, key)
 		}
 		if vs.InClusterOnly {
@@ -297,5 +309,21 @@ func cidrEntries(cidrs []netip.Prefix, fam ipset.Family) []ipset.Entry {
 			out = append(out, ipset.Entry{Net: p.Masked()})
 		}
 	}
+	return out
+}
+
+// redirectsOf lists the in-cluster redirects of a plan's tunnelled virtual
+// servers, sorted.
+func redirectsOf(plan *model.ServicePlan) []Redirect {
+	if plan == nil {
+		return nil
+	}
+	var out []Redirect
+	for _, vs := range plan.VirtualServers {
+		if vs.Forward != ktypes.ForwardNAT && vs.InClusterTo.IsValid() {
+			out = append(out, Redirect{VIP: vs.Address, Protocol: vs.Protocol, Port: vs.Port, To: vs.InClusterTo})
+		}
+	}
+	slices.SortFunc(out, Redirect.compare)
 	return out
 }
