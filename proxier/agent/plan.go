@@ -28,7 +28,7 @@ type Planner struct{ bcfg model.BuildConfig }
 func (c Config) Planner(unavailable map[string]bool) Planner {
 	return Planner{bcfg: model.BuildConfig{Scheduler: c.Scheduler, IPv4: c.IPv4, IPv6: c.IPv6,
 		Unavailable: unavailable, NodeWithoutIPv6: c.NodeWithoutIPv6, APIServer: c.APIServer,
-		ExternalIPCIDRs: c.ExternalIPCIDRs, Limits: c.Limits}}
+		ExternalIPCIDRs: c.ExternalIPCIDRs, Limits: c.Limits, DSR: c.DSR}}
 }
 
 // OnNodeIPv6 fits the families to the node: where its kernel has no IPv6

@@ -49,7 +49,9 @@ type Config struct {
 	// externalIP may be in (model.BuildConfig.ExternalIPCIDRs).
 	ExternalIPCIDRs []netip.Prefix
 	// Limits bound what one Service may ask of the node (model.Limits).
-	Limits        model.Limits
+	Limits model.Limits
+	// DSR is the node's direct server return (--direct-server-return).
+	DSR           model.DSRConfig
 	MinSyncPeriod time.Duration
 	SyncPeriod    time.Duration
 	// RetryBase is the first retry delay of a failed Service or consumer,

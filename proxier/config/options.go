@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,6 +88,10 @@ type Options struct {
 	ServiceMaxRealServersPerVS int `json:"serviceMaxRealServersPerVirtualServer" versioned:"serviceLimits.realServersPerVirtualServer"`
 	ServiceMaxRealServers      int `json:"serviceMaxRealServers" versioned:"serviceLimits.realServers"`
 	ServiceMaxSetEntries       int `json:"serviceMaxSetEntries" versioned:"serviceLimits.setEntries"`
+
+	// Direct server return (model.AnnotationForwarding, proxier/DSR.md).
+	DirectServerReturn bool `json:"directServerReturn" versioned:"directServerReturn.enabled"`
+	GUEPort            int  `json:"guePort" versioned:"directServerReturn.guePort"`
 }
 
 // DefaultDebugBindAddress is where /statusz and pprof are served unless
@@ -121,8 +126,12 @@ func DefaultOptions() Options {
 		MetricsBindAddress: "127.0.0.1:10249",
 		HealthzBindAddress: "0.0.0.0:10256",
 		DebugBindAddress:   DefaultDebugBindAddress,
+		GUEPort:            DefaultGUEPort,
 	}
 }
+
+// DefaultGUEPort is the UDP port nodes receive GUE on (--gue-port).
+const DefaultGUEPort = 6080
 
 func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig; empty means in-cluster configuration.")
@@ -169,6 +178,8 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.DebugBindAddress, "debug-bind-address", o.DebugBindAddress, "Address of the debug endpoints: /statusz (which `ipvs-proxy status` reads) and, with --profiling, /debug/pprof/. They tell Services, addresses and internals without authentication: keep it on loopback; empty disables them.")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "Serve Go's pprof profiles under /debug/pprof/ on the debug address (off by default: they expose internals).")
 	fs.BoolVar(&o.ServiceTrafficMetrics, "service-traffic-metrics", o.ServiceTrafficMetrics, "Export IPVS's counters per Service port on /metrics (connections, packets and bytes in and out; five series per Service port, and one dump of every virtual server per scrape).")
+	fs.BoolVar(&o.DirectServerReturn, "direct-server-return", o.DirectServerReturn, "Let Services choose direct server return for their externalIPs and LoadBalancer IPs with the annotation ipvs-proxy.io/forwarding: tunnel or gue (every node must run with it: it ends the tunnels to its pods).")
+	fs.IntVar(&o.GUEPort, "gue-port", o.GUEPort, "With --direct-server-return: the UDP port every node receives GUE (ipvs-proxy.io/forwarding: gue) on.")
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address of /healthz and /livez; empty disables them.")
 }
 
@@ -282,6 +293,13 @@ func (o *Options) ProxierConfig() (agent.Config, netlinkutil.Timeouts, error) {
 			return cfg, netlinkutil.Timeouts{}, fmt.Errorf("--%s: %s must be 0 or at least 1s", name, d)
 		}
 	}
+	g, err := o.GlueConfig(cfg)
+	if err != nil {
+		return cfg, netlinkutil.Timeouts{}, err
+	}
+	if cfg.DSR, err = o.DSRConfig(g); err != nil {
+		return cfg, netlinkutil.Timeouts{}, err
+	}
 	return cfg, netlinkutil.Timeouts{TCP: o.TCPTimeout, TCPFin: o.TCPFinTimeout, UDP: o.UDPTimeout}, nil
 }
 
@@ -318,6 +336,42 @@ func (o *Options) GlueConfig(cfg agent.Config) (glue.Config, error) {
 			DetectClusterCIDR, DetectNodeCIDR, DetectBridge, DetectPrefix)
 	}
 	return g, nil
+}
+
+// DSRConfig is the node's direct server return: off, with the reason that
+// Services asking for it are told, unless --direct-server-return is set
+// and the glue can tell pods' traffic from the rest (the in-cluster
+// redirect needs it: glue.Glue.TellsPodsApart).
+func (o *Options) DSRConfig(g glue.Config) (model.DSRConfig, error) {
+	if o.GUEPort < 1 || o.GUEPort > 65535 {
+		return model.DSRConfig{}, fmt.Errorf("--gue-port: %d is not a port", o.GUEPort)
+	}
+	c := model.DSRConfig{GUEPort: uint16(o.GUEPort)}
+	switch {
+	case !o.DirectServerReturn:
+		c.Off = "direct server return is off on this node (--direct-server-return)"
+	case o.DetectLocalMode == DetectNodeCIDR, g.LocalBridge != "", g.LocalInterfacePrefix != "":
+	case !detectsPods(g):
+		c.Off = "direct server return needs pods' traffic told apart (--cluster-cidr of each family, or --detect-local-mode)"
+	}
+	return c, nil
+}
+
+// detectsPods reports whether every served family has a cluster CIDR that
+// is not everything.
+func detectsPods(g glue.Config) bool {
+	for _, fam := range []struct {
+		served bool
+		is4    bool
+	}{{g.IPv4, true}, {g.IPv6, false}} {
+		if !fam.served {
+			continue
+		}
+		if !slices.ContainsFunc(g.ClusterCIDRs, func(p netip.Prefix) bool { return p.Addr().Is4() == fam.is4 && p.Bits() > 0 }) {
+			return false
+		}
+	}
+	return true
 }
 
 // The values of --detect-local-mode (kube-proxy's detectLocalMode).

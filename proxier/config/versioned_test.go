@@ -68,6 +68,8 @@ serviceMaxVirtualServers: 1000
 serviceMaxRealServersPerVirtualServer: 2000
 serviceMaxRealServers: 3000
 serviceMaxSetEntries: 4000
+directServerReturn: true
+guePort: 7080
 `
 
 // everyOptionVersioned is everyOptionFlat as an IPVSProxyConfiguration.
@@ -123,6 +125,9 @@ serviceLimits:
   realServersPerVirtualServer: 2000
   realServers: 3000
   setEntries: 4000
+directServerReturn:
+  enabled: true
+  guePort: 7080
 `
 
 // everyOptionFlags sets every option on the command line.
@@ -138,7 +143,7 @@ var everyOptionFlags = []string{
 	"--masquerade-all", "--iptables-accept-service-traffic", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0", "--pod-interface-name-prefix=veth",
 	"--iptables-backend=nft", "--strict-arp", "--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=127.0.0.1:10256",
 	"--debug-bind-address=127.0.0.1:6060", "--profiling", "--service-traffic-metrics", "--takeover-kube-proxy", "--service-max-virtual-servers=1000", "--service-max-real-servers-per-virtual-server=2000",
-	"--service-max-real-servers=3000", "--service-max-set-entries=4000",
+	"--service-max-real-servers=3000", "--service-max-set-entries=4000", "--direct-server-return", "--gue-port=7080",
 }
 
 // TestVersionedEqualsFlatAndFlags: an IPVSProxyConfiguration gives the

@@ -78,6 +78,17 @@ type IPVSProxyConfiguration struct {
 	// ServiceLimits bound what one Service may ask of the node; a Service
 	// over one is not programmed, with an Event.
 	ServiceLimits ServiceLimitsConfiguration `json:"serviceLimits"`
+	// DirectServerReturn lets Services tunnel their external traffic to
+	// their endpoints (annotation ipvs-proxy.io/forwarding).
+	DirectServerReturn DirectServerReturnConfiguration `json:"directServerReturn"`
+}
+
+// DirectServerReturnConfiguration is the node's direct server return.
+type DirectServerReturnConfiguration struct {
+	// Enabled lets Services choose it (--direct-server-return).
+	Enabled bool `json:"enabled"`
+	// GUEPort is the UDP port nodes receive GUE on (--gue-port).
+	GUEPort int32 `json:"guePort"`
 }
 
 // ServiceLimitsConfiguration bounds one Service; 0 takes the default.
