@@ -25,7 +25,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 
-.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck monitoring-check demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster hash dsr-prototype results
+.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck monitoring-check demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster hash dsr dsr-prototype results
 
 all: build
 
@@ -76,7 +76,8 @@ E2E_TAKEOVER := TestKubeProxyIPVSMode|TestTakeoverFromKubeProxy|TestTakeoverNode
 E2E_CLUSTER := TestPrometheusScrapesAgents|TestClusterNode
 E2E_HASH := TestHashSchedulersAgreeAcrossNodes
 E2E_PROTOTYPES := TestDSRPrototype
-TEST_SKIP = ^($(E2E_CHAOS_LONG)|$(E2E_TAKEOVER)|$(E2E_CLUSTER)|$(E2E_HASH)|$(E2E_PROTOTYPES))$$$$|^TestChaosKernelFaults$$$$/^kernel-faults-(0|10)pct$$$$
+E2E_DSR := TestDirectServerReturn
+TEST_SKIP = ^($(E2E_CHAOS_LONG)|$(E2E_TAKEOVER)|$(E2E_CLUSTER)|$(E2E_HASH)|$(E2E_PROTOTYPES)|$(E2E_DSR))$$$$|^TestChaosKernelFaults$$$$/^kernel-faults-(0|10)pct$$$$
 E2E_RUN ?= .
 E2E_SKIP ?=
 E2E_PKGS ?= ./...
@@ -138,6 +139,12 @@ cluster:
 # client to the same pod, across restarts and a scale-up.
 hash:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=hash E2E_PKGS=. E2E_RUN='^($(E2E_HASH))$$$$'
+
+# Direct server return on two nodes and the outside host: ipvs-proxy
+# tunnels a LoadBalancer IP's traffic to its pod, whose node answers the
+# client; the switch nat -> tunnel under held connections.
+dsr:
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=direct-server-return E2E_PKGS=. E2E_RUN='^($(E2E_DSR))$$$$'
 
 # Issue 43's direct server return, set up by hand on two nodes and the
 # outside host (no ipvs-proxy): the prototype behind proxier/DSR.md.

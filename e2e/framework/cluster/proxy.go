@@ -44,7 +44,17 @@ func (c *Cluster) DeployIPVSProxyShipped(ctx context.Context, deployDir string) 
 	return c.deployIPVSProxy(ctx, deployDir, false, nil)
 }
 
-func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClusterCIDR bool, podLabels map[string]string) error {
+// DeployIPVSProxyEdited is DeployIPVSProxy with the ConfigMap's
+// config.yaml edited: each pair of edits replaces its first string, which
+// must be there, by its second (e.g. to turn an option on as users would).
+func (c *Cluster) DeployIPVSProxyEdited(ctx context.Context, deployDir string, edits ...string) error {
+	if len(edits)%2 != 0 {
+		return fmt.Errorf("cluster: DeployIPVSProxyEdited: %d edits, want pairs", len(edits))
+	}
+	return c.deployIPVSProxy(ctx, deployDir, true, nil, edits...)
+}
+
+func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClusterCIDR bool, podLabels map[string]string, edits ...string) error {
 	objs, err := manifest.ReadDir(deployDir)
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
@@ -69,8 +79,15 @@ func (c *Cluster) deployIPVSProxy(ctx context.Context, deployDir string, setClus
 		}
 		data["kubeconfig.conf"] = strings.Replace(kc, "APISERVER-HOST:6443", c.APIServerAddr(), 1)
 		if setClusterCIDR {
-			data["config.yaml"] = strings.Replace(cfg, "clusterCIDRs: []", "clusterCIDRs: ["+ClusterCIDR+"]", 1)
+			cfg = strings.Replace(cfg, "clusterCIDRs: []", "clusterCIDRs: ["+ClusterCIDR+"]", 1)
 		}
+		for i := 0; i+1 < len(edits); i += 2 {
+			if !strings.Contains(cfg, edits[i]) {
+				return fmt.Errorf("cluster: ConfigMap ipvs-proxy in %s: no %q to edit", deployDir, edits[i])
+			}
+			cfg = strings.Replace(cfg, edits[i], edits[i+1], 1)
+		}
+		data["config.yaml"] = cfg
 	}
 	return c.applyIPVSProxy(ctx, objs)
 }

@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
+)
+
+// TestDirectServerReturn (make dsr): ipvs-proxy with --direct-server-return
+// on two nodes and the outside host, which routes a LoadBalancer IP to
+// node-1; the Service's one pod runs on node-2. With the annotation
+// ipvs-proxy.io/forwarding: tunnel, node-1 tunnels the outside host's
+// connections to the pod and node-2 ends the tunnel: every connection is
+// answered by the pod, which sees the outside host's own address, and
+// every reply frame from the LoadBalancer IP leaves node-2 (the hub counts
+// frames by MAC); a pod and the host of node-1 still reach the IP (NAT,
+// through the clusterIP). Then the annotation goes to nat and back to
+// tunnel under 20 held connections answering every 100 ms and a new
+// connection every 100 ms from the outside host: none breaks, none fails.
+func TestDirectServerReturn(t *testing.T) {
+	assets := vm.Require(t)
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf, Nodes: 2, Outside: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.DeployIPVSProxyEdited(ctx, deployDir, "directServerReturn:\n      enabled: false", "directServerReturn:\n      enabled: true"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("TIMING 2 nodes with ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
+	ingress, backend, outside := c.Nodes[0], c.Nodes[1], c.Outside
+	hub := newDSRWatch(c.Hub)
+	defer hub.stop()
+
+	ns := "dsr"
+	clusterNamespace(ctx, t, c.Client, ns)
+	server := agentPod("server", []string{"/vmagent", "serve", "--name", "server", "--port", "8080", "--tcp"})
+	server.Spec.NodeName, server.Labels = backend.Name, map[string]string{"app": "dsr"}
+	client := agentPod("client", []string{"/vmagent", "serve", "--name", "client", "--port", "8081", "--tcp"})
+	client.Spec.NodeName = ingress.Name
+	pods := runPods(ctx, t, c, ns, server, client)
+	podIP := pods["server"].Status.PodIP
+	dsrService(ctx, t, c, ns, "tunnel")
+	lbAddr := dsrLBIP + ":80"
+	if _, err := outside.RunOK(ctx, "ip", "route", "add", dsrLBIP+"/32", "via", ingress.IP); err != nil {
+		t.Fatal(err)
+	}
+	waitForwarding(ctx, t, ingress.VM, lbAddr, podIP, "Tunnel")
+	t.Logf("DSR pod %s on %s; %s routed to %s", podIP, backend.Name, lbAddr, ingress.Name)
+
+	t.Run("reply from the backend's node, client address kept", func(t *testing.T) {
+		hub.reset()
+		res, err := outside.Hit(ctx, nettest.HitConfig{Proto: "tcp", Addr: lbAddr, N: 20, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := hub.snapshot()
+		macs := map[string]string{dsrMAC(11): ingress.Name, dsrMAC(12): backend.Name, dsrMAC(100): "outside"}
+		t.Logf("DSR 20 connections outside -> %s: answers %v, clients seen %v, errors %v\nframes:\n%s", lbAddr, res.Answers, res.Clients, res.Errors, s.report(macs))
+		if res.Answers["server"] != 20 || res.Clients[cluster.OutsideIP] != 20 {
+			t.Errorf("want 20 answers from the pod, each seeing %s", cluster.OutsideIP)
+		}
+		if s.fromVIP[dsrMAC(11)] != 0 || s.fromVIP[dsrMAC(12)] == 0 {
+			t.Errorf("frames from %s by sender: %v; want all from %s, none from %s", dsrLBIP, s.fromVIP, backend.Name, ingress.Name)
+		}
+		if s.ipip[dsrMAC(11)] == 0 {
+			t.Errorf("no IPIP frame from %s: the connections were not tunnelled", ingress.Name)
+		}
+	})
+
+	t.Run("in-cluster clients keep NAT", func(t *testing.T) {
+		res := podHit(ctx, t, c, ns, "client", lbAddr, 5)
+		if res.Answers["server"] != 5 || res.Clients[pods["client"].Status.PodIP] != 5 {
+			t.Errorf("from the pod on %s: answers %v clients %v errors %v; want 5 from the pod, seeing the client pod", ingress.Name, res.Answers, res.Clients, res.Errors)
+		}
+		out, err := ingress.VM.RunOK(ctx, "vmagent", "hit", "--proto", "tcp", "--addr", lbAddr, "--n", "5")
+		if err != nil || !strings.Contains(out, `"server":5`) {
+			t.Errorf("from %s's host: %s %v; want 5 answers", ingress.Name, out, err)
+		}
+	})
+
+	t.Run("nat, tunnel: no connection broken or failed", func(t *testing.T) {
+		var holds []*vm.Proc
+		for range 20 {
+			holds = append(holds, startProc(ctx, t, outside, "vmagent", "hold", "--addr", lbAddr, "--interval", "100ms", "--timeout", "10s"))
+		}
+		for _, h := range holds {
+			if err := h.WaitFor(ctx, "answer 1 "); err != nil {
+				t.Fatal(err)
+			}
+		}
+		hit := startHit(ctx, t, outside, lbAddr)
+		time.Sleep(2 * time.Second)
+		for _, step := range []struct{ forward, method string }{{"nat", "Masq"}, {"tunnel", "Tunnel"}} {
+			at := time.Now()
+			annotateForwarding(ctx, t, c, ns, step.forward)
+			waitForwarding(ctx, t, ingress.VM, lbAddr, podIP, step.method)
+			t.Logf("DSR switched to %s: %s on %s after %s", step.forward, step.method, ingress.Name, time.Since(at).Round(time.Millisecond))
+			time.Sleep(3 * time.Second)
+		}
+		res, failures := stopHit(t, hit)
+		broken := 0
+		for i, h := range holds {
+			answers := strings.Count(h.Output(), "answer ")
+			if strings.Contains(h.Output(), "error ") {
+				broken++
+				t.Errorf("held connection %d broke after %d answers: %q", i, answers, lastLine(h.Output()))
+			}
+		}
+		t.Logf("DSR switches nat -> tunnel under traffic: new connections %d (answers %v, clients %v), failed %d %v; held 20, broken %d",
+			res.Total()+len(failures), res.Answers, res.Clients, len(failures), failures, broken)
+		if len(failures) > 0 {
+			t.Errorf("%d new connections failed through the switches", len(failures))
+		}
+	})
+	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// dsrService creates the LoadBalancer Service "dsr" (port 80 to the
+// pods' 8080, selector app=dsr) at dsrLBIP with the forwarding annotation.
+func dsrService(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, forward string) {
+	t.Helper()
+	obj := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "dsr", Annotations: map[string]string{model.AnnotationForwarding: forward}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "dsr"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+	}
+	api := c.Client.CoreV1().Services(ns)
+	created, err := api.Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: dsrLBIP}}
+	if _, err := api.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// annotateForwarding sets the Service "dsr"'s forwarding annotation.
+func annotateForwarding(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, forward string) {
+	t.Helper()
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, model.AnnotationForwarding, forward)
+	if _, err := c.Client.CoreV1().Services(ns).Patch(ctx, "dsr", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitForwarding waits until v's IPVS forwards vs to the pod with method
+// (ipvsadm's Forward column: Masq, Tunnel).
+func waitForwarding(ctx context.Context, t *testing.T, v *vm.VM, vs, podIP, method string) {
+	t.Helper()
+	var last string
+	waitWithin(ctx, t, 60*time.Second, fmt.Sprintf("IPVS forwards %s to %s by %s", vs, podIP, method), func() (bool, string) {
+		out, err := v.RunOK(ctx, "ipvsadm", "-Ln", "-t", vs)
+		last = out
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) >= 3 && f[0] == "->" && strings.HasPrefix(f[1], podIP+":") && f[2] == method {
+				return true, ""
+			}
+		}
+		return false, last
+	})
+}
