@@ -87,9 +87,12 @@ func encodeWrite(w Write) ([]byte, error) {
 	})
 	if cmd >= ipvsCmdNewDest {
 		rs := w.RealServer
-		fwd, err := kernelForward(rs)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", w, err)
+		var fwd kernelFwd
+		if cmd != ipvsCmdDelDest { // a delete names any destination, whatever its method
+			var err error
+			if fwd, err = kernelForward(rs); err != nil {
+				return nil, fmt.Errorf("%s: %w", w, err)
+			}
 		}
 		b = b.Nest(ipvsCmdAttrDest, func(a nlbatch.Attrs) nlbatch.Attrs {
 			a = a.Bytes(ipvsDestAttrAddr, rs.Address.AsSlice())

@@ -48,7 +48,8 @@ func u32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
 // forwarding method as linux/ip_vs.h numbers it (MASQ 0, TUNNEL 2), and a
 // tunnel its type (IPIP 0, GUE 1), port (network order) and flags (0, no
 // checksum); NAT sends no tunnel attribute; a delete sends no method; a
-// method ipvs-proxy does not know is refused, never sent as NAT.
+// method ipvs-proxy does not know is refused, never sent as NAT, but a
+// destination with such a method can be deleted.
 func TestEncodeForward(t *testing.T) {
 	vs := ktypes.VirtualServer{VSKey: ktypestest.VSKey("10.96.0.10:80", ktypes.TCP), Scheduler: "rr"}
 	for _, tc := range []struct {
@@ -79,9 +80,16 @@ func TestEncodeForward(t *testing.T) {
 		})
 	}
 	rs := ktypestest.RS("10.244.1.2:8080")
-	rs.Forward = 7
-	if _, err := encodeWrite(Write{Kind: ktypes.OpAddRealServer, VirtualServer: vs, RealServer: rs}); err == nil {
-		t.Errorf("encoded a real server with forwarding method %s", rs.Forward)
+	rs.Forward = ForwardForeign
+	for _, kind := range []ktypes.OpKind{ktypes.OpAddRealServer, ktypes.OpUpdateRealServer} {
+		if _, err := encodeWrite(Write{Kind: kind, VirtualServer: vs, RealServer: rs}); err == nil {
+			t.Errorf("%s: encoded a real server with forwarding method %s", kind, rs.Forward)
+		}
+	}
+	// The kernel's destination of a method ipvs-proxy never writes can be
+	// deleted.
+	if _, err := encodeWrite(Write{Kind: ktypes.OpDeleteRealServer, VirtualServer: vs, RealServer: rs}); err != nil {
+		t.Errorf("delete of a destination forwarded by %s: %v", rs.Forward, err)
 	}
 }
 
