@@ -21,6 +21,7 @@ const (
 	ipvsCmdNewDest    = 5
 	ipvsCmdSetDest    = 6
 	ipvsCmdDelDest    = 7
+	ipvsCmdGetDest    = 8
 
 	ipvsCmdAttrService = 1
 	ipvsCmdAttrDest    = 2
@@ -40,9 +41,12 @@ const (
 	ipvsDestAttrWeight    = 4
 	ipvsDestAttrUThresh   = 5
 	ipvsDestAttrLThresh   = 6
+	ipvsDestAttrActive    = 7
+	ipvsDestAttrInactive  = 8
 	ipvsDestAttrAF        = 11
-
-	ipvsConnFlagMasq = 0 // IP_VS_CONN_F_MASQ: NAT forwarding
+	ipvsDestAttrTunType   = 13 // u8, since Linux 5.2
+	ipvsDestAttrTunPort   = 14 // be16
+	ipvsDestAttrTunFlags  = 15 // u16, since Linux 5.3
 )
 
 var ipvsCommands = map[ktypes.OpKind]uint8{
@@ -69,10 +73,7 @@ func encodeWrite(w Write) ([]byte, error) {
 	}
 	b := nlbatch.Attrs{cmd, ipvsGenlVersion, 0, 0} // genlmsghdr
 	b = b.Nest(ipvsCmdAttrService, func(a nlbatch.Attrs) nlbatch.Attrs {
-		a = a.U16(ipvsSvcAttrAF, family(vs.Address))
-		a = a.U16(ipvsSvcAttrProtocol, uint16(vs.Protocol))
-		a = a.Bytes(ipvsSvcAttrAddr, vs.Address.AsSlice())
-		a = a.BE16(ipvsSvcAttrPort, vs.Port)
+		a = appendServiceKey(a, vs.VSKey)
 		if cmd == ipvsCmdNewService || cmd == ipvsCmdSetService {
 			k := toKernelVS(vs)
 			a = a.String(ipvsSvcAttrSchedName, k.SchedName)
@@ -86,12 +87,19 @@ func encodeWrite(w Write) ([]byte, error) {
 	})
 	if cmd >= ipvsCmdNewDest {
 		rs := w.RealServer
+		var fwd kernelFwd
+		if cmd != ipvsCmdDelDest { // a delete names any destination, whatever its method
+			var err error
+			if fwd, err = kernelForward(rs); err != nil {
+				return nil, fmt.Errorf("%s: %w", w, err)
+			}
+		}
 		b = b.Nest(ipvsCmdAttrDest, func(a nlbatch.Attrs) nlbatch.Attrs {
 			a = a.Bytes(ipvsDestAttrAddr, rs.Address.AsSlice())
 			a = a.BE16(ipvsDestAttrPort, rs.Port)
 			a = a.U16(ipvsDestAttrAF, family(rs.Address))
 			if cmd != ipvsCmdDelDest {
-				a = a.U32(ipvsDestAttrFwdMethod, ipvsConnFlagMasq)
+				a = appendForward(a, fwd)
 				a = a.U32(ipvsDestAttrWeight, uint32(rs.Weight))
 				a = a.U32(ipvsDestAttrUThresh, 0)
 				a = a.U32(ipvsDestAttrLThresh, 0)
@@ -100,6 +108,28 @@ func encodeWrite(w Write) ([]byte, error) {
 		})
 	}
 	return b, nil
+}
+
+// appendForward appends a destination's forwarding method and, for a
+// tunnel, its type, port and flags (no checksum). An add or update sets
+// all of them (the kernel zeroes what a request leaves out), so the kernel
+// holds exactly the real server's method.
+func appendForward(a nlbatch.Attrs, k kernelFwd) nlbatch.Attrs {
+	a = a.U32(ipvsDestAttrFwdMethod, k.method)
+	if k.method != ipvsFwdTunnel {
+		return a
+	}
+	a = a.U8(ipvsDestAttrTunType, k.tunType)
+	a = a.BE16(ipvsDestAttrTunPort, k.tunPort)
+	return a.U16(ipvsDestAttrTunFlags, ipvsTunFlagNoCsum)
+}
+
+// appendServiceKey appends the attributes that name a virtual server.
+func appendServiceKey(a nlbatch.Attrs, vs ktypes.VSKey) nlbatch.Attrs {
+	a = a.U16(ipvsSvcAttrAF, family(vs.Address))
+	a = a.U16(ipvsSvcAttrProtocol, uint16(vs.Protocol))
+	a = a.Bytes(ipvsSvcAttrAddr, vs.Address.AsSlice())
+	return a.BE16(ipvsSvcAttrPort, vs.Port)
 }
 
 // Apply implements IPVS: the writes go out pipelined on the batch socket.

@@ -7,20 +7,24 @@ import (
 
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nlbatch"
 )
 
-// kernelIPVS implements IPVS over generic netlink: single calls and dumps
-// with github.com/moby/ipvs, batches on a socket of its own (package
-// nlbatch), and the bulk read of destinations from /proc. The sockets and
-// the /proc file belong to the network namespace of the calling thread at
-// the time NewIPVS was called.
+// kernelIPVS implements IPVS over generic netlink: virtual server calls
+// and dumps with github.com/moby/ipvs, real server writes (batched or one
+// at a time) on a socket of its own (package nlbatch), destination dumps
+// decoded here (dumps; moby/ipvs knows no tunnel type), and the bulk read
+// of destinations from /proc. The sockets and the /proc file belong to the
+// network namespace of the calling thread at the time NewIPVS was called.
 type kernelIPVS struct {
 	h        *ipvs.Handle
 	batch    *nlbatch.Socket
+	dumps    *nl.SocketHandle
 	familyID uint16
 	table    *procTable
 	// sys is this network namespace's /proc/sys (the agent's own), and
@@ -57,13 +61,21 @@ func NewIPVSWithSysctls(root string) (IPVS, error) {
 		h.Close()
 		return nil, fmt.Errorf("open IPVS batch socket: %w", err)
 	}
+	dumps, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_GENERIC)
+	if err != nil {
+		h.Close()
+		b.Close()
+		return nil, fmt.Errorf("open IPVS dump socket: %w", err)
+	}
 	table, err := openProcTable()
 	if err != nil {
 		h.Close()
 		b.Close()
+		dumps.Close()
 		return nil, err
 	}
-	return &kernelIPVS{h: h, batch: b, familyID: fam.ID, table: table, sys: Sysctls{Root: root}}, nil
+	return &kernelIPVS{h: h, batch: b, dumps: &nl.SocketHandle{Socket: dumps}, familyID: fam.ID, table: table,
+		sys: Sysctls{Root: root}}, nil
 }
 
 func toService(k ktypes.VSKey) *ipvs.Service {
@@ -88,16 +100,6 @@ func toKernelVS(v ktypes.VirtualServer) *ipvs.Service {
 		s.Timeout = v.Timeout
 	}
 	return s
-}
-
-func toDestination(rs ktypes.RealServer) *ipvs.Destination {
-	return &ipvs.Destination{
-		AddressFamily:   family(rs.Address),
-		Address:         net.IP(rs.Address.AsSlice()),
-		Port:            rs.Port,
-		Weight:          rs.Weight,
-		ConnectionFlags: ipvs.ConnectionFlagMasq,
-	}
 }
 
 func addrFromIP(ip net.IP) (netip.Addr, bool) {
@@ -148,25 +150,9 @@ func (k *kernelIPVS) VirtualServerStats() (map[ktypes.VSKey]ktypes.Stats, error)
 	return out, nil
 }
 
+// ListRealServers implements IPVS: one destination dump.
 func (k *kernelIPVS) ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error) {
-	ds, err := k.h.GetDestinations(toService(vs))
-	if err != nil {
-		return nil, fmt.Errorf("dump IPVS destinations of %s: %w", vs, err)
-	}
-	out := make([]ktypes.RealServer, 0, len(ds))
-	for _, d := range ds {
-		a, ok := addrFromIP(d.Address)
-		if !ok {
-			continue
-		}
-		out = append(out, ktypes.RealServer{
-			RSKey:         ktypes.RSKey{Address: a, Port: d.Port},
-			Weight:        d.Weight,
-			ActiveConns:   d.ActiveConnections,
-			InactiveConns: d.InactiveConnections,
-		})
-	}
-	return out, nil
+	return k.dumpRealServers(vs)
 }
 
 // one makes a single write with fn and gives its error the write's context.
@@ -190,19 +176,20 @@ func (k *kernelIPVS) DeleteVirtualServer(vs ktypes.VSKey) error {
 		func() error { return k.h.DelService(toService(vs)) })
 }
 
+// AddRealServer, UpdateRealServer and DeleteRealServer are batches of one:
+// the encoder is the one place that renders a destination, its forwarding
+// method included.
 func (k *kernelIPVS) AddRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
-	return one(Write{Kind: ktypes.OpAddRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: rs},
-		func() error { return k.h.NewDestination(toService(vs), toDestination(rs)) })
+	return k.Apply([]Write{{Kind: ktypes.OpAddRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: rs}})[0]
 }
 
 func (k *kernelIPVS) UpdateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
-	return one(Write{Kind: ktypes.OpUpdateRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: rs},
-		func() error { return k.h.UpdateDestination(toService(vs), toDestination(rs)) })
+	return k.Apply([]Write{{Kind: ktypes.OpUpdateRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: rs}})[0]
 }
 
 func (k *kernelIPVS) DeleteRealServer(vs ktypes.VSKey, rs ktypes.RSKey) error {
-	return one(Write{Kind: ktypes.OpDeleteRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs}, RealServer: ktypes.RealServer{RSKey: rs}},
-		func() error { return k.h.DelDestination(toService(vs), toDestination(ktypes.RealServer{RSKey: rs})) })
+	return k.Apply([]Write{{Kind: ktypes.OpDeleteRealServer, VirtualServer: ktypes.VirtualServer{VSKey: vs},
+		RealServer: ktypes.RealServer{RSKey: rs}}})[0]
 }
 
 func (k *kernelIPVS) SetTimeouts(t Timeouts) error {
@@ -215,9 +202,35 @@ func (k *kernelIPVS) SetTimeouts(t Timeouts) error {
 func (k *kernelIPVS) Close() {
 	k.h.Close()
 	k.batch.Close()
+	k.dumps.Socket.Close()
 	k.table.Close()
 }
 
+// ListAllRealServers implements IPVS. /proc/net/ip_vs names a tunnel
+// destination's method ("Tunnel") but not its type nor port: a virtual
+// server with one is read again by a destination dump, so a table
+// without tunnels costs the one read of the file, as before tunnels.
 func (k *kernelIPVS) ListAllRealServers() (map[ktypes.VSKey][]ktypes.RealServer, error) {
-	return k.table.read()
+	all, err := k.table.read()
+	if err != nil {
+		return nil, err
+	}
+	for vs, rss := range all {
+		if !hasTunnel(rss) {
+			continue
+		}
+		if all[vs], err = k.dumpRealServers(vs); err != nil {
+			return nil, err
+		}
+	}
+	return all, nil
+}
+
+func hasTunnel(rss []ktypes.RealServer) bool {
+	for _, rs := range rss {
+		if rs.Forward == ktypes.ForwardTunnel {
+			return true
+		}
+	}
+	return false
 }

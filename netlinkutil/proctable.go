@@ -53,7 +53,8 @@ func (p *procTable) Close() { p.f.Close() }
 
 // read returns the destinations of every virtual server that is not a
 // fwmark one, by key; a virtual server without destinations has an empty
-// entry.
+// entry. A destination's method is the file's (procForward): a tunnel's
+// type and port are not in it.
 func (p *procTable) read() (map[ktypes.VSKey][]ktypes.RealServer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -127,7 +128,7 @@ func parseProcLine(line string, out map[ktypes.VSKey][]ktypes.RealServer, cur *k
 			}
 		}
 		out[*cur] = append(out[*cur], ktypes.RealServer{RSKey: ktypes.RSKey{Address: a, Port: port},
-			Weight: nums[0], ActiveConns: nums[1], InactiveConns: nums[2]})
+			Forward: procForward(f[2]), Weight: nums[0], ActiveConns: nums[1], InactiveConns: nums[2]})
 		return nil
 	}
 	proto, ok := procProtocols[f[0]]

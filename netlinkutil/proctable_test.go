@@ -12,8 +12,8 @@ import (
 )
 
 // TestParseProcTable reads the kernel's text table (as Linux 6.1 prints
-// it): IPv4 and IPv6 virtual servers with their destinations, one without
-// any, a fwmark one whose destinations are left out, and one shown twice
+// it): IPv4 and IPv6 virtual servers with their destinations (a tunnel's
+// method without its type, direct routing as foreign), one without any, a fwmark one whose destinations are left out, and one shown twice
 // (the file is read a page at a time) whose destinations count once.
 func TestParseProcTable(t *testing.T) {
 	const table = `IP Virtual Server version 1.2.1 (size=4096)
@@ -23,6 +23,9 @@ TCP  0A60000A:0050 rr
   -> 0A000102:1F90      Masq    1      3          7         
   -> 0A000202:1F90      Masq    0      0          0         
 UDP  0A60000A:0035 sh persistent 600 FFFFFFFF
+TCP  C0A838D2:0050 mh 
+  -> 0AF40102:1F90      Tunnel  1      1          0         
+  -> 0AF40202:1F90      Route   1      0          0         
 SCTP  [fd00:0010:0096:0000:0000:0000:0000:0010]:01BB mh 
   -> [fd00:0001:0000:0000:0000:0000:0000:0002]:20FB      Masq    3      0          0         
 FWM  00000001 rr 
@@ -31,6 +34,8 @@ TCP  0A60000A:0050 rr
   -> 0A000102:1F90      Masq    1      3          7         
   -> 0A000202:1F90      Masq    0      0          0         
 `
+	route := ktypestest.RS("10.244.2.2:8080")
+	route.Forward = ForwardForeign
 	got, err := parseProcTable(bufio.NewReader(strings.NewReader(table)))
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +43,7 @@ TCP  0A60000A:0050 rr
 	want := map[ktypes.VSKey][]ktypes.RealServer{
 		ktypestest.VSKey("10.96.0.10:80", ktypes.TCP):         ktypestest.RSs("10.0.1.2:8080@1#3.7", "10.0.2.2:8080@0"),
 		ktypestest.VSKey("10.96.0.10:53", ktypes.UDP):         {},
+		ktypestest.VSKey("192.168.56.210:80", ktypes.TCP):     {ktypestest.RS("10.244.1.2:8080#1 tunnel"), route},
 		ktypestest.VSKey("[fd00:10:96::10]:443", ktypes.SCTP): ktypestest.RSs("[fd00:1::2]:8443@3"),
 	}
 	if diff := cmp.Diff(want, got, addrCmp); diff != "" {

@@ -3,6 +3,18 @@
 // plain values of package proxier/model, so that the reconciler can be tested
 // against a fake that records calls and injects errors (see package
 // netlinkutil/fake) and the same behaviour shown against the real kernel.
+//
+// Real servers carry their forwarding method (ktypes.Forward: NAT, an IPIP
+// tunnel, GUE with its UDP port). Every real server write, batched or
+// single, goes through one encoder (encodeWrite), which sends the method
+// and, for tunnels, the tunnel type, port and flags (moby/ipvs has no
+// tunnel attributes). Reads: destination dumps are decoded here
+// (dumpRealServers); the bulk read of /proc/net/ip_vs shows "Tunnel"
+// without type or port, so a virtual server with a tunnel destination is
+// dumped again (one dump each; none when no tunnel exists). A method
+// ipvs-proxy never writes (direct routing, ...) reads as ForwardForeign.
+// In the kernel a connection keeps the method it was made with, but a
+// tunnel's type and port are the destination's at each packet.
 package netlinkutil
 
 import (

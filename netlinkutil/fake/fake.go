@@ -17,7 +17,8 @@ import (
 )
 
 // Call is one recorded call, rendered as a short line such as
-// "AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1".
+// "AddRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=1" (a real server that
+// is not NAT gets its method after the weight: "w=1 tunnel", "w=1 gue:6080").
 type Call string
 
 // ErrorFunc decides whether a call fails; it sees the rendered call.
@@ -29,8 +30,8 @@ const (
 	callAddVS         = "AddVirtualServer %s"
 	callUpdateVS      = "UpdateVirtualServer %s"
 	callDeleteVS      = "DeleteVirtualServer %s"
-	callAddRS         = "AddRealServer %s %s w=%d"
-	callUpdateRS      = "UpdateRealServer %s %s w=%d"
+	callAddRS         = "AddRealServer %s %s w=%d%s"
+	callUpdateRS      = "UpdateRealServer %s %s w=%d%s"
 	callDeleteRS      = "DeleteRealServer %s %s"
 	callAddAddress    = "AddAddress %s %s"
 	callDeleteAddress = "DeleteAddress %s %s"
@@ -233,7 +234,7 @@ func (f *IPVS) Dump() []string {
 		}
 		slices.SortFunc(rss, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
 		for _, r := range rss {
-			out = append(out, fmt.Sprintf("  -> %s w=%d", r.RSKey, r.Weight))
+			out = append(out, fmt.Sprintf("  -> %s w=%d%s", r.RSKey, r.Weight, forwardNote(r)))
 		}
 	}
 	return out
@@ -436,7 +437,7 @@ func (f *IPVS) AddRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 }
 
 func (f *IPVS) addRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
-	if err := f.record(callAddRS, vs, rs.RSKey, rs.Weight); err != nil {
+	if err := f.record(callAddRS, vs, rs.RSKey, rs.Weight, forwardNote(rs)); err != nil {
 		return err
 	}
 	m, ok := f.rs[vs]
@@ -446,7 +447,10 @@ func (f *IPVS) addRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 	if _, ok := m[rs.RSKey]; ok {
 		return fmt.Errorf("add destination %s: %w", rs.RSKey, unix.EEXIST)
 	}
-	m[rs.RSKey] = ktypes.RealServer{RSKey: rs.RSKey, Weight: rs.Weight}
+	if err := checkForward(rs); err != nil {
+		return err
+	}
+	m[rs.RSKey] = ktypes.RealServer{RSKey: rs.RSKey, Weight: rs.Weight, Forward: rs.Forward, TunPort: rs.TunPort}
 	f.order[vs] = slices.Insert(f.order[vs], 0, rs.RSKey)
 	return nil
 }
@@ -459,7 +463,7 @@ func (f *IPVS) UpdateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 }
 
 func (f *IPVS) updateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
-	if err := f.record(callUpdateRS, vs, rs.RSKey, rs.Weight); err != nil {
+	if err := f.record(callUpdateRS, vs, rs.RSKey, rs.Weight, forwardNote(rs)); err != nil {
 		return err
 	}
 	m, ok := f.rs[vs]
@@ -469,9 +473,34 @@ func (f *IPVS) updateRealServer(vs ktypes.VSKey, rs ktypes.RealServer) error {
 	if _, ok := m[rs.RSKey]; !ok {
 		return fmt.Errorf("update destination %s: %w", rs.RSKey, unix.ENOENT)
 	}
+	if err := checkForward(rs); err != nil {
+		return err
+	}
 	cur := m[rs.RSKey] // the kernel keeps a destination's connections
-	cur.Weight = rs.Weight
+	cur.Weight, cur.Forward, cur.TunPort = rs.Weight, rs.Forward, rs.TunPort
 	m[rs.RSKey] = cur
+	return nil
+}
+
+// forwardNote renders a real server's method after its weight as the
+// calls and Dump show it: nothing for NAT, " tunnel", " gue:PORT".
+func forwardNote(rs ktypes.RealServer) string {
+	if rs.Forward == ktypes.ForwardNAT {
+		return ""
+	}
+	return " " + rs.ForwardString()
+}
+
+// checkForward refuses what the kernel refuses: GUE without a port (the
+// kernel's ip_vs_add_dest and ip_vs_edit_dest answer EINVAL), and what the
+// real adapter refuses to encode (a method it does not know).
+func checkForward(rs ktypes.RealServer) error {
+	switch {
+	case rs.Forward == ktypes.ForwardGUE && rs.TunPort == 0:
+		return fmt.Errorf("destination %s: GUE without a port: %w", rs.RSKey, unix.EINVAL)
+	case rs.Forward > ktypes.ForwardGUE:
+		return fmt.Errorf("destination %s: forwarding method %s is not one ipvs-proxy writes", rs.RSKey, rs.Forward)
+	}
 	return nil
 }
 

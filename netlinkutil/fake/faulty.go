@@ -22,9 +22,9 @@ func WriteCall(w netlinkutil.Write) Call {
 	case ktypes.OpDeleteVirtualServer:
 		s = fmt.Sprintf(callDeleteVS, k)
 	case ktypes.OpAddRealServer:
-		s = fmt.Sprintf(callAddRS, k, rs.RSKey, rs.Weight)
+		s = fmt.Sprintf(callAddRS, k, rs.RSKey, rs.Weight, forwardNote(rs))
 	case ktypes.OpUpdateRealServer:
-		s = fmt.Sprintf(callUpdateRS, k, rs.RSKey, rs.Weight)
+		s = fmt.Sprintf(callUpdateRS, k, rs.RSKey, rs.Weight, forwardNote(rs))
 	case ktypes.OpDeleteRealServer:
 		s = fmt.Sprintf(callDeleteRS, k, rs.RSKey)
 	default:

@@ -53,9 +53,11 @@ type Op struct {
 	// Prefix is a route's (OpRoute, OpUnroute).
 	Prefix netip.Prefix
 	// Was is what the kernel held before an update: its virtual server's
-	// settings or its real server's weight.
+	// settings or its real server's weight and forwarding method.
 	WasVirtualServer VirtualServer
 	WasWeight        int
+	WasForward       Forward
+	WasTunPort       uint16
 	// Move marks the delete and the add that move a real server of an
 	// Ordered virtual server to the head of the kernel's list (the only
 	// way to reorder it): one follows the other in the same batch, and the
@@ -76,7 +78,11 @@ func (o Op) String() string {
 	case OpDeleteVirtualServer:
 		return fmt.Sprintf("%s %s", o.Kind, o.VirtualServer.VSKey)
 	case OpUpdateRealServer:
-		return fmt.Sprintf("%s %s %s (was w=%d)", o.Kind, o.VirtualServer.VSKey, o.RealServer, o.WasWeight)
+		was := RealServer{Weight: o.WasWeight, Forward: o.WasForward, TunPort: o.WasTunPort}
+		if was.SameForward(o.RealServer) {
+			return fmt.Sprintf("%s %s %s (was w=%d)", o.Kind, o.VirtualServer.VSKey, o.RealServer, o.WasWeight)
+		}
+		return fmt.Sprintf("%s %s %s (was w=%d %s)", o.Kind, o.VirtualServer.VSKey, o.RealServer, o.WasWeight, was.ForwardString())
 	case OpDeleteRealServer:
 		return fmt.Sprintf("%s %s %s%s", o.Kind, o.VirtualServer.VSKey, o.RealServer.RSKey, moveNote(o.Move))
 	case OpAddRealServer:

@@ -186,17 +186,29 @@ func (r RealServer) Busy() bool { return r.ActiveConns+r.InactiveConns > 0 }
 // draining: no new connections), and the Drain marking.
 func (r RealServer) String() string {
 	s := fmt.Sprintf("%s w=%d", r.RSKey, r.Weight)
-	switch r.Forward {
-	case ForwardNAT:
-	case ForwardGUE:
-		s += fmt.Sprintf(" gue:%d", r.TunPort)
-	default:
-		s += " " + r.Forward.String()
+	if r.Forward != ForwardNAT {
+		s += " " + r.ForwardString()
 	}
 	if r.Drain {
 		s += " drain"
 	}
 	return s
+}
+
+// ForwardString shows the forwarding method with GUE's port: "nat",
+// "tunnel", "gue:6080".
+func (r RealServer) ForwardString() string {
+	if r.Forward == ForwardGUE {
+		return fmt.Sprintf("gue:%d", r.TunPort)
+	}
+	return r.Forward.String()
+}
+
+// SameForward reports whether two real servers are forwarded alike: the
+// same method and, for GUE, the same port (a port beside another method
+// means nothing to the kernel).
+func (r RealServer) SameForward(o RealServer) bool {
+	return r.Forward == o.Forward && (r.Forward != ForwardGUE || r.TunPort == o.TunPort)
 }
 
 // Compare orders virtual servers by address, protocol, port.

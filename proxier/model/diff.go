@@ -374,8 +374,8 @@ func diffVirtualServer(ops []ktypes.Op, w Want, cur ktypes.VirtualServer, inKern
 		switch {
 		case !ok:
 			ops = append(ops, ktypes.Op{Kind: ktypes.OpAddRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
-		case old.Weight != rs.Weight:
-			ops = append(ops, ktypes.Op{Kind: ktypes.OpUpdateRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs, WasWeight: old.Weight})
+		case old.Weight != rs.Weight || !old.SameForward(rs):
+			ops = append(ops, updateRS(w, rs, old))
 		}
 	}
 	gone := make([]ktypes.RealServer, 0, len(have))
@@ -386,14 +386,34 @@ func diffVirtualServer(ops []ktypes.Op, w Want, cur ktypes.VirtualServer, inKern
 	for _, rs := range gone {
 		if keptWhileBusy(vs, rs) {
 			if rs.Weight != 0 {
-				ops = append(ops, ktypes.Op{Kind: ktypes.OpUpdateRealServer, Service: w.Service, VirtualServer: vs,
-					RealServer: ktypes.RealServer{RSKey: rs.RSKey}, WasWeight: rs.Weight})
+				ops = append(ops, updateRS(w, drained(rs), rs))
 			}
 			continue
 		}
 		ops = append(ops, ktypes.Op{Kind: ktypes.OpDeleteRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
 	}
 	return ops
+}
+
+// updateRS is the in-place update of a real server of the kernel (old) to
+// rs: its weight, its forwarding method, or both.
+func updateRS(w Want, rs, old ktypes.RealServer) ktypes.Op {
+	return ktypes.Op{Kind: ktypes.OpUpdateRealServer, Service: w.Service, VirtualServer: w.VirtualServer, RealServer: rs,
+		WasWeight: old.Weight, WasForward: old.Forward, WasTunPort: old.TunPort}
+}
+
+// drained is a real server of the kernel at weight 0, kept while busy. It
+// keeps its tunnel: a connection keeps its method, but a tunnel's type and
+// port are read from the real server at each packet (ip_vs_tunnel_xmit),
+// so rewriting them would move the connections to another encapsulation.
+// A method ipvs-proxy does not write becomes NAT (new connections only,
+// and there are none at weight 0).
+func drained(rs ktypes.RealServer) ktypes.RealServer {
+	out := ktypes.RealServer{RSKey: rs.RSKey}
+	if rs.Forward <= ktypes.ForwardGUE {
+		out.Forward, out.TunPort = rs.Forward, rs.TunPort
+	}
+	return out
 }
 
 // keptWhileBusy reports whether a real server of the kernel that the plan

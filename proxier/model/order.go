@@ -49,13 +49,14 @@ func diffOrdered(ops []ktypes.Op, w Want, rss []ktypes.RealServer, wasMH bool) [
 	}
 	pos := make(map[ktypes.RSKey]int, len(rss)) // in the list, and may stay in place
 	weight := make(map[ktypes.RSKey]int, len(rss))
+	have := make(map[ktypes.RSKey]ktypes.RealServer, len(rss))
 	for _, rs := range rss {
 		i, ok := slices.BinarySearchFunc(want, rs.RSKey, func(rs ktypes.RealServer, k ktypes.RSKey) int { return rs.RSKey.Compare(k) })
 		if !ok {
 			ops = append(ops, ktypes.Op{Kind: ktypes.OpDeleteRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs})
 			continue
 		}
-		weight[rs.RSKey] = rs.Weight
+		weight[rs.RSKey], have[rs.RSKey] = rs.Weight, rs
 		if vs.Scheduler == "mh" && !wasMH && want[i].Weight == 0 {
 			continue
 		}
@@ -63,8 +64,8 @@ func diffOrdered(ops []ktypes.Op, w Want, rss []ktypes.RealServer, wasMH bool) [
 	}
 	k := inPlace(want, pos)
 	for _, rs := range want[k:] {
-		if old := weight[rs.RSKey]; old != rs.Weight {
-			ops = append(ops, ktypes.Op{Kind: ktypes.OpUpdateRealServer, Service: w.Service, VirtualServer: vs, RealServer: rs, WasWeight: old})
+		if old := have[rs.RSKey]; old.Weight != rs.Weight || !old.SameForward(rs) {
+			ops = append(ops, updateRS(w, rs, old))
 		}
 	}
 	for i := k - 1; i >= 0; i-- {
@@ -94,8 +95,7 @@ func appendOrderedAdd(ops []ktypes.Op, w Want, rs ktypes.RealServer, move bool) 
 		return append(ops, add)
 	}
 	add.RealServer.Weight = servingWeight
-	return append(ops, add, ktypes.Op{Kind: ktypes.OpUpdateRealServer, Service: w.Service, VirtualServer: w.VirtualServer,
-		RealServer: rs, WasWeight: servingWeight})
+	return append(ops, add, updateRS(w, rs, add.RealServer))
 }
 
 // inPlace returns the index in want (canonical order) from which every

@@ -38,11 +38,12 @@ const (
 	driftMissingRS    = "missing-real-server"
 	driftExtraRS      = "extra-real-server"
 	driftWeight       = "different-weight"
-	driftOrder        = "real-server-order" // sh, dh, mh: out of canonical order (run moves it to the head)
-	driftMissingAddr  = "missing-address"   // wanted, not bound to the interface
-	driftUnwantedAddr = "unwanted-address"  // bound, wanted by no Service
-	driftMissingRoute = "missing-route"     // a Service range wanted, not routed
-	driftExtraRoute   = "unwanted-route"    // routed, not wanted
+	driftForward      = "different-forwarding" // method or GUE port (with or without a weight change)
+	driftOrder        = "real-server-order"    // sh, dh, mh: out of canonical order (run moves it to the head)
+	driftMissingAddr  = "missing-address"      // wanted, not bound to the interface
+	driftUnwantedAddr = "unwanted-address"     // bound, wanted by no Service
+	driftMissingRoute = "missing-route"        // a Service range wanted, not routed
+	driftExtraRoute   = "unwanted-route"       // routed, not wanted
 )
 
 // driftKinds names the drift of each kind of operation that a sync would
@@ -64,17 +65,27 @@ type statusRealServer struct {
 	InactiveConns int    `json:"inactiveConns"`
 	// InKernel is false for a wanted real server the kernel lacks.
 	InKernel bool `json:"inKernel"`
-	// Drift is "", or missing, extra or weight; WantWeight is the wanted
-	// weight for missing and weight (0 is a draining real server).
-	Drift      string `json:"drift,omitempty"`
-	WantWeight *int   `json:"wantWeight,omitempty"`
+	// Forward is the forwarding method when it is not NAT: "tunnel" (IPIP),
+	// "gue:PORT".
+	Forward string `json:"forward,omitempty"`
+	// Drift is "", or missing, extra, weight, forwarding or
+	// weight,forwarding; WantWeight is the wanted weight for missing and
+	// weight (0 is a draining real server), WantForward the wanted method
+	// for forwarding ("nat", "tunnel", "gue:PORT").
+	Drift       string `json:"drift,omitempty"`
+	WantWeight  *int   `json:"wantWeight,omitempty"`
+	WantForward string `json:"wantForward,omitempty"`
 
 	key ktypes.RSKey
 }
 
 func newStatusRS(rs ktypes.RealServer, inKernel bool) statusRealServer {
-	return statusRealServer{Address: rs.Address.String(), Port: rs.Port, Weight: rs.Weight,
+	s := statusRealServer{Address: rs.Address.String(), Port: rs.Port, Weight: rs.Weight,
 		ActiveConns: rs.ActiveConns, InactiveConns: rs.InactiveConns, InKernel: inKernel, key: rs.RSKey}
+	if rs.Forward != ktypes.ForwardNAT {
+		s.Forward = rs.ForwardString()
+	}
+	return s
 }
 
 // statusVirtualServer is one owned or wanted virtual server.
@@ -414,12 +425,7 @@ func (r *Report) addDrift(byKey map[ktypes.VSKey]*statusVirtualServer, op ktypes
 		}
 		detail = fmt.Sprintf("real server %s w=%d is wanted, not in the kernel", rs.RSKey, rs.Weight)
 	case ktypes.OpUpdateRealServer:
-		for i := range s.RealServers {
-			if s.RealServers[i].key == rs.RSKey {
-				s.RealServers[i].Drift, s.RealServers[i].WantWeight = "weight", &rs.Weight
-			}
-		}
-		detail = fmt.Sprintf("real server %s has weight %d, wanted %d", rs.RSKey, op.WasWeight, rs.Weight)
+		kind, detail = updateDrift(s, op)
 	case ktypes.OpDeleteRealServer:
 		for i := range s.RealServers {
 			if s.RealServers[i].key == rs.RSKey {
@@ -430,6 +436,40 @@ func (r *Report) addDrift(byKey map[ktypes.VSKey]*statusVirtualServer, op ktypes
 	}
 	s.Drift = append(s.Drift, kind)
 	r.Drift = append(r.Drift, statusDrift{Kind: kind, VirtualServer: k.String(), Service: s.Service, Detail: detail})
+}
+
+// updateDrift records an in-place update of a real server on its row: a
+// different weight, a different forwarding method (or GUE port), or both.
+func updateDrift(s *statusVirtualServer, op ktypes.Op) (kind, detail string) {
+	rs := op.RealServer
+	was := ktypes.RealServer{RSKey: rs.RSKey, Weight: op.WasWeight, Forward: op.WasForward, TunPort: op.WasTunPort}
+	var drift []string
+	if was.Weight != rs.Weight {
+		drift = append(drift, "weight")
+		kind, detail = driftWeight, fmt.Sprintf("real server %s has weight %d, wanted %d", rs.RSKey, was.Weight, rs.Weight)
+	}
+	if !was.SameForward(rs) {
+		drift = append(drift, "forwarding")
+		fwd := fmt.Sprintf("is forwarded by %s, wanted %s", was.ForwardString(), rs.ForwardString())
+		if kind == "" {
+			detail = fmt.Sprintf("real server %s %s", rs.RSKey, fwd)
+		} else {
+			detail += "; it " + fwd
+		}
+		kind = driftForward
+	}
+	for i := range s.RealServers {
+		if m := &s.RealServers[i]; m.key == rs.RSKey {
+			m.Drift = strings.Join(drift, ",")
+			if was.Weight != rs.Weight {
+				m.WantWeight = &rs.Weight
+			}
+			if kind == driftForward {
+				m.WantForward = rs.ForwardString()
+			}
+		}
+	}
+	return kind, detail
 }
 
 // addOrderDrift records a move (the delete and the add of a real server
@@ -533,7 +573,7 @@ func writeTable(b *strings.Builder, vss []statusVirtualServer) error {
 		}
 		first := fmt.Sprintf("%s\t%s\t%s\t%s\t", dash(vs.Service), dash(vs.Kind), vs.key, sched)
 		vsDrift := strings.Join(slices.DeleteFunc(slices.Clone(vs.Drift), func(d string) bool {
-			return d == driftMissingRS || d == driftExtraRS || d == driftWeight || d == driftOrder
+			return d == driftMissingRS || d == driftExtraRS || d == driftWeight || d == driftForward || d == driftOrder
 		}), ",")
 		if len(vs.RealServers) == 0 {
 			fmt.Fprintf(tw, "%s-\t\t\t\t%s\n", first, vsDrift)
@@ -552,10 +592,7 @@ func writeTable(b *strings.Builder, vss []statusVirtualServer) error {
 			if !rs.InKernel {
 				active, inactive = "-", "-"
 			}
-			weight := strconv.Itoa(rs.Weight)
-			if rs.Drift == "weight" && rs.WantWeight != nil {
-				weight += fmt.Sprintf(" (want %d)", *rs.WantWeight)
-			}
+			weight := rowWeight(rs)
 			fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\n", prefix, rs.key, weight, active, inactive, d)
 		}
 	}
@@ -569,6 +606,22 @@ func writeTable(b *strings.Builder, vss []statusVirtualServer) error {
 		}
 	}
 	return nil
+}
+
+// rowWeight is a real server's WEIGHT column: its weight, its forwarding
+// method when not NAT, and what is wanted of either when it differs.
+func rowWeight(rs statusRealServer) string {
+	weight := strconv.Itoa(rs.Weight)
+	if rs.WantWeight != nil && strings.Contains(rs.Drift, "weight") {
+		weight += fmt.Sprintf(" (want %d)", *rs.WantWeight)
+	}
+	if rs.Forward != "" {
+		weight += " " + rs.Forward
+	}
+	if rs.WantForward != "" {
+		weight += fmt.Sprintf(" (want %s)", rs.WantForward)
+	}
+	return weight
 }
 
 // writeDrift writes the drift, one line per operation.

@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
@@ -252,6 +253,31 @@ func TestStatusReadsRealServersInBulk(t *testing.T) {
 	}
 }
 
+// checkForwardDrift checks the one drift of a real server (want) of
+// 10.96.0.10:80: its row in the report and in the table, and the detail.
+func checkForwardDrift(t *testing.T, rep Report, want statusRealServer, detail, row string) {
+	t.Helper()
+	var got []statusRealServer
+	for _, rs := range findVS(rep, vsKey("10.96.0.10", 80)).RealServers {
+		if rs.Address == want.Address {
+			got = append(got, rs)
+		}
+	}
+	if diff := cmp.Diff([]statusRealServer{want}, got, cmpopts.IgnoreUnexported(statusRealServer{})); diff != "" {
+		t.Errorf("real server (-want +got):\n%s", diff)
+	}
+	if len(rep.Drift) != 1 || rep.Drift[0].Detail != detail {
+		t.Errorf("drift %+v, want one: %q", rep.Drift, detail)
+	}
+	var text bytes.Buffer
+	if err := Write(&text, rep, "text"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), row) {
+		t.Errorf("the table has no row with %q:\n%s", row, text.String())
+	}
+}
+
 func TestStatusDrift(t *testing.T) {
 	web := vsKey("10.96.0.10", 80)
 	tests := []struct {
@@ -291,6 +317,31 @@ func TestStatusDrift(t *testing.T) {
 						t.Errorf("real server %+v: want weight drift 5, wanted 1", rs)
 					}
 				}
+			},
+		},
+		{
+			name: "a different forwarding method",
+			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
+				must(t, ipvs.UpdateRealServer(web, ktypes.RealServer{RSKey: rsKey("10.0.1.1"), Weight: 1, Forward: ktypes.ForwardGUE, TunPort: 6080}))
+			},
+			want: map[string][]string{"10.96.0.10:80/TCP": {driftForward}},
+			check: func(t *testing.T, rep Report) {
+				checkForwardDrift(t, rep, statusRealServer{Address: "10.0.1.1", Port: 8080, Weight: 1, InKernel: true,
+					Forward: "gue:6080", Drift: "forwarding", WantForward: "nat"},
+					"real server 10.0.1.1:8080 is forwarded by gue:6080, wanted nat", "10.0.1.1:8080  1 gue:6080 (want nat)")
+			},
+		},
+		{
+			name: "a different forwarding method and weight",
+			mutate: func(t *testing.T, ipvs *fake.IPVS, _ *fake.Links) {
+				must(t, ipvs.UpdateRealServer(web, ktypes.RealServer{RSKey: rsKey("10.0.1.2"), Weight: 5, Forward: ktypes.ForwardTunnel}))
+			},
+			want: map[string][]string{"10.96.0.10:80/TCP": {driftForward}},
+			check: func(t *testing.T, rep Report) {
+				checkForwardDrift(t, rep, statusRealServer{Address: "10.0.1.2", Port: 8080, Weight: 5, InKernel: true,
+					Forward: "tunnel", Drift: "weight,forwarding", WantWeight: ptr.To(1), WantForward: "nat"},
+					"real server 10.0.1.2:8080 has weight 5, wanted 1; it is forwarded by tunnel, wanted nat",
+					"10.0.1.2:8080  5 (want 1) tunnel (want nat)")
 			},
 		},
 		{

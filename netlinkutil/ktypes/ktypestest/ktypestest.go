@@ -20,10 +20,16 @@ func VSKey(addrPort string, proto ktypes.Protocol) ktypes.VSKey {
 
 // RS parses a real server: "addr:port" (weight 1), "addr:port@W" (weight
 // W), "addr:port@d" (weight 0, marked Drain), each optionally followed by
-// the kernel's connection counts "#active" or "#active.inactive". It
-// panics on a malformed string, as the netip.Must functions do.
+// the kernel's connection counts "#active" or "#active.inactive", and by a
+// forwarding method as RealServer.String shows it (" tunnel", " gue:6080";
+// NAT without). It panics on a malformed string, as the netip.Must
+// functions do.
 func RS(s string) ktypes.RealServer {
 	rs := ktypes.RealServer{Weight: 1}
+	if a, fwd, ok := strings.Cut(s, " "); ok {
+		s = a
+		rs.Forward, rs.TunPort = parseForward(fwd)
+	}
 	if a, conns, ok := strings.Cut(s, "#"); ok {
 		s = a
 		act, inact, _ := strings.Cut(conns, ".")
@@ -60,4 +66,14 @@ func mustAtoi(s string) int {
 		panic("ktypestest: " + err.Error())
 	}
 	return n
+}
+
+func parseForward(s string) (ktypes.Forward, uint16) {
+	if s == "tunnel" {
+		return ktypes.ForwardTunnel, 0
+	}
+	if port, ok := strings.CutPrefix(s, "gue:"); ok {
+		return ktypes.ForwardGUE, uint16(mustAtoi(port))
+	}
+	panic("ktypestest: forwarding method " + s)
 }
