@@ -167,28 +167,25 @@ func (t *TunnelEnd) fail(svc types.NamespacedName, reason string) {
 	t.log.Warn("tunnel ends not programmed", zap.String("service", svc.String()), zap.String("reason", reason))
 }
 
-// selectEnds returns the ends to program, sorted: the held ones, then each
-// Service's in the order of their names, each Service whole or not at all
-// within MaxEnds; an end that is not valid, or whose VIP, port and
-// endpoint address another Service already ends elsewhere, fails alone.
+// selectEnds returns the ends to program, sorted: each Service's in the
+// order of their names, each Service whole or not at all within MaxEnds,
+// then the held ones. An end that is not valid, or whose VIP, port and
+// endpoint address another Service already ends otherwise, fails alone; a
+// held end whose key an active end took (its target port changed) goes.
 func (t *TunnelEnd) selectEnds() []owned {
 	var out []owned
 	taken := map[End]types.NamespacedName{} // by key: target port and encapsulation zeroed
-	add := func(svc types.NamespacedName, e End) bool {
+	add := func(svc types.NamespacedName, e End, held bool) {
 		k := e
 		k.Endpoint, k.Forward, k.GUEPort = netip.AddrPortFrom(e.Endpoint.Addr(), 0), 0, 0
 		if other, ok := taken[k]; ok {
-			if other != svc || !slices.ContainsFunc(out, func(o owned) bool { return o.End == e }) {
+			if !held && !slices.Contains(out, owned{e, svc}) {
 				t.fail(svc, fmt.Sprintf("%s: %s ends the same VIP, port and endpoint otherwise", e, other))
 			}
-			return false
+			return
 		}
 		taken[k] = svc
 		out = append(out, owned{e, svc})
-		return true
-	}
-	for _, k := range slices.SortedFunc(maps.Keys(t.held), cmpHeld) {
-		add(k.svc, k.end)
 	}
 	for _, name := range slices.SortedFunc(maps.Keys(t.services), cmpName) {
 		var valid []End
@@ -204,8 +201,11 @@ func (t *TunnelEnd) selectEnds() []owned {
 			continue
 		}
 		for _, e := range valid {
-			add(name, e)
+			add(name, e, false)
 		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(t.held), cmpHeld) {
+		add(k.svc, k.end, true)
 	}
 	slices.SortFunc(out, func(a, b owned) int { return cmpEnd(a.End, b.End) })
 	return out

@@ -223,6 +223,27 @@ func TestGraceHoldsAnEndWhileItsEndpointStays(t *testing.T) {
 	}
 }
 
+func TestTargetPortChangeIsNotHeldBack(t *testing.T) {
+	te, k, _ := newTest(t, Config{})
+	te.SetEnds(svcA, []End{ipip("192.168.56.210", 80, pod1, 8080)}, []netip.Addr{pod1})
+	if err := te.Sync(false); err != nil {
+		t.Fatal(err)
+	}
+	// The old end is held (the pod stays), but the new target takes its
+	// VIP, port and endpoint at once.
+	te.SetEnds(svcA, []End{ipip("192.168.56.210", 80, pod1, 9090)}, []netip.Addr{pod1})
+	if err := te.Sync(false); err != nil {
+		t.Fatal(err)
+	}
+	if f := te.ServiceFailures(); len(f) != 0 {
+		t.Errorf("failures %v", f)
+	}
+	want := []string{"-A IPVSD-PREROUTING -d 192.168.56.210/32 -i tunl0 -p tcp -m mark --mark 0x100000/0x7f00000 -m tcp --dport 80 -j DNAT --to-destination 10.244.1.2:9090"}
+	if diff := cmp.Diff(want, k.tables["nat"].Rules[chainDNAT]); diff != "" {
+		t.Errorf("DNAT rules (-want +got):\n%s", diff)
+	}
+}
+
 func TestHeldEndGoesWhenItsEndpointLeaves(t *testing.T) {
 	te, k, _ := newTest(t, Config{})
 	setBoth(te)
