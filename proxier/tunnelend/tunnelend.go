@@ -144,6 +144,9 @@ func (t *TunnelEnd) Sync(full bool) error {
 			t.retry, ends = true, nil
 		}
 	}
+	if t.last == nil && len(t.ids) == 0 {
+		t.recoverNumbers()
+	}
 	want := state{tables: tables(t.marks, t.cfg.MTU, t.number(ends)), routing: len(ends) > 0, fou: guePorts(ends)}
 	if err := t.apply(context.Background(), want, full || t.last == nil); err != nil {
 		t.last = nil

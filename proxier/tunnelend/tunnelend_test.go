@@ -410,3 +410,36 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// A new agent (a restart) keeps the endpoints' numbers the kernel's mark
+// rules carry, whatever order its ends come in.
+func TestRestartKeepsTheMarks(t *testing.T) {
+	te, k, _ := newTest(t, Config{})
+	setBoth(te)
+	if err := te.Sync(false); err != nil {
+		t.Fatal(err)
+	}
+	te.SetEnds(svcA, []End{ipip("192.168.56.210", 80, pod1, 8080), ipip("192.168.56.210", 80, netip.MustParseAddr("10.244.1.1"), 8080)},
+		[]netip.Addr{pod1, netip.MustParseAddr("10.244.1.1")})
+	if err := te.Sync(false); err != nil {
+		t.Fatal(err)
+	}
+	before := k.dump()
+	again, err := New(Config{}, k.kernel(), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	setBoth(again)
+	again.SetEnds(svcA, []End{ipip("192.168.56.210", 80, pod1, 8080), ipip("192.168.56.210", 80, netip.MustParseAddr("10.244.1.1"), 8080)},
+		[]netip.Addr{pod1, netip.MustParseAddr("10.244.1.1")})
+	k.calls = nil
+	if err := again.Sync(true); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(before, k.dump()); diff != "" {
+		t.Errorf("after the restart (-want +got):\n%s", diff)
+	}
+	if len(k.calls) != 0 {
+		t.Errorf("the restarted agent wrote %q", k.calls)
+	}
+}
