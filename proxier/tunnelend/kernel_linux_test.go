@@ -111,6 +111,16 @@ func TestTunnelEndsOnKernel(t *testing.T) {
 	}
 	te.SetEnds(svc, ends, []netip.Addr{pod})
 
+	step(t, "record what vishvananda/netlink's own FouAdd gets for GUE (Netlink.AddFou does not use it)", func() {
+		err := nettest.Do(nsIngress, func() error {
+			err := netlink.FouAdd(netlink.Fou{Family: unix.AF_INET, Port: guePort + 1, EncapType: netlink.FOU_ENCAP_GUE})
+			if err == nil {
+				return netlink.FouDel(netlink.Fou{Family: unix.AF_INET, Port: guePort + 1})
+			}
+			return err
+		})
+		t.Logf("vishvananda/netlink v1.3.1 FouAdd(GUE) on this kernel: %v", err)
+	})
 	step(t, "all.rp_filter 1 refuses the Service and programs nothing", func() {
 		sysctl(t, nsNode, sysctlAllRPFilter, "1")
 		syncIn(t, te, false)

@@ -1,16 +1,19 @@
 package tunnelend
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
 // Netlink is Net over vishvananda/netlink, in the network namespace of
-// its handle (&netlink.Handle{}: the caller's).
+// its handle (&netlink.Handle{}: the caller's thread's). AddFou always
+// runs in the caller's thread's namespace.
 type Netlink struct{ H *netlink.Handle }
 
 // Rules implements Net.
@@ -138,9 +141,24 @@ func (n Netlink) FouPorts() ([]uint16, error) {
 	return out, nil
 }
 
-// AddFou implements Net.
+// AddFou implements Net. It writes the request itself: vishvananda/netlink
+// v1.3.1's FouAdd also sends FOU_ATTR_IPPROTO (0) with GUE, and the bed's
+// 6.1 kernel refused that request with ERANGE (DSR.md; the kernel test
+// logs what the library gets). Without the attribute the kernel takes it.
 func (n Netlink) AddFou(port uint16) error {
-	return n.H.FouAdd(netlink.Fou{Family: unix.AF_INET, Port: int(port), EncapType: netlink.FOU_ENCAP_GUE})
+	fam, err := n.H.GenlFamilyGet(netlink.FOU_GENL_NAME)
+	if err != nil {
+		return fmt.Errorf("fou generic netlink family: %w", err)
+	}
+	req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_ACK)
+	req.AddData(&nl.Genlmsg{Command: netlink.FOU_CMD_ADD, Version: 1})
+	req.AddData(nl.NewRtAttr(netlink.FOU_ATTR_PORT, binary.BigEndian.AppendUint16(nil, port)))
+	req.AddData(nl.NewRtAttr(netlink.FOU_ATTR_AF, []byte{unix.AF_INET}))
+	req.AddData(nl.NewRtAttr(netlink.FOU_ATTR_TYPE, []byte{netlink.FOU_ENCAP_GUE}))
+	if _, err := req.Execute(unix.NETLINK_GENERIC, 0); err != nil {
+		return fmt.Errorf("add GUE port %d: %w", port, err)
+	}
+	return nil
 }
 
 // DelFou implements Net.
