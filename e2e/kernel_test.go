@@ -13,12 +13,15 @@ import (
 var kernelTestPackages = []string{"github.com/ipvs-proxy/ipvs-proxy/netlinkutil", "github.com/ipvs-proxy/ipvs-proxy/ipset",
 	// the reconciler's diff on the kernel (TestOrderedTablesAgreeOnKernel)
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler",
+	// the backend side of direct server return (TestTunnelEndsOnKernel)
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/tunnelend",
 	// the bench's readers of IPVS and of kube-proxy's nftables table
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/guest/ipvsbench"}
 
 // kernelTestsThatMustPass names, per package, a VM-only test whose pass
 // shows that its kernel tests ran (they are skipped by name on the host).
-var kernelTestsThatMustPass = map[string]string{"netlinkutil": "TestIPVSRealTraffic", "reconciler": "TestOrderedTablesAgreeOnKernel"}
+var kernelTestsThatMustPass = map[string]string{"netlinkutil": "TestIPVSRealTraffic", "reconciler": "TestOrderedTablesAgreeOnKernel",
+	"tunnelend": "TestTunnelEndsOnKernel"}
 
 func TestKernelPackagesInVM(t *testing.T) {
 	e := setup(t)

@@ -229,6 +229,7 @@ func Run(ctx context.Context, sys *System, pc Config, log *zap.Logger) Report {
 	p.dummyType()
 	p.iptables()
 	p.sysctls()
+	p.tunnelEnds()
 	rep := Report{Kernel: sys.kernel, Checks: p.checks}
 	for _, c := range p.checks {
 		switch c.Status {
@@ -629,6 +630,50 @@ func (p *preflight) sysctls() {
 			where = " (under " + p.sys.sysctlRoot + ")"
 		}
 		p.add(name, statusOK, detail+"; writable"+where, "")
+	}
+}
+
+// tunnelEnds reports what ending tunnels needs on this node (Services with
+// ipvs-proxy.io/forwarding tunnel or gue; proxier/tunnelend), as warnings
+// only: a tenant's annotation never keeps the agent off a node. Where it
+// is missing, those Services fail on the node with an Event.
+func (p *preflight) tunnelEnds() {
+	const usedBy = "needed to end the tunnels of Services with ipvs-proxy.io/forwarding "
+	info, note := p.moduleState("ipip")
+	switch info.State {
+	case kmod.Loaded, kmod.Builtin:
+		p.add("tunnel ends: ipip", statusOK, info.Detail+note+"; "+usedBy+"tunnel or gue (its tunl0 decapsulates)", "")
+	default: // run has no CAP_SYS_MODULE, and tunl0 comes only with the module
+		p.add("tunnel ends: ipip", statusWarn, info.Detail+note+"; "+usedBy+"tunnel or gue (its tunl0 decapsulates): not loaded, such Services fail here",
+			"run ipvs-proxy preflight --load-modules (the DaemonSet's init container does), or modprobe ipip on the node")
+	}
+	p.module("tunnel ends: fou", "fou", "GUE decapsulation", usedBy+"gue", false)
+	p.module("tunnel ends: xt_TCPMSS", "xt_TCPMSS", "the TCPMSS target", usedBy+"tunnel or gue (the pods' SYN-ACK MSS clamp)", false)
+	p.tunnelRPFilter()
+}
+
+// tunnelRPFilter reports the reverse path filter that tunnel ends meet: the
+// effective value on tunl0 is the larger of all's and tunl0's, and run
+// sets only tunl0's.
+func (p *preflight) tunnelRPFilter() {
+	const all, dev = "net/ipv4/conf/all/rp_filter", "net/ipv4/conf/tunl0/rp_filter"
+	for _, name := range []string{all, dev} {
+		check := "tunnel ends: sysctl " + strings.ReplaceAll(name, "/", ".")
+		v, err := p.sys.sysctl(name)
+		switch {
+		case name == dev && errors.Is(err, fs.ErrNotExist):
+			p.add(check, statusOK, "no tunl0 yet (it comes with the ipip module); run sets it to 0 when it ends a tunnel", "")
+		case err != nil:
+			p.add(check, statusWarn, "cannot read it: "+err.Error(), "run as root with /proc/sys readable")
+		case name == all && v != "0":
+			p.add(check, statusWarn, "= "+v+": Services with ipvs-proxy.io/forwarding tunnel or gue are refused on this node (an Event each): "+
+				"decapsulated packets come from clients tunl0 has no route to, and fail the reverse path check",
+				"set net.ipv4.conf.all.rp_filter=0 on the node if it may end tunnels (run never lowers it)")
+		case name == all:
+			p.add(check, statusOK, "= 0, as tunnel ends need it", "")
+		default:
+			p.add(check, statusOK, "= "+v+"; run sets it to 0 when it ends a tunnel", "")
+		}
 	}
 }
 

@@ -92,6 +92,7 @@ func newFakeNode() *fakeNode {
 	n.sysctls["net/ipv6/conf/all/forwarding"] = "1"
 	n.sysctls["net/ipv4/conf/all/arp_ignore"] = "0"
 	n.sysctls["net/ipv4/conf/all/arp_announce"] = "0"
+	n.sysctls["net/ipv4/conf/all/rp_filter"] = "0"
 	return n
 }
 
@@ -286,6 +287,42 @@ func TestPreflight(t *testing.T) {
 				"capability CAP_SYS_MODULE": {status: statusOK},
 				"scheduler rr":              {statusOK, "ip_vs_rr loaded (loaded now by modprobe)", ""},
 				"dummy interface":           {statusOK, "dummy loaded (loaded now by modprobe)", ""},
+			},
+		},
+		{
+			name: "a node ready to end tunnels",
+			ok:   true,
+			expect: map[string]expect{
+				"tunnel ends: ipip":                                 {statusOK, "ipip loaded; needed to end the tunnels", ""},
+				"tunnel ends: fou":                                  {statusOK, "fou loaded", ""},
+				"tunnel ends: xt_TCPMSS":                            {statusOK, "xt_TCPMSS loaded", ""},
+				"tunnel ends: sysctl net.ipv4.conf.all.rp_filter":   {statusOK, "= 0", ""},
+				"tunnel ends: sysctl net.ipv4.conf.tunl0.rp_filter": {statusOK, "no tunl0 yet", ""},
+			},
+		},
+		{
+			name: "what tunnel ends lack only warns: ipip not loaded, fou missing, rp_filter strict",
+			ok:   true,
+			node: func(n *fakeNode) {
+				n.mods.state["ipip"] = kmod.Loadable
+				n.mods.state["fou"] = kmod.Missing
+				n.sysctls["net/ipv4/conf/all/rp_filter"] = "1"
+				n.sysctls["net/ipv4/conf/tunl0/rp_filter"] = "2"
+			},
+			expect: map[string]expect{
+				"tunnel ends: ipip": {statusWarn, "not loaded, such Services fail here", "preflight --load-modules"},
+				"tunnel ends: fou":  {statusWarn, "fou missing", ""},
+				"tunnel ends: sysctl net.ipv4.conf.all.rp_filter":   {statusWarn, "= 1: Services with ipvs-proxy.io/forwarding tunnel or gue are refused", "run never lowers it"},
+				"tunnel ends: sysctl net.ipv4.conf.tunl0.rp_filter": {statusOK, "= 2; run sets it to 0", ""},
+			},
+		},
+		{
+			name: "--load-modules loads ipip for tunnel ends",
+			ok:   true,
+			cfg:  func(c *Config) { c.LoadModules = true },
+			node: func(n *fakeNode) { n.mods.state["ipip"] = kmod.Loadable },
+			expect: map[string]expect{
+				"tunnel ends: ipip": {statusOK, "ipip loaded (loaded now by modprobe)", ""},
 			},
 		},
 		{
