@@ -22,6 +22,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/nodelock"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/tunnelend"
 )
 
 func newRunCommand() *cobra.Command {
@@ -134,6 +135,15 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		}
 		closeSets = closeGlue
 		p.AddConsumer(g)
+		if cfg.DSR.Off == "" {
+			// Direct server return: this node ends the tunnels that any
+			// node's IPVS sends to its pods.
+			te, err := tunnelend.Open(tunnelend.Config{}, g.Backend(), sysctls.Root(), log)
+			if err != nil {
+				return err
+			}
+			p.AddConsumer(tunnelend.Consumer{TunnelEnd: te, Ends: tunnelend.PlanEnds})
+		}
 		if cfg.IPv6 {
 			p.AddConsumer(sysctls.NewIPv6Forwarder(sysctls.Root(), log))
 		}

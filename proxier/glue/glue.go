@@ -228,6 +228,16 @@ func (g *Glue) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	}
 }
 
+// Backend is the iptables backend the glue writes with ("" without tools).
+func (g *Glue) Backend() Backend {
+	for _, fam := range []ipset.Family{ipset.IPv4, ipset.IPv6} {
+		if t := g.ipt[fam]; t != nil {
+			return t.Backend
+		}
+	}
+	return ""
+}
+
 // TellsPodsApart reports whether the rules can tell pods' traffic from the
 // rest of the world (--cluster-cidr, or pods' interfaces) in every family
 // served: direct server return needs it (dsrRules).

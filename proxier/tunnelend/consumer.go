@@ -25,3 +25,17 @@ func (c Consumer) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
 	}
 	c.SetEnds(name, c.Ends(plan), plan.NodeEndpoints)
 }
+
+// PlanEnds are a plan's tunnel ends on this node (model.TunnelEnds): the
+// Ends of the agent's Consumer.
+func PlanEnds(plan *model.ServicePlan) []End {
+	ends := model.TunnelEnds(plan)
+	if len(ends) == 0 {
+		return nil
+	}
+	out := make([]End, len(ends))
+	for i, e := range ends {
+		out[i] = End(e)
+	}
+	return out
+}
