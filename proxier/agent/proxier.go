@@ -315,6 +315,12 @@ func (p *Proxier) takeRemovals() bool {
 	return false
 }
 
+// changesWaiting reports whether Service changes wait for a sync.
+func (p *Proxier) changesWaiting() bool {
+	pending, _, _ := p.tracker.status()
+	return pending > 0
+}
+
 // nextRetry is when the earliest retry is due (zero: none waits).
 func (p *Proxier) nextRetry() time.Time { return p.consumers.nextRetry(p.rec.NextRetry()) }
 
@@ -330,13 +336,16 @@ func (p *Proxier) SyncOnce(full bool) error {
 		p.tracker.settleIfIdle()
 		return nodeErr
 	}
+	if len(in.services) > 0 {
+		p.consumers.yield() // changes first; the next sync, at once, repairs
+	}
 	a := p.apply(full)
 	recErr := a.recErr
 	nodeErr = errors.Join(nodeErr, a.consumerErr)
 	if recErr == nil && nodeErr == nil && len(p.consumers.finishers) > 0 {
 		nodeErr = p.consumers.runFinishers()
 	}
-	if healthy := p.recordOutcome(start, a, recErr, nodeErr); healthy && p.rec.Pending() {
+	if healthy := p.recordOutcome(start, a, recErr, nodeErr); healthy && (p.rec.Pending() || p.consumers.due(p.clock.Now())) {
 		p.runner.kick()
 	}
 	return errors.Join(recErr, nodeErr)
