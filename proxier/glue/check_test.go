@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // heldSets is the fake kernel of sets with its dumps held: once held, the
@@ -188,13 +189,7 @@ func TestPeriodicFullSyncLetsChangesThrough(t *testing.T) {
 	}
 
 	// The same Services synced by a fresh glue, whole: the same sets.
-	ref := newBed(t, dualStack)
-	ref.g.SetPlan(p1.Service, p1)
-	ref.g.SetPlan(p2.Service, p2)
-	ref.sync(t, true)
-	if diff := cmp.Diff(ref.sets.Dump(), b.sets.Dump()); diff != "" {
-		t.Errorf("sets after the check (-a fresh full sync +got):\n%s", diff)
-	}
+	b.sameAsFresh(t, "the check", p1, p2)
 
 	// The next periodic full sync starts another check.
 	b.held.held = false
@@ -326,11 +321,19 @@ func TestCheckRepairYieldsAndGoesSetBySet(t *testing.T) {
 	if syncs < 3 {
 		t.Errorf("the repair took %d syncs; want one set (with an entry) a sync", syncs)
 	}
-	ref := newBed(t, dualStack)
-	ref.g.SetPlan(p1.Service, p1)
-	ref.g.SetPlan(p2.Service, p2)
+	b.sameAsFresh(t, "the repair", p1, p2)
+}
+
+// sameAsFresh checks that the sets are those a fresh glue's whole sync of
+// the plans makes.
+func (b *checkBed) sameAsFresh(t *testing.T, after string, plans ...*model.ServicePlan) {
+	t.Helper()
+	ref := newBed(t, b.g.cfg)
+	for _, p := range plans {
+		ref.g.SetPlan(p.Service, p)
+	}
 	ref.sync(t, true)
 	if diff := cmp.Diff(ref.sets.Dump(), b.sets.Dump()); diff != "" {
-		t.Errorf("sets after the repair (-a fresh full sync +got):\n%s", diff)
+		t.Errorf("sets after %s (-a fresh full sync +got):\n%s", after, diff)
 	}
 }
