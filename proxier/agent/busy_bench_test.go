@@ -37,18 +37,22 @@ import (
 // glue's check (every set and the rules read off the loop, then the
 // repair) run; each busy change is made at another point of that work,
 // spread over the whole of it. The ratio of the busy figures to the idle
-// ones is measured in one run.
+// ones is measured in one run, an idle change and a busy one in turn, so
+// that both meet the same load of the machine.
 func BenchmarkBusyChange(b *testing.B) {
 	const services, rounds = 10_000, 50
 	for b.Loop() {
 		bed := newBusyBed(b, services)
 		bed.start()
-		idle := bed.changes(rounds, nil)
 		window := bed.busyWindow()
-		busy := bed.changes(rounds, func(i int) {
+		var idle, busy []time.Duration
+		for i := range rounds {
+			idle = append(idle, bed.change())
 			bed.startBusy()
 			time.Sleep(window * time.Duration(i) / rounds)
-		})
+			busy = append(busy, bed.change())
+			bed.waitIdle()
+		}
 		bed.stop()
 		reportLatencies(b, "idle", idle)
 		reportLatencies(b, "busy", busy)
@@ -152,29 +156,19 @@ func (bed *busyBed) stop() {
 	<-bed.done
 }
 
-// changes makes n changes one after another, each after before(i) (nil:
-// none), and returns the time each took to reach the kernel.
-func (bed *busyBed) changes(n int, before func(i int)) []time.Duration {
-	out := make([]time.Duration, 0, n)
-	for i := range n {
-		if before != nil {
-			before(i)
-		}
-		v := bed.n % 2
-		bed.n++
-		start := time.Now()
-		bed.p.tracker.onSlice(bed.versions[v], false)
-		for a := range bed.applied {
-			if a == bed.adds[v] {
-				break
-			}
-		}
-		out = append(out, time.Since(start))
-		if before != nil {
-			bed.waitIdle()
+// change makes one change and returns the time it took to reach the
+// kernel.
+func (bed *busyBed) change() time.Duration {
+	v := bed.n % 2
+	bed.n++
+	start := time.Now()
+	bed.p.tracker.onSlice(bed.versions[v], false)
+	for a := range bed.applied {
+		if a == bed.adds[v] {
+			break
 		}
 	}
-	return out
+	return time.Since(start)
 }
 
 // startBusy steps the clock to the periodic sync: the loop starts a full
