@@ -319,9 +319,10 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 	full, sliced := d.Full, d.sliced
 	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
 	var offered *KernelRead
+	var wrote *offLoopRead
 	switch {
 	case full && sliced:
-		offered = r.takeOffered()
+		offered, wrote = r.takeOffered()
 	case full:
 		// This sync reads the kernel itself: a read off the loop that
 		// began before is older.
@@ -333,7 +334,7 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 		st.Reads += offered.reads
 		st.ReadOffLoop = offered.took
 		r.resync.stop()
-		r.startResync(now)
+		r.startResyncFrom(offered, wrote, now)
 	case full:
 		err := r.readKernel(&st)
 		st.Read = r.clock.Since(start)

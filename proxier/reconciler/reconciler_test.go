@@ -837,7 +837,9 @@ func TestReconcilerSlicedResync(t *testing.T) {
 // with a change in it takes no slice (the change is applied alone), but
 // never two in a row, so that the resync ends under a change at every
 // sync; an address unbound by hand is bound again by the slice that
-// reaches it, not by the sync that adopts the read.
+// reaches it, not by the sync that starts the resync (read in the loop,
+// here: a read off the loop lists what the loop claims and the read
+// lacks, and that sync repairs them, as they are few).
 func TestReconcilerResyncYieldsToChanges(t *testing.T) {
 	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
 	r := NewReconciler(ipvs, links, Config{Ownership: testOwnership(), ResyncSlice: 2}, zap.NewNop())

@@ -4,6 +4,7 @@ package reconciler
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -31,6 +32,10 @@ type resyncState struct {
 	realServers map[ktypes.VSKey][]ktypes.RealServer
 	// yielded: the last sync took no slice, to apply changes first.
 	yielded bool
+	// first holds what the adoption of a read off the loop checks beside
+	// the first slice: what the read's view did not list (virtual servers
+	// and addresses the loop claims or wrote since).
+	first scopeSet
 
 	reader  *resyncReader
 	read    *consumer.OffLoop[*KernelRead]
@@ -60,10 +65,14 @@ type KernelRead struct {
 	// leaves out, which the loop may still claim (Reconciler.ours).
 	view   *model.Kernel
 	others []ktypes.VirtualServer
-	rss    map[ktypes.VSKey][]ktypes.RealServer
-	reads  int
-	took   time.Duration // set when it is taken
-	err    error
+	// keys and bound are the view's virtual servers and addresses, in
+	// order: what the resync's slices check.
+	keys  []ktypes.VSKey
+	bound []netip.Addr
+	rss   map[ktypes.VSKey][]ktypes.RealServer
+	reads int
+	took  time.Duration // set when it is taken
+	err   error
 }
 
 // Resyncing reports whether a periodic full resync is in progress: the
@@ -184,7 +193,47 @@ func readOffLoop(reader resyncReader, own model.Ownership) *KernelRead {
 			kr.rss[vs.VSKey] = rs
 		}
 	}
+	kr.keys = slices.SortedFunc(maps.Keys(kr.view.VirtualServers), ktypes.VSKey.Compare)
+	kr.bound = slices.SortedFunc(maps.Keys(kr.view.Bound), netip.Addr.Compare)
 	return kr
+}
+
+// startResyncFrom starts a sliced resync from a read made off the loop:
+// its slices walk the read's own lists, sorted there, and the adoption
+// checks, beside the first slice, what the loop claims that the read did
+// not list (and what the loop wrote since the read began: in the view,
+// perhaps not in the read). The loop so passes over the claims once, and
+// sorts nothing of the whole table.
+func (r *Reconciler) startResyncFrom(kr *KernelRead, ol *offLoopRead, now time.Time) {
+	first := scopeSet{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+	for k := range r.claims.byKey {
+		if _, read := kr.view.VirtualServers[k]; !read {
+			first.keys[k] = true
+		}
+	}
+	for a := range r.claims.addrs {
+		if !kr.view.Bound[a] {
+			first.addrs[a] = true
+		}
+	}
+	for a := range model.Anchors(r.routes) {
+		first.addrs[a] = true // beside the routes
+	}
+	for _, vs := range kr.others {
+		first.keys[vs.VSKey] = true
+	}
+	maps.Copy(first.keys, ol.keys)
+	maps.Copy(first.addrs, ol.addrs)
+	r.resync.left, r.resync.leftAddrs, r.resync.first, r.resync.start = kr.keys, kr.bound, first, now
+	r.resync.realServers, r.kernel.RealServers = r.kernel.RealServers, map[ktypes.VSKey][]ktypes.RealServer{}
+}
+
+// takeFirst puts what the adoption checks beside the first slice into its
+// scope.
+func (rs *resyncState) takeFirst(sc *scopeSet) {
+	maps.Copy(sc.keys, rs.first.keys)
+	maps.Copy(sc.addrs, rs.first.addrs)
+	rs.first = scopeSet{}
 }
 
 // ResyncReadDone reports whether a read off the loop has run: the next
@@ -196,16 +245,16 @@ func (r *Reconciler) ResyncReadDone() bool { return r.resync.read.Done() }
 // newest read of the kernel and succeeded, as the view of the kernel,
 // with the loop's own view of what it wrote since the read began, and
 // returns it; nil otherwise.
-func (r *Reconciler) takeOffered() *KernelRead {
+func (r *Reconciler) takeOffered() (*KernelRead, *offLoopRead) {
 	ol := r.resync.offLoop
 	r.resync.offLoop = nil
 	kr, took, ok := r.resync.read.Take()
 	if !ok || ol == nil || !r.synced || r.full.Due(r.clock.Now()) {
-		return nil
+		return nil, nil
 	}
 	if kr.err != nil {
 		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
-		return nil
+		return nil, nil
 	}
 	kr.took = took
 	k := kr.view
@@ -230,7 +279,7 @@ func (r *Reconciler) takeOffered() *KernelRead {
 		if _, ok := k.VirtualServers[key]; !ok && !ol.keys[key] {
 			r.log.Info("the periodic resync's read off the loop lacks a virtual server the loop did not write; reading in the loop",
 				zap.Stringer("virtualServer", key))
-			return nil
+			return nil, nil
 		}
 	}
 	for key := range ol.keys {
@@ -249,7 +298,7 @@ func (r *Reconciler) takeOffered() *KernelRead {
 		}
 	}
 	r.kernel = k
-	return kr
+	return kr, ol
 }
 
 // touched notes what ops write while a read off the loop runs.
@@ -296,7 +345,9 @@ func (rs *resyncState) nextSlice(n int, sc *scopeSet) {
 }
 
 // stop forgets a resync in progress (a full read begins another, or none).
-func (rs *resyncState) stop() { rs.left, rs.leftAddrs, rs.realServers = nil, nil, nil }
+func (rs *resyncState) stop() {
+	rs.left, rs.leftAddrs, rs.realServers, rs.first = nil, nil, nil, scopeSet{}
+}
 
 // progress reports the running resync in a sync's stats, and ends it when
 // its last slice was checked.

@@ -36,6 +36,7 @@ func (r *Reconciler) scope(full bool, now time.Time, adopting bool) ([]ktypes.VS
 		for a := range model.Anchors(r.routes) {
 			sc.addrs[a] = true
 		}
+		r.resync.takeFirst(sc)
 	}
 	if full || r.draining.due(now) {
 		r.draining.takeInto(sc)
