@@ -684,6 +684,19 @@ func (l *Links) Writes() []Call {
 	return out
 }
 
+// Reads returns the List calls since the last ResetCalls.
+func (l *Links) Reads() []Call {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Call
+	for _, c := range l.calls {
+		if isRead(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // ResetCalls forgets recorded calls.
 func (l *Links) ResetCalls() {
 	l.mu.Lock()

@@ -330,7 +330,9 @@ func (p *Proxier) nextRetry() time.Time { return p.consumers.nextRetry(p.rec.Nex
 func (p *Proxier) SyncOnce(full bool) error {
 	start := p.clock.Now()
 	full = p.takeRemovals() || full || p.rec.FullDue()
-	in, nodeErr := p.tracker.snapshot(full)
+	// A full sync reads the node's addresses again, unless it adopts a
+	// resync's read off the loop, which has them (taken after it).
+	in, nodeErr := p.tracker.snapshot(full && !p.rec.AdoptsRead(full))
 	p.build(in)
 	if !full && !p.rec.Pending() && len(in.services) == 0 && !p.consumers.due(p.clock.Now()) {
 		p.tracker.settleIfIdle()
@@ -340,6 +342,9 @@ func (p *Proxier) SyncOnce(full bool) error {
 		p.consumers.yield() // changes first; the next sync, at once, repairs
 	}
 	a := p.apply(full)
+	if a.stats.NodeAddresses != nil && p.tracker.nodeAddressesRead(a.stats.NodeAddresses) {
+		p.runner.kick() // the rebuild they ask for
+	}
 	recErr := a.recErr
 	nodeErr = errors.Join(nodeErr, a.consumerErr)
 	if recErr == nil && nodeErr == nil && len(p.consumers.finishers) > 0 {

@@ -33,8 +33,10 @@ type SyncStats struct {
 	Bind time.Duration
 	// ReadOffLoop is the time a periodic resync's kernel read took off
 	// the loop (Reconciler.StartResyncRead), not part of Duration; its
-	// view was adopted by this sync.
-	ReadOffLoop time.Duration
+	// view was adopted by this sync, and NodeAddresses are the node's
+	// addresses it read.
+	ReadOffLoop   time.Duration
+	NodeAddresses []netip.Addr
 	// Applied lists the Services in scope whose every write succeeded;
 	// Failed, those with a failed write or read, with the error.
 	Applied []types.NamespacedName
@@ -332,7 +334,7 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 	case full && sliced && offered != nil:
 		// The periodic resync's read, made off the loop: adopt it.
 		st.Reads += offered.reads
-		st.ReadOffLoop = offered.took
+		st.ReadOffLoop, st.NodeAddresses = offered.took, offered.node
 		r.resync.stop()
 		r.startResyncFrom(offered, wrote, now)
 	case full:

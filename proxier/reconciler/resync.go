@@ -69,6 +69,9 @@ type KernelRead struct {
 	// order: what the resync's slices check.
 	keys  []ktypes.VSKey
 	bound []netip.Addr
+	// node are the node's addresses (netlinkutil.Links.NodeAddresses),
+	// which the read needs and the agent takes (SyncStats.NodeAddresses).
+	node  []netip.Addr
 	rss   map[ktypes.VSKey][]ktypes.RealServer
 	reads int
 	took  time.Duration // set when it is taken
@@ -182,6 +185,7 @@ func readOffLoop(reader resyncReader, own model.Ownership) *KernelRead {
 		return kr
 	}
 	kr.view, kr.others = raw.ownedView(own)
+	kr.node = raw.node
 	kr.rss = map[ktypes.VSKey][]ktypes.RealServer{}
 	for key := range kr.view.VirtualServers {
 		if rs, ok := rss[key]; ok {
@@ -234,6 +238,15 @@ func (rs *resyncState) takeFirst(sc *scopeSet) {
 	maps.Copy(sc.keys, rs.first.keys)
 	maps.Copy(sc.addrs, rs.first.addrs)
 	rs.first = scopeSet{}
+}
+
+// AdoptsRead reports whether Sync(full) now would adopt a read made off the
+// loop (unless it turns out stale or failed): the agent then takes the
+// node's addresses from it (SyncStats.NodeAddresses) instead of reading
+// them in the loop.
+func (r *Reconciler) AdoptsRead(full bool) bool {
+	d := r.Decide(full)
+	return d.Full && d.sliced && r.resync.read.Done()
 }
 
 // ResyncReadDone reports whether a read off the loop has run: the next
