@@ -25,7 +25,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 
-.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck monitoring-check demo bench bench-go bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster hash dsr dsr-prototype results
+.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck monitoring-check demo bench bench-go bench-busy bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos takeover cluster hash dsr dsr-prototype results
 
 all: build
 
@@ -272,6 +272,13 @@ BENCH_GO_SIZES ?= 1000|10000|100000
 BENCH_GO_TIME ?= 3x
 bench-go:
 	$(GO) test -run '^$$' -bench 'Growth.*/services=($(BENCH_GO_SIZES))$$' -benchtime $(BENCH_GO_TIME) ./proxier/
+
+# One change's latency at 10,000 Services × 2 with the glue, on fake
+# kernels that take time: idle, and while a periodic resync and a glue
+# check run (50 changes spread over them); p50, p90, max and their ratio
+# in one run (proxier/agent BenchmarkBusyChange, about a minute).
+bench-busy:
+	$(GO) test -run '^$$' -bench BusyChange -benchtime 1x ./proxier/agent/
 
 # Kubernetes' own e2e tests of Services (e2e.test v1.36.3, built from Go
 # modules and cached) against a running cluster; JUnit report and summary

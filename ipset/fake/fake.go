@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 )
@@ -20,6 +21,12 @@ type Call string
 
 // ErrorFunc decides whether a call fails; it sees the rendered call.
 type ErrorFunc func(call Call) error
+
+// LatencyFunc tells how long a call takes, standing in for a slow kernel:
+// it sees the call's name ("List", "Add", "Del") and the number of
+// entries it read or wrote. The fake waits that long after the call,
+// without holding its state.
+type LatencyFunc func(call string, n int) time.Duration
 
 // How the writes are rendered, by the fake and by the fault-injecting
 // wrapper of the real kernel (faulty.go) alike; callWrite is "Add" or "Del",
@@ -46,6 +53,7 @@ type Sets struct {
 	inject ErrorFunc
 	refuse RefuseFunc
 	owner  ipset.Owner
+	slow   LatencyFunc
 }
 
 // RefuseFunc decides whether a write refuses one entry of a set, as the
@@ -72,6 +80,22 @@ func (f *Sets) SetOwner(o ipset.Owner) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.owner = o
+}
+
+// SetLatency makes List, Add and Del take the time fn tells; nil: no
+// latency.
+func (f *Sets) SetLatency(fn LatencyFunc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.slow = fn
+}
+
+// took is how long a call of n entries takes. Callers hold f.mu.
+func (f *Sets) took(call string, n int) time.Duration {
+	if f.slow == nil {
+		return 0
+	}
+	return f.slow(call, n)
 }
 
 // InjectErrors installs fn; nil removes it.
@@ -299,6 +323,8 @@ func (f *Sets) Flush(name string) error {
 
 // List implements ipset.Interface.
 func (f *Sets) List(name string) (ipset.Set, error) {
+	var wait time.Duration
+	defer func() { time.Sleep(wait) }()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("List %s", name); err != nil {
@@ -312,6 +338,7 @@ func (f *Sets) List(name string) (ipset.Set, error) {
 	for e := range s.entries {
 		out.Entries = append(out.Entries, e)
 	}
+	wait = f.took("List", len(out.Entries))
 	slices.SortFunc(out.Entries, ipset.Entry.Compare)
 	return out, nil
 }
@@ -338,11 +365,14 @@ func (f *Sets) Del(name string, entries ...ipset.Entry) error {
 }
 
 func (f *Sets) write(op, name string, entries []ipset.Entry, add bool) error {
+	var wait time.Duration
+	defer func() { time.Sleep(wait) }()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(entries) == 0 {
 		return nil
 	}
+	wait = f.took(op, len(entries))
 	rendered := make([]string, len(entries))
 	for i, e := range entries {
 		rendered[i] = e.String()

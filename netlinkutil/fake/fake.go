@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -23,6 +24,36 @@ type Call string
 
 // ErrorFunc decides whether a call fails; it sees the rendered call.
 type ErrorFunc func(call Call) error
+
+// LatencyFunc tells how long a call takes, standing in for a slow kernel:
+// it sees the call's name ("ListAllRealServers", "Apply",
+// "NodeAddresses") and how many objects it read or wrote. The fake waits
+// that long after the call, without holding its state: other calls go on
+// meanwhile, as the kernel serves other sockets between the parts of a
+// dump.
+type LatencyFunc func(call string, n int) time.Duration
+
+// latency is a fake's LatencyFunc, safe to set while calls run.
+type latency struct {
+	mu sync.Mutex
+	fn LatencyFunc
+}
+
+func (l *latency) set(fn LatencyFunc) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fn = fn
+}
+
+// wait sleeps for the call, when a LatencyFunc is set; n is called then.
+func (l *latency) wait(call string, n func() int) {
+	l.mu.Lock()
+	fn := l.fn
+	l.mu.Unlock()
+	if fn != nil {
+		time.Sleep(fn(call, n()))
+	}
+}
 
 // How the writes are rendered, by the fakes and by the fault-injecting
 // wrappers of the real kernel (faulty.go) alike.
@@ -62,6 +93,7 @@ type IPVS struct {
 	schedulers map[string]bool
 	// stats are the virtual servers' counters (SetStats).
 	stats map[ktypes.VSKey]ktypes.Stats
+	slow  latency
 }
 
 // NewIPVS returns an empty fake IPVS table.
@@ -119,6 +151,11 @@ func (f *IPVS) SetConns(vs ktypes.VSKey, rs ktypes.RSKey, active, inactive int) 
 func (f *IPVS) knows(sched string) bool {
 	return sched != "" && (f.schedulers == nil || f.schedulers[sched])
 }
+
+// SetLatency makes the reads (ListVirtualServers, ListAllRealServers,
+// ListRealServers) and Apply take the time fn tells, n being the virtual
+// servers, real servers or writes; nil: no latency.
+func (f *IPVS) SetLatency(fn LatencyFunc) { f.slow.set(fn) }
 
 // InjectErrors installs f; nil removes it.
 func (f *IPVS) InjectErrors(fn ErrorFunc) {
@@ -242,13 +279,14 @@ func (f *IPVS) Dump() []string {
 
 // ListVirtualServers implements netlinkutil.IPVS. Like the kernel, it
 // reports the hashed flag on every service.
-func (f *IPVS) ListVirtualServers() ([]ktypes.VirtualServer, error) {
+func (f *IPVS) ListVirtualServers() (out []ktypes.VirtualServer, err error) {
+	defer f.slow.wait("ListVirtualServers", func() int { return len(out) })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ListVirtualServers"); err != nil {
 		return nil, err
 	}
-	out := make([]ktypes.VirtualServer, 0, len(f.vs))
+	out = make([]ktypes.VirtualServer, 0, len(f.vs))
 	for _, v := range f.vs {
 		v.Flags |= ktypes.FlagHashed
 		out = append(out, v)
@@ -283,7 +321,8 @@ func (f *IPVS) VirtualServerStats() (map[ktypes.VSKey]ktypes.Stats, error) {
 }
 
 // ListRealServers implements netlinkutil.IPVS.
-func (f *IPVS) ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error) {
+func (f *IPVS) ListRealServers(vs ktypes.VSKey) (out []ktypes.RealServer, err error) {
+	defer f.slow.wait("ListRealServers", func() int { return len(out) })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ListRealServers %s", vs); err != nil {
@@ -299,6 +338,7 @@ func (f *IPVS) ListRealServers(vs ktypes.VSKey) ([]ktypes.RealServer, error) {
 // calls would make it (recorded alike, with the same injected errors), and
 // the batch's size in Batches.
 func (f *IPVS) Apply(writes []netlinkutil.Write) []error {
+	defer f.slow.wait("Apply", func() int { return len(writes) })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.batches = append(f.batches, len(writes))
@@ -345,18 +385,21 @@ func (f *IPVS) Batches() []int {
 }
 
 // ListAllRealServers implements netlinkutil.IPVS.
-func (f *IPVS) ListAllRealServers() (map[ktypes.VSKey][]ktypes.RealServer, error) {
+func (f *IPVS) ListAllRealServers() (out map[ktypes.VSKey][]ktypes.RealServer, err error) {
+	n := 0
+	defer f.slow.wait("ListAllRealServers", func() int { return n })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ListAllRealServers"); err != nil {
 		return nil, err
 	}
-	out := make(map[ktypes.VSKey][]ktypes.RealServer, len(f.vs))
+	out = make(map[ktypes.VSKey][]ktypes.RealServer, len(f.vs))
 	for k := range f.vs {
 		if f.bulkSkips[k] {
 			continue
 		}
 		out[k] = f.listed(k)
+		n += len(out[k])
 	}
 	return out, nil
 }
@@ -557,6 +600,7 @@ type Links struct {
 	pending  []netlinkutil.Removal
 	// nodeWatchers are told of SetNodeAddresses at once.
 	nodeWatchers []func()
+	slow         latency
 }
 
 type linkWatcher struct {
@@ -632,6 +676,23 @@ func NewLinks(nodeAddrs ...netip.Addr) *Links {
 	return &Links{links: map[string]map[netip.Addr]bool{}, infos: map[string]netlinkutil.LinkInfo{}, routes: map[string]map[netip.Prefix]netlinkutil.LocalRoute{}, node: nodeAddrs}
 }
 
+// SetLatency makes NodeAddresses and ListAddresses take the time fn
+// tells, n being the addresses the kernel's dump holds (the node's and
+// every link's: a dump is not filtered by the kernel), and each address
+// write (AddAddress, DeleteAddress) the time fn tells for n=1; nil: no
+// latency.
+func (l *Links) SetLatency(fn LatencyFunc) { l.slow.set(fn) }
+
+// dumped is the number of addresses a dump of every address holds.
+// Callers hold l.mu.
+func (l *Links) dumped() int {
+	n := len(l.node)
+	for _, addrs := range l.links {
+		n += len(addrs)
+	}
+	return n
+}
+
 // InjectErrors installs f; nil removes it.
 func (l *Links) InjectErrors(fn ErrorFunc) {
 	l.mu.Lock()
@@ -646,6 +707,19 @@ func (l *Links) Writes() []Call {
 	var out []Call
 	for _, c := range l.calls {
 		if !isRead(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Reads returns the List calls since the last ResetCalls.
+func (l *Links) Reads() []Call {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Call
+	for _, c := range l.calls {
+		if isRead(c) {
 			out = append(out, c)
 		}
 	}
@@ -820,8 +894,11 @@ func (l *Links) DeleteLink(name string) error {
 
 // ListAddresses implements netlinkutil.Links.
 func (l *Links) ListAddresses(name string) ([]netip.Addr, error) {
+	n := 0
+	defer l.slow.wait("ListAddresses", func() int { return n })
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	n = l.dumped()
 	if err := l.record("ListAddresses %s", name); err != nil {
 		return nil, err
 	}
@@ -830,6 +907,7 @@ func (l *Links) ListAddresses(name string) ([]netip.Addr, error) {
 
 // AddAddress implements netlinkutil.Links.
 func (l *Links) AddAddress(name string, a netip.Addr) error {
+	defer l.slow.wait("AddAddress", func() int { return 1 })
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.record(callAddAddress, name, a); err != nil {
@@ -845,6 +923,7 @@ func (l *Links) AddAddress(name string, a netip.Addr) error {
 
 // DeleteAddress implements netlinkutil.Links.
 func (l *Links) DeleteAddress(name string, a netip.Addr) error {
+	defer l.slow.wait("DeleteAddress", func() int { return 1 })
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.record(callDeleteAddress, name, a); err != nil {
@@ -875,8 +954,11 @@ func (l *Links) DeleteAddress(name string, a netip.Addr) error {
 // like the kernel's, those of every dummy link not named in exclude (in
 // link name order).
 func (l *Links) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
+	n := 0
+	defer l.slow.wait("NodeAddresses", func() int { return n })
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	n = l.dumped()
 	if err := l.record("ListNodeAddresses"); err != nil {
 		return nil, err
 	}

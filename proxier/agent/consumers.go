@@ -88,6 +88,17 @@ func (cs *consumerSet) due(now time.Time) bool {
 	return false
 }
 
+// yield asks the consumers that can (consumer.Yielder) to leave the
+// repair of a finished background read to the next sync: this one carries
+// Service changes.
+func (cs *consumerSet) yield() {
+	for _, c := range cs.list {
+		if y, ok := c.(consumer.Yielder); ok {
+			y.Yield()
+		}
+	}
+}
+
 // retrying reports whether a consumer's last Sync failed.
 func (cs *consumerSet) retrying() bool { return len(cs.retry) > 0 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -37,14 +38,7 @@ func TestTakeoverNodePortsSkipKubeProxyVIPs(t *testing.T) {
 		}
 	}
 	p := newEdgeProxier(ipvs, links, time.Minute, netlinkutil.KubeProxyInterface)
-	svc := testService("web", "10.96.0.10", "rr")
-	svc.Spec.Type = corev1.ServiceTypeNodePort
-	svc.Spec.Ports[0].NodePort = 30080
-	p.tracker.onService(svc, false)
-	p.tracker.onSlice(testSlice("web", "10.0.1.2"), false)
-	if err := p.SyncOnce(true); err != nil {
-		t.Fatal(err)
-	}
+	syncNodePortWeb(t, p)
 	want := []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "192.168.0.10:30080/TCP rr", "  -> 10.0.1.2:8080 w=1"}
 	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
 		t.Errorf("kernel during the takeover (-want +got):\n%s", diff)
@@ -133,14 +127,7 @@ func TestNodeAddressChangeFollowedAtOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	p.watchNodeAddresses(ctx)
-	svc := testService("web", "10.96.0.10", "rr")
-	svc.Spec.Type = corev1.ServiceTypeNodePort
-	svc.Spec.Ports[0].NodePort = 30080
-	p.tracker.onService(svc, false)
-	p.tracker.onSlice(testSlice("web", "10.0.1.2"), false)
-	if err := p.SyncOnce(true); err != nil {
-		t.Fatal(err)
-	}
+	syncNodePortWeb(t, p)
 	links.SetNodeAddresses(netip.MustParseAddr("192.168.0.20"))
 	if err := p.SyncOnce(false); err != nil {
 		t.Fatal(err)
@@ -148,6 +135,50 @@ func TestNodeAddressChangeFollowedAtOnce(t *testing.T) {
 	want := []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "192.168.0.20:30080/TCP rr", "  -> 10.0.1.2:8080 w=1"}
 	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
 		t.Errorf("after the node's address changed, a partial sync (-want +got):\n%s", diff)
+	}
+}
+
+// TestNodeAddressesFromTheResyncRead: a change of the node's addresses the
+// kernel did not announce is found by the periodic resync's read off the
+// loop: the sync that adopts the read takes the addresses from it (the
+// loop reads them no more), and the next sync moves the node ports.
+func TestNodeAddressesFromTheResyncRead(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	p := newEdgeProxier(ipvs, links, time.Hour, "")
+	p.SetResyncReader(ipvs, links)
+	syncNodePortWeb(t, p)
+	links.SetNodeAddresses(netip.MustParseAddr("192.168.0.20")) // no watcher: unannounced
+	run, ok := p.rec.StartResyncRead()
+	if !ok {
+		t.Fatal("no resync read off the loop")
+	}
+	run()
+	links.ResetCalls()
+	for _, full := range []bool{true, false} {
+		if err := p.SyncOnce(full); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(slices.DeleteFunc(links.Reads(), func(c fake.Call) bool { return c != "ListNodeAddresses" })); n != 0 {
+		t.Errorf("the loop read the node's addresses %d times; want none (the resync's read has them)", n)
+	}
+	want := []string{"10.96.0.10:80/TCP rr", "  -> 10.0.1.2:8080 w=1", "192.168.0.20:30080/TCP rr", "  -> 10.0.1.2:8080 w=1"}
+	if diff := cmp.Diff(want, ipvs.Dump()); diff != "" {
+		t.Errorf("after the resync found the node's new address (-want +got):\n%s", diff)
+	}
+}
+
+// syncNodePortWeb gives p the NodePort Service web (10.96.0.10:80, node
+// port 30080, endpoint 10.0.1.2) and syncs it in full.
+func syncNodePortWeb(t *testing.T, p *Proxier) {
+	t.Helper()
+	svc := testService("web", "10.96.0.10", "rr")
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	svc.Spec.Ports[0].NodePort = 30080
+	p.tracker.onService(svc, false)
+	p.tracker.onSlice(testSlice("web", "10.0.1.2"), false)
+	if err := p.SyncOnce(true); err != nil {
+		t.Fatal(err)
 	}
 }
 

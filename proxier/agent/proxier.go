@@ -317,6 +317,12 @@ func (p *Proxier) takeRemovals() bool {
 	return false
 }
 
+// changesWaiting reports whether Service changes wait for a sync.
+func (p *Proxier) changesWaiting() bool {
+	pending, _, _ := p.tracker.status()
+	return pending > 0
+}
+
 // nextRetry is when the earliest retry is due (zero: none waits).
 func (p *Proxier) nextRetry() time.Time { return p.consumers.nextRetry(p.rec.NextRetry()) }
 
@@ -326,19 +332,27 @@ func (p *Proxier) nextRetry() time.Time { return p.consumers.nextRetry(p.rec.Nex
 func (p *Proxier) SyncOnce(full bool) error {
 	start := p.clock.Now()
 	full = p.takeRemovals() || full || p.rec.FullDue()
-	in, nodeErr := p.tracker.snapshot(full)
+	// A full sync reads the node's addresses again, unless it adopts a
+	// resync's read off the loop, which has them (taken after it).
+	in, nodeErr := p.tracker.snapshot(full && !p.rec.AdoptsRead(full))
 	p.build(in)
 	if !full && !p.rec.Pending() && len(in.services) == 0 && !p.consumers.due(p.clock.Now()) {
 		p.tracker.settleIfIdle()
 		return nodeErr
 	}
+	if len(in.services) > 0 {
+		p.consumers.yield() // changes first; the next sync, at once, repairs
+	}
 	a := p.apply(full)
+	if a.stats.NodeAddresses != nil && p.tracker.nodeAddressesRead(a.stats.NodeAddresses) {
+		p.runner.kick() // the rebuild they ask for
+	}
 	recErr := a.recErr
 	nodeErr = errors.Join(nodeErr, a.consumerErr)
 	if recErr == nil && nodeErr == nil && len(p.consumers.finishers) > 0 {
 		nodeErr = p.consumers.runFinishers()
 	}
-	if healthy := p.recordOutcome(start, a, recErr, nodeErr); healthy && p.rec.Pending() {
+	if healthy := p.recordOutcome(start, a, recErr, nodeErr); healthy && (p.rec.Pending() || p.consumers.due(p.clock.Now())) {
 		p.runner.kick()
 	}
 	return errors.Join(recErr, nodeErr)

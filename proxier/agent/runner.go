@@ -27,11 +27,12 @@ type runner struct {
 	beat   time.Time // the loop's heartbeat (heartbeat)
 }
 
-// syncer is what the runner runs: one sync, and when the earliest retry is
-// due (zero: none waits).
+// syncer is what the runner runs: one sync, when the earliest retry is
+// due (zero: none waits), and whether Service changes wait.
 type syncer interface {
 	SyncOnce(full bool) error
 	nextRetry() time.Time
+	changesWaiting() bool
 }
 
 // resyncer is the reconciler's periodic resync, whose kernel read runs off
@@ -58,8 +59,9 @@ func (r *runner) kick() {
 type turns struct {
 	full           bool
 	last, nextFull time.Time
-	// reading: a periodic resync's kernel read off the loop runs.
-	reading bool
+	// reading: a periodic resync's kernel read off the loop runs; adopt:
+	// it is done, and this turn's full sync adopts it.
+	reading, adopt bool
 }
 
 // run syncs until ctx ends.
@@ -77,21 +79,31 @@ func (r *runner) run(ctx context.Context, s syncer, rs resyncer) {
 			r.startFull(&t, rs)
 		}
 		r.beatNow()
-		if err := s.SyncOnce(t.full); err != nil {
-			r.log.Error("sync failed; what failed is retried with backoff", zap.Error(err),
-				zap.Time("nextRetry", s.nextRetry()))
+		if t.full && t.adopt && s.changesWaiting() {
+			// Changes first: the resync's read waits for one partial sync.
+			r.sync(s, false)
 		}
+		r.sync(s, t.full)
 		r.beatNow()
+		t.adopt = false
 		t.full = false
 		r.waitNext(ctx, &t, s.nextRetry())
 		if t.reading && rs.ResyncReadDone() {
 			// The read is in: the resync's full sync takes it.
 			t.reading = false
-			t.full = true
+			t.full, t.adopt = true, true
 		}
 		if ctx.Err() != nil {
 			return
 		}
+	}
+}
+
+// sync runs one sync and logs its failure.
+func (r *runner) sync(s syncer, full bool) {
+	if err := s.SyncOnce(full); err != nil {
+		r.log.Error("sync failed; what failed is retried with backoff", zap.Error(err),
+			zap.Time("nextRetry", s.nextRetry()))
 	}
 }
 

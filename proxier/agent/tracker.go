@@ -363,6 +363,14 @@ func (t *tracker) refreshNodeAddresses() error {
 	if err != nil {
 		return nodeFailure{part: "node addresses", err: fmt.Errorf("read node addresses: %w", err)}
 	}
+	t.nodeAddressesRead(all)
+	return nil
+}
+
+// nodeAddressesRead takes the node's addresses as read, here or off the
+// loop by a periodic resync's read; a change rebuilds every Service (at
+// the next sync), and is reported.
+func (t *tracker) nodeAddressesRead(all []netip.Addr) bool {
 	addrs := model.FilterNodePortAddresses(all, t.nodePortAddresses)
 	all = model.FilterNodePortAddresses(all, nil) // sorted, each once
 	t.mu.Lock()
@@ -377,7 +385,7 @@ func (t *tracker) refreshNodeAddresses() error {
 		t.node.allChanged = true
 		t.rebuild = true
 	}
-	return nil
+	return t.rebuild
 }
 
 // syncInputs is what one sync works from, taken under the lock.

@@ -59,3 +59,13 @@ type BackgroundConsumer interface {
 	// Pending reports that a finished read waits for a sync.
 	Pending() bool
 }
+
+// Yielder is a BackgroundConsumer whose repair of a finished read can wait
+// one sync: the loop asks it to (Yield) before a sync that carries
+// Service changes, so that they are not held up by the repair; the next
+// sync, which comes at once, makes it. Asked at every sync, it yields
+// every other one, so that the repair is made under constant changes too.
+type Yielder interface {
+	BackgroundConsumer
+	Yield()
+}

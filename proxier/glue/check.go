@@ -22,7 +22,7 @@ import (
 // The glue's state is the loop's alone: the goroutine reads the kernel
 // and nothing else of the glue.
 
-var _ consumer.BackgroundConsumer = (*Glue)(nil)
+var _ consumer.Yielder = (*Glue)(nil)
 
 // checkResult is what a check read.
 type checkResult struct {
@@ -47,8 +47,12 @@ type savedRead struct {
 func (g *Glue) SetWake(wake func()) { g.wake = wake }
 
 // Pending implements consumer.BackgroundConsumer: a check's read is done
-// and waits for a sync to apply it.
-func (g *Glue) Pending() bool { return g.check.Done() }
+// and waits for a sync to apply it, or its repair is under way.
+func (g *Glue) Pending() bool { return g.check.Done() || g.repair != nil }
+
+// Yield implements consumer.Yielder: the next Sync leaves a finished
+// check's repair to the one after, unless the last Sync yielded too.
+func (g *Glue) Yield() { g.yield = !g.yielded }
 
 // startCheck starts reading the served families' sets and rules off the
 // loop; from now on the Syncer records what the loop writes to the sets.
@@ -83,28 +87,56 @@ func (g *Glue) startCheck() {
 	}, g.wake)
 }
 
+// checkRepair is a finished check being applied, a few sets a sync: the
+// sets still to repair (still tracked by the Syncer), and what the
+// repair did so far.
+type checkRepair struct {
+	res            checkResult
+	took           time.Duration
+	left           []setID
+	added, deleted int
+	rebuilt        int
+}
+
+// defaultRepairEntries is about how many entries read a sync repairs: a
+// set is never split, so a sync repairs at least one.
+const defaultRepairEntries = 4096
+
 // applyCheck repairs what a finished check found, if one is there and
-// still wanted (a full sync in the loop since makes it stale).
+// still wanted (a full sync in the loop since makes it stale): a few sets
+// each sync, about repairEntries entries, so that a change never waits
+// for the whole table's comparison; the rules once every set is done.
 func (g *Glue) applyCheck(st *Stats) []error {
-	res, took, ok := g.check.Take()
-	if !ok {
-		return nil
+	if g.repair == nil {
+		res, took, ok := g.check.Take()
+		if !ok {
+			return nil
+		}
+		g.repair = &checkRepair{res: res, took: took, left: setIDs(g.cfg.IPv4, g.cfg.IPv6)}
 	}
-	st.Checked = true
-	st.CheckSetRead, st.CheckRulesRead, st.CheckTook = res.setRead, res.rulesRead, took
+	rp := g.repair
 	var errs []error
-	added, deleted := st.Added, st.Deleted
-	for _, id := range setIDs(g.cfg.IPv4, g.cfg.IPv6) {
-		r := res.sets[id]
+	added, deleted, rebuilt := st.Added, st.Deleted, st.Rebuilt
+	for n := 0; len(rp.left) > 0 && n < g.repairEntries; rp.left = rp.left[1:] {
+		id := rp.left[0]
+		r := rp.res.sets[id]
+		n += len(r.set.Entries)
 		s, err := g.syncer.SyncRead(g.specOf(id), g.refs[id], r.set, r.err)
 		st.add(s)
 		if err := g.afterSetSync(id, err); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	st.CheckAdded, st.CheckDeleted = st.Added-added, st.Deleted-deleted
+	rp.added, rp.deleted, rp.rebuilt = rp.added+st.Added-added, rp.deleted+st.Deleted-deleted, rp.rebuilt+st.Rebuilt-rebuilt
+	if len(rp.left) > 0 {
+		return errs
+	}
+	g.repair = nil
+	st.Checked = true
+	st.CheckSetRead, st.CheckRulesRead, st.CheckTook = rp.res.setRead, rp.res.rulesRead, rp.took
+	st.CheckAdded, st.CheckDeleted, st.CheckRebuilt = rp.added, rp.deleted, rp.rebuilt
 	rulesStart := g.clock.Now()
-	n, err := g.syncRules(false, res.saved)
+	n, err := g.syncRules(false, rp.res.saved)
 	st.RulesTime += g.clock.Since(rulesStart)
 	st.Restores += n
 	if err != nil {

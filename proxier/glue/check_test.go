@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
 // heldSets is the fake kernel of sets with its dumps held: once held, the
@@ -188,13 +189,7 @@ func TestPeriodicFullSyncLetsChangesThrough(t *testing.T) {
 	}
 
 	// The same Services synced by a fresh glue, whole: the same sets.
-	ref := newBed(t, dualStack)
-	ref.g.SetPlan(p1.Service, p1)
-	ref.g.SetPlan(p2.Service, p2)
-	ref.sync(t, true)
-	if diff := cmp.Diff(ref.sets.Dump(), b.sets.Dump()); diff != "" {
-		t.Errorf("sets after the check (-a fresh full sync +got):\n%s", diff)
-	}
+	b.sameAsFresh(t, "the check", p1, p2)
 
 	// The next periodic full sync starts another check.
 	b.held.held = false
@@ -280,5 +275,65 @@ func TestCheckDroppedByAFullSyncInTheLoop(t *testing.T) {
 	b.waitWoken(t)
 	if st := b.sync(t, false); !st.Checked || st.Added+st.Deleted+st.Restores != 0 {
 		t.Errorf("the new check %+v; want it applied with nothing to repair", st)
+	}
+}
+
+// TestCheckRepairYieldsAndGoesSetBySet: a finished check's repair is made
+// a few sets a sync (here one entry's worth: a set a sync), and a sync
+// carrying a change (Yield) writes the change alone, once: the sync after
+// it repairs even if asked to yield again. The sets end as a whole sync in
+// the loop would leave them, and the check ends with the rules.
+func TestCheckRepairYieldsAndGoesSetBySet(t *testing.T) {
+	b := newCheckBed(t, dualStack)
+	b.g.repairEntries = 1
+	p1 := service(1)
+	b.g.SetPlan(p1.Service, p1)
+	b.sync(t, true)
+	_ = b.sets.Del("IPVSP-CLUSTER-IP", ipset.Entry{Addr: addr("10.96.0.2"), Proto: tcp, Port: 80})
+	_ = b.sets.Add("IPVSP-VIP", ipset.Entry{Addr: addr("10.96.9.9")})
+	b.held.hold(b.setNames())
+	b.sync(t, true) // the periodic full sync: the check starts
+	close(b.held.release)
+	b.waitWoken(t)
+
+	p2 := service(2)
+	b.g.SetPlan(p2.Service, p2)
+	b.sets.ResetCalls()
+	b.g.Yield()
+	if st := b.sync(t, false); st.Sets != 5 || st.Checked || !b.g.Pending() {
+		t.Errorf("the sync with a change: %d sets synced, checked %v, pending %v; want the change's 5 sets alone and the check still pending",
+			st.Sets, st.Checked, b.g.Pending())
+	}
+	if w := b.sets.Writes(); len(w) != 5 || slices.ContainsFunc(w, func(c ipsetfake.Call) bool { return strings.Contains(string(c), "10.96.9.9") }) {
+		t.Errorf("writes of the sync with a change: %q; want the change's alone", w)
+	}
+	syncs := 0
+	for b.g.Pending() {
+		b.g.Yield() // yields only every other sync
+		st := b.sync(t, false)
+		if syncs++; syncs > 2*len(b.setNames()) {
+			t.Fatal("the repair does not end")
+		}
+		if st.Checked != !b.g.Pending() {
+			t.Errorf("sync %d: checked %v but pending %v", syncs, st.Checked, b.g.Pending())
+		}
+	}
+	if syncs < 3 {
+		t.Errorf("the repair took %d syncs; want one set (with an entry) a sync", syncs)
+	}
+	b.sameAsFresh(t, "the repair", p1, p2)
+}
+
+// sameAsFresh checks that the sets are those a fresh glue's whole sync of
+// the plans makes.
+func (b *checkBed) sameAsFresh(t *testing.T, after string, plans ...*model.ServicePlan) {
+	t.Helper()
+	ref := newBed(t, b.g.cfg)
+	for _, p := range plans {
+		ref.g.SetPlan(p.Service, p)
+	}
+	ref.sync(t, true)
+	if diff := cmp.Diff(ref.sets.Dump(), b.sets.Dump()); diff != "" {
+		t.Errorf("sets after %s (-a fresh full sync +got):\n%s", after, diff)
 	}
 }

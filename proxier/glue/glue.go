@@ -109,6 +109,13 @@ type Glue struct {
 	// full syncs run whole in the loop), check is that read.
 	wake  func()
 	check *consumer.OffLoop[checkResult]
+	// yield: this sync leaves a finished check for the next (Yield);
+	// yielded: the last one did.
+	yield, yielded bool
+	// repair is a finished check being applied, set by set, about
+	// repairEntries entries read a sync.
+	repair        *checkRepair
+	repairEntries int
 }
 
 var _ consumer.Consumer = (*Glue)(nil)
@@ -126,6 +133,8 @@ func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links
 		refs:      map[setID]*ipset.Counts{},
 		dirty:     map[setID]struct{}{},
 		check:     consumer.NewOffLoop[checkResult](cfg.Clock),
+
+		repairEntries: defaultRepairEntries,
 
 		refused:  map[setID]map[types.NamespacedName]string{},
 		withheld: map[types.NamespacedName]bool{},
@@ -304,7 +313,7 @@ type Stats struct {
 	// alone), which took CheckTook off the loop, of which CheckSetRead
 	// reading the sets and CheckRulesRead running iptables-save.
 	CheckStarted, Checked                   bool
-	CheckAdded, CheckDeleted                int
+	CheckAdded, CheckDeleted, CheckRebuilt  int
 	CheckSetRead, CheckRulesRead, CheckTook time.Duration
 }
 
@@ -330,7 +339,7 @@ func (g *Glue) Sync(full bool) error {
 	if st.Checked {
 		g.log.Info("iptables glue checked", zap.Duration("setRead", st.CheckSetRead), zap.Duration("rulesRead", st.CheckRulesRead),
 			zap.Duration("readTook", st.CheckTook), zap.Int("added", st.CheckAdded), zap.Int("deleted", st.CheckDeleted),
-			zap.Int("rebuilt", st.Rebuilt), zap.Int("restores", st.Restores), zap.Duration("took", st.Duration))
+			zap.Int("rebuilt", st.CheckRebuilt), zap.Int("restores", st.Restores), zap.Duration("took", st.Duration))
 	}
 	return err
 }
@@ -348,6 +357,8 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	background := g.background(full)
 	full = full || first
 	inLoop := full && !background // the whole full sync, here
+	yield := g.yield
+	g.yield, g.yielded = false, false
 	var st Stats
 	var errs []error
 	if full {
@@ -359,6 +370,7 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	if inLoop {
 		g.syncer.Forget()
 		g.check.Drop() // a check under way is of no use now
+		g.repair = nil
 	}
 	setsStart := g.clock.Now()
 	// Sets first: the rules refer to them, and iptables-restore fails on a
@@ -399,8 +411,11 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 				errs = append(errs, err)
 			}
 		}
-		errs = append(errs, g.applyCheck(&st)...)
-		if background && !g.check.Running() {
+		g.yielded = yield && g.Pending()
+		if !g.yielded {
+			errs = append(errs, g.applyCheck(&st)...)
+		}
+		if background && !g.check.Running() && g.repair == nil {
 			g.startCheck()
 			st.CheckStarted = true
 		}

@@ -160,6 +160,23 @@ func readRaw(ipvs netlinkutil.IPVS, links netlinkutil.Links, own model.Ownership
 // servers (and those wanted) and the addresses bound to the interface, and
 // the number of virtual servers left to others.
 func (raw rawKernel) view(own model.Ownership, wanted func(ktypes.VSKey) bool) (*model.Kernel, int) {
+	k, others := raw.ownedView(own)
+	skipped := 0
+	for _, vs := range others {
+		if wanted(vs.VSKey) {
+			k.PutVirtualServer(vs)
+		} else {
+			skipped++
+		}
+	}
+	return k, skipped
+}
+
+// ownedView is the view of the kernel under the ownership rule alone, and
+// the virtual servers the rule leaves to others, which the loop's own
+// state may still claim (view). It touches nothing of the reconciler's:
+// a read off the loop makes it there.
+func (raw rawKernel) ownedView(own model.Ownership) (*model.Kernel, []ktypes.VirtualServer) {
 	owned := map[netip.Addr]bool{}
 	for _, a := range raw.bound {
 		owned[a] = true
@@ -180,9 +197,12 @@ func (raw rawKernel) view(own model.Ownership, wanted func(ktypes.VSKey) bool) (
 	// as node ports only) or kube-proxy's dummy (they are kube-proxy's).
 	routed := func(a netip.Addr) bool { return model.InRanges(raw.routes, a) && !node[a] && !elsewhere[a] }
 	mine := make([]ktypes.VirtualServer, 0, len(raw.vss))
+	var others []ktypes.VirtualServer
 	for _, vs := range raw.vss {
-		if own.Owns(vs.VSKey, owned[vs.Address] || routed(vs.Address), node[vs.Address]) || wanted(vs.VSKey) {
+		if own.Owns(vs.VSKey, owned[vs.Address] || routed(vs.Address), node[vs.Address]) {
 			mine = append(mine, vs)
+		} else {
+			others = append(others, vs)
 		}
 	}
 	// Bound addresses in --exclude-cidrs are read as any other: Diff
@@ -191,5 +211,5 @@ func (raw rawKernel) view(own model.Ownership, wanted func(ktypes.VSKey) bool) (
 	for _, p := range raw.routes {
 		k.Routes[p] = true
 	}
-	return k, len(raw.vss) - len(mine)
+	return k, others
 }

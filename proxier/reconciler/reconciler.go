@@ -33,8 +33,10 @@ type SyncStats struct {
 	Bind time.Duration
 	// ReadOffLoop is the time a periodic resync's kernel read took off
 	// the loop (Reconciler.StartResyncRead), not part of Duration; its
-	// view was adopted by this sync.
-	ReadOffLoop time.Duration
+	// view was adopted by this sync, and NodeAddresses are the node's
+	// addresses it read.
+	ReadOffLoop   time.Duration
+	NodeAddresses []netip.Addr
 	// Applied lists the Services in scope whose every write succeeded;
 	// Failed, those with a failed write or read, with the error.
 	Applied []types.NamespacedName
@@ -319,9 +321,10 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 	full, sliced := d.Full, d.sliced
 	st := SyncStats{Full: full, Failed: map[types.NamespacedName]error{}}
 	var offered *KernelRead
+	var wrote *offLoopRead
 	switch {
 	case full && sliced:
-		offered = r.takeOffered()
+		offered, wrote = r.takeOffered()
 	case full:
 		// This sync reads the kernel itself: a read off the loop that
 		// began before is older.
@@ -331,9 +334,9 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 	case full && sliced && offered != nil:
 		// The periodic resync's read, made off the loop: adopt it.
 		st.Reads += offered.reads
-		st.ReadOffLoop = offered.took
+		st.ReadOffLoop, st.NodeAddresses = offered.took, offered.node
 		r.resync.stop()
-		r.startResync(now)
+		r.startResyncFrom(offered, wrote, now)
 	case full:
 		err := r.readKernel(&st)
 		st.Read = r.clock.Since(start)

@@ -812,13 +812,13 @@ func TestReconcilerSlicedResync(t *testing.T) {
 		t.Error("the resync's first sync is not reported full")
 	}
 	// A change to a Service of the last slice comes: the next sync applies
-	// it with the second slice.
+	// it alone (changes first), the one after takes the second slice.
 	r.SetPlan(names[4], modeltest.Plan(names[4], modeltest.VS(model.KindClusterIP, "10.96.0.5:80", "rr", "10.0.1.5:8080", "10.0.2.5:8080")))
-	step("change + slice 2", false, 1, []string{
-		"UpdateRealServer 10.96.0.3:80/TCP 10.0.1.3:8080 w=1",
+	step("change first", false, 3, []string{
 		"AddRealServer 10.96.0.5:80/TCP 10.0.1.5:8080 w=1",
 		"AddRealServer 10.96.0.5:80/TCP 10.0.2.5:8080 w=1",
-	}, nil) // all three from the resync's read: nothing wrote them since
+	}, nil) // from the resync's read: nothing wrote them since
+	step("slice 2", false, 1, []string{"UpdateRealServer 10.96.0.3:80/TCP 10.0.1.3:8080 w=1"}, nil)
 	// A full sync asked for meanwhile continues the resync (no new read of
 	// the virtual servers); the last slice reads again what the change
 	// wrote, and finds it applied.
@@ -831,6 +831,47 @@ func TestReconcilerSlicedResync(t *testing.T) {
 			t.Errorf("service %d not applied: %+v", i+1, st)
 		}
 	}
+}
+
+// TestReconcilerResyncYieldsToChanges: while a sliced resync runs, a sync
+// with a change in it takes no slice (the change is applied alone), but
+// never two in a row, so that the resync ends under a change at every
+// sync; an address unbound by hand is bound again by the slice that
+// reaches it, not by the sync that starts the resync (read in the loop,
+// here: a read off the loop lists what the loop claims and the read
+// lacks, and that sync repairs them, as they are few).
+func TestReconcilerResyncYieldsToChanges(t *testing.T) {
+	ipvs, links := fake.NewIPVS(), fake.NewLinks(node)
+	r := NewReconciler(ipvs, links, Config{Ownership: testOwnership(), ResyncSlice: 2}, zap.NewNop())
+	names := make([]types.NamespacedName, 6)
+	plan := func(i int, eps ...string) *model.ServicePlan {
+		return modeltest.Plan(names[i], modeltest.VS(model.KindClusterIP, fmt.Sprintf("10.96.0.%d:80", i+1), "rr", eps...))
+	}
+	for i := range names {
+		names[i] = types.NamespacedName{Namespace: "ns", Name: fmt.Sprintf("svc-%d", i+1)}
+		r.SetPlan(names[i], plan(i, fmt.Sprintf("10.0.1.%d:8080", i+1)))
+	}
+	mustSync(t, r, true)
+	if err := links.DeleteAddress(testIface, netip.MustParseAddr("10.96.0.6")); err != nil {
+		t.Fatal(err)
+	}
+	resetCalls(ipvs, links)
+	if st := mustSync(t, r, true); st.ResyncLeft != 4 || len(links.Writes()) != 0 {
+		t.Fatalf("adopting the read: left %d, address writes %q; want 4 left and none (the address waits for its slice)",
+			st.ResyncLeft, links.Writes())
+	}
+	var lefts []int
+	for i := 0; r.Resyncing(); i++ {
+		if i > 10 {
+			t.Fatal("the resync does not end under changes")
+		}
+		r.SetPlan(names[0], plan(0, fmt.Sprintf("10.0.2.%d:8080", i)))
+		lefts = append(lefts, mustSync(t, r, false).ResyncLeft)
+	}
+	if want := []int{4, 2, 2, 0}; !slices.Equal(lefts, want) {
+		t.Errorf("virtual servers left after each sync with a change: %v, want %v (a slice every other sync)", lefts, want)
+	}
+	callsDiff(t, "address writes", []string{"AddAddress " + testIface + " 10.96.0.6"}, links.Writes())
 }
 
 // TestReconcilerResyncReadOffLoop: the periodic resync's read made off the

@@ -4,6 +4,7 @@ package reconciler
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -23,9 +24,18 @@ import (
 // (an in-loop read of the kernel drops it: it is older) and what the loop
 // wrote since it started.
 type resyncState struct {
-	left        []ktypes.VSKey
+	left []ktypes.VSKey
+	// leftAddrs are the addresses it has still to check, in order: each
+	// slice takes those up to its last virtual server's.
+	leftAddrs   []netip.Addr
 	start       time.Time
 	realServers map[ktypes.VSKey][]ktypes.RealServer
+	// yielded: the last sync took no slice, to apply changes first.
+	yielded bool
+	// first holds what the adoption of a read off the loop checks beside
+	// the first slice: what the read's view did not list (virtual servers
+	// and addresses the loop claims or wrote since).
+	first scopeSet
 
 	reader  *resyncReader
 	read    *consumer.OffLoop[*KernelRead]
@@ -50,7 +60,18 @@ type offLoopRead struct {
 // KernelRead is the result of a read of the kernel made off the sync loop
 // for a periodic resync (see Reconciler.StartResyncRead).
 type KernelRead struct {
-	raw   rawKernel
+	// view is the kernel under the ownership rule, with the real servers
+	// of its virtual servers; others are the virtual servers the rule
+	// leaves out, which the loop may still claim (Reconciler.ours).
+	view   *model.Kernel
+	others []ktypes.VirtualServer
+	// keys and bound are the view's virtual servers and addresses, in
+	// order: what the resync's slices check.
+	keys  []ktypes.VSKey
+	bound []netip.Addr
+	// node are the node's addresses (netlinkutil.Links.NodeAddresses),
+	// which the read needs and the agent takes (SyncStats.NodeAddresses).
+	node  []netip.Addr
 	rss   map[ktypes.VSKey][]ktypes.RealServer
 	reads int
 	took  time.Duration // set when it is taken
@@ -75,6 +96,20 @@ func (r *Reconciler) startResync(now time.Time) {
 	}
 	slices.SortFunc(keys, ktypes.VSKey.Compare)
 	r.resync.left, r.resync.start = keys, now
+	anchors := model.Anchors(r.routes)
+	addrs := make([]netip.Addr, 0, len(r.claims.addrs)+len(r.kernel.Bound))
+	for a := range r.claims.addrs {
+		if !anchors[a] { // the anchors go with the read's own sync, beside the routes
+			addrs = append(addrs, a)
+		}
+	}
+	for a := range r.kernel.Bound {
+		if _, claimed := r.claims.addrs[a]; !claimed && !anchors[a] {
+			addrs = append(addrs, a)
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	r.resync.leftAddrs = addrs
 	// The bulk read's real servers serve the slices: kept for the
 	// resync's duration, each until its virtual server is in a sync's
 	// scope.
@@ -125,22 +160,93 @@ func (r *Reconciler) StartResyncRead() (run func(), ok bool) {
 		return nil, false
 	}
 	reader, own := *r.resync.reader, r.own
-	run, ok = r.resync.read.Begin(func() *KernelRead {
-		kr := &KernelRead{}
-		kr.raw, kr.reads, kr.err = readRaw(reader.ipvs, reader.links, own)
-		if kr.err == nil {
-			kr.reads++
-			var err error
-			if kr.rss, err = reader.ipvs.ListAllRealServers(); err != nil {
-				kr.err = fmt.Errorf("read IPVS real servers: %w", err)
-			}
-		}
-		return kr
-	}, nil)
+	run, ok = r.resync.read.Begin(func() *KernelRead { return readOffLoop(reader, own) }, nil)
 	if ok {
 		r.resync.offLoop = &offLoopRead{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
 	}
 	return run, ok
+}
+
+// readOffLoop reads the kernel for a periodic resync and makes its view
+// there, off the loop: the loop only adds what the ownership rule left
+// out and it still claims, and what it wrote meanwhile (takeOffered).
+func readOffLoop(reader resyncReader, own model.Ownership) *KernelRead {
+	kr := &KernelRead{}
+	raw, reads, err := readRaw(reader.ipvs, reader.links, own)
+	kr.reads = reads
+	if err != nil {
+		kr.err = err
+		return kr
+	}
+	kr.reads++
+	rss, err := reader.ipvs.ListAllRealServers()
+	if err != nil {
+		kr.err = fmt.Errorf("read IPVS real servers: %w", err)
+		return kr
+	}
+	kr.view, kr.others = raw.ownedView(own)
+	kr.node = raw.node
+	kr.rss = map[ktypes.VSKey][]ktypes.RealServer{}
+	for key := range kr.view.VirtualServers {
+		if rs, ok := rss[key]; ok {
+			kr.view.RealServers[key] = rs
+		}
+	}
+	for _, vs := range kr.others {
+		if rs, ok := rss[vs.VSKey]; ok {
+			kr.rss[vs.VSKey] = rs
+		}
+	}
+	kr.keys = slices.SortedFunc(maps.Keys(kr.view.VirtualServers), ktypes.VSKey.Compare)
+	kr.bound = slices.SortedFunc(maps.Keys(kr.view.Bound), netip.Addr.Compare)
+	return kr
+}
+
+// startResyncFrom starts a sliced resync from a read made off the loop:
+// its slices walk the read's own lists, sorted there, and the adoption
+// checks, beside the first slice, what the loop claims that the read did
+// not list (and what the loop wrote since the read began: in the view,
+// perhaps not in the read). The loop so passes over the claims once, and
+// sorts nothing of the whole table.
+func (r *Reconciler) startResyncFrom(kr *KernelRead, ol *offLoopRead, now time.Time) {
+	first := scopeSet{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+	for k := range r.claims.byKey {
+		if _, read := kr.view.VirtualServers[k]; !read {
+			first.keys[k] = true
+		}
+	}
+	for a := range r.claims.addrs {
+		if !kr.view.Bound[a] {
+			first.addrs[a] = true
+		}
+	}
+	for a := range model.Anchors(r.routes) {
+		first.addrs[a] = true // beside the routes
+	}
+	for _, vs := range kr.others {
+		first.keys[vs.VSKey] = true
+	}
+	maps.Copy(first.keys, ol.keys)
+	maps.Copy(first.addrs, ol.addrs)
+	r.resync.left, r.resync.leftAddrs, r.resync.first, r.resync.start = kr.keys, kr.bound, first, now
+	r.resync.realServers, r.kernel.RealServers = r.kernel.RealServers, map[ktypes.VSKey][]ktypes.RealServer{}
+}
+
+// takeFirst puts what the adoption checks beside the first slice into its
+// scope.
+func (rs *resyncState) takeFirst(sc *scopeSet) {
+	maps.Copy(sc.keys, rs.first.keys)
+	maps.Copy(sc.addrs, rs.first.addrs)
+	rs.first = scopeSet{}
+}
+
+// AdoptsRead reports whether Sync(full) now would adopt a read made off the
+// loop (unless it turns out stale or failed): the agent then takes the
+// node's addresses from it (SyncStats.NodeAddresses) instead of reading
+// them in the loop.
+func (r *Reconciler) AdoptsRead(full bool) bool {
+	d := r.Decide(full)
+	return d.Full && d.sliced && r.resync.read.Done()
 }
 
 // ResyncReadDone reports whether a read off the loop has run: the next
@@ -152,19 +258,27 @@ func (r *Reconciler) ResyncReadDone() bool { return r.resync.read.Done() }
 // newest read of the kernel and succeeded, as the view of the kernel,
 // with the loop's own view of what it wrote since the read began, and
 // returns it; nil otherwise.
-func (r *Reconciler) takeOffered() *KernelRead {
+func (r *Reconciler) takeOffered() (*KernelRead, *offLoopRead) {
 	ol := r.resync.offLoop
 	r.resync.offLoop = nil
 	kr, took, ok := r.resync.read.Take()
 	if !ok || ol == nil || !r.synced || r.full.Due(r.clock.Now()) {
-		return nil
+		return nil, nil
 	}
 	if kr.err != nil {
 		r.log.Warn("the periodic resync's kernel read failed off the loop; reading in the loop", zap.Error(kr.err))
-		return nil
+		return nil, nil
 	}
 	kr.took = took
-	k, _ := kr.raw.view(r.own, r.ours)
+	k := kr.view
+	for _, vs := range kr.others {
+		if r.ours(vs.VSKey) {
+			k.PutVirtualServer(vs)
+			if rss, ok := kr.rss[vs.VSKey]; ok {
+				k.RealServers[vs.VSKey] = rss
+			}
+		}
+	}
 	// IPVS dumps its virtual servers by position, part after part, with
 	// the table unlocked in between: a delete meanwhile (the loop's own,
 	// while this read ran) shifts the rest, and the dump skips one that
@@ -178,12 +292,7 @@ func (r *Reconciler) takeOffered() *KernelRead {
 		if _, ok := k.VirtualServers[key]; !ok && !ol.keys[key] {
 			r.log.Info("the periodic resync's read off the loop lacks a virtual server the loop did not write; reading in the loop",
 				zap.Stringer("virtualServer", key))
-			return nil
-		}
-	}
-	for key := range k.VirtualServers {
-		if rss, ok := kr.rss[key]; ok {
-			k.RealServers[key] = rss
+			return nil, nil
 		}
 	}
 	for key := range ol.keys {
@@ -202,7 +311,7 @@ func (r *Reconciler) takeOffered() *KernelRead {
 		}
 	}
 	r.kernel = k
-	return kr
+	return kr, ol
 }
 
 // touched notes what ops write while a read off the loop runs.
@@ -223,23 +332,35 @@ func (rs *resyncState) touched(ops []ktypes.Op) {
 }
 
 // nextSlice puts the next n virtual servers the running resync has still
-// to check into a sync's scope.
+// to check into a sync's scope, with the addresses up to the last one's
+// (all that are left, with the last slice).
 func (rs *resyncState) nextSlice(n int, sc *scopeSet) {
 	n = min(n, len(rs.left))
-	if n == 0 {
-		return
-	}
 	for _, k := range rs.left[:n] {
 		sc.keys[k] = true
 	}
 	rs.left = rs.left[n:]
+	end := len(rs.leftAddrs)
+	if len(rs.left) > 0 {
+		last := rs.left[0].Address // the next slice's first: this one's reach
+		end, _ = slices.BinarySearchFunc(rs.leftAddrs, last, netip.Addr.Compare)
+	}
+	for _, a := range rs.leftAddrs[:end] {
+		sc.addrs[a] = true
+	}
+	rs.leftAddrs = rs.leftAddrs[end:]
 	if len(rs.left) == 0 {
 		rs.left = nil
+	}
+	if len(rs.leftAddrs) == 0 {
+		rs.leftAddrs = nil
 	}
 }
 
 // stop forgets a resync in progress (a full read begins another, or none).
-func (rs *resyncState) stop() { rs.left, rs.realServers = nil, nil }
+func (rs *resyncState) stop() {
+	rs.left, rs.leftAddrs, rs.realServers, rs.first = nil, nil, nil, scopeSet{}
+}
 
 // progress reports the running resync in a sync's stats, and ends it when
 // its last slice was checked.
@@ -248,14 +369,14 @@ func (rs *resyncState) progress(st *SyncStats, now time.Time) {
 		return
 	}
 	st.ResyncLeft = len(rs.left)
-	if len(rs.left) == 0 {
+	if !rs.running() {
 		st.ResyncDone, st.ResyncTook = true, now.Sub(rs.start)
 		rs.start = time.Time{}
 	}
 }
 
 // running reports whether a resync has virtual servers still to check.
-func (rs *resyncState) running() bool { return len(rs.left) > 0 }
+func (rs *resyncState) running() bool { return len(rs.left) > 0 || len(rs.leftAddrs) > 0 }
 
 // dropRead makes a read off the loop under way stale: the loop reads the
 // kernel itself.

@@ -23,11 +23,20 @@ type scopeSet struct {
 // scope lists the virtual servers, addresses and Services a sync looks at,
 // and clears what it takes of the dirty sets. full takes everything; else
 // what changed, the due retries and the next slice of a running resync
-// (and, when allAddrs, every address).
-func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]ktypes.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
+// (and, when adopting a resync's read, the routed ranges' anchors, which
+// go beside the routes). Changes go first: a sync with changes in scope
+// takes no slice, unless the sync before it took none either (the resync
+// still ends under constant changes); the slice follows at once.
+func (r *Reconciler) scope(full bool, now time.Time, adopting bool) ([]ktypes.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
 	sc := &scopeSet{services: map[types.NamespacedName]bool{}, keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
-	if full || allAddrs {
+	if full {
 		r.scopeAddresses(sc)
+	}
+	if adopting {
+		for a := range model.Anchors(r.routes) {
+			sc.addrs[a] = true
+		}
+		r.resync.takeFirst(sc)
 	}
 	if full || r.draining.due(now) {
 		r.draining.takeInto(sc)
@@ -35,7 +44,13 @@ func (r *Reconciler) scope(full bool, now time.Time, allAddrs bool) ([]ktypes.VS
 	if full {
 		r.scopeAll(sc)
 	} else {
-		r.resync.nextSlice(r.cfg.ResyncSlice, sc)
+		changed := len(r.dirtyServices) > 0 || len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0
+		if changed && !adopting && !r.resync.yielded && r.resync.running() {
+			r.resync.yielded = true
+		} else {
+			r.resync.yielded = false
+			r.resync.nextSlice(r.cfg.ResyncSlice, sc)
+		}
 		r.scopeChanged(sc, now)
 	}
 	r.dirtyKeys = emptied(r.dirtyKeys)

@@ -18,6 +18,8 @@
 //     the VM (median and max of several rounds);
 //   - a burst of EndpointSlice changes, until the kernel has the last one;
 //   - the same single change made while the proxy's periodic full sync runs;
+//     with -busy-rounds, for ipvs-proxy, spread over its periodic resync and
+//     glue check;
 //   - peak RSS;
 //   - a restart with nothing changed: time to idle, and the kernel's state
 //     before and after (IPVS table, VIPs, ipset entries, iptables rules)
@@ -58,6 +60,7 @@ type config struct {
 	shapes       []shape
 	rounds       int
 	resyncRounds int
+	busyRounds   int
 	burst        int
 	quiet        time.Duration
 	floor        bool
@@ -73,6 +76,7 @@ func main() {
 		"Services × endpoints each (N alone: N×2), in order; runs of the same endpoints ascending")
 	flag.IntVar(&c.rounds, "rounds", 5, "single EndpointSlice changes timed per proxy and size")
 	flag.IntVar(&c.resyncRounds, "resync-rounds", 3, "changes timed during a periodic full sync per proxy and size (0: none)")
+	flag.IntVar(&c.busyRounds, "busy-rounds", 0, "ipvs-proxy only: changes timed while its periodic resync and glue check run, spread over them (0: none)")
 	flag.IntVar(&c.burst, "burst", 100, "EndpointSlices changed at once in the burst")
 	flag.DurationVar(&c.quiet, "quiet", 5*time.Second, "how long a proxy's CPU must not grow for it to be idle")
 	flag.BoolVar(&c.floor, "floor", true, "also compare ipvs-proxy's cold sync with the bare-netlink floor")
@@ -94,8 +98,8 @@ func main() {
 		usage("-bound must be positive and below %v", helperTimeout-time.Minute)
 	}
 	smallest := slices.MinFunc(c.shapes, func(a, b shape) int { return a.services - b.services }).services
-	if c.rounds < 1 || c.resyncRounds < 0 || c.burst < 1 || c.burst*2 > smallest {
-		usage("-rounds must be positive, -resync-rounds not negative, -burst positive and at most half the smallest size")
+	if c.rounds < 1 || c.resyncRounds < 0 || c.busyRounds < 0 || c.burst < 1 || c.burst*2 > smallest {
+		usage("-rounds must be positive, -resync-rounds and -busy-rounds not negative, -burst positive and at most half the smallest size")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err = run(ctx, c)

@@ -146,6 +146,11 @@ type proxyResult struct {
 	// updates (part of burst, the same for any proxy).
 	burstIssued float64
 	resync      []float64 // changes made during a periodic full sync, sorted
+	// busy: changes made while ipvs-proxy's resync and glue check run
+	// (-busy-rounds), sorted; busyWindow: the span they were spread
+	// over, in seconds.
+	busy       []float64
+	busyWindow float64
 	// resyncTries: changes made once the proxy woke up, inside a full
 	// sync or not.
 	resyncTries int
@@ -470,6 +475,9 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	// 5. Single changes made while a periodic full sync runs.
 	if err := bn.duringSync(ctx, p, &r, proc, append([]string{"latency", "-slice", single, "-vs", vip[single],
 		"-during-sync-of", p.comm}, changeArgs...)); err != nil {
+		return r, err
+	}
+	if err := bn.whileBusy(ctx, p, &r, proc, append([]string{"latency", "-slice", single, "-vs", vip[single]}, changeArgs...)); err != nil {
 		return r, err
 	}
 	if p.ours {

@@ -161,3 +161,22 @@ func TestFiguresAsPrinted(t *testing.T) {
 		t.Errorf("row %+v; want 12s, 15m0s and the ratio 75.0", r)
 	}
 }
+
+// TestBusyWindow: from the start of the last periodic resync's read off
+// the loop (its adoption's time less the sync and the read) to the end of
+// the glue check after it; a whole full sync (no read off the loop) is no
+// start.
+func TestBusyWindow(t *testing.T) {
+	log := `{"level":"info","ts":10,"msg":"synced","kind":"full","services":9,"readOffLoop":0,"consumers":1,"took":9}
+{"level":"info","ts":50,"msg":"synced","kind":"full","services":500,"readOffLoop":1.5,"consumers":0.1,"took":0.5}
+{"level":"info","ts":55,"msg":"iptables glue checked","setRead":3,"readTook":4,"took":0.1}
+{"level":"info","ts":80,"msg":"synced","kind":"full","services":500,"readOffLoop":2,"consumers":0.1,"took":1}
+{"level":"info","ts":86,"msg":"iptables glue checked","setRead":3,"readTook":4,"took":0.1}
+`
+	if got, want := busyWindow(log), 9*time.Second; got != want {
+		t.Errorf("busyWindow = %v, want %v (86 - (80 - 1 - 2))", got, want)
+	}
+	if got := busyWindow(`{"level":"info","ts":10,"msg":"synced","kind":"full","readOffLoop":0,"took":9}`); got != 0 {
+		t.Errorf("busyWindow of a log without a resync and a check = %v, want 0", got)
+	}
+}

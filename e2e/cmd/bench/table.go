@@ -45,6 +45,14 @@ func median(v []float64) float64 {
 	return v[len(v)/2]
 }
 
+// quantile is the q quantile of sorted v (nearest rank below).
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	return v[int(q*float64(len(v)-1))]
+}
+
 func maxOf(v []float64) float64 {
 	if len(v) == 0 {
 		return 0
@@ -104,6 +112,21 @@ var rows = []row{
 			return s
 		},
 		func(r proxyResult) []float64 { return []float64{median(r.resync), maxOf(r.resync)} }},
+	{"one change while a resync and a glue check run, p50 / p90 / max",
+		func(r proxyResult) string {
+			if len(r.busy) == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%s / %s / %s (%d over %s)", secs(median(r.busy)), secs(quantile(r.busy, 0.9)), secs(maxOf(r.busy)),
+				len(r.busy), secs(r.busyWindow))
+		}, nil},
+	{"one change while busy / idle, p50 / max",
+		func(r proxyResult) string {
+			if len(r.busy) == 0 || len(r.change) == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f / %.1f", median(r.busy)/median(r.change), maxOf(r.busy)/maxOf(r.change))
+		}, nil},
 	{"peak RSS",
 		func(r proxyResult) string {
 			if r.rssKiB == 0 {
@@ -227,13 +250,15 @@ time in the VM), or from the change's update through the apiserver, until the ke
   (every update in flight together), until the kernel has the last; during a full sync: the change made once the
   proxy's CPU starts again after 1 s of quiet (its periodic sync), %d rounds (for ipvs-proxy, only those its log shows
   inside a full sync; kube-proxy's IPVS mode syncs everything every time; its nftables mode is not timed so: its
-  periodic sync is partial, its full sync comes once an hour; tries: all that were made).
+  periodic sync is partial, its full sync comes once an hour; tries: all that were made); while a resync and a glue
+  check run (ipvs-proxy, -busy-rounds %d): round i made i/N of the span its last resync and glue check took (from the
+  resync's read to the check's repair, by its log) after its periodic sync began, so that the rounds meet every part.
 - restart: the proxy stopped and started again with nothing changed; the kernel's lines compared before and after
   (ipvsadm -Sn, the interface's addresses, ipset save, iptables-save and ip6tables-save without counters, nft list
   table ip kube-proxy with one line per set element) count what changed, not what was rewritten unchanged;
   ipvs-proxy also counts its own writes.
 - floor: the same virtual servers, real servers and VIPs created with bare netlink calls, one at a time.
-`, c.quiet, c.bound, c.rounds, c.burst, c.resyncRounds)
+`, c.quiet, c.bound, c.rounds, c.burst, c.resyncRounds, c.busyRounds)
 }
 
 // sizeFigures is one size's table as data (framework/results): each row's

@@ -96,7 +96,7 @@ func (c change) landed(endpoints func(netip.AddrPort) ([]netip.Addr, error)) (bo
 // through the apiserver until the kernel has it (destination dumps of the
 // virtual server, at most 1% apart of the time so far). With -during-sync-of it waits, before
 // each change, for that process to go quiet and then start working again
-// (its periodic sync), and makes the change right then.
+// (its periodic sync), and makes the change right then, or -sync-delay later.
 func latency(args []string) error {
 	fs := flag.NewFlagSet("latency", flag.ContinueOnError)
 	var cf changeFlags
@@ -108,6 +108,7 @@ func latency(args []string) error {
 	syncCPU := fs.Duration("sync-cpu", 150*time.Millisecond, "with -during-sync-of: CPU used after a quiet period that means a sync began")
 	syncQuiet := fs.Duration("sync-quiet", time.Second, "with -during-sync-of: the quiet period before a sync")
 	syncWait := fs.Duration("sync-wait", 5*time.Minute, "with -during-sync-of: how long to wait for a sync to begin")
+	syncDelay := fs.Duration("sync-delay", 0, "with -during-sync-of: how long after the sync began to make the change")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -142,6 +143,7 @@ func latency(args []string) error {
 				return err
 			}
 			out.Waited = append(out.Waited, waited.Seconds())
+			time.Sleep(*syncDelay)
 		}
 		start := time.Now()
 		if err := c.apply(ctx, cs); err != nil {
