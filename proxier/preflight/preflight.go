@@ -115,6 +115,10 @@ type Config struct {
 	IPTablesBackend string
 	AllSchedulers   bool
 	LoadModules     bool
+	// DirectServerReturn (--direct-server-return): the node ends tunnels,
+	// so what that needs is checked (and, with LoadModules, loaded); off,
+	// ipip is not loaded (it would add a tunl0 to every network namespace).
+	DirectServerReturn bool
 	// ConfigWarning lists the settings of the config file that run
 	// ignores, or says that its form is deprecated; nil if neither.
 	ConfigWarning *config.Warning
@@ -229,7 +233,9 @@ func Run(ctx context.Context, sys *System, pc Config, log *zap.Logger) Report {
 	p.dummyType()
 	p.iptables()
 	p.sysctls()
-	p.tunnelEnds()
+	if p.cfg.DirectServerReturn {
+		p.tunnelEnds()
+	}
 	rep := Report{Kernel: sys.kernel, Checks: p.checks}
 	for _, c := range p.checks {
 		switch c.Status {

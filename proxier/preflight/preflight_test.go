@@ -292,6 +292,7 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "a node ready to end tunnels",
 			ok:   true,
+			cfg:  func(c *Config) { c.DirectServerReturn = true },
 			expect: map[string]expect{
 				"tunnel ends: ipip":                                 {statusOK, "ipip loaded; needed to end the tunnels", ""},
 				"tunnel ends: fou":                                  {statusOK, "fou loaded", ""},
@@ -303,6 +304,7 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "what tunnel ends lack only warns: ipip not loaded, fou missing, rp_filter strict",
 			ok:   true,
+			cfg:  func(c *Config) { c.DirectServerReturn = true },
 			node: func(n *fakeNode) {
 				n.mods.state["ipip"] = kmod.Loadable
 				n.mods.state["fou"] = kmod.Missing
@@ -319,11 +321,20 @@ func TestPreflight(t *testing.T) {
 		{
 			name: "--load-modules loads ipip for tunnel ends",
 			ok:   true,
-			cfg:  func(c *Config) { c.LoadModules = true },
+			cfg:  func(c *Config) { c.LoadModules, c.DirectServerReturn = true, true },
 			node: func(n *fakeNode) { n.mods.state["ipip"] = kmod.Loadable },
 			expect: map[string]expect{
 				"tunnel ends: ipip": {statusOK, "ipip loaded (loaded now by modprobe)", ""},
 			},
+		},
+		{
+			// Off, ipip is neither checked nor loaded: it would give every
+			// network namespace a tunl0.
+			name:   "--load-modules without --direct-server-return leaves ipip",
+			ok:     true,
+			cfg:    func(c *Config) { c.LoadModules = true },
+			node:   func(n *fakeNode) { n.mods.state["ipip"] = kmod.Loadable },
+			absent: []string{"tunnel ends: ipip", "tunnel ends: fou", "tunnel ends: sysctl net.ipv4.conf.all.rp_filter"},
 		},
 		{
 			name: "--load-modules when modprobe fails",
