@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/cleanup"
@@ -8,6 +10,7 @@ import (
 
 func newCleanupCommand() *cobra.Command {
 	o := cleanup.Options{Interface: "ipvs-proxy0", NodePortRange: "30000-32767"}
+	var ports []uint
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove everything ipvs-proxy put in the kernel, and nothing else",
@@ -26,6 +29,12 @@ when migrating: kube-ipvs0 and its virtual servers, kube-proxy's KUBE-*
 chains and ipsets (not kubelet's chains).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, p := range ports {
+				if p == 0 || p > 65535 {
+					return fmt.Errorf("--gue-port: %d is not a port", p)
+				}
+				o.GUEPorts = append(o.GUEPorts, uint16(p))
+			}
 			return cleanup.Run(cmd.Context(), &o, cmd.OutOrStdout())
 		},
 	}
@@ -34,5 +43,6 @@ chains and ipsets (not kubelet's chains).`,
 	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The node-port range (as given to run): node-port virtual servers in it are removed.")
 	fs.StringSliceVar(&o.ExcludeCIDRs, "exclude-cidrs", o.ExcludeCIDRs, "CIDRs whose virtual servers are never touched (as given to run).")
 	fs.BoolVar(&o.KubeProxy, "kube-proxy", o.KubeProxy, "Also remove kube-proxy's IPVS-mode leftovers (kube-ipvs0, KUBE-* chains and sets).")
+	fs.UintSliceVar(&ports, "gue-port", nil, "The GUE ports run opened for direct server return (--gue-port): closed.")
 	return cmd
 }

@@ -24,6 +24,8 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/nodelock"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/tunnelend"
 )
 
 // Options are what `ipvs-proxy cleanup` removes: as given to run.
@@ -34,6 +36,9 @@ type Options struct {
 	KubeProxy     bool
 	// LockName is the node's agent lock (nodelock); empty: nodelock.Agent.
 	LockName string
+	// GUEPorts are the GUE ports run opened for direct server return
+	// (--gue-port): fou ports carry no owner, so only these are closed.
+	GUEPorts []uint16
 }
 
 // Run removes, in this order: the iptables rules (so that no rule uses
@@ -70,6 +75,7 @@ func Run(ctx context.Context, o *Options, out io.Writer) error {
 		sets = func(name string) bool { return ipset.Owned(name) || glue.KubeProxySet(name) }
 	}
 
+	errs = append(errs, cleanupTunnelEnds(ctx, o.GUEPorts, say)...)
 	errs = append(errs, cleanupNetfilter(ctx, chains, sets, say)...)
 
 	links, err := netlinkutil.NewLinks()
@@ -160,6 +166,28 @@ func notOurs(name string, info netlinkutil.LinkInfo, kubeProxy bool) string {
 	default:
 		return fmt.Sprintf("a dummy without ipvs-proxy's mark (alias %q): run never used it; remove it by hand (ip link del %s) if it is ipvs-proxy's", netlinkutil.OwnerAlias, name)
 	}
+}
+
+// cleanupTunnelEnds removes what direct server return's tunnel ends own
+// (proxier/tunnelend: IPVSD-* chains and their jumps, the policy rule and
+// routing table, the GUE ports named), on the iptables backend the node
+// uses; a node where run never ended a tunnel has none of it.
+func cleanupTunnelEnds(ctx context.Context, guePorts []uint16, say func(string, ...any)) []error {
+	backend, _, err := glue.DetectBackend(glue.Exec{}, "auto")
+	if err != nil {
+		say("tunnel ends: skipped (%v)", err)
+		return nil
+	}
+	k, err := tunnelend.NodeKernel(backend, sysctls.Root())
+	if err != nil {
+		say("tunnel ends: skipped (%v)", err)
+		return nil
+	}
+	if err := tunnelend.Cleanup(ctx, tunnelend.Config{}, k, guePorts, zap.NewNop()); err != nil {
+		return []error{fmt.Errorf("tunnel ends: %w", err)}
+	}
+	say("tunnel ends: removed (chains %s*, rule and table %d, GUE ports %v)", tunnelend.ChainPrefix, tunnelend.DefaultTable, guePorts)
+	return nil
 }
 
 // cleanupNetfilter removes the chains (and the jumps to them) and then the

@@ -20,7 +20,9 @@ func Cleanup(ctx context.Context, cfg Config, k Kernel, guePorts []uint16, log *
 		return err
 	}
 	var errs []error
-	if open, err := k.Net.FouPorts(); err != nil {
+	if len(guePorts) == 0 {
+		// Nothing to close: fou need not be loaded.
+	} else if open, err := k.Net.FouPorts(); err != nil {
 		errs = append(errs, fmt.Errorf("list GUE ports: %w", err))
 	} else {
 		for _, p := range guePorts {

@@ -1,6 +1,7 @@
 package tunnelend
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"slices"
@@ -441,5 +442,20 @@ func TestRestartKeepsTheMarks(t *testing.T) {
 	}
 	if len(k.calls) != 0 {
 		t.Errorf("the restarted agent wrote %q", k.calls)
+	}
+}
+
+// TestIPIPWithoutFou: a node whose ends are all IPIP needs no fou module:
+// neither a full sync nor a cleanup lists GUE ports (the list fails
+// without the module).
+func TestIPIPWithoutFou(t *testing.T) {
+	te, k, _ := newTest(t, Config{})
+	k.fail["FouPorts"] = errors.New("genl family fou not found")
+	te.SetEnds(svcA, []End{ipip("192.168.56.210", 80, pod1, 8080)}, []netip.Addr{pod1})
+	if err := te.Sync(true); err != nil {
+		t.Fatalf("full sync of IPIP ends without fou: %v", err)
+	}
+	if err := Cleanup(context.Background(), Config{}, k.kernel(), nil, zap.NewNop()); err != nil {
+		t.Fatalf("cleanup without GUE ports and without fou: %v", err)
 	}
 }
