@@ -15,6 +15,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/ctwatch"
@@ -53,24 +54,23 @@ func (c chaosEnv) ctTable(t *testing.T) ctTable {
 
 // untrackBedControl exempts the bed's own control traffic from connection
 // tracking while a case fills the table: the guest agent's port (the
-// harness's commands) and the agent's metrics on loopback (the test's
-// scrapes). Service traffic, the agent's API connection and its Events
-// stay tracked. The rules go when the test ends.
+// harness's commands) and the agent's metrics and debug ports on loopback
+// (the test's scrapes, status's /statusz). Service traffic, the agent's
+// API connection and its Events stay tracked. An nftables table of its own
+// (the VM has nft_ct's notrack; iptables' raw table and CT target are not
+// in its modules), deleted when the test ends.
 func (c chaosEnv) untrackBedControl(t *testing.T) {
 	t.Helper()
-	agent, metrics := strconv.Itoa(agentapi.Port), "10249"
-	rules := [][]string{
-		{"PREROUTING", "-p", "tcp", "--dport", agent}, {"OUTPUT", "-p", "tcp", "--sport", agent},
-		{"OUTPUT", "-o", "lo", "-p", "tcp", "--dport", metrics}, {"OUTPUT", "-o", "lo", "-p", "tcp", "--sport", metrics},
+	agent := strconv.Itoa(agentapi.Port)
+	rules := "table ip bed_notrack {\n" +
+		" chain pre { type filter hook prerouting priority raw; policy accept; tcp dport " + agent + " notrack; iif \"lo\" tcp dport { 10247, 10249 } notrack; iif \"lo\" tcp sport { 10247, 10249 } notrack; }\n" +
+		" chain out { type filter hook output priority raw; policy accept; tcp sport " + agent + " notrack; oif \"lo\" tcp dport { 10247, 10249 } notrack; oif \"lo\" tcp sport { 10247, 10249 } notrack; }\n" +
+		"}\n"
+	res, err := c.VM.Exec(context.Background(), vm.Command{Argv: []string{"nft", "-f", "-"}, Stdin: []byte(rules)})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("nft -f -: %v %s\n%s", err, res.Stderr, rules)
 	}
-	for _, r := range rules {
-		c.vmRun(t, append([]string{"iptables", "-t", "raw", "-I", r[0]}, append(r[1:], "-j", "NOTRACK")...)...)
-	}
-	t.Cleanup(func() {
-		for _, r := range rules {
-			_, _ = c.VM.RunOK(context.Background(), append([]string{"iptables", "-t", "raw", "-D", r[0]}, append(r[1:], "-j", "NOTRACK")...)...)
-		}
-	})
+	t.Cleanup(func() { _, _ = c.VM.RunOK(context.Background(), "nft", "delete", "table", "ip", "bed_notrack") })
 }
 
 // withSmallTable restarts the agent holding nf_conntrack_max at max, as a
