@@ -62,9 +62,13 @@ func TestProcReader(t *testing.T) {
 	if s.Entries != 1020 || s.Max != 1024 || s.Total() != (Stats{Drop: 0xffffffff + 10, EarlyDrop: 4, InsertFailed: 2}) {
 		t.Errorf("Read = %+v, total %+v", s, s.Total())
 	}
-	r.StatFile = filepath.Join(dir, "missing")
+	r.StatFile = filepath.Join(dir, "missing") // a kernel without CONFIG_NF_CONNTRACK_PROCFS
+	if s, err := r.Read(); err != nil || s.Entries != 1020 || s.PerCPU != nil {
+		t.Errorf("Read without the stat file = %+v, %v; want the fill, no counters", s, err)
+	}
+	r.StatFile = dir // unreadable as a file
 	if _, err := r.Read(); err == nil || !strings.Contains(err.Error(), "conntrack counters") {
-		t.Errorf("Read without the stat file: %v", err)
+		t.Errorf("Read of a directory as the stat file: %v", err)
 	}
 	if _, err := NewProcReader(filepath.Join(dir, "none")).Read(); err == nil || !strings.Contains(err.Error(), "nf_conntrack loaded") {
 		t.Errorf("Read without nf_conntrack: %v", err)

@@ -7,8 +7,10 @@ package ctwatch
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -39,7 +41,9 @@ type Sample struct {
 	// entries) and nf_conntrack_max (the limit, the node's).
 	Entries, Max int
 	// PerCPU are the kernel's counters, one per possible CPU, each 32
-	// bits wide in the kernel and reset when nf_conntrack is reloaded.
+	// bits wide in the kernel and reset when nf_conntrack is reloaded;
+	// nil on a kernel without CONFIG_NF_CONNTRACK_PROCFS (no stat file):
+	// then only the table's fill is watched.
 	PerCPU []Stats
 }
 
@@ -87,6 +91,9 @@ func (r ProcReader) Read() (Sample, error) {
 		}
 	}
 	f, err := os.Open(r.StatFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		return s, nil
+	}
 	if err != nil {
 		return Sample{}, fmt.Errorf("conntrack counters: %w", err)
 	}

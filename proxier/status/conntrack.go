@@ -16,7 +16,9 @@ type Conntrack struct {
 	Dropped      uint64 `json:"dropped"`
 	EarlyDropped uint64 `json:"earlyDropped"`
 	InsertFailed uint64 `json:"insertFailed"`
-	Error        string `json:"error,omitempty"`
+	// NoCounters: the kernel has no /proc/net/stat/nf_conntrack.
+	NoCounters bool   `json:"noCounters,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // ReadConntrack reads the table once through r.
@@ -26,7 +28,8 @@ func ReadConntrack(r ctwatch.Reader) *Conntrack {
 		return &Conntrack{Error: err.Error()}
 	}
 	t := s.Total()
-	return &Conntrack{Entries: s.Entries, Max: s.Max, Dropped: t.Drop, EarlyDropped: t.EarlyDrop, InsertFailed: t.InsertFailed}
+	return &Conntrack{Entries: s.Entries, Max: s.Max, Dropped: t.Drop, EarlyDropped: t.EarlyDrop, InsertFailed: t.InsertFailed,
+		NoCounters: s.PerCPU == nil}
 }
 
 // writeConntrack writes the table's line: how full, and what the kernel
@@ -46,6 +49,10 @@ func writeConntrack(b *strings.Builder, c *Conntrack) {
 	note := ""
 	if pct >= 90 {
 		note = ", NEARLY FULL: new connections through Services may fail"
+	}
+	if c.NoCounters {
+		fmt.Fprintf(b, "conntrack: %d of %d entries (%d%%%s); the kernel's drop counters unknown (no /proc/net/stat/nf_conntrack)\n", c.Entries, c.Max, pct, note)
+		return
 	}
 	fmt.Fprintf(b, "conntrack: %d of %d entries (%d%%%s); since nf_conntrack loaded: %d packets dropped (table full), %d entries evicted for room, %d inserts failed\n",
 		c.Entries, c.Max, pct, note, c.Dropped, c.EarlyDropped, c.InsertFailed)

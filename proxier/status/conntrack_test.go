@@ -24,7 +24,8 @@ func TestConntrackLine(t *testing.T) {
 		want string
 	}{
 		{full, "conntrack: 1020 of 1024 entries (99%, NEARLY FULL: new connections through Services may fail); since nf_conntrack loaded: 7 packets dropped (table full), 1 entries evicted for room, 3 inserts failed\n"},
-		{ctReader{s: ctwatch.Sample{Entries: 10, Max: 1024}}, "conntrack: 10 of 1024 entries (0%); since nf_conntrack loaded: 0 packets dropped (table full), 0 entries evicted for room, 0 inserts failed\n"},
+		{ctReader{s: ctwatch.Sample{Entries: 10, Max: 1024, PerCPU: []ctwatch.Stats{{}}}}, "conntrack: 10 of 1024 entries (0%); since nf_conntrack loaded: 0 packets dropped (table full), 0 entries evicted for room, 0 inserts failed\n"},
+		{ctReader{s: ctwatch.Sample{Entries: 10, Max: 1024}}, "conntrack: 10 of 1024 entries (0%); the kernel's drop counters unknown (no /proc/net/stat/nf_conntrack)\n"},
 		{ctReader{err: errors.New("no nf_conntrack")}, "conntrack: unknown (no nf_conntrack)\n"},
 	} {
 		var b strings.Builder
