@@ -73,11 +73,11 @@ func (c chaosEnv) untrackBedControl(t *testing.T) {
 	t.Cleanup(func() { _, _ = c.VM.RunOK(context.Background(), "nft", "delete", "table", "ip", "bed_notrack") })
 }
 
-// withSmallTable restarts the agent holding nf_conntrack_max at max, as a
+// withSmallTable restarts the agent holding nf_conntrack_max at limit, as a
 // node's operator would with kube-proxy's flags (--conntrack-max-per-core
-// 1 --conntrack-min max: max on a node of fewer than max CPUs), and, when
+// 1 --conntrack-min limit: limit on a node of fewer CPUs than that), and, when
 // the test ends, the bed's agent, which sets the default (131072) back.
-func (c chaosEnv) withSmallTable(t *testing.T, max int) {
+func (c chaosEnv) withSmallTable(t *testing.T, limit int) {
 	t.Helper()
 	if err := c.StopAgent(); err != nil {
 		t.Fatal(err)
@@ -92,11 +92,11 @@ func (c chaosEnv) withSmallTable(t *testing.T, max int) {
 			t.Errorf("the bed's agent left nf_conntrack_max %d, want its default 131072", got)
 		}
 	})
-	if err := c.StartAgent(context.Background(), "--conntrack-max-per-core", "1", "--conntrack-min", strconv.Itoa(max)); err != nil {
+	if err := c.StartAgent(context.Background(), "--conntrack-max-per-core", "1", "--conntrack-min", strconv.Itoa(limit)); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.ctTable(t).max; got != max {
-		t.Fatalf("the agent set nf_conntrack_max %d, want %d", got, max)
+	if got := c.ctTable(t).max; got != limit {
+		t.Fatalf("the agent set nf_conntrack_max %d, want %d", got, limit)
 	}
 }
 
@@ -161,13 +161,13 @@ func TestChaosConntrackFull(t *testing.T) {
 	time.Sleep(10 * time.Second) // the traffic's own entries reach their level
 	base := c.ctTable(t)
 	// Room for the filling connections, and a baseline well below 80%.
-	max := (2*base.entries + 1024 + 255) / 256 * 256
-	c.withSmallTable(t, max)
+	limit := (2*base.entries + 1024 + 255) / 256 * 256
+	c.withSmallTable(t, limit)
 	mark := c.logMark()
 	before := c.ctTable(t)
 
 	fill, err := c.VM.Start(ctx, "vmagent", "ctfill", "--netns", bed.ClientNetns, "--addr", hostPort(sink.Addr, backendPort),
-		"--n", strconv.Itoa(max), "--stop", "20", "--timeout", "1s")
+		"--n", strconv.Itoa(limit), "--stop", "20", "--timeout", "1s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestChaosConntrackFull(t *testing.T) {
 		t.Fatalf("the table did not fill: %v\n%s", err, fill.Output())
 	}
 	m := ctFilled.FindStringSubmatch(fill.Output())
-	t.Logf("table filled in %v: %s; base %d entries, max %d", time.Since(fillStart).Round(time.Millisecond), m[0], base.entries, max)
+	t.Logf("table filled in %v: %s; base %d entries, max %d", time.Since(fillStart).Round(time.Millisecond), m[0], base.entries, limit)
 
 	// What the node does.
 	probeFailed := c.probeNew(t, live.tcp, 10)
@@ -207,8 +207,8 @@ func TestChaosConntrackFull(t *testing.T) {
 			scraped["ipvs_proxy_conntrack_pressure"], scraped[`ipvs_proxy_conntrack_dropped_total{reason="drop"}`],
 			grepLines(c.logSince(mark), "connection tracking"), c.nodeEvent(t, ctwatch.EventDropping))
 	}
-	if got := scraped["ipvs_proxy_conntrack_max"]; got != float64(max) {
-		t.Errorf("ipvs_proxy_conntrack_max %v, want %d", got, max)
+	if got := scraped["ipvs_proxy_conntrack_max"]; got != float64(limit) {
+		t.Errorf("ipvs_proxy_conntrack_max %v, want %d", got, limit)
 	}
 	status := c.vmRun(t, bed.GuestBinary, "status")
 	if !strings.Contains(status, "NEARLY FULL") {
@@ -254,6 +254,6 @@ func TestChaosConntrackFull(t *testing.T) {
 	chaos.Record(t, "", chaos.Row{Case: "conntrack-full", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: syncWrites(c.logSince(mark)), ConvergeSeconds: seconds(clearedAfter), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("nf_conntrack_max %d set by the agent's --conntrack-min (traffic alone: %d entries); %s, then %s; kernel: %d drops, %d early drops, %d of 10 new connections through the VIP failed, held flows kept; the agent reported it (metrics, log, Event %s) within %.1f s, a Service created meanwhile programmed in %.1f s; after the reset: new connections again in %.1f s, report cleared (%s) in %.1f s, %d entries",
-			max, base.entries, m[0], final[len(final)-1][0], drops, full.total.EarlyDrop-before.total.EarlyDrop, probeFailed,
+			limit, base.entries, m[0], final[len(final)-1][0], drops, full.total.EarlyDrop-before.total.EarlyDrop, probeFailed,
 			ctwatch.EventDropping, seconds(reportTook), seconds(programmed), seconds(newOK), ctwatch.EventRecovered, seconds(clearedAfter), after.entries)})
 }
