@@ -240,6 +240,7 @@ func TestChaosConntrackFull(t *testing.T) {
 	}
 	clearedAfter := time.Since(released)
 	after := c.ctTable(t)
+	t.Logf("the agent's lines on the table:\n%s", grepLines(c.logSince(mark), "connection tracking"))
 
 	attempted, failed, errs := lt.stop(t)
 	for _, e := range errs {
