@@ -71,7 +71,7 @@ unit:
 # joins CI unless named here. The named targets below run the rest. Every
 # run goes through e2e/cmd/testlog: per-test times, a table of the slowest,
 # a failure on any skipped test, and the figures as data in bin/results.
-E2E_CHAOS_LONG := TestChaosAPIServerDown|TestChaosEndpointChurn|TestChaosManualDamage|TestChaosRollingUpdate|TestHostTrafficDuringEndpointMove
+E2E_CHAOS_LONG := TestChaosAPIServerDown|TestChaosConntrackFull|TestChaosEndpointChurn|TestChaosManualDamage|TestChaosRollingUpdate|TestHostTrafficDuringEndpointMove
 E2E_TAKEOVER := TestKubeProxyIPVSMode|TestTakeoverFromKubeProxy|TestTakeoverNodePortsOnNodeAddressesOnly
 E2E_CLUSTER := TestPrometheusScrapesAgents|TestClusterNode
 E2E_HASH := TestHashSchedulersAgreeAcrossNodes

@@ -31,6 +31,7 @@ var floors = map[string]int{
 	"proxier/glue":          5,
 	"proxier/healthcheck":   5,
 	"proxier/sysctls":       5,
+	"proxier/ctwatch":       5,
 	"proxier/agent":         6,
 	"proxier/config":        7,
 	"proxier/opsserver":     7,

@@ -13,11 +13,13 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/cleanup"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/ctwatch"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/nodelock"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
@@ -115,6 +117,11 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 
 	metrics := agent.NewMetrics(reg)
 	p := agent.New(cfg, client, ipvs, links, recorder, metrics, log)
+	// The connection tracking table, every few seconds: a full one stalls
+	// new connections through every Service of the node.
+	stopWatch := ctwatch.New(ctwatch.NewProcReader(sysctls.Root()), clock.RealClock{}, ctwatch.DefaultPeriod,
+		ctwatch.NewMetrics(reg), recorder, cfg.NodeName, log).Start(ctx)
+	defer stopWatch()
 	closeReaders, err := addKernelReaders(p, o.ServiceTrafficMetrics, reg, log)
 	if err != nil {
 		return err

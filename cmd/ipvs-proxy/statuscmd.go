@@ -11,6 +11,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/ctwatch"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/status"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
@@ -57,6 +58,7 @@ the kernel. Without API access it shows the kernel's view with no names.`,
 				return err
 			}
 			rep.Agent = opsserver.ReadAgentStatus(cmd.Context(), o.DebugBindAddress)
+			rep.Conntrack = status.ReadConntrack(ctwatch.NewProcReader(sysctls.Root()))
 			return status.Write(cmd.OutOrStdout(), rep, output)
 		},
 	}

@@ -184,7 +184,7 @@ func alerts(t *testing.T, vals string) map[string]alertRule {
 func TestPrometheusRule(t *testing.T) {
 	got := alerts(t, `{monitoring: {job: kube-proxy}, config: {ipvs: {syncPeriod: 1m30s}}, prometheusRule: {ruleLabels: {team: net}}}`)
 	names := slices.Sorted(maps.Keys(got))
-	want := []string{"IPVSProxyAbsent", "IPVSProxyAgentMissing", "IPVSProxyDown", "IPVSProxyHealthzFailing",
+	want := []string{"IPVSProxyAbsent", "IPVSProxyAgentMissing", "IPVSProxyConntrackDropping", "IPVSProxyDown", "IPVSProxyHealthzFailing",
 		"IPVSProxyRulesNotSynced", "IPVSProxyServicesFailing"}
 	if diff := cmp.Diff(want, names); diff != "" {
 		t.Fatalf("alerts (-want +got):\n%s", diff)

@@ -151,9 +151,11 @@ type Report struct {
 	// ipvs-proxy does not own (and leaves alone).
 	OtherVirtualServers int `json:"otherVirtualServers"`
 	// Agent is the running agent's per-Service status, from its /statusz.
-	Agent     opsserver.AgentStatus `json:"agent"`
-	Conflicts []statusConflict      `json:"conflicts,omitempty"`
-	Warnings  []string              `json:"warnings,omitempty"`
+	Agent opsserver.AgentStatus `json:"agent"`
+	// Conntrack is the node's connection tracking table (nil: not read).
+	Conntrack *Conntrack       `json:"conntrack,omitempty"`
+	Conflicts []statusConflict `json:"conflicts,omitempty"`
+	Warnings  []string         `json:"warnings,omitempty"`
 }
 
 // SchedulerMissing tells, from the node's modules, whether the kernel
@@ -542,6 +544,7 @@ func Write(w io.Writer, rep Report, output string) error {
 	}
 	writeDrift(&b, rep)
 	writeAgent(&b, rep.Agent)
+	writeConntrack(&b, rep.Conntrack)
 	for _, w := range rep.Warnings {
 		fmt.Fprintf(&b, "warning: %s\n", w)
 	}

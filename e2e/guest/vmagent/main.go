@@ -17,6 +17,7 @@
 //	vmagent conntrack [--port 30080]
 //	vmagent fou-add --port 6080 [--gue | --ipproto 4] [-6]
 //	vmagent udp-send --addr 10.96.0.10:53 [--sizes 100,1472] [--timeout 2s] [--pmtudisc want|do|dont]
+//	vmagent ctfill [--netns NAME] --addr 10.0.1.2:8080 [--n 1000] [--stop 20] [--timeout 1s] [--every 200ms]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
@@ -65,6 +66,7 @@ const usage = `usage:
   vmagent conntrack [--port PORT]
   vmagent fou-add --port PORT [--gue | --ipproto N] [-6]
   vmagent udp-send --addr HOST:PORT [--sizes N,N...] [--timeout DURATION] [--pmtudisc want|do|dont]
+  vmagent ctfill [--netns NAME] --addr HOST:PORT [--n N] [--stop N] [--timeout DURATION] [--every DURATION]
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -107,6 +109,8 @@ func run(args []string, stdout io.Writer) error {
 		return fouAddCmd(args[1:])
 	case "udp-send":
 		return udpSendCmd(args[1:], stdout)
+	case "ctfill":
+		return ctFillCmd(args[1:], stdout)
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
