@@ -32,6 +32,7 @@ var floors = map[string]int{
 	"proxier/healthcheck":   5,
 	"proxier/sysctls":       5,
 	"proxier/ctwatch":       5,
+	"proxier/tunnelend":     5,
 	"proxier/agent":         6,
 	"proxier/config":        7,
 	"proxier/opsserver":     7,
