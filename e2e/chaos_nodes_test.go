@@ -91,18 +91,18 @@ func newNodesBed(ctx context.Context, t *testing.T, c *cluster.Cluster, size int
 	start := time.Now()
 	bulk := b.bulkServices(t, size)
 	created := time.Since(start)
-	for _, n := range c.Nodes {
-		took, _ := convergeOn(t, n.VM, n.Name+": the Services", b.expected(t, n.IP), 10*time.Minute)
-		b.nodePortsAt(t, n, n.IP)
-		t.Logf("%s: %d bulk Services created in %s, programmed %s later", n.Name, size, created.Round(time.Millisecond), took.Round(time.Millisecond))
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
 	for _, s := range bulk {
 		if s.Spec.Type != corev1.ServiceTypeClusterIP {
 			b.nodePorted = append(b.nodePorted, s)
 		}
+	}
+	for _, n := range c.Nodes {
+		took, _ := convergeOn(t, n.VM, n.Name+": the Services", b.expected(t, n.IP), 10*time.Minute)
+		ports := b.nodePortsAt(t, n, n.IP)
+		t.Logf("%s: %d bulk Services created in %s, programmed %s later (%d node ports)", n.Name, size, created.Round(time.Millisecond), took.Round(time.Millisecond), ports)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	return b
 }
