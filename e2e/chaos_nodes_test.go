@@ -194,15 +194,22 @@ func (b *nodesBed) expected(t *testing.T, addr string) chaos.Expected {
 	return expectedState(t, b.fast, cluster.ServiceCIDR, []string{addr}, chaosNodesNS, chaosNodesBulkNS)
 }
 
-// nodePortsAt fails the test unless n has a virtual server on addr for
-// each node port of the case's Services, and returns how many it has.
+// nodePortsAt fails the test unless n has, within 30 s, a virtual server
+// on addr for each node port of the case's Services, and returns how many
+// it has.
 func (b *nodesBed) nodePortsAt(t *testing.T, n *cluster.Node, addr string) int {
 	t.Helper()
-	st := readKernelState(t, n.VM)
 	var missing []string
-	for _, s := range b.nodePorted {
-		if vs := "TCP " + hostPort(addr, s.Spec.Ports[0].NodePort); st.Virtual[vs] == nil {
-			missing = append(missing, s.Namespace+"/"+s.Name+" "+vs)
+	for start := time.Now(); ; time.Sleep(time.Second) {
+		st := readKernelState(t, n.VM)
+		missing = missing[:0]
+		for _, s := range b.nodePorted {
+			if vs := "TCP " + hostPort(addr, s.Spec.Ports[0].NodePort); st.Virtual[vs] == nil {
+				missing = append(missing, s.Namespace+"/"+s.Name+" "+vs)
+			}
+		}
+		if len(missing) == 0 || time.Since(start) > 30*time.Second {
+			break
 		}
 	}
 	if len(missing) > 0 {
