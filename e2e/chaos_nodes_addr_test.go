@@ -44,7 +44,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	oldIP, newIP := n1.IP, chaosNodesNewIP
 	other := b.untouched(t, n2)
-	writes := b.metric(t, n1, "ipvs_proxy_sync_netlink_writes_sum")
+	writes := b.writes(t, n1)
 	tr := b.startTraffic(t, "address", map[string]string{n2.Name: n2.IP})
 
 	b.run(t, n1.VM, "sysctl", "-qw", "net.ipv4.conf."+cluster.SegmentIface+".promote_secondaries=1")
@@ -74,7 +74,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	}
 	otherWrites := other.check(b.ctx, t, b)
 	leaks := b.leaks(t, newIP)
-	ownWrites := int(b.metric(t, n1, "ipvs_proxy_sync_netlink_writes_sum") - writes)
+	ownWrites := int(b.writes(t, n1) - writes)
 	ready := b.nodeReady(t, n1)
 	b.restoreAddress(t, n1, oldIP, newIP)
 	notes := fmt.Sprintf("%s's segment address %s -> %s: new node port answered from the outside host %s after the add (%d node ports there), "+

@@ -41,8 +41,8 @@ var strayRule = []string{"-t", "nat", "-I", "IPVSP-POSTROUTING", "1", "-s", "192
 const failRestoreScript = `set -e
 R=/proc/%[1]d/root
 F=$R/tmp/chaos-fault
-mkdir -p $F/sbin
-cp -a $R/usr/sbin/. $F/sbin/
+mkdir -p $F
+cp -a $R/usr/sbin $F/
 cp /bin/busybox $F/busybox
 printf '#!/tmp/chaos-fault/busybox sh\necho "$0: failing on purpose (TestChaosNodes)" >&2\nexit 1\n' >$F/fail
 chmod 755 $F/fail
@@ -71,7 +71,7 @@ func (b *nodesBed) persistentGlueFailure(t *testing.T) {
 	agent := ipvsProxyPod(b.ctx, t, b.c, n1)
 	restarts := restartCount(agent)
 	other := b.untouched(t, n2)
-	writes := b.metric(t, n1, "ipvs_proxy_sync_netlink_writes_sum")
+	writes := b.writes(t, n1)
 	tr := b.startTraffic(t, "glue", map[string]string{n1.Name: n1.IP, n2.Name: n2.IP})
 
 	mend := b.failRestore(t, n1, agent)
@@ -102,7 +102,7 @@ func (b *nodesBed) persistentGlueFailure(t *testing.T) {
 	}
 	otherWrites := other.check(b.ctx, t, b)
 	leaks := b.leaks(t, n1.IP)
-	ownWrites := int(b.metric(t, n1, "ipvs_proxy_sync_netlink_writes_sum") - writes)
+	ownWrites := int(b.writes(t, n1) - writes)
 	notes := fmt.Sprintf("iptables-restore failing in %s's agent container for %s (%s); reported: metric after %s, Event after %s, /healthz 503 after %s, pod unready after %s; "+
 		"restarts 0; glue rules whole %s after the mend, healthy again after %s; %s untouched (%d writes); %d Services",
 		n1.Name, glueOutage, tool, seen.metric, seen.event, seen.healthz, seen.unready, whole.Round(time.Second), recovered.Round(time.Second),

@@ -241,7 +241,7 @@ type untouched struct {
 
 func (b *nodesBed) untouched(t *testing.T, n *cluster.Node) untouched {
 	t.Helper()
-	return untouched{n: n, ipvs: ipvsLines(b.ctx, t, n), writes: b.metric(t, n, "ipvs_proxy_sync_netlink_writes_sum")}
+	return untouched{n: n, ipvs: ipvsLines(b.ctx, t, n), writes: b.writes(t, n)}
 }
 
 // check fails the test if the table changed or the agent wrote; it
@@ -252,7 +252,7 @@ func (u untouched) check(ctx context.Context, t *testing.T, b *nodesBed) int {
 	if missing, extra := lineDiff(u.ipvs, now); len(missing)+len(extra) > 0 {
 		t.Errorf("%s's IPVS table changed: lines gone %s; new %s", u.n.Name, sample(missing), sample(extra))
 	}
-	writes := int(b.metric(t, u.n, "ipvs_proxy_sync_netlink_writes_sum") - u.writes)
+	writes := int(b.writes(t, u.n) - u.writes)
 	if writes != 0 {
 		t.Errorf("%s's agent made %d netlink writes; want 0", u.n.Name, writes)
 	}
@@ -278,6 +278,23 @@ func (b *nodesBed) agentHTTP(t *testing.T, n *cluster.Node, url string) agentapi
 // text format writes them) of n's agent; 0 when absent.
 func (b *nodesBed) metric(t *testing.T, n *cluster.Node, series string) float64 {
 	t.Helper()
+	v, _ := b.sample(t, n, series)
+	return v
+}
+
+// writes is the netlink writes n's agent has made since it started.
+func (b *nodesBed) writes(t *testing.T, n *cluster.Node) float64 {
+	t.Helper()
+	v, ok := b.sample(t, n, "ipvs_proxy_sync_netlink_writes_sum")
+	if !ok {
+		t.Fatalf("%s: the agent's metrics have no ipvs_proxy_sync_netlink_writes_sum", n.Name)
+	}
+	return v
+}
+
+// sample reads series from n's agent's metrics.
+func (b *nodesBed) sample(t *testing.T, n *cluster.Node, series string) (float64, bool) {
+	t.Helper()
 	res := b.agentHTTP(t, n, "http://127.0.0.1:10249/metrics")
 	for _, l := range strings.Split(res.Body, "\n") {
 		if v, ok := strings.CutPrefix(l, series+" "); ok {
@@ -285,10 +302,10 @@ func (b *nodesBed) metric(t *testing.T, n *cluster.Node, series string) float64 
 			if err != nil {
 				t.Fatalf("%s: metric %s: %q", n.Name, series, l)
 			}
-			return f
+			return f, true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // hitTarget is one stream of live traffic: its name and address.
