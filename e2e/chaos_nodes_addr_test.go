@@ -39,7 +39,7 @@ const addressFollow = 10 * time.Second
 // is not in the streams: its old address is meant to stop answering).
 // The Node object keeps the old address (kubelet only logs that it is
 // gone), so nothing else changes in the cluster. The old address is put
-// back at the end.
+// back at the end, under the same traffic.
 func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	oldIP, newIP := n1.IP, chaosNodesNewIP
@@ -65,18 +65,21 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	})
 	dropped := time.Since(removed)
 	time.Sleep(10 * time.Second) // traffic on the new address alone
-	attempted, failed := tr.stop(t)
 	if follow > addressFollow {
 		t.Errorf("%s: the node port on the new address %s answered %s after its addition; want within %s", n1.Name, newIP, follow.Round(time.Millisecond), addressFollow)
 	}
 	if dropped > addressFollow {
 		t.Errorf("%s: virtual servers on the removed address %s left %s after its removal; want within %s", n1.Name, oldIP, dropped.Round(time.Millisecond), addressFollow)
 	}
-	otherWrites := other.check(b.ctx, t, b)
 	leaks := b.leaks(t, newIP)
 	ownWrites := int(b.writes(t, n1) - writes)
 	ready := b.nodeReady(t, n1)
+	// The old address back before the pods' results are read: the
+	// apiserver reaches node-1's kubelet at it.
+	tr.stopStream(t, "outside-new-node-port")
 	b.restoreAddress(t, n1, oldIP, newIP)
+	attempted, failed := tr.stop(t)
+	otherWrites := other.check(b.ctx, t, b)
 	notes := fmt.Sprintf("%s's segment address %s -> %s: new node port answered from the outside host %s after the add (%d node ports there), "+
 		"old address's virtual servers gone %s after the delete; Node Ready throughout: %v; %s untouched (%d writes); %d Services",
 		n1.Name, oldIP, newIP, follow.Round(100*time.Millisecond), newPorts, dropped.Round(100*time.Millisecond), ready, n2.Name, otherWrites, b.size)

@@ -317,7 +317,8 @@ type hitTarget struct{ name, addr string }
 type nodesTraffic struct {
 	b     *nodesBed
 	procs map[string]*vm.Proc
-	pods  []string // the pods' names
+	pods  []string       // the pods' names
+	done  []streamResult // streams stopped early
 }
 
 // hitArgv is the command of one stream.
@@ -383,6 +384,14 @@ func (tr *nodesTraffic) startPod(t *testing.T, name string, n *cluster.Node, tar
 	tr.pods = append(tr.pods, name)
 }
 
+// stopStream stops one host's stream before the others.
+func (tr *nodesTraffic) stopStream(t *testing.T, name string) {
+	t.Helper()
+	res, fails := stopHit(t, tr.procs[name])
+	tr.done = append(tr.done, streamResult{name, res, fails})
+	delete(tr.procs, name)
+}
+
 // streamResult is one stream's figures.
 type streamResult struct {
 	name     string
@@ -394,7 +403,7 @@ type streamResult struct {
 // and fails the test for a failed connection or a stream that barely ran.
 func (tr *nodesTraffic) stop(t *testing.T) (attempted, failed int) {
 	t.Helper()
-	var all []streamResult
+	all := tr.done
 	for name, p := range tr.procs {
 		res, fails := stopHit(t, p)
 		all = append(all, streamResult{name, res, fails})
