@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -117,6 +118,9 @@ func (b *nodesBed) startServers(t *testing.T) {
 		p := agentPod(name, []string{"/vmagent", "serve", "--name", name, "--port", "8080", "--tcp"})
 		p.Labels = map[string]string{"app": "chaos-server"}
 		p.Spec.NodeName = n.Name
+		// Burstable, as in TestChaosRollingUpdate: a BestEffort pod's
+		// answers stall for seconds on a node this busy.
+		p.Spec.Containers[0].Resources = burstable("200m")
 		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
 			PeriodSeconds: 1,
@@ -376,7 +380,7 @@ func (tr *nodesTraffic) startPod(t *testing.T, name string, n *cluster.Node, tar
 		argv := hitArgv(tg.addr)
 		argv[0] = "/vmagent"
 		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: tg.name, Image: cluster.ServerImage,
-			ImagePullPolicy: corev1.PullIfNotPresent, Command: argv})
+			ImagePullPolicy: corev1.PullIfNotPresent, Command: argv, Resources: burstable("50m")})
 	}
 	if _, err := tr.b.c.Client.CoreV1().Pods(chaosNodesNS).Create(tr.b.ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -390,6 +394,12 @@ func (tr *nodesTraffic) stopStream(t *testing.T, name string) {
 	res, fails := stopHit(t, tr.procs[name])
 	tr.done = append(tr.done, streamResult{name, res, fails})
 	delete(tr.procs, name)
+}
+
+// burstable asks for cpu and 16 MiB: a pod's container above BestEffort.
+func burstable(cpu string) corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{Requests: corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse("16Mi")}}
 }
 
 // streamResult is one stream's figures.
