@@ -394,3 +394,51 @@ func TestFailedParts(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusPendingWhileConsumerRetries: a node-wide part that keeps
+// failing (the iptables glue with a broken iptables-restore) keeps the
+// pending clock that /healthz reads running from its first failure, even
+// when syncs with nothing to do come between its retries (a wake-up by an
+// address notification or an unrelated event); it stops once a retry
+// succeeds.
+func TestStatusPendingWhileConsumerRetries(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 6, 13, 0, 0, 0, time.UTC))
+	p := New(Config{NodeName: "n1", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"}, IPv4: true, Clock: clk,
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute, RetryBase: time.Second},
+		nil, fake.NewIPVS(), fake.NewLinks(node), nil, nil, zap.NewNop())
+	glue := &failingConsumer{name: "iptables glue", err: errors.New("injected: iptables-restore failed")}
+	p.AddConsumer(glue)
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false)
+	if err := p.SyncOnce(true); err == nil {
+		t.Fatal("sync succeeded with the glue failing")
+	}
+	first := p.Status().PendingSince
+	if first.IsZero() {
+		t.Fatal("nothing pending after the glue failed")
+	}
+	for i := range 5 {
+		clk.Step(100 * time.Millisecond) // not yet due: the glue's backoff is 1 s
+		if err := p.SyncOnce(false); err != nil {
+			t.Fatalf("idle sync %d: %v", i, err)
+		}
+		if st := p.Status(); !st.PendingSince.Equal(first) || len(st.Failing) == 0 {
+			t.Fatalf("after idle sync %d between the glue's retries: pending since %v, failing %v; want since %v, the glue failing",
+				i, st.PendingSince, st.Failing, first)
+		}
+	}
+	clk.Step(time.Second) // the retry is due, and fails again
+	if err := p.SyncOnce(false); err == nil {
+		t.Fatal("the glue's retry succeeded")
+	}
+	if st := p.Status(); !st.PendingSince.Equal(first) {
+		t.Fatalf("after a failed retry: pending since %v, want %v (the first failure)", st.PendingSince, first)
+	}
+	glue.err = nil
+	clk.Step(5 * time.Second)
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Status(); !st.PendingSince.IsZero() || st.Failing != nil {
+		t.Fatalf("after the glue's retry succeeded: %+v, want nothing pending or failing", st)
+	}
+}
