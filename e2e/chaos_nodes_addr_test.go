@@ -71,7 +71,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	if dropped > addressFollow {
 		t.Errorf("%s: virtual servers on the removed address %s left %s after its removal; want within %s", n1.Name, oldIP, dropped.Round(time.Millisecond), addressFollow)
 	}
-	leaks := b.leaks(t, newIP)
+	leaks := b.leaks(t)
 	ownWrites := int(b.writes(t, n1) - writes)
 	ready := b.nodeReady(t, n1)
 	// The old address back before the pods' results are read: the

@@ -101,7 +101,7 @@ func (b *nodesBed) persistentGlueFailure(t *testing.T) {
 		t.Errorf("%s: the agent's container restarted %d times during the case; want 0 (kubelet's probes must not restart an agent whose IPVS serves)", n1.Name, got-restarts)
 	}
 	otherWrites := other.check(b.ctx, t, b)
-	leaks := b.leaks(t, n1.IP)
+	leaks := b.leaks(t)
 	ownWrites := int(b.writes(t, n1) - writes)
 	notes := fmt.Sprintf("iptables-restore failing in %s's agent container for %s (%s); reported: metric after %s, Event after %s, /healthz 503 after %s, pod unready after %s; "+
 		"restarts 0; glue rules whole %s after the mend, healthy again after %s; %s untouched (%d writes); %d Services",

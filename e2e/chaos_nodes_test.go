@@ -98,7 +98,7 @@ func newNodesBed(ctx context.Context, t *testing.T, c *cluster.Cluster, size int
 		}
 	}
 	for _, n := range c.Nodes {
-		took, _ := convergeOn(t, n.VM, n.Name+": the Services", b.expected(t, n.IP), 10*time.Minute)
+		took, _ := convergeOn(t, n.VM, n.Name+": the Services", b.expected(t, n), 10*time.Minute)
 		ports := b.nodePortsAt(t, n, n.IP)
 		t.Logf("%s: %d bulk Services created in %s, programmed %s later (%d node ports)", n.Name, size, created.Round(time.Millisecond), took.Round(time.Millisecond), ports)
 	}
@@ -191,11 +191,29 @@ func (b *nodesBed) bulkServices(t *testing.T, n int) []*corev1.Service {
 	return out
 }
 
-// expected is the state a node whose segment address is addr should
-// hold: the case's Services exactly, every other as allowed.
-func (b *nodesBed) expected(t *testing.T, addr string) chaos.Expected {
+// expected is the state node n should hold: the case's Services exactly,
+// every other as allowed, node ports on every address n has now.
+func (b *nodesBed) expected(t *testing.T, n *cluster.Node) chaos.Expected {
 	t.Helper()
-	return expectedState(t, b.fast, cluster.ServiceCIDR, []string{addr}, chaosNodesNS, chaosNodesBulkNS)
+	return expectedState(t, b.fast, cluster.ServiceCIDR, b.nodeAddrs(t, n), chaosNodesNS, chaosNodesBulkNS)
+}
+
+// nodeAddrs are n's IPv4 addresses that carry node ports as shipped:
+// every one but loopback's and the proxy interface's.
+func (b *nodesBed) nodeAddrs(t *testing.T, n *cluster.Node) []string {
+	t.Helper()
+	out, err := n.VM.RunOK(b.ctx, "ip", "-o", "-4", "addr", "show")
+	if err != nil {
+		t.Fatalf("%s: %v", n.Name, err)
+	}
+	var addrs []string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 4 && f[1] != "lo" && f[1] != proxyIface {
+			a, _, _ := strings.Cut(f[3], "/")
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }
 
 // nodePortsAt fails the test unless n has, within 30 s, a virtual server
@@ -475,18 +493,13 @@ func (tr *nodesTraffic) stopPod(t *testing.T, name string) []streamResult {
 	return out
 }
 
-// leaks compares each node's kernel with what it should hold (node-1's
-// segment address n1Addr) and returns the leaks in all; something missing
-// after a minute fails the test.
-func (b *nodesBed) leaks(t *testing.T, n1Addr string) int {
+// leaks compares each node's kernel with what it should hold and returns
+// the leaks in all; something missing after a minute fails the test.
+func (b *nodesBed) leaks(t *testing.T) int {
 	t.Helper()
 	leaks := 0
-	for i, n := range b.c.Nodes {
-		addr := n.IP
-		if i == 0 {
-			addr = n1Addr
-		}
-		_, d := convergeOn(t, n.VM, n.Name+": the Services after the case", b.expected(t, addr), time.Minute)
+	for _, n := range b.c.Nodes {
+		_, d := convergeOn(t, n.VM, n.Name+": the Services after the case", b.expected(t, n), time.Minute)
 		leaks += len(d.Leaks)
 	}
 	return leaks
