@@ -282,18 +282,27 @@ func (u untouched) check(ctx context.Context, t *testing.T, b *nodesBed) int {
 }
 
 // agentHTTP is a GET of the agent's own endpoint on n (the metrics on
-// 127.0.0.1:10249, health on 10256), from n's host.
+// 127.0.0.1:10249, health on 10256), from n's host: up to 3 attempts of
+// 20 s (a scrape dumps the IPVS table for the per-Service series, which
+// took over 5 s in the emulated node under the case's traffic), each
+// failure logged.
 func (b *nodesBed) agentHTTP(t *testing.T, n *cluster.Node, url string) agentapi.HTTPResult {
 	t.Helper()
-	out, err := n.VM.RunOK(b.ctx, "vmagent", "http", "--timeout", "5s", url)
-	var res agentapi.HTTPResult
-	if err == nil {
-		err = json.Unmarshal([]byte(out), &res)
+	var err error
+	for try := 1; try <= 3; try++ {
+		began := time.Now()
+		var out string
+		out, err = n.VM.RunOK(b.ctx, "vmagent", "http", "--timeout", "20s", url)
+		var res agentapi.HTTPResult
+		if err == nil {
+			if err = json.Unmarshal([]byte(out), &res); err == nil {
+				return res
+			}
+		}
+		t.Logf("%s: GET %s, attempt %d, %s: %v", n.Name, url, try, time.Since(began).Round(time.Millisecond), err)
 	}
-	if err != nil {
-		t.Fatalf("%s: GET %s: %q: %v", n.Name, url, out, err)
-	}
-	return res
+	t.Fatalf("%s: GET %s: %v", n.Name, url, err)
+	return agentapi.HTTPResult{}
 }
 
 // metric is the value of the sample named series (name and labels as the
