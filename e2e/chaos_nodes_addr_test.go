@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +66,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	})
 	dropped := time.Since(removed)
 	time.Sleep(10 * time.Second) // traffic on the new address alone
+	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "sync failed")
 	if follow > addressFollow {
 		t.Errorf("%s: the node port on the new address %s answered %s after its addition; want within %s", n1.Name, newIP, follow.Round(time.Millisecond), addressFollow)
 	}
@@ -85,6 +87,27 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 		n1.Name, oldIP, newIP, follow.Round(100*time.Millisecond), newPorts, dropped.Round(100*time.Millisecond), ready, n2.Name, otherWrites, b.size)
 	chaos.Record(t, "", chaos.Row{Case: "nodes-address-change", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: ownWrites, ConvergeSeconds: math.Round(follow.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
+}
+
+// logAgent logs the lines of n's agent since since that contain one of
+// what (the last 40).
+func (b *nodesBed) logAgent(t *testing.T, n *cluster.Node, since time.Time, what ...string) {
+	t.Helper()
+	p := ipvsProxyPod(b.ctx, t, b.c, n)
+	raw, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(p.Name,
+		&corev1.PodLogOptions{SinceTime: &metav1.Time{Time: since.Add(-time.Second)}}).DoRaw(b.ctx)
+	if err != nil {
+		t.Logf("%s: the agent's log: %v", n.Name, err)
+		return
+	}
+	var lines []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if slices.ContainsFunc(what, func(w string) bool { return strings.Contains(l, w) }) {
+			lines = append(lines, l)
+		}
+	}
+	t.Logf("%s: the agent's lines since %s (%d):\n%s", n.Name, since.Format("15:04:05.000"), len(lines),
+		strings.Join(lines[max(0, len(lines)-40):], "\n"))
 }
 
 // run runs argv in v and fails the test if it fails.
