@@ -66,7 +66,6 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	})
 	dropped := time.Since(removed)
 	time.Sleep(10 * time.Second) // traffic on the new address alone
-	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "sync failed")
 	if follow > addressFollow {
 		t.Errorf("%s: the node port on the new address %s answered %s after its addition; want within %s", n1.Name, newIP, follow.Round(time.Millisecond), addressFollow)
 	}
@@ -80,6 +79,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	// apiserver reaches node-1's kubelet at it.
 	tr.stopStream(t, "outside-new-node-port")
 	b.restoreAddress(t, n1, oldIP, newIP)
+	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "sync failed")
 	attempted, failed := tr.stop(t)
 	otherWrites := other.check(b.ctx, t, b)
 	notes := fmt.Sprintf("%s's segment address %s -> %s: new node port answered from the outside host %s after the add (%d node ports there), "+
