@@ -46,6 +46,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	oldIP, newIP := n1.IP, chaosNodesNewIP
 	other := b.untouched(t, n2)
 	writes := b.writes(t, n1)
+	restarts := restartCount(ipvsProxyPod(b.ctx, t, b.c, n1))
 	tr := b.startTraffic(t, "address", map[string]string{n2.Name: n2.IP})
 
 	b.run(t, n1.VM, "sysctl", "-qw", "net.ipv4.conf."+cluster.SegmentIface+".promote_secondaries=1")
@@ -80,6 +81,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	tr.stopStream(t, "outside-new-node-port")
 	b.restoreAddress(t, n1, oldIP, newIP)
 	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "sync failed")
+	b.agentRestarts(t, n1, restarts)
 	attempted, failed := tr.stop(t)
 	otherWrites := other.check(b.ctx, t, b)
 	notes := fmt.Sprintf("%s's segment address %s -> %s: new node port answered from the outside host %s after the add (%d node ports there), "+

@@ -248,9 +248,37 @@ func ipvsLines(ctx context.Context, t *testing.T, n *cluster.Node) []string {
 	if err != nil {
 		t.Fatalf("%s: %v", n.Name, err)
 	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		// A real server's line without its connection counts.
+		if f := strings.Fields(l); len(f) >= 4 && f[0] == "->" {
+			l = strings.Join(f[:4], " ")
+		}
+		lines = append(lines, l)
+	}
 	slices.Sort(lines)
 	return lines
+}
+
+// agentRestarts fails the test if n's agent restarted since restarts, and
+// logs what kubelet said of its pod (probe failures, kills).
+func (b *nodesBed) agentRestarts(t *testing.T, n *cluster.Node, restarts int32) {
+	t.Helper()
+	p := ipvsProxyPod(b.ctx, t, b.c, n)
+	list, err := b.c.Client.CoreV1().Events(metav1.NamespaceSystem).List(b.ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=Pod,involvedObject.name=" + p.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Items {
+		if e.Type == corev1.EventTypeWarning || e.Reason == "Killing" {
+			t.Logf("%s: agent pod %s: %s %s x%d: %s", n.Name, p.Name, e.LastTimestamp.Format("15:04:05"), e.Reason, e.Count, e.Message)
+		}
+	}
+	if got := restartCount(p); got != restarts {
+		t.Errorf("%s: the agent's container restarted %d times during the case (%s); want 0: kubelet's probes must not restart an agent whose IPVS serves",
+			n.Name, got-restarts, cluster.PodSummary(p))
+	}
 }
 
 // untouched is what a case must leave alone on a node: its IPVS table and
