@@ -74,6 +74,8 @@ func (b *nodesBed) persistentGlueFailure(t *testing.T) {
 	writes := b.writes(t, n1)
 	tr := b.startTraffic(t, "glue", map[string]string{n1.Name: n1.IP, n2.Name: n2.IP})
 
+	faulted := time.Now()
+	t.Cleanup(func() { b.logAgent(t, n1, faulted, "glue", "iptables", "sync failed", "healthz") })
 	mend := b.failRestore(t, n1, agent)
 	if out, err := n1.VM.RunOK(b.ctx, append([]string{tool}, strayRule...)...); err != nil {
 		t.Fatalf("%s: stray rule: %v: %s", n1.Name, err, out)
