@@ -52,7 +52,7 @@ nsenter -t %[1]d -m -r -- /tmp/chaos-fault/busybox mount --bind /tmp/chaos-fault
 
 // mendRestoreScript undoes failRestoreScript.
 const mendRestoreScript = `set -e
-nsenter -t %[1]d -m -r -- /tmp/chaos-fault/busybox umount /usr/sbin
+nsenter -t %[1]d -m -r -- /tmp/chaos-fault/busybox umount -l /usr/sbin
 rm -rf /proc/%[1]d/root/tmp/chaos-fault
 `
 
