@@ -296,6 +296,12 @@ func stopHit(t *testing.T, p *vm.Proc) (nettest.HitResult, []hitFailure) {
 	if err := json.Unmarshal([]byte(strings.TrimSpace(p.Output())), &res); err != nil {
 		t.Fatalf("hit: %v\n%s", err, p.Output())
 	}
+	return res, hitFailures(res)
+}
+
+// hitFailures are the failures of a stopped hit's result, each with when
+// it began (the attempt cut short by the stop is not one).
+func hitFailures(res nettest.HitResult) []hitFailure {
 	var out []hitFailure
 	i := 0
 	for _, e := range res.Errors {
@@ -309,7 +315,7 @@ func stopHit(t *testing.T, p *vm.Proc) (nettest.HitResult, []hitFailure) {
 		i++
 		out = append(out, f)
 	}
-	return res, out
+	return out
 }
 
 // controlService creates, in ns, a Service "control" without a selector

@@ -258,14 +258,26 @@ func (c chaosEnv) cleanupNamespace(t *testing.T, ns string) {
 // servers and addresses as allowed.
 func (c chaosEnv) expected(t *testing.T, scope ...string) chaos.Expected {
 	t.Helper()
+	return expectedState(t, c.fast, controlplane.DefaultServiceCIDR, []string{nodeAddr}, scope...)
+}
+
+// expectedState is chaosEnv.expected for any cluster: its Services read
+// with cs, serviceCIDRs its Service ranges (comma-separated; the IPv4 one
+// routed as local, as shipped), nodeAddrs the node's addresses whose node
+// ports count as ipvs-proxy's.
+func expectedState(t *testing.T, cs kubernetes.Interface, serviceCIDRs string, nodeAddrs []string, scope ...string) chaos.Expected {
+	t.Helper()
 	ctx := context.Background()
 	exp := chaos.Expected{Virtual: map[string][]string{}, Known: map[string]bool{}, Addrs: map[string]bool{},
-		KnownAddrs: map[string]bool{}, NodeAddrs: []string{nodeAddr}, NodePortRange: [2]int{30000, 32767}}
-	for _, p := range strings.Split(controlplane.DefaultServiceCIDR, ",") {
-		exp.ServiceCIDRs = append(exp.ServiceCIDRs, netip.MustParsePrefix(p))
+		KnownAddrs: map[string]bool{}, NodeAddrs: nodeAddrs, NodePortRange: [2]int{30000, 32767}}
+	for _, p := range strings.Split(serviceCIDRs, ",") {
+		pfx := netip.MustParsePrefix(p)
+		exp.ServiceCIDRs = append(exp.ServiceCIDRs, pfx)
+		if pfx.Addr().Is4() {
+			exp.Routed = append(exp.Routed, pfx)
+		}
 	}
-	exp.Routed = bedRoutedRanges()
-	svcs, err := c.fast.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	svcs, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatalf("list services: %v", err)
 	}
@@ -273,7 +285,7 @@ func (c chaosEnv) expected(t *testing.T, scope ...string) chaos.Expected {
 	type key struct{ ns, svc, port string }
 	rs := map[key][]string{}
 	for _, ns := range scope {
-		slices, err := c.fast.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{})
+		slices, err := cs.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatalf("list endpointslices: %v", err)
 		}
@@ -322,8 +334,10 @@ func (c chaosEnv) expected(t *testing.T, scope ...string) chaos.Expected {
 					exp.KnownAddrs[ip] = true
 				}
 			}
-			if p.NodePort != 0 {
-				exp.Known[string(p.Protocol)+" "+hostPort(nodeAddr, p.NodePort)] = true
+			for _, a := range nodeAddrs {
+				if p.NodePort != 0 {
+					exp.Known[string(p.Protocol)+" "+hostPort(a, p.NodePort)] = true
+				}
 			}
 		}
 	}
@@ -333,9 +347,18 @@ func (c chaosEnv) expected(t *testing.T, scope ...string) chaos.Expected {
 // kernelState reads ipvs-proxy's part of the VM's kernel in one round trip.
 func (c chaosEnv) kernelState(t *testing.T) chaos.State {
 	t.Helper()
+	return readKernelState(t, c.VM)
+}
+
+// readKernelState reads ipvs-proxy's part of v's kernel in one round trip.
+func readKernelState(t *testing.T, v *vm.VM) chaos.State {
+	t.Helper()
 	const sep = "=====chaos====="
-	out := c.vmRun(t, "sh", "-c", "ipvsadm -Ln; echo "+sep+"; ip -o addr show dev "+proxyIface+" 2>/dev/null || echo NO-INTERFACE; echo "+sep+"; ipset save; echo "+sep+
+	out, err := v.RunOK(context.Background(), "sh", "-c", "ipvsadm -Ln; echo "+sep+"; ip -o addr show dev "+proxyIface+" 2>/dev/null || echo NO-INTERFACE; echo "+sep+"; ipset save; echo "+sep+
 		"; ip -4 route show table local dev "+proxyIface+" 2>/dev/null; true")
+	if err != nil {
+		t.Fatalf("kernel state: %v", err)
+	}
 	parts := strings.Split(out, sep+"\n")
 	if len(parts) != 4 {
 		t.Fatalf("kernel state: %d parts:\n%s", len(parts), out)
@@ -365,10 +388,16 @@ func bedRoutedRanges() []netip.Prefix {
 // timeout it fails the test with the diff.
 func (c chaosEnv) converge(t *testing.T, what string, exp chaos.Expected, timeout time.Duration) (time.Duration, chaos.Diff) {
 	t.Helper()
+	return convergeOn(t, c.VM, what, exp, timeout)
+}
+
+// convergeOn is chaosEnv.converge on v's kernel.
+func convergeOn(t *testing.T, v *vm.VM, what string, exp chaos.Expected, timeout time.Duration) (time.Duration, chaos.Diff) {
+	t.Helper()
 	start := time.Now()
 	logged := start
 	for {
-		d := chaos.Compare(c.kernelState(t), exp)
+		d := chaos.Compare(readKernelState(t, v), exp)
 		took := time.Since(start)
 		if d.Converged() {
 			return took, d

@@ -47,7 +47,7 @@ func TestDirectServerReturn(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := c.DeployIPVSProxyEdited(ctx, deployDir, "directServerReturn:\n      enabled: false", "directServerReturn:\n      enabled: true"); err != nil {
+	if err := c.DeployIPVSProxyEdited(ctx, deployDir, "directServerReturn:\n  enabled: false", "directServerReturn:\n  enabled: true"); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("TIMING 2 nodes with ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))

@@ -68,19 +68,10 @@ const (
 // the agent's order: node-1's and node-3's sh maps disagree, and node-2's
 // map is the agent's, for both schedulers.
 func TestHashSchedulersAgreeAcrossNodes(t *testing.T) {
-	assets := vm.Require(t)
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{Assets: assets, Log: t.Logf, Nodes: 3, Outside: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.DeployIPVSProxyShipped(ctx, deployDir); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("TIMING 3 nodes with ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
+	c := shippedCluster(ctx, t, 3)
 	b := &hashBed{ctx: ctx, c: c, ns: "hash", lastUse: map[string]time.Time{}, svcs: []hashService{
 		{name: "hash-mh", sched: "mh", flags: "mh-fallback,mh-port", lbIP: cluster.SegmentAddr(210), controlIP: cluster.SegmentAddr(211), ports: 1000},
 		{name: "hash-sh", sched: "sh", flags: "sh-fallback,sh-port", lbIP: cluster.SegmentAddr(212), controlIP: cluster.SegmentAddr(213), ports: 300},
@@ -106,6 +97,24 @@ func TestHashSchedulersAgreeAcrossNodes(t *testing.T) {
 
 	b.control(t, pods, scaled)
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// shippedCluster starts a cluster of nodes nodes and the outside host
+// with ipvs-proxy's DaemonSet from deploy/ as shipped, closed when the
+// test ends.
+func shippedCluster(ctx context.Context, t *testing.T, nodes int) *cluster.Cluster {
+	t.Helper()
+	began := time.Now()
+	c, err := cluster.Start(ctx, cluster.Options{Assets: vm.Require(t), Log: t.Logf, Nodes: nodes, Outside: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.DeployIPVSProxyShipped(ctx, deployDir); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("TIMING %d nodes with ipvs-proxy ready after %s", nodes, time.Since(began).Round(time.Millisecond))
+	return c
 }
 
 // hashBed is the hash test's cluster and what it keeps between rounds.
@@ -448,7 +457,14 @@ func (b *hashBed) restartAgent(t *testing.T, n *cluster.Node, flush bool, pods [
 // agentPod is ipvs-proxy's pod on node n.
 func (b *hashBed) agentPod(t *testing.T, n *cluster.Node) *corev1.Pod {
 	t.Helper()
-	pl, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(b.ctx, metav1.ListOptions{
+	return ipvsProxyPod(b.ctx, t, b.c, n)
+}
+
+// ipvsProxyPod is ipvs-proxy's pod on node n (an empty pod when there is
+// none).
+func ipvsProxyPod(ctx context.Context, t *testing.T, c *cluster.Cluster, n *cluster.Node) *corev1.Pod {
+	t.Helper()
+	pl, err := c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
 		LabelSelector: cluster.IPVSProxyPods, FieldSelector: "spec.nodeName=" + n.Name})
 	if err != nil {
 		t.Fatal(err)

@@ -24,6 +24,9 @@ import (
 type consumerSet struct {
 	list  []consumer.Consumer
 	retry map[int]*reconciler.Backoff
+	// failed is the error of each consumer in retry: it still fails until
+	// a full sync of it succeeds, whatever partial syncs do meanwhile.
+	failed map[int]error
 	// again holds the backoff of each consumer whose Sync succeeded but
 	// asked to be synced again (consumer.ServiceReporter's Retry: writes
 	// the kernel refused for some Service): due like a retry, but the node
@@ -41,7 +44,7 @@ type finisher struct {
 }
 
 func newConsumerSet(retryBase, retryMax time.Duration, log *zap.Logger) *consumerSet {
-	return &consumerSet{retry: map[int]*reconciler.Backoff{}, again: map[int]*reconciler.Backoff{},
+	return &consumerSet{retry: map[int]*reconciler.Backoff{}, failed: map[int]error{}, again: map[int]*reconciler.Backoff{},
 		retryBase: retryBase, retryMax: retryMax, log: log}
 }
 
@@ -133,11 +136,17 @@ func (cs *consumerSet) sync(now time.Time, full, after bool) error {
 				cs.retry[i] = b
 			}
 			b.Fail(now, cs.retryBase, cs.retryMax)
-			errs = append(errs, nodeFailure{part: c.Name(), err: fmt.Errorf("%s: %w", c.Name(), err)})
+			cs.failed[i] = nodeFailure{part: c.Name(), err: fmt.Errorf("%s: %w", c.Name(), err)}
+			errs = append(errs, cs.failed[i])
 			continue
 		}
 		if cfull || b == nil {
 			delete(cs.retry, i)
+			delete(cs.failed, i)
+		} else if err := cs.failed[i]; err != nil {
+			// A partial sync between the retries of a failed full one
+			// (the glue: sets written, the rules still not restored).
+			errs = append(errs, err)
 		}
 		cs.syncAgain(i, c, now)
 	}

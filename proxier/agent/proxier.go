@@ -337,7 +337,12 @@ func (p *Proxier) SyncOnce(full bool) error {
 	in, nodeErr := p.tracker.snapshot(full && !p.rec.AdoptsRead(full))
 	p.build(in)
 	if !full && !p.rec.Pending() && len(in.services) == 0 && !p.consumers.due(p.clock.Now()) {
-		p.tracker.settleIfIdle()
+		// Nothing to do now; but a node-wide part that still fails (the
+		// glue between its retries) keeps its changes waiting, and
+		// /healthz's clock running.
+		if len(p.reporter.health().failing) == 0 {
+			p.tracker.settleIfIdle()
+		}
 		return nodeErr
 	}
 	if len(in.services) > 0 {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -259,18 +260,23 @@ func TestFinisherAfterFullSuccess(t *testing.T) {
 	}
 }
 
-// failingConsumer is a consumer whose Sync fails with err (nil: succeeds);
+// failingConsumer is a consumer whose Sync fails with err (nil: succeeds),
+// with fullOnly only its full syncs (the glue's restore runs only then);
 // it records its syncs.
 type failingConsumer struct {
-	name  string
-	err   error
-	syncs int
+	name     string
+	err      error
+	fullOnly bool
+	syncs    int
 }
 
 func (c *failingConsumer) Name() string                                     { return c.name }
 func (c *failingConsumer) SetPlan(types.NamespacedName, *model.ServicePlan) {}
-func (c *failingConsumer) Sync(bool) error {
+func (c *failingConsumer) Sync(full bool) error {
 	c.syncs++
+	if c.fullOnly && !full {
+		return nil
+	}
 	return c.err
 }
 
@@ -392,5 +398,57 @@ func TestFailedParts(t *testing.T) {
 		if diff := cmp.Diff(tc.want, failedParts(tc.err)); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
 		}
+	}
+}
+
+// TestStatusPendingWhileConsumerRetries: a node-wide part that keeps
+// failing (the iptables glue with a broken iptables-restore, which runs in
+// its full syncs only) stays failing, and keeps the pending clock that
+// /healthz reads running from its first failure, through the syncs between
+// its retries: with nothing to do (a wake-up by an address notification),
+// or partial ones in which its own partial sync succeeds (a Service
+// changed); it stops once a retry succeeds.
+func TestStatusPendingWhileConsumerRetries(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 6, 13, 0, 0, 0, time.UTC))
+	p := New(Config{NodeName: "n1", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"}, IPv4: true, Clock: clk,
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Minute, RetryBase: time.Second},
+		nil, fake.NewIPVS(), fake.NewLinks(node), nil, nil, zap.NewNop())
+	glue := &failingConsumer{name: "iptables glue", err: errors.New("injected: iptables-restore failed"), fullOnly: true}
+	p.AddConsumer(glue)
+	p.tracker.onService(clusterIPService("a", "10.96.0.10"), false)
+	if err := p.SyncOnce(true); err == nil {
+		t.Fatal("sync succeeded with the glue failing")
+	}
+	first := p.Status().PendingSince
+	if first.IsZero() {
+		t.Fatal("nothing pending after the glue failed")
+	}
+	for i := range 5 {
+		clk.Step(100 * time.Millisecond) // not yet due: the glue's backoff is 1 s
+		if i%2 == 1 {                    // a change: a partial sync, in which the glue succeeds
+			p.tracker.onService(clusterIPService(fmt.Sprint("b", i), fmt.Sprint("10.96.0.", 20+i)), false)
+		}
+		if err := p.SyncOnce(false); err == nil && i%2 == 1 {
+			t.Fatalf("partial sync %d between the glue's retries succeeded; want the glue still failing", i)
+		}
+		if st := p.Status(); !st.PendingSince.Equal(first) || len(st.Failing) == 0 {
+			t.Fatalf("after idle sync %d between the glue's retries: pending since %v, failing %v; want since %v, the glue failing",
+				i, st.PendingSince, st.Failing, first)
+		}
+	}
+	clk.Step(time.Second) // the retry is due, and fails again
+	if err := p.SyncOnce(false); err == nil {
+		t.Fatal("the glue's retry succeeded")
+	}
+	if st := p.Status(); !st.PendingSince.Equal(first) {
+		t.Fatalf("after a failed retry: pending since %v, want %v (the first failure)", st.PendingSince, first)
+	}
+	glue.err = nil
+	clk.Step(5 * time.Second)
+	if err := p.SyncOnce(false); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Status(); !st.PendingSince.IsZero() || st.Failing != nil {
+		t.Fatalf("after the glue's retry succeeded: %+v, want nothing pending or failing", st)
 	}
 }

@@ -699,6 +699,31 @@ func (n *Node) ExecCtr(ctx context.Context, containerID, execID string, argv ...
 	return r.Stdout + r.Stderr, err
 }
 
+// Ctr runs containerd's own client on n in the k8s.io namespace (ctr
+// ARGS...) and returns its output.
+func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
+	out, err := n.VM.RunOK(ctx, append([]string{"ctr", "--address", containerdSock, "-n", "k8s.io"}, args...)...)
+	if err != nil {
+		return out, fmt.Errorf("cluster: %s: ctr %s: %w", n.Name, strings.Join(args, " "), err)
+	}
+	return out, nil
+}
+
+// TaskPID is the process ID, in n's root namespace, of the main process
+// of a container on n (containerID as ExecCtr takes it).
+func (n *Node) TaskPID(ctx context.Context, containerID string) (int, error) {
+	out, err := n.Ctr(ctx, "task", "ls")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == containerID {
+			return strconv.Atoi(f[1])
+		}
+	}
+	return 0, fmt.Errorf("cluster: %s: no task of container %s in `ctr task ls`:\n%s", n.Name, containerID, out)
+}
+
 // Node is the node named name, or nil.
 func (c *Cluster) Node(name string) *Node {
 	for _, n := range c.Nodes {

@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+)
+
+// chaosNodesNewIP is node-1's new address in case 4: on the segment (the
+// one the outside host reaches), from the tests' own part of it.
+var chaosNodesNewIP = cluster.SegmentAddr(241)
+
+// addressFollow bounds the time from an address's change to node ports
+// that follow it: the agent hears of it from the kernel at once.
+const addressFollow = 10 * time.Second
+
+// nodeAddressChange is issue 45's case 4: node-1's address on the segment
+// (its kubelet's node IP) is replaced by chaosNodesNewIP: the new one
+// added beside it, then the old one removed, as a renumbering does. The
+// bed keeps reaching the node: it drives the VM over its other interface
+// (QEMU's user network), and the segment stays up with the new address
+// promoted (promote_secondaries). The outside host's route to the
+// LoadBalancer IP and node-2's route to node-1's pods move to the new
+// address before the old one goes, as the network would. Node ports
+// follow at once on node-1: the outside host reaches the new address's
+// node port within addressFollow of its addition, every Service's node
+// port is there, and within addressFollow of the old address's removal no
+// virtual server is left on it. Node-2 is untouched (its IPVS table the
+// same, no write), and no connection fails meanwhile (node-1's node port
+// is not in the streams: its old address is meant to stop answering).
+// The Node object keeps the old address (kubelet only logs that it is
+// gone), so nothing else changes in the cluster. The old address is put
+// back at the end, under the same traffic.
+func (b *nodesBed) nodeAddressChange(t *testing.T) {
+	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
+	oldIP, newIP := n1.IP, chaosNodesNewIP
+	other := b.untouched(t, n2)
+	writes := b.writes(t, n1)
+	restarts := restartCount(ipvsProxyPod(b.ctx, t, b.c, n1))
+	tr := b.startTraffic(t, "address", map[string]string{n2.Name: n2.IP})
+
+	b.run(t, n1.VM, "sysctl", "-qw", "net.ipv4.conf."+cluster.SegmentIface+".promote_secondaries=1")
+	added := time.Now()
+	b.run(t, n1.VM, "ip", "addr", "add", newIP+"/24", "dev", cluster.SegmentIface)
+	b.waitAnswered(t, b.nodePort(newIP))
+	follow := time.Since(added)
+	tr.add(t, b.c.Outside, "outside-new-node-port", b.nodePort(newIP))
+	newPorts := b.nodePortsAt(t, n1, newIP)
+
+	b.routeNode(t, n1, newIP)
+	removed := time.Now()
+	b.run(t, n1.VM, "ip", "addr", "del", oldIP+"/24", "dev", cluster.SegmentIface)
+	b.keepPodRoute(t, n1, n2)
+	waitWithin(b.ctx, t, 2*time.Minute, "no virtual server on "+oldIP+" on "+n1.Name, func() (bool, string) {
+		left := virtualServersOn(readKernelState(t, n1.VM), oldIP)
+		return len(left) == 0, sample(left)
+	})
+	dropped := time.Since(removed)
+	time.Sleep(10 * time.Second) // traffic on the new address alone
+	if follow > addressFollow {
+		t.Errorf("%s: the node port on the new address %s answered %s after its addition; want within %s", n1.Name, newIP, follow.Round(time.Millisecond), addressFollow)
+	}
+	if dropped > addressFollow {
+		t.Errorf("%s: virtual servers on the removed address %s left %s after its removal; want within %s", n1.Name, oldIP, dropped.Round(time.Millisecond), addressFollow)
+	}
+	leaks := b.leaks(t)
+	ownWrites := int(b.writes(t, n1) - writes)
+	ready := b.nodeReady(t, n1)
+	// The old address back before the pods' results are read: the
+	// apiserver reaches node-1's kubelet at it.
+	tr.stopStream(t, "outside-new-node-port")
+	b.restoreAddress(t, n1, oldIP, newIP)
+	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "sync failed")
+	b.agentRestarts(t, n1, restarts)
+	attempted, failed := tr.stop(t)
+	otherWrites := other.check(b.ctx, t, b)
+	notes := fmt.Sprintf("%s's segment address %s -> %s: new node port answered from the outside host %s after the add (%d node ports there), "+
+		"old address's virtual servers gone %s after the delete; Node Ready throughout: %v; %s untouched (%d writes); %d Services",
+		n1.Name, oldIP, newIP, follow.Round(100*time.Millisecond), newPorts, dropped.Round(100*time.Millisecond), ready, n2.Name, otherWrites, b.size)
+	chaos.Record(t, "", chaos.Row{Case: "nodes-address-change", TrafficAttempted: attempted, TrafficFailed: failed,
+		KernelWrites: ownWrites, ConvergeSeconds: math.Round(follow.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
+}
+
+// logAgent logs the lines of n's agent since since that contain one of
+// what (the last 40).
+func (b *nodesBed) logAgent(t *testing.T, n *cluster.Node, since time.Time, what ...string) {
+	t.Helper()
+	p := ipvsProxyPod(b.ctx, t, b.c, n)
+	raw, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(p.Name,
+		&corev1.PodLogOptions{SinceTime: &metav1.Time{Time: since.Add(-time.Second)}}).DoRaw(b.ctx)
+	if err != nil {
+		t.Logf("%s: the agent's log: %v", n.Name, err)
+		return
+	}
+	var lines []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if slices.ContainsFunc(what, func(w string) bool { return strings.Contains(l, w) }) {
+			lines = append(lines, l)
+		}
+	}
+	t.Logf("%s: the agent's lines since %s (%d):\n%s", n.Name, since.Format("15:04:05.000"), len(lines),
+		strings.Join(lines[max(0, len(lines)-40):], "\n"))
+}
+
+// run runs argv in v and fails the test if it fails.
+func (b *nodesBed) run(t *testing.T, v *vm.VM, argv ...string) {
+	t.Helper()
+	if out, err := v.RunOK(b.ctx, argv...); err != nil {
+		t.Fatalf("%s: %v: %s", strings.Join(argv, " "), err, out)
+	}
+}
+
+// waitAnswered waits until the outside host's connection to addr is
+// answered (one attempt every half second, each with a 1 s timeout).
+func (b *nodesBed) waitAnswered(t *testing.T, addr string) {
+	t.Helper()
+	waitWithin(b.ctx, t, 2*time.Minute, "outside host -> "+addr+" answered", func() (bool, string) {
+		hit := vmHit(b.ctx, t, b.c.Outside, addr, 1, "--timeout", "1s")
+		if hit.Total() == 1 {
+			return true, ""
+		}
+		time.Sleep(500 * time.Millisecond)
+		return false, fmt.Sprint(hit.Errors)
+	})
+}
+
+// routeNode points what reaches node-1 over the segment at addr: the
+// outside host's route to the LoadBalancer IP, node-2's to node-1's pods.
+func (b *nodesBed) routeNode(t *testing.T, n1 *cluster.Node, addr string) {
+	t.Helper()
+	b.run(t, b.c.Outside, "ip", "route", "replace", chaosNodesLBIP+"/32", "via", addr, "dev", cluster.SegmentIface)
+	b.run(t, b.c.Nodes[1].VM, "ip", "route", "replace", n1.PodCIDR, "via", addr, "dev", cluster.SegmentIface)
+}
+
+// keepPodRoute checks that n still routes other's pods over the segment
+// after an address change, and puts the route back if the kernel took it
+// away (bed plumbing, logged).
+func (b *nodesBed) keepPodRoute(t *testing.T, n, other *cluster.Node) {
+	t.Helper()
+	out, err := n.VM.RunOK(b.ctx, "ip", "-4", "route", "show", other.PodCIDR)
+	if err == nil && strings.Contains(out, "via "+other.IP) {
+		return
+	}
+	t.Logf("%s: the route to %s's pods went with the address (%q, %v); put back", n.Name, other.Name, out, err)
+	b.run(t, n.VM, "ip", "route", "replace", other.PodCIDR, "via", other.IP, "dev", cluster.SegmentIface)
+}
+
+// restoreAddress gives n1 its old address back and takes the new one
+// away, routes first, and waits for the old address's node ports.
+func (b *nodesBed) restoreAddress(t *testing.T, n1 *cluster.Node, oldIP, newIP string) {
+	t.Helper()
+	b.run(t, n1.VM, "ip", "addr", "add", oldIP+"/24", "dev", cluster.SegmentIface)
+	b.routeNode(t, n1, oldIP)
+	b.run(t, n1.VM, "ip", "addr", "del", newIP+"/24", "dev", cluster.SegmentIface)
+	b.keepPodRoute(t, n1, b.c.Nodes[1])
+	waitWithin(b.ctx, t, 2*time.Minute, "node ports back on "+oldIP, func() (bool, string) {
+		st := readKernelState(t, n1.VM)
+		return len(virtualServersOn(st, oldIP)) > 0 && len(virtualServersOn(st, newIP)) == 0, sample(virtualServersOn(st, newIP))
+	})
+	b.nodePortsAt(t, n1, oldIP)
+}
+
+// virtualServersOn lists the virtual servers of st on addr.
+func virtualServersOn(st chaos.State, addr string) []string {
+	var out []string
+	for vs := range st.Virtual {
+		if strings.Contains(vs, " "+addr+":") {
+			out = append(out, vs)
+		}
+	}
+	return out
+}
+
+// nodeReady reports n's Ready condition.
+func (b *nodesBed) nodeReady(t *testing.T, n *cluster.Node) bool {
+	t.Helper()
+	node, err := b.c.Client.CoreV1().Nodes().Get(b.ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

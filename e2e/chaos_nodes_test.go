@@ -1,0 +1,543 @@
+package e2e
+
+// Issue 45's cases 3 and 4 on the two-node cluster with the outside host
+// (`make chaos-nodes`): the cluster, its Services and live traffic from
+// every kind of client. The cases are in chaos_nodes_glue_test.go and
+// chaos_nodes_addr_test.go.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
+)
+
+// The namespaces of TestChaosNodes: the live Service and its pods, and
+// the bulk Services.
+const (
+	chaosNodesNS     = "chaos-nodes"
+	chaosNodesBulkNS = "chaos-nodes-bulk"
+)
+
+// chaosNodesLBIP is the live Service's LoadBalancer IP on the segment,
+// routed by the outside host to node-1.
+var chaosNodesLBIP = cluster.SegmentAddr(220)
+
+// TestChaosNodes: two nodes (ipvs-proxy's DaemonSet as shipped) and the
+// outside host; CHAOS_SIZE bulk Services (ClusterIP, NodePort and
+// LoadBalancer in turn, two endpoints each that only the kernel's tables
+// see) and a live LoadBalancer Service (policy Cluster) whose two pods
+// run one on each node. Through each case, a new TCP connection every
+// 200 ms from a pod and the host of each node and from the outside host,
+// to the live Service's clusterIP, node port and LoadBalancer IP.
+//   - nodes-glue-restore-fails: iptables-restore fails in node-1's agent
+//     container for 3 minutes while the glue has drift to repair
+//     (chaos_nodes_glue_test.go);
+//   - nodes-address-change: node-1's segment address replaced by another
+//     (chaos_nodes_addr_test.go).
+func TestChaosNodes(t *testing.T) {
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	defer cancel()
+	c := shippedCluster(ctx, t, 2)
+	b := newNodesBed(ctx, t, c, chaosSize(t))
+	t.Run("nodes-glue-restore-fails", b.persistentGlueFailure)
+	t.Run("nodes-address-change", b.nodeAddressChange)
+	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// nodesBed is TestChaosNodes' cluster and its Services.
+type nodesBed struct {
+	ctx  context.Context
+	c    *cluster.Cluster
+	fast kubernetes.Interface // 500 requests/s, for bulk work
+	size int                  // bulk Services
+	live *corev1.Service
+	// nodePorted are the Services with a node port (the live one and
+	// two bulk Services in three).
+	nodePorted []*corev1.Service
+}
+
+// newNodesBed makes the Services and waits until both nodes have them all.
+func newNodesBed(ctx context.Context, t *testing.T, c *cluster.Cluster, size int) *nodesBed {
+	t.Helper()
+	cfg := rest.CopyConfig(c.CP.RESTConfig)
+	cfg.QPS, cfg.Burst = 500, 1000
+	fast, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &nodesBed{ctx: ctx, c: c, fast: fast, size: size}
+	clusterNamespace(ctx, t, c.Client, chaosNodesNS)
+	clusterNamespace(ctx, t, c.Client, chaosNodesBulkNS)
+	b.startServers(t)
+	start := time.Now()
+	bulk := b.bulkServices(t, size)
+	created := time.Since(start)
+	for _, s := range bulk {
+		if s.Spec.Type != corev1.ServiceTypeClusterIP {
+			b.nodePorted = append(b.nodePorted, s)
+		}
+	}
+	for _, n := range c.Nodes {
+		took, _ := convergeOn(t, n.VM, n.Name+": the Services", b.expected(t, n), 10*time.Minute)
+		ports := b.nodePortsAt(t, n, n.IP)
+		t.Logf("%s: %d bulk Services created in %s, programmed %s later (%d node ports)", n.Name, size, created.Round(time.Millisecond), took.Round(time.Millisecond), ports)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	return b
+}
+
+// startServers runs a server pod on each node behind the live Service
+// and waits until both are its real servers on both nodes.
+func (b *nodesBed) startServers(t *testing.T) {
+	t.Helper()
+	var pods []*corev1.Pod
+	for i, n := range b.c.Nodes {
+		name := "server-" + strconv.Itoa(i+1)
+		p := agentPod(name, []string{"/vmagent", "serve", "--name", name, "--port", "8080", "--tcp"})
+		p.Labels = map[string]string{"app": "chaos-server"}
+		p.Spec.NodeName = n.Name
+		// Burstable, as in TestChaosRollingUpdate: a BestEffort pod's
+		// answers stall for seconds on a node this busy.
+		p.Spec.Containers[0].Resources = burstable("200m")
+		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
+			PeriodSeconds: 1,
+		}
+		pods = append(pods, p)
+	}
+	running := runPods(b.ctx, t, b.c, chaosNodesNS, pods...)
+	api := b.c.Client.CoreV1().Services(chaosNodesNS)
+	live, err := api.Create(b.ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "live"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "chaos-server"},
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyCluster,
+			Ports:                 []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: chaosNodesLBIP}}
+	if b.live, err = api.UpdateStatus(b.ctx, live, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.nodePorted = append(b.nodePorted, b.live)
+	want := map[string]int{}
+	for _, p := range running {
+		want[p.Status.PodIP] = 1
+	}
+	for _, n := range b.c.Nodes {
+		for _, vs := range []string{b.clusterIP(), b.lbIP(), b.nodePort(n.IP)} {
+			waitFor(b.ctx, t, fmt.Sprintf("%s with both servers on %s", vs, n.Name), func() (bool, string) {
+				out, err := n.VM.RunOK(b.ctx, "ipvsadm", "-Ln", "-t", vs)
+				return err == nil && len(ipvsWeights(out)) == 2 && weightsMatch(ipvsWeights(out), want), out + fmt.Sprint(err)
+			})
+		}
+	}
+}
+
+// The live Service's addresses.
+func (b *nodesBed) clusterIP() string { return hostPort(b.live.Spec.ClusterIP, 80) }
+func (b *nodesBed) lbIP() string      { return hostPort(chaosNodesLBIP, 80) }
+func (b *nodesBed) nodePort(ip string) string {
+	return hostPort(ip, b.live.Spec.Ports[0].NodePort)
+}
+
+// bulkServices creates bulk-<i> for i in [0, n) in the bulk namespace:
+// ClusterIP, NodePort and LoadBalancer (no ingress) in turn, TCP port 80,
+// each with an EndpointSlice of two endpoints nothing answers on.
+func (b *nodesBed) bulkServices(t *testing.T, n int) []*corev1.Service {
+	t.Helper()
+	types := []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer}
+	out := make([]*corev1.Service, n)
+	err := parallel(n, func(i int) error {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: chaosNodesBulkNS, Name: fmt.Sprintf("bulk-%d", i)},
+			Spec: corev1.ServiceSpec{Type: types[i%len(types)], Ports: []corev1.ServicePort{tcpPort("http", 80)}}}
+		created, err := b.fast.CoreV1().Services(chaosNodesBulkNS).Create(b.ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("create service %s: %w", svc.Name, err)
+		}
+		if _, err := b.fast.DiscoveryV1().EndpointSlices(chaosNodesBulkNS).Create(b.ctx, slice(created, fakeEndpoints(i, 2)),
+			metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create endpointslice of %s: %w", svc.Name, err)
+		}
+		out[i] = created
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// expected is the state node n should hold: the case's Services exactly,
+// every other as allowed, node ports on every address n has now.
+func (b *nodesBed) expected(t *testing.T, n *cluster.Node) chaos.Expected {
+	t.Helper()
+	return expectedState(t, b.fast, cluster.ServiceCIDR, b.nodeAddrs(t, n), chaosNodesNS, chaosNodesBulkNS)
+}
+
+// nodeAddrs are n's IPv4 addresses that carry node ports as shipped:
+// every one but loopback's and the proxy interface's.
+func (b *nodesBed) nodeAddrs(t *testing.T, n *cluster.Node) []string {
+	t.Helper()
+	out, err := n.VM.RunOK(b.ctx, "ip", "-o", "-4", "addr", "show")
+	if err != nil {
+		t.Fatalf("%s: %v", n.Name, err)
+	}
+	var addrs []string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 4 && f[1] != "lo" && f[1] != proxyIface {
+			a, _, _ := strings.Cut(f[3], "/")
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
+}
+
+// nodePortsAt fails the test unless n has, within 30 s, a virtual server
+// on addr for each node port of the case's Services, and returns how many
+// it has.
+func (b *nodesBed) nodePortsAt(t *testing.T, n *cluster.Node, addr string) int {
+	t.Helper()
+	var missing []string
+	for start := time.Now(); ; time.Sleep(time.Second) {
+		st := readKernelState(t, n.VM)
+		missing = missing[:0]
+		for _, s := range b.nodePorted {
+			if vs := "TCP " + hostPort(addr, s.Spec.Ports[0].NodePort); st.Virtual[vs] == nil {
+				missing = append(missing, s.Namespace+"/"+s.Name+" "+vs)
+			}
+		}
+		if len(missing) == 0 || time.Since(start) > 30*time.Second {
+			break
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("%s: %d of %d node ports have no virtual server on %s: %s", n.Name, len(missing), len(b.nodePorted), addr, sample(missing))
+	}
+	return len(b.nodePorted) - len(missing)
+}
+
+// ipvsLines is a node's `ipvsadm -Ln`, sorted: its whole IPVS table with
+// schedulers, forwarding methods and weights.
+func ipvsLines(ctx context.Context, t *testing.T, n *cluster.Node) []string {
+	t.Helper()
+	out, err := n.VM.RunOK(ctx, "ipvsadm", "-Ln")
+	if err != nil {
+		t.Fatalf("%s: %v", n.Name, err)
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		// A real server's line without its connection counts.
+		if f := strings.Fields(l); len(f) >= 4 && f[0] == "->" {
+			l = strings.Join(f[:4], " ")
+		}
+		lines = append(lines, l)
+	}
+	slices.Sort(lines)
+	return lines
+}
+
+// agentRestarts fails the test if n's agent restarted since restarts, and
+// logs what kubelet said of its pod (probe failures, kills).
+func (b *nodesBed) agentRestarts(t *testing.T, n *cluster.Node, restarts int32) {
+	t.Helper()
+	p := ipvsProxyPod(b.ctx, t, b.c, n)
+	list, err := b.c.Client.CoreV1().Events(metav1.NamespaceSystem).List(b.ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=Pod,involvedObject.name=" + p.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Items {
+		if e.Type == corev1.EventTypeWarning || e.Reason == "Killing" {
+			t.Logf("%s: agent pod %s: %s %s x%d: %s", n.Name, p.Name, e.LastTimestamp.Format("15:04:05"), e.Reason, e.Count, e.Message)
+		}
+	}
+	if got := restartCount(p); got != restarts {
+		t.Errorf("%s: the agent's container restarted %d times during the case (%s); want 0: kubelet's probes must not restart an agent whose IPVS serves",
+			n.Name, got-restarts, cluster.PodSummary(p))
+	}
+}
+
+// untouched is what a case must leave alone on a node: its IPVS table and
+// the agent's count of netlink writes.
+type untouched struct {
+	n      *cluster.Node
+	ipvs   []string
+	writes float64
+}
+
+func (b *nodesBed) untouched(t *testing.T, n *cluster.Node) untouched {
+	t.Helper()
+	return untouched{n: n, ipvs: ipvsLines(b.ctx, t, n), writes: b.writes(t, n)}
+}
+
+// check fails the test if the table changed or the agent wrote; it
+// returns the writes.
+func (u untouched) check(ctx context.Context, t *testing.T, b *nodesBed) int {
+	t.Helper()
+	now := ipvsLines(ctx, t, u.n)
+	if missing, extra := lineDiff(u.ipvs, now); len(missing)+len(extra) > 0 {
+		t.Errorf("%s's IPVS table changed: lines gone %s; new %s", u.n.Name, sample(missing), sample(extra))
+	}
+	writes := int(b.writes(t, u.n) - u.writes)
+	if writes != 0 {
+		t.Errorf("%s's agent made %d netlink writes; want 0", u.n.Name, writes)
+	}
+	return writes
+}
+
+// agentHTTP is a GET of the agent's own endpoint on n (the metrics on
+// 127.0.0.1:10249, health on 10256), from n's host: up to 3 attempts of
+// 20 s (a scrape dumps the IPVS table for the per-Service series, which
+// took over 5 s in the emulated node under the case's traffic), each
+// failure logged.
+func (b *nodesBed) agentHTTP(t *testing.T, n *cluster.Node, url string) agentapi.HTTPResult {
+	t.Helper()
+	var err error
+	for try := 1; try <= 3; try++ {
+		began := time.Now()
+		var out string
+		out, err = n.VM.RunOK(b.ctx, "vmagent", "http", "--timeout", "20s", url)
+		var res agentapi.HTTPResult
+		if err == nil {
+			if err = json.Unmarshal([]byte(out), &res); err == nil {
+				return res
+			}
+		}
+		t.Logf("%s: GET %s, attempt %d, %s: %v", n.Name, url, try, time.Since(began).Round(time.Millisecond), err)
+	}
+	t.Fatalf("%s: GET %s: %v", n.Name, url, err)
+	return agentapi.HTTPResult{}
+}
+
+// metric is the value of the sample named series (name and labels as the
+// text format writes them) of n's agent; 0 when absent.
+func (b *nodesBed) metric(t *testing.T, n *cluster.Node, series string) float64 {
+	t.Helper()
+	v, _ := b.sample(t, n, series)
+	return v
+}
+
+// writes is the netlink writes n's agent has made since it started.
+func (b *nodesBed) writes(t *testing.T, n *cluster.Node) float64 {
+	t.Helper()
+	v, ok := b.sample(t, n, "ipvs_proxy_sync_netlink_writes_sum")
+	if !ok {
+		t.Fatalf("%s: the agent's metrics have no ipvs_proxy_sync_netlink_writes_sum", n.Name)
+	}
+	return v
+}
+
+// sample reads series from n's agent's metrics.
+func (b *nodesBed) sample(t *testing.T, n *cluster.Node, series string) (float64, bool) {
+	t.Helper()
+	res := b.agentHTTP(t, n, "http://127.0.0.1:10249/metrics")
+	for _, l := range strings.Split(res.Body, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("%s: metric %s: %q", n.Name, series, l)
+			}
+			return f, true
+		}
+	}
+	return 0, false
+}
+
+// hitTarget is one stream of live traffic: its name and address.
+type hitTarget struct{ name, addr string }
+
+// nodesTraffic is a case's live traffic: `vmagent hit` in the hosts' root
+// namespaces and in one pod per node (a container per address), each a
+// new TCP connection every 200 ms with a 5 s timeout.
+type nodesTraffic struct {
+	b     *nodesBed
+	procs map[string]*vm.Proc
+	pods  []string       // the pods' names
+	done  []streamResult // streams stopped early
+}
+
+// hitArgv is the command of one stream.
+func hitArgv(addr string) []string {
+	return []string{"vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", "1000000", "--interval", "200ms", "--timeout", "5s"}
+}
+
+// startTraffic starts the streams: from each node's host and its pod to
+// the clusterIP and the LoadBalancer IP, and to the node ports of nodePort
+// (node name to the address its node port is reached at, from its own
+// host and the outside host; the pods use node-2's); from the outside host
+// to the LoadBalancer IP, routed to node-1.
+func (b *nodesBed) startTraffic(t *testing.T, label string, nodePort map[string]string) *nodesTraffic {
+	t.Helper()
+	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
+	if _, err := b.c.Outside.RunOK(b.ctx, "ip", "route", "replace", chaosNodesLBIP+"/32", "via", n1.IP, "dev", cluster.SegmentIface); err != nil {
+		t.Fatal(err)
+	}
+	tr := &nodesTraffic{b: b, procs: map[string]*vm.Proc{}}
+	for i, n := range b.c.Nodes {
+		targets := []hitTarget{{"cluster-ip", b.clusterIP()}, {"lb-ip", b.lbIP()}}
+		if a, ok := nodePort[n.Name]; ok {
+			tr.add(t, n.VM, n.Name+"-host-node-port", b.nodePort(a))
+			tr.add(t, b.c.Outside, "outside-"+n.Name+"-node-port", b.nodePort(a))
+		}
+		for _, tg := range targets {
+			tr.add(t, n.VM, n.Name+"-host-"+tg.name, tg.addr)
+		}
+		name := fmt.Sprintf("hit-%s-%d", label, i+1)
+		tr.startPod(t, name, n, append(targets, hitTarget{"node-port", b.nodePort(n2.IP)}))
+	}
+	tr.add(t, b.c.Outside, "outside-lb-ip", b.lbIP())
+	for _, name := range tr.pods {
+		waitFor(b.ctx, t, "pod "+name+" Running", func() (bool, string) {
+			p, err := b.c.Client.CoreV1().Pods(chaosNodesNS).Get(b.ctx, name, metav1.GetOptions{})
+			return err == nil && p.Status.Phase == corev1.PodRunning, fmt.Sprint(err)
+		})
+	}
+	time.Sleep(2 * time.Second) // traffic before the event
+	return tr
+}
+
+// add starts a stream in v's root namespace.
+func (tr *nodesTraffic) add(t *testing.T, v *vm.VM, name, addr string) {
+	t.Helper()
+	tr.procs[name] = startProc(tr.b.ctx, t, v, hitArgv(addr)...)
+}
+
+// startPod creates a pod on n with one stream per target.
+func (tr *nodesTraffic) startPod(t *testing.T, name string, n *cluster.Node, targets []hitTarget) {
+	t.Helper()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{
+		NodeName: n.Name, RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: ptr.To[int64](1)}}
+	for _, tg := range targets {
+		argv := hitArgv(tg.addr)
+		argv[0] = "/vmagent"
+		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: tg.name, Image: cluster.ServerImage,
+			ImagePullPolicy: corev1.PullIfNotPresent, Command: argv, Resources: burstable("50m")})
+	}
+	if _, err := tr.b.c.Client.CoreV1().Pods(chaosNodesNS).Create(tr.b.ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr.pods = append(tr.pods, name)
+}
+
+// stopStream stops one host's stream before the others.
+func (tr *nodesTraffic) stopStream(t *testing.T, name string) {
+	t.Helper()
+	res, fails := stopHit(t, tr.procs[name])
+	tr.done = append(tr.done, streamResult{name, res, fails})
+	delete(tr.procs, name)
+}
+
+// burstable asks for cpu and 16 MiB: a pod's container above BestEffort.
+func burstable(cpu string) corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{Requests: corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse("16Mi")}}
+}
+
+// streamResult is one stream's figures.
+type streamResult struct {
+	name     string
+	res      nettest.HitResult
+	failures []hitFailure
+}
+
+// stop ends every stream; it returns the attempts and failures in all,
+// and fails the test for a failed connection or a stream that barely ran.
+func (tr *nodesTraffic) stop(t *testing.T) (attempted, failed int) {
+	t.Helper()
+	all := tr.done
+	for name, p := range tr.procs {
+		res, fails := stopHit(t, p)
+		all = append(all, streamResult{name, res, fails})
+	}
+	for _, name := range tr.pods {
+		all = append(all, tr.stopPod(t, name)...)
+	}
+	slices.SortFunc(all, func(a, b streamResult) int { return strings.Compare(a.name, b.name) })
+	for _, s := range all {
+		attempted += s.res.Total() + len(s.failures)
+		failed += len(s.failures)
+		t.Logf("stream %s: %d answered (%v), %d failed %v", s.name, s.res.Total(), s.res.Answers, len(s.failures), s.failures[:min(3, len(s.failures))])
+		if s.res.Total() < 20 {
+			t.Errorf("stream %s: only %d answers: the traffic did not run", s.name, s.res.Total())
+		}
+		if len(s.failures) > 0 {
+			t.Errorf("stream %s: %d of %d connections failed: %v", s.name, len(s.failures), s.res.Total()+len(s.failures), s.failures)
+		}
+	}
+	return attempted, failed
+}
+
+// stopPod ends a traffic pod's streams (SIGTERM to each container's
+// process through containerd: the hit prints its result and exits) and
+// reads their results from the containers' logs.
+func (tr *nodesTraffic) stopPod(t *testing.T, name string) []streamResult {
+	t.Helper()
+	ctx, api := tr.b.ctx, tr.b.c.Client.CoreV1().Pods(chaosNodesNS)
+	p, err := api.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := tr.b.c.Node(p.Spec.NodeName)
+	for _, cs := range p.Status.ContainerStatuses {
+		if _, err := n.Ctr(ctx, "task", "kill", "--signal", "SIGTERM", strings.TrimPrefix(cs.ContainerID, "containerd://")); err != nil {
+			t.Errorf("pod %s, container %s: %v", name, cs.Name, err)
+		}
+	}
+	waitFor(ctx, t, "pod "+name+" done", func() (bool, string) {
+		p, err := api.Get(ctx, name, metav1.GetOptions{})
+		return err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed), cluster.PodSummary(p)
+	})
+	var out []streamResult
+	for _, c := range p.Spec.Containers {
+		b, err := api.GetLogs(name, &corev1.PodLogOptions{Container: c.Name}).DoRaw(ctx)
+		var res nettest.HitResult
+		if err == nil {
+			err = json.Unmarshal([]byte(lastLine(string(b))), &res)
+		}
+		if err != nil {
+			t.Errorf("pod %s, container %s: result %q: %v", name, c.Name, b, err)
+			continue
+		}
+		out = append(out, streamResult{name + "/" + c.Name, res, hitFailures(res)})
+	}
+	if err := api.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("delete pod %s: %v", name, err)
+	}
+	return out
+}
+
+// leaks compares each node's kernel with what it should hold and returns
+// the leaks in all; something missing after a minute fails the test.
+func (b *nodesBed) leaks(t *testing.T) int {
+	t.Helper()
+	leaks := 0
+	for _, n := range b.c.Nodes {
+		_, d := convergeOn(t, n.VM, n.Name+": the Services after the case", b.expected(t, n), time.Minute)
+		leaks += len(d.Leaks)
+	}
+	return leaks
+}
