@@ -20,14 +20,14 @@ func Cleanup(ctx context.Context, cfg Config, k Kernel, guePorts []uint16, log *
 		return err
 	}
 	var errs []error
-	if len(guePorts) == 0 {
-		// Nothing to close: fou need not be loaded.
-	} else if open, err := k.Net.FouPorts(); err != nil {
-		errs = append(errs, fmt.Errorf("list GUE ports: %w", err))
-	} else {
-		for _, p := range guePorts {
-			if slices.Contains(open, p) {
-				t.addedFou[p] = true
+	if len(guePorts) > 0 { // none named: fou need not even be loaded
+		if open, err := k.Net.FouPorts(); err != nil {
+			errs = append(errs, fmt.Errorf("list GUE ports: %w", err))
+		} else {
+			for _, p := range guePorts {
+				if slices.Contains(open, p) {
+					t.addedFou[p] = true
+				}
 			}
 		}
 	}
