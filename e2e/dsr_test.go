@@ -68,7 +68,7 @@ func TestDirectServerReturn(t *testing.T) {
 	if _, err := outside.RunOK(ctx, "ip", "route", "add", dsrLBIP+"/32", "via", ingress.IP); err != nil {
 		t.Fatal(err)
 	}
-	waitForwarding(ctx, t, ingress.VM, lbAddr, podIP, "Tunnel")
+	waitForwarding(ctx, t, c, ingress.VM, lbAddr, podIP, "Tunnel")
 	t.Logf("DSR pod %s on %s; %s routed to %s", podIP, backend.Name, lbAddr, ingress.Name)
 
 	t.Run("reply from the backend's node, client address kept", func(t *testing.T) {
@@ -117,7 +117,7 @@ func TestDirectServerReturn(t *testing.T) {
 		for _, step := range []struct{ forward, method string }{{"nat", "Masq"}, {"tunnel", "Tunnel"}} {
 			at := time.Now()
 			annotateForwarding(ctx, t, c, ns, step.forward)
-			waitForwarding(ctx, t, ingress.VM, lbAddr, podIP, step.method)
+			waitForwarding(ctx, t, c, ingress.VM, lbAddr, podIP, step.method)
 			t.Logf("DSR switched to %s: %s on %s after %s", step.forward, step.method, ingress.Name, time.Since(at).Round(time.Millisecond))
 			time.Sleep(3 * time.Second)
 		}
@@ -170,8 +170,19 @@ func annotateForwarding(ctx context.Context, t *testing.T, c *cluster.Cluster, n
 
 // waitForwarding waits until v's IPVS forwards vs to the pod with method
 // (ipvsadm's Forward column: Masq, Tunnel).
-func waitForwarding(ctx context.Context, t *testing.T, v *vm.VM, vs, podIP, method string) {
+func waitForwarding(ctx context.Context, t *testing.T, c *cluster.Cluster, v *vm.VM, vs, podIP, method string) {
 	t.Helper()
+	events := func() string { // why not: the agents' Events on the Service
+		list, err := c.Client.CoreV1().Events("dsr").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		var out []string
+		for _, e := range list.Items {
+			out = append(out, e.Reason+": "+e.Message)
+		}
+		return "Events in dsr: " + strings.Join(out, "; ")
+	}
 	var last string
 	waitWithin(ctx, t, 60*time.Second, fmt.Sprintf("IPVS forwards %s to %s by %s", vs, podIP, method), func() (bool, string) {
 		out, err := v.RunOK(ctx, "ipvsadm", "-Ln", "-t", vs)
@@ -185,5 +196,5 @@ func waitForwarding(ctx context.Context, t *testing.T, v *vm.VM, vs, podIP, meth
 			}
 		}
 		return false, last
-	})
+	}, events)
 }

@@ -340,8 +340,8 @@ func (o *Options) GlueConfig(cfg agent.Config) (glue.Config, error) {
 
 // DSRConfig is the node's direct server return: off, with the reason that
 // Services asking for it are told, unless --direct-server-return is set
-// and the glue can tell pods' traffic from the rest (the in-cluster
-// redirect needs it: glue.Glue.TellsPodsApart).
+// and the glue can tell pods' IPv4 traffic from the rest (the in-cluster
+// redirect needs it; direct server return is IPv4 only).
 func (o *Options) DSRConfig(g glue.Config) (model.DSRConfig, error) {
 	if o.GUEPort < 1 || o.GUEPort > 65535 {
 		return model.DSRConfig{}, fmt.Errorf("--gue-port: %d is not a port", o.GUEPort)
@@ -350,28 +350,13 @@ func (o *Options) DSRConfig(g glue.Config) (model.DSRConfig, error) {
 	switch {
 	case !o.DirectServerReturn:
 		c.Off = "direct server return is off on this node (--direct-server-return)"
+	case !g.IPv4:
+		c.Off = "direct server return is IPv4 only, and the node serves no IPv4"
 	case o.DetectLocalMode == DetectNodeCIDR, g.LocalBridge != "", g.LocalInterfacePrefix != "":
-	case !detectsPods(g):
-		c.Off = "direct server return needs pods' traffic told apart (--cluster-cidr of each family, or --detect-local-mode)"
+	case !slices.ContainsFunc(g.ClusterCIDRs, func(p netip.Prefix) bool { return p.Addr().Is4() && p.Bits() > 0 }):
+		c.Off = "direct server return needs pods' IPv4 traffic told apart (an IPv4 --cluster-cidr, or --detect-local-mode)"
 	}
 	return c, nil
-}
-
-// detectsPods reports whether every served family has a cluster CIDR that
-// is not everything.
-func detectsPods(g glue.Config) bool {
-	for _, fam := range []struct {
-		served bool
-		is4    bool
-	}{{g.IPv4, true}, {g.IPv6, false}} {
-		if !fam.served {
-			continue
-		}
-		if !slices.ContainsFunc(g.ClusterCIDRs, func(p netip.Prefix) bool { return p.Addr().Is4() == fam.is4 && p.Bits() > 0 }) {
-			return false
-		}
-	}
-	return true
 }
 
 // The values of --detect-local-mode (kube-proxy's detectLocalMode).

@@ -247,18 +247,6 @@ func (g *Glue) Backend() Backend {
 	return ""
 }
 
-// TellsPodsApart reports whether the rules can tell pods' traffic from the
-// rest of the world (--cluster-cidr, or pods' interfaces) in every family
-// served: direct server return needs it (dsrRules).
-func (g *Glue) TellsPodsApart() bool {
-	for _, fam := range g.families() {
-		if _, _, ok := g.ruleConfig(fam).localMatch(false); !ok {
-			return false
-		}
-	}
-	return true
-}
-
 // redirectsFor lists every Service's redirects of a family, sorted.
 func (g *Glue) redirectsFor(fam ipset.Family) []Redirect {
 	var out []Redirect
