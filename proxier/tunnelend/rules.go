@@ -52,10 +52,11 @@ func tables(m marks, mtu int, ends []numbered) []glue.Table {
 		chainMark, Device, m.flag, m.flag, m.flag))
 	seen := map[string]bool{}
 	for _, e := range ends {
-		r := markRule(m, e)
-		if !seen[r] {
-			seen[r] = true
-			mangle.Rules = append(mangle.Rules, r)
+		for _, r := range markRules(m, e) {
+			if !seen[r] {
+				seen[r] = true
+				mangle.Rules = append(mangle.Rules, r)
+			}
 		}
 	}
 	for _, e := range ends {
@@ -70,14 +71,21 @@ func tables(m marks, mtu int, ends []numbered) []glue.Table {
 	return []glue.Table{mangle, nat}
 }
 
-// markRule marks an outer packet to the end's endpoint: IPIP (protocol 4)
-// or GUE (UDP to its port).
-func markRule(m marks, e numbered) string {
-	match := "-p 4"
-	if e.Forward == ktypes.ForwardGUE {
-		match = fmt.Sprintf("-p udp -m udp --dport %d", e.GUEPort)
+// markRules mark an outer packet to the end's endpoint: IPIP (protocol 4)
+// always, and GUE (UDP to its port) for a GUE end. A connection keeps
+// its real server's forwarding method but not its encapsulation: IPVS
+// reads the tunnel's type and port from the real server at each packet,
+// so after the Service goes from gue to nat (or tunnel) the connections
+// still tunnelled arrive as plain IPIP (DSR.md, step 1's facts).
+func markRules(m marks, e numbered) []string {
+	rule := func(match string) string {
+		return fmt.Sprintf("-A %s -d %s/32 %s -j MARK --set-xmark %#x/%#x", chainMark, e.Endpoint.Addr(), match, m.outer(e.id), m.mask)
 	}
-	return fmt.Sprintf("-A %s -d %s/32 %s -j MARK --set-xmark %#x/%#x", chainMark, e.Endpoint.Addr(), match, m.outer(e.id), m.mask)
+	out := []string{rule("-p 4")}
+	if e.Forward == ktypes.ForwardGUE {
+		out = append(out, rule(fmt.Sprintf("-p udp -m udp --dport %d", e.GUEPort)))
+	}
+	return out
 }
 
 // mss is the clamp: the path MTU less the IPv4 and TCP headers and the

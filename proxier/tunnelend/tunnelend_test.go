@@ -59,6 +59,7 @@ var programmed = []string{
 	"mangle -A IPVSD-FORWARD -s 10.244.1.3/32 -p tcp -m tcp --sport 8443 --tcp-flags SYN,RST,ACK SYN,ACK -m conntrack --ctorigdst 192.168.56.211 --ctorigdstport 443 -j TCPMSS --set-mss 1428",
 	"mangle -A IPVSD-PREROUTING -i tunl0 -m mark --mark 0x8000000/0x8000000 -j MARK --set-xmark 0x0/0x8000000",
 	"mangle -A IPVSD-PREROUTING -d 10.244.1.2/32 -p 4 -j MARK --set-xmark 0x8100000/0xff00000",
+	"mangle -A IPVSD-PREROUTING -d 10.244.1.3/32 -p 4 -j MARK --set-xmark 0x8200000/0xff00000", // GUE connections become IPIP after gue -> nat
 	"mangle -A IPVSD-PREROUTING -d 10.244.1.3/32 -p udp -m udp --dport 6080 -j MARK --set-xmark 0x8200000/0xff00000",
 	`mangle -A PREROUTING -m comment --comment "ipvs-proxy: tunnel ends" -j IPVSD-PREROUTING`,
 	"nat :IPVSD-PREROUTING",
