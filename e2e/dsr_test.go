@@ -82,6 +82,13 @@ func TestDirectServerReturn(t *testing.T) {
 		t.Logf("DSR 20 connections outside -> %s: answers %v, clients seen %v, errors %v\nframes:\n%s", lbAddr, res.Answers, res.Clients, res.Errors, s.report(macs))
 		if res.Answers["server"] != 20 || res.Clients[cluster.OutsideIP] != 20 {
 			t.Errorf("want 20 answers from the pod, each seeing %s", cluster.OutsideIP)
+			for _, n := range c.Nodes {
+				out, _ := n.VM.RunOK(ctx, "sh", "-c", "grep -E '^(ipip|fou|tunnel4|ip_tunnel) ' /proc/modules; ip link show tunl0; ip rule; "+
+					"ip route show table 4300; iptables-save | grep -E 'IPVSD|IPVSP-DSR'; ipvsadm -Ln; "+
+					"for k in all tunl0; do echo rp_filter $k $(cat /proc/sys/net/ipv4/conf/$k/rp_filter); done")
+				t.Logf("DSR %s's tunnel state:\n%s", n.Name, out)
+			}
+			t.Logf("%s", dsrEvents(ctx, c))
 		}
 		if s.fromVIP[dsrMAC(11)] != 0 || s.fromVIP[dsrMAC(12)] == 0 {
 			t.Errorf("frames from %s by sender: %v; want all from %s, none from %s", dsrLBIP, s.fromVIP, backend.Name, ingress.Name)
@@ -172,17 +179,7 @@ func annotateForwarding(ctx context.Context, t *testing.T, c *cluster.Cluster, n
 // (ipvsadm's Forward column: Masq, Tunnel).
 func waitForwarding(ctx context.Context, t *testing.T, c *cluster.Cluster, v *vm.VM, vs, podIP, method string) {
 	t.Helper()
-	events := func() string { // why not: the agents' Events on the Service
-		list, err := c.Client.CoreV1().Events("dsr").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err.Error()
-		}
-		var out []string
-		for _, e := range list.Items {
-			out = append(out, e.Reason+": "+e.Message)
-		}
-		return "Events in dsr: " + strings.Join(out, "; ")
-	}
+	events := func() string { return dsrEvents(ctx, c) } // why not
 	var last string
 	waitWithin(ctx, t, 60*time.Second, fmt.Sprintf("IPVS forwards %s to %s by %s", vs, podIP, method), func() (bool, string) {
 		out, err := v.RunOK(ctx, "ipvsadm", "-Ln", "-t", vs)
@@ -197,4 +194,18 @@ func waitForwarding(ctx context.Context, t *testing.T, c *cluster.Cluster, v *vm
 		}
 		return false, last
 	}, events)
+}
+
+// dsrEvents lists the Events of the namespace dsr (the agents' on the
+// Service among them).
+func dsrEvents(ctx context.Context, c *cluster.Cluster) string {
+	list, err := c.Client.CoreV1().Events("dsr").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, e := range list.Items {
+		out = append(out, e.Source.Host+" "+e.Reason+": "+e.Message)
+	}
+	return "Events in dsr: " + strings.Join(out, "; ")
 }
