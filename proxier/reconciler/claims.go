@@ -128,9 +128,10 @@ func planEqual(a, b model.ServicePlan) bool {
 		x, y := a.VirtualServers[i], b.VirtualServers[i]
 		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
 			x.Local != y.Local || x.NodeAddress != y.NodeAddress || x.Routed != y.Routed || x.InClusterOnly != y.InClusterOnly ||
+			x.Forward != y.Forward || x.TunPort != y.TunPort || x.InClusterTo != y.InClusterTo ||
 			!slices.Equal(x.SourceRanges, y.SourceRanges) ||
 			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q ktypes.RealServer) bool {
-				return p.RSKey == q.RSKey && p.Weight == q.Weight && p.Drain == q.Drain
+				return p.RSKey == q.RSKey && p.Weight == q.Weight && p.Drain == q.Drain && p.SameForward(q)
 			}) {
 			return false
 		}

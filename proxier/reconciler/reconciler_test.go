@@ -1459,3 +1459,26 @@ func TestReconcilerExcludedCIDRs(t *testing.T) {
 	callsDiff(t, "ipvs writes after the Service went", nil, ipvs.Writes())
 	callsDiff(t, "link writes after the Service went", nil, links.Writes())
 }
+
+// TestReconcilerForwardingChange: a plan that changes only how its real
+// servers are forwarded (ipvs-proxy.io/forwarding nat -> tunnel -> nat)
+// is a change: each step updates the real server in place. (make dsr
+// found the switch back to nat never written: the plans compared equal.)
+func TestReconcilerForwardingChange(t *testing.T) {
+	r, ipvs, _ := newTestReconciler(t)
+	plan := func(rs string) *model.ServicePlan {
+		return modeltest.Plan(svcA, modeltest.VS(model.KindLoadBalancer, "10.251.0.10:80", "rr", rs))
+	}
+	r.SetPlan(svcA, plan("10.0.2.2:8080"))
+	mustSync(t, r, false)
+	for _, step := range []struct{ rs, want string }{
+		{"10.0.2.2:8080 tunnel", "UpdateRealServer 10.251.0.10:80/TCP 10.0.2.2:8080 w=1 tunnel"},
+		{"10.0.2.2:8080 gue:6080", "UpdateRealServer 10.251.0.10:80/TCP 10.0.2.2:8080 w=1 gue:6080"},
+		{"10.0.2.2:8080", "UpdateRealServer 10.251.0.10:80/TCP 10.0.2.2:8080 w=1"},
+	} {
+		ipvs.ResetCalls()
+		r.SetPlan(svcA, plan(step.rs))
+		mustSync(t, r, false)
+		callsDiff(t, "to "+step.rs, []string{step.want}, ipvs.Writes())
+	}
+}
