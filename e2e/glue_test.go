@@ -511,7 +511,7 @@ func TestGlueLegacyBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := e.vmRun(t, bed.GuestBinary, "cleanup")
-	if !strings.Contains(out, "iptables (legacy): removed 9 chains") {
+	if !strings.Contains(out, "iptables (legacy): removed 12 chains") {
 		t.Errorf("cleanup did not remove the legacy rules:\n%s", out)
 	}
 	if rules := ownRules(e.iptablesSave(t, "iptables-legacy-save")); len(rules) != 0 {
