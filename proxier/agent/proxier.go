@@ -51,7 +51,11 @@ type Config struct {
 	// Limits bound what one Service may ask of the node (model.Limits).
 	Limits model.Limits
 	// DSR is the node's direct server return (--direct-server-return).
-	DSR           model.DSRConfig
+	DSR model.DSRConfig
+	// TunnelSettle is how long a real server newly tunnelled to is
+	// reached by NAT first, while its node sets up the tunnel's end
+	// (tunnelSettle); default DefaultTunnelSettle.
+	TunnelSettle  time.Duration
 	MinSyncPeriod time.Duration
 	SyncPeriod    time.Duration
 	// RetryBase is the first retry delay of a failed Service or consumer,
@@ -91,6 +95,7 @@ type Proxier struct {
 	reporter  *reporter
 	failures  *serviceFailures // Services failing outside the reconciler
 	traffic   *trafficIndex    // nil unless EnableServiceTraffic
+	settle    *tunnelSettle    // the tunnels IPVS waits to write
 	// statusMu makes a sync's outcome (the reporter's health, the
 	// tracker's pendingSince) one change as Status sees it.
 	statusMu sync.Mutex
@@ -128,6 +133,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 		consumers: newConsumerSet(cfg.RetryBase, retryMax, log),
 		reporter:  newReporter(metrics, recorder, cfg.NodeName, cfg.Clock, log),
 		failures:  newServiceFailures(),
+		settle:    newTunnelSettle(cfg.TunnelSettle),
 		listed:    make(chan struct{}),
 	}
 }
@@ -323,14 +329,24 @@ func (p *Proxier) changesWaiting() bool {
 	return pending > 0
 }
 
-// nextRetry is when the earliest retry is due (zero: none waits).
-func (p *Proxier) nextRetry() time.Time { return p.consumers.nextRetry(p.rec.NextRetry()) }
+// nextRetry is when the earliest retry, or tunnel settling, is due (zero:
+// none waits).
+func (p *Proxier) nextRetry() time.Time {
+	t := p.consumers.nextRetry(p.rec.NextRetry())
+	if s := p.settle.next(); !s.IsZero() && (t.IsZero() || s.Before(t)) {
+		t = s
+	}
+	return t
+}
 
 // SyncOnce is one sync, in steps: snapshot the inputs, build the plans of
 // the changed Services, apply them to the kernel, sync the consumers,
 // record the outcome. full rebuilds every plan and re-reads the kernel.
 func (p *Proxier) SyncOnce(full bool) error {
 	start := p.clock.Now()
+	for _, n := range p.settle.settled(start) {
+		p.tracker.markDirty(n, start) // its tunnels are written now
+	}
 	full = p.takeRemovals() || full || p.rec.FullDue()
 	// A full sync reads the node's addresses again, unless it adopts a
 	// resync's read off the loop, which has them (taken after it).
@@ -438,6 +454,8 @@ func (p *Proxier) build(in syncInputs) {
 		p.rec.SetRoutes(in.ranges)
 		p.consumers.setRanges(in.ranges)
 	}
+	now := p.clock.Now()
+	defer p.settle.start()
 	for n, si := range in.services {
 		plan := planner.Plan(si.svc, si.slices, in.node)
 		if plan != nil {
@@ -445,7 +463,7 @@ func (p *Proxier) build(in syncInputs) {
 		} else {
 			p.reporter.warn(n, nil, nil)
 		}
-		p.rec.SetPlan(n, plan)
+		p.rec.SetPlan(n, p.settle.apply(n, plan, now))
 		p.consumers.setPlan(n, plan)
 		p.failures.setPlan(n, plan)
 		if p.traffic != nil {
