@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strconv"
@@ -26,7 +27,8 @@ type ServeConfig struct {
 // Server is a running test backend. Every TCP connection gets one line,
 // "<name> <client-ip>\n", at once and the same line again for every line
 // the client sends, until the client closes (so a client can hold a
-// long-lived connection); every UDP datagram gets the same line back as one
+// long-lived connection), except that a line "download N" is answered
+// with N bytes (see Download); every UDP datagram gets the same line back as one
 // datagram. The client IP is the source address the backend saw, so tests
 // can tell whether traffic was masqueraded.
 type Server struct {
@@ -102,20 +104,32 @@ func (s *Server) serveTCP() {
 			if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 				client = a.AddrPort().Addr()
 			}
-			reply := []byte(Reply(s.name, client))
-			if _, err := c.Write(reply); err != nil {
-				return
-			}
-			r := bufio.NewReader(c)
-			for {
-				if _, err := r.ReadString('\n'); err != nil {
-					return
-				}
-				if _, err := c.Write(reply); err != nil {
-					return
-				}
-			}
+			answer(c, []byte(Reply(s.name, client)))
 		}()
+	}
+}
+
+// answer is one TCP connection's conversation: the reply line at once and
+// again for every line the client sends, but a line "download N" gets N
+// bytes instead (see Download).
+func answer(c io.ReadWriter, reply []byte) {
+	if _, err := c.Write(reply); err != nil {
+		return
+	}
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if n, ok := downloadSize(line); ok {
+			err = writeDownload(c, n)
+		} else {
+			_, err = c.Write(reply)
+		}
+		if err != nil {
+			return
+		}
 	}
 }
 

@@ -62,6 +62,7 @@ const usage = `usage:
   vmagent hit [--netns NAME] --proto tcp|udp --addr HOST:PORT [--n N] [--timeout DURATION]
   vmagent hitports --addr HOST:PORT [--first PORT] [--n N] [--timeout DURATION]
   vmagent hold [--netns NAME] [--proto tcp|udp] --addr HOST:PORT [--interval DURATION] [--timeout DURATION] [--reset]
+  vmagent download [--netns NAME] --addr HOST:PORT [--size BYTES] [--timeout DURATION]
   vmagent http [--timeout DURATION] [--cacert FILE] URL
   vmagent conntrack [--port PORT]
   vmagent fou-add --port PORT [--gue | --ipproto N] [-6]
@@ -101,6 +102,8 @@ func run(args []string, stdout io.Writer) error {
 		return hitPortsCmd(args[1:], stdout)
 	case "hold":
 		return holdCmd(args[1:], stdout)
+	case "download":
+		return downloadCmd(args[1:], stdout)
 	case "http":
 		return httpCmd(args[1:], stdout)
 	case "conntrack":
@@ -278,6 +281,25 @@ func hitCmd(args []string, stdout io.Writer) error {
 	ctx, cancel2 := context.WithTimeout(ctx, time.Duration(c.N+1)*(c.Timeout+c.Interval+time.Second))
 	defer cancel2()
 	res, err := nettest.Hit(ctx, c)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(stdout).Encode(res)
+}
+
+// downloadCmd times one download from a backend (nettest.Download) and
+// prints its result as JSON.
+func downloadCmd(args []string, stdout io.Writer) error {
+	var c nettest.DownloadConfig
+	fs := newFlags("download")
+	fs.StringVar(&c.Netns, "netns", "", "namespace to connect from (default: the root namespace)")
+	fs.StringVar(&c.Addr, "addr", "", "HOST:PORT of a vmagent serve backend")
+	fs.Int64Var(&c.Size, "size", 8<<20, "bytes to download")
+	fs.DurationVar(&c.Timeout, "timeout", 2*time.Minute, "timeout of the whole download")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	res, err := nettest.Download(context.Background(), c)
 	if err != nil {
 		return err
 	}
