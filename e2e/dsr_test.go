@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
@@ -29,6 +31,10 @@ import (
 // through the clusterIP). Then the annotation goes to nat and back to
 // tunnel under 20 held connections answering every 100 ms and a new
 // connection every 100 ms from the outside host: none breaks, none fails.
+// Between, through the tunnel, NAT and the tunnel again: an 8 MiB upload
+// (through the tunnel the MSS is clamped on the backend's node: no
+// fragmentation needed) and an 8 MiB download whose throughput each way
+// is compared within the run.
 func TestDirectServerReturn(t *testing.T) {
 	assets := vm.Require(t)
 	began := time.Now()
@@ -82,16 +88,11 @@ func TestDirectServerReturn(t *testing.T) {
 		}
 		s := hub.snapshot()
 		macs := map[string]string{dsrMAC(11): ingress.Name, dsrMAC(12): backend.Name, dsrMAC(100): "outside"}
-		t.Logf("DSR 20 connections outside -> %s: answers %v, clients seen %v, errors %v\nframes:\n%s", lbAddr, res.Answers, res.Clients, res.Errors, s.report(macs))
+		t.Logf("DSR 20 connections outside -> %s from %s: answers %v, clients seen %v, errors %v (at %v)\nframes:\n%s",
+			lbAddr, res.Started.Format("15:04:05.000"), res.Answers, res.Clients, res.Errors, res.FailedAt, s.report(macs))
 		if res.Answers["server"] != 20 || res.Clients[cluster.OutsideIP] != 20 {
 			t.Errorf("want 20 answers from the pod, each seeing %s", cluster.OutsideIP)
-			for _, n := range c.Nodes {
-				out, _ := n.VM.RunOK(ctx, "sh", "-c", "grep -E '^(ipip|fou|tunnel4|ip_tunnel) ' /proc/modules; ip link show tunl0; ip rule; "+
-					"ip route show table 4300; iptables-save | grep -E 'IPVSD|IPVSP-DSR'; ipvsadm -Ln; "+
-					"for k in all tunl0; do echo rp_filter $k $(cat /proc/sys/net/ipv4/conf/$k/rp_filter); done")
-				t.Logf("DSR %s's tunnel state:\n%s", n.Name, out)
-			}
-			t.Logf("%s", dsrEvents(ctx, c))
+			dsrDump(ctx, t, c)
 		}
 		if s.fromVIP[dsrMAC(11)] != 0 || s.fromVIP[dsrMAC(12)] == 0 {
 			t.Errorf("frames from %s by sender: %v; want all from %s, none from %s", dsrLBIP, s.fromVIP, backend.Name, ingress.Name)
@@ -110,6 +111,40 @@ func TestDirectServerReturn(t *testing.T) {
 		if err != nil || !strings.Contains(out, `"server":5`) {
 			t.Errorf("from %s's host: %s %v; want 5 answers", ingress.Name, out, err)
 		}
+	})
+
+	t.Run("8 MiB upload with MSS clamped; download DSR against NAT", func(t *testing.T) {
+		const size = 8 << 20
+		var took []string
+		for _, step := range []struct{ forward, method string }{{"tunnel", "Tunnel"}, {"nat", "Masq"}, {"tunnel", "Tunnel"}} {
+			annotateForwarding(ctx, t, c, ns, step.forward)
+			waitForwarding(ctx, t, c, ingress.VM, lbAddr, podIP, step.method)
+			hub.reset()
+			greeting, lines, up, err := dsrUpload(ctx, outside, lbAddr, size)
+			s := hub.snapshot()
+			t.Logf("DSR 8 MiB upload, %s: greeting %q, %d of %d lines echoed, %s, err %v; frames from %s by sender %v; ICMP frag-needed %v; largest tunnel frame %d bytes; MSS seen %v",
+				step.forward, strings.TrimSpace(greeting), lines, size/1024, up.Round(time.Millisecond), err, dsrLBIP, s.fromVIP, s.fragNeeded, s.ipipMax, s.mss)
+			if err != nil || lines != size/1024 {
+				t.Errorf("%s: the upload must complete: %d of %d lines echoed, err %v", step.forward, lines, size/1024, err)
+			}
+			if step.forward == "tunnel" && (len(s.fragNeeded) != 0 || s.fromVIP[dsrMAC(11)] != 0) {
+				t.Errorf("tunnel: want no fragmentation needed and no frame from %s out of %s, got %v and %v", dsrLBIP, ingress.Name, s.fragNeeded, s.fromVIP)
+			}
+			hub.reset()
+			out, err := outside.RunOK(ctx, "vmagent", "download", "--addr", lbAddr, "--size", fmt.Sprint(size))
+			var down nettest.DownloadResult
+			if err == nil {
+				err = json.Unmarshal([]byte(out), &down)
+			}
+			s = hub.snapshot()
+			t.Logf("DSR 8 MiB download, %s: %+v, err %v; frames from %s by sender %v", step.forward, down, err, dsrLBIP, s.fromVIP)
+			if err != nil || down.Bytes != size {
+				t.Errorf("%s: the download must complete: %d of %d bytes, err %v", step.forward, down.Bytes, size, err)
+			}
+			took = append(took, fmt.Sprintf("%s %.2f MiB/s", step.forward, down.MiBps))
+		}
+		// Under TCG only a ratio within one run means anything.
+		t.Logf("DSR download throughput in turn (8 MiB each): %s", strings.Join(took, ", "))
 	})
 
 	t.Run("nat, tunnel: no connection broken or failed", func(t *testing.T) {
@@ -197,6 +232,26 @@ func waitForwarding(ctx context.Context, t *testing.T, c *cluster.Cluster, v *vm
 		}
 		return false, last
 	}, events)
+}
+
+// dsrDump logs what explains a failure: each node's tunnel state and
+// IPVS table, the last lines of its agent's log and its preflight's, and
+// the Events in the namespace.
+func dsrDump(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	for _, n := range c.Nodes {
+		r, err := n.VM.Run(ctx, "sh", "-c", "grep -E '^(ipip|fou|tunnel4|ip_tunnel) ' /proc/modules; ip link show tunl0; ip rule; "+
+			"ip route show table 4300; iptables-save | grep -E 'IPVSD|IPVSP-DSR'; ipvsadm -Ln; ipvsadm -Lnc; "+
+			"for k in all tunl0; do echo rp_filter $k $(cat /proc/sys/net/ipv4/conf/$k/rp_filter); done")
+		t.Logf("DSR %s's tunnel state (%v):\n%s%s", n.Name, err, r.Stdout, r.Stderr)
+		p := ipvsProxyPod(ctx, t, c, n)
+		for _, ctr := range []string{"preflight", "ipvs-proxy"} {
+			raw, err := c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(p.Name,
+				&corev1.PodLogOptions{Container: ctr, TailLines: ptr.To[int64](60)}).DoRaw(ctx)
+			t.Logf("DSR %s's %s log (%v):\n%s", n.Name, ctr, err, raw)
+		}
+	}
+	t.Logf("%s", dsrEvents(ctx, c))
 }
 
 // dsrEvents lists the Events of the namespace dsr (the agents' on the
