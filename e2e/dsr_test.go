@@ -163,7 +163,7 @@ func TestDirectServerReturn(t *testing.T) {
 			at := time.Now()
 			annotateForwarding(ctx, t, c, ns, step.forward)
 			waitForwarding(ctx, t, c, ingress.VM, lbAddr, podIP, step.method)
-			t.Logf("DSR switched to %s: %s on %s after %s", step.forward, step.method, ingress.Name, time.Since(at).Round(time.Millisecond))
+			t.Logf("DSR switched to %s at %s: %s on %s after %s", step.forward, at.Format("15:04:05.000"), step.method, ingress.Name, time.Since(at).Round(time.Millisecond))
 			time.Sleep(3 * time.Second)
 		}
 		res, failures := stopHit(t, hit)

@@ -56,10 +56,15 @@ func (cs *consumerSet) add(c consumer.Consumer, wake func()) {
 	cs.list = append(cs.list, c)
 }
 
-// setPlan tells every consumer of a Service's plan (nil: it is gone).
-func (cs *consumerSet) setPlan(name types.NamespacedName, plan *model.ServicePlan) {
+// setPlan tells every consumer of a Service's plan (nil: it is gone): the
+// plan IPVS is given, or the plan as built to a consumer.AsBuilt.
+func (cs *consumerSet) setPlan(name types.NamespacedName, plan, built *model.ServicePlan) {
 	for _, c := range cs.list {
-		c.SetPlan(name, plan)
+		if _, ok := c.(consumer.AsBuilt); ok {
+			c.SetPlan(name, built)
+		} else {
+			c.SetPlan(name, plan)
+		}
 	}
 }
 

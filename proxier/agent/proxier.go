@@ -463,8 +463,9 @@ func (p *Proxier) build(in syncInputs) {
 		} else {
 			p.reporter.warn(n, nil, nil)
 		}
-		p.rec.SetPlan(n, p.settle.apply(n, plan, now))
-		p.consumers.setPlan(n, plan)
+		settled := p.settle.apply(n, plan, now)
+		p.rec.SetPlan(n, settled)
+		p.consumers.setPlan(n, settled, plan)
 		p.failures.setPlan(n, plan)
 		if p.traffic != nil {
 			p.traffic.setPlan(n, plan)

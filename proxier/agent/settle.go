@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"net/netip"
 	"slices"
 	"time"
 
@@ -20,9 +21,9 @@ const DefaultTunnelSettle = 5 * time.Second
 // does (proxier/tunnelend); but the nodes' syncs do not run in step, and a
 // packet tunnelled to a pod before its node ends tunnels to it is answered
 // with an ICMP error, which IPVS relays to the client as a refusal. So a
-// real server the plan tunnels to is first written as NAT and becomes a
-// tunnel once the plan has asked for it for wait: the connections made
-// meanwhile keep NAT. What the kernel tunnels when the agent starts is
+// virtual server whose plan asks for a new tunnel is written as NAT and
+// gets its tunnels once the plan has asked for them for wait: the
+// connections made meanwhile keep NAT. What the kernel tunnels when the agent starts is
 // taken as settled (the other nodes' ends outlive agent restarts).
 type tunnelSettle struct {
 	wait time.Duration
@@ -52,9 +53,12 @@ func newTunnelSettle(wait time.Duration) *tunnelSettle {
 // start marks the end of the first build: tunnels asked for after it settle.
 func (s *tunnelSettle) start() { s.started = true }
 
-// apply returns the plan to write to IPVS at now: plan itself when none of
-// its tunnels is settling, else a copy whose settling real servers are
-// NAT. The plan's other consumers (tunnel ends, glue) take plan as built.
+// apply returns the plan for IPVS and the glue at now: plan itself when
+// none of its tunnels is settling, else a copy in which each virtual
+// server with a settling tunnel is NAT as a whole (its real servers, and
+// for the glue its masquerade and no in-cluster redirect: a real server
+// by NAT behind a tunnelled virtual server would not be masqueraded). The
+// tunnel ends take plan as built (consumer.AsBuilt).
 func (s *tunnelSettle) apply(n types.NamespacedName, plan *model.ServicePlan, now time.Time) *model.ServicePlan {
 	delete(s.due, n)
 	if plan == nil {
@@ -64,7 +68,11 @@ func (s *tunnelSettle) apply(n types.NamespacedName, plan *model.ServicePlan, no
 	was, seen := s.since[n], map[settleKey]time.Time{}
 	var out *model.ServicePlan
 	for i, vs := range plan.VirtualServers {
-		for j, rs := range vs.RealServers {
+		if vs.Forward == ktypes.ForwardNAT {
+			continue
+		}
+		settling := false
+		for _, rs := range vs.RealServers {
 			if rs.Forward == ktypes.ForwardNAT {
 				continue
 			}
@@ -78,11 +86,14 @@ func (s *tunnelSettle) apply(n types.NamespacedName, plan *model.ServicePlan, no
 			}
 			seen[k] = at
 			if ready := at.Add(s.wait); now.Before(ready) {
-				out = natCopy(out, plan, i, j)
+				settling = true
 				if d, ok := s.due[n]; !ok || ready.Before(d) {
 					s.due[n] = ready
 				}
 			}
+		}
+		if settling {
+			out = natCopy(out, plan, i)
 		}
 	}
 	if len(seen) == 0 {
@@ -96,19 +107,20 @@ func (s *tunnelSettle) apply(n types.NamespacedName, plan *model.ServicePlan, no
 	return out
 }
 
-// natCopy makes real server j of virtual server i NAT in a copy of plan
-// (out, when already a copy), leaving plan as it is.
-func natCopy(out, plan *model.ServicePlan, i, j int) *model.ServicePlan {
+// natCopy makes virtual server i NAT in a copy of plan (out, when already
+// a copy), leaving plan as it is.
+func natCopy(out, plan *model.ServicePlan, i int) *model.ServicePlan {
 	if out == nil {
 		c := *plan
 		c.VirtualServers = slices.Clone(plan.VirtualServers)
 		out = &c
 	}
 	vs := &out.VirtualServers[i]
-	if &vs.RealServers[0] == &plan.VirtualServers[i].RealServers[0] {
-		vs.RealServers = slices.Clone(vs.RealServers)
+	vs.Forward, vs.TunPort, vs.InClusterTo = ktypes.ForwardNAT, 0, netip.AddrPort{}
+	vs.RealServers = slices.Clone(vs.RealServers)
+	for j := range vs.RealServers {
+		vs.RealServers[j].Forward, vs.RealServers[j].TunPort = ktypes.ForwardNAT, 0
 	}
-	vs.RealServers[j].Forward, vs.RealServers[j].TunPort = ktypes.ForwardNAT, 0
 	return out
 }
 

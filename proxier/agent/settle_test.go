@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ func settlePlan(forward ktypes.Forward, tunPort uint16) *model.ServicePlan {
 	vs := model.VSPlan{Kind: model.KindExternalIP}
 	vs.VSKey = ktypes.VSKey{Address: netip.MustParseAddr("192.0.2.10"), Protocol: ktypes.TCP, Port: 80}
 	vs.Forward, vs.TunPort = forward, tunPort
+	vs.InClusterTo = netip.MustParseAddrPort("10.96.0.20:80")
 	vs.RealServers = []ktypes.RealServer{
 		{RSKey: ktypes.RSKey{Address: netip.MustParseAddr("10.0.1.2"), Port: 8080}, Weight: 1, Forward: forward, TunPort: tunPort},
 		{RSKey: ktypes.RSKey{Address: netip.MustParseAddr("10.0.2.2"), Port: 8080}, Weight: 1},
@@ -28,13 +30,15 @@ func settlePlan(forward ktypes.Forward, tunPort uint16) *model.ServicePlan {
 	return &model.ServicePlan{Service: types.NamespacedName{Namespace: "default", Name: "web"}, VirtualServers: []model.VSPlan{vs}}
 }
 
-// forwards renders each real server's method of a plan.
+// forwards renders the methods of a plan: its virtual servers' (with the
+// in-cluster redirect) and their real servers'.
 func forwards(p *model.ServicePlan) []string {
 	if p == nil {
 		return nil
 	}
 	var out []string
 	for _, vs := range p.VirtualServers {
+		out = append(out, vs.Address.String()+" "+vs.Forward.String()+" to "+vs.InClusterTo.String())
 		for _, rs := range vs.RealServers {
 			out = append(out, rs.Address.String()+" "+rs.Forward.String())
 		}
@@ -50,7 +54,7 @@ func TestTunnelSettle(t *testing.T) {
 	t0 := time.Date(2026, 12, 6, 16, 0, 0, 0, time.UTC)
 	n := types.NamespacedName{Namespace: "default", Name: "web"}
 	s := newTunnelSettle(5 * time.Second)
-	if got := forwards(s.apply(n, settlePlan(ktypes.ForwardTunnel, 0), t0)); !cmp.Equal(got, []string{"10.0.1.2 tunnel", "10.0.2.2 nat"}) {
+	if got := forwards(s.apply(n, settlePlan(ktypes.ForwardTunnel, 0), t0)); !cmp.Equal(got, []string{"192.0.2.10 tunnel to 10.96.0.20:80", "10.0.1.2 tunnel", "10.0.2.2 nat"}) {
 		t.Fatalf("first build: %v; want the tunnel at once (settled before the agent started)", got)
 	}
 	s.start()
@@ -60,10 +64,10 @@ func TestTunnelSettle(t *testing.T) {
 
 	built := settlePlan(ktypes.ForwardGUE, 6080)
 	got := s.apply(n, built, t0.Add(time.Second))
-	if want := []string{"10.0.1.2 nat", "10.0.2.2 nat"}; !cmp.Equal(forwards(got), want) {
+	if want := []string{"192.0.2.10 nat to invalid AddrPort", "10.0.1.2 nat", "10.0.2.2 nat"}; !cmp.Equal(forwards(got), want) {
 		t.Errorf("gue asked at t0+1s: %v; want %v while it settles", forwards(got), want)
 	}
-	if want := []string{"10.0.1.2 gue", "10.0.2.2 nat"}; !cmp.Equal(forwards(built), want) {
+	if want := []string{"192.0.2.10 gue to 10.96.0.20:80", "10.0.1.2 gue", "10.0.2.2 nat"}; !cmp.Equal(forwards(built), want) {
 		t.Errorf("the plan as built became %v; want %v (the tunnel ends read it)", forwards(built), want)
 	}
 	if want := t0.Add(6 * time.Second); !s.next().Equal(want) {
@@ -75,7 +79,7 @@ func TestTunnelSettle(t *testing.T) {
 	if due := s.settled(t0.Add(6 * time.Second)); !cmp.Equal(due, []types.NamespacedName{n}) {
 		t.Errorf("settled at t0+6s: %v; want %v", due, n)
 	}
-	if got := forwards(s.apply(n, settlePlan(ktypes.ForwardGUE, 6080), t0.Add(6*time.Second))); got[0] != "10.0.1.2 gue" {
+	if got := forwards(s.apply(n, settlePlan(ktypes.ForwardGUE, 6080), t0.Add(6*time.Second))); got[1] != "10.0.1.2 gue" {
 		t.Errorf("gue at t0+6s: %v; want the tunnel now", got)
 	}
 	if !s.next().IsZero() {
@@ -85,7 +89,7 @@ func TestTunnelSettle(t *testing.T) {
 	if got := forwards(s.apply(n, nil, t0.Add(7*time.Second))); got != nil {
 		t.Errorf("Service gone: %v", got)
 	}
-	if got := forwards(s.apply(n, settlePlan(ktypes.ForwardGUE, 6080), t0.Add(8*time.Second))); got[0] != "10.0.1.2 nat" {
+	if got := forwards(s.apply(n, settlePlan(ktypes.ForwardGUE, 6080), t0.Add(8*time.Second))); got[1] != "10.0.1.2 nat" {
 		t.Errorf("the Service again at t0+8s: %v; want nat while it settles anew", got)
 	}
 }
@@ -96,6 +100,9 @@ func TestTunnelSettle(t *testing.T) {
 // tunnel once the settle time has passed on the clock, with no other event.
 func TestTunnelSettleInTheLoop(t *testing.T) {
 	b := newLoopBedWith(t, func(c *Config) { c.DSR = model.DSRConfig{GUEPort: 6080} })
+	glue, ends := &planRecorder{}, &asBuiltRecorder{}
+	b.p.AddConsumer(glue)
+	b.p.AddConsumer(ends)
 	b.run()
 	b.idle()
 	svc := testService("web", "10.96.0.20", "rr")
@@ -124,7 +131,46 @@ func TestTunnelSettleInTheLoop(t *testing.T) {
 	if got := b.calls("AddRealServer " + rs); len(got) != 1 || strings.Contains(got[0], "tunnel") {
 		t.Fatalf("added %q; want it once, by NAT", got)
 	}
+	if g, e := glue.last(), ends.last(); g != "192.0.2.10 nat to invalid AddrPort" || e != "192.0.2.10 tunnel to 10.96.0.20:80" {
+		t.Errorf("while it settles, the glue was given %q and the tunnel ends %q; want nat and the plan as built", g, e)
+	}
 	b.clk.Step(DefaultTunnelSettle)
 	b.eventually("the tunnel", func() bool { return len(b.calls("UpdateRealServer "+rs+" tunnel")) == 1 })
 	b.idle()
+	if g := glue.last(); g != "192.0.2.10 tunnel to 10.96.0.20:80" {
+		t.Errorf("once settled, the glue was given %q; want the tunnel", g)
+	}
 }
+
+// planRecorder is a consumer that records the external virtual server of
+// the plans it is given (as forwards renders it).
+type planRecorder struct {
+	mu    sync.Mutex
+	plans []string
+}
+
+func (*planRecorder) Name() string    { return "recorder" }
+func (*planRecorder) Sync(bool) error { return nil }
+func (r *planRecorder) SetPlan(_ types.NamespacedName, p *model.ServicePlan) {
+	for _, f := range forwards(p) {
+		if strings.HasPrefix(f, "192.0.2.10 ") {
+			r.mu.Lock()
+			r.plans = append(r.plans, f)
+			r.mu.Unlock()
+		}
+	}
+}
+
+func (r *planRecorder) last() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.plans) == 0 {
+		return ""
+	}
+	return r.plans[len(r.plans)-1]
+}
+
+// asBuiltRecorder is a planRecorder that asks for plans as built.
+type asBuiltRecorder struct{ planRecorder }
+
+func (*asBuiltRecorder) AsBuilt() {}

@@ -40,6 +40,14 @@ type ServiceReporter interface {
 	Retry() bool
 }
 
+// AsBuilt is a Consumer that is given Services' plans as built, not as
+// IPVS is (the agent holds new tunnels back as NAT for a few seconds, so
+// that their ends exist first): the tunnel ends, which are that first.
+type AsBuilt interface {
+	Consumer
+	AsBuilt()
+}
+
 // AfterReconciler is a Consumer that syncs after the reconciler in each
 // sync, not beside it: the health-check server, whose 200 tells a load
 // balancer to send the node traffic that IPVS must already serve.

@@ -15,7 +15,14 @@ type Consumer struct {
 	Ends func(*model.ServicePlan) []End
 }
 
-var _ consumer.ServiceReporter = Consumer{}
+var (
+	_ consumer.ServiceReporter = Consumer{}
+	_ consumer.AsBuilt         = Consumer{}
+)
+
+// AsBuilt implements consumer.AsBuilt: the ends exist before any node
+// tunnels to them, while the ingress still holds the tunnels back.
+func (Consumer) AsBuilt() {}
 
 // SetPlan implements consumer.Consumer.
 func (c Consumer) SetPlan(name types.NamespacedName, plan *model.ServicePlan) {
