@@ -280,7 +280,7 @@ bench-heap:
 BENCH_GO_SIZES ?= 1000|10000|100000
 BENCH_GO_TIME ?= 3x
 bench-go:
-	$(GO) test -run '^$$' -bench 'Growth.*/services=($(BENCH_GO_SIZES))$$' -benchtime $(BENCH_GO_TIME) ./proxier/
+	$(GO) test -run '^$$' -bench 'Growth.*/services=($(BENCH_GO_SIZES))$$' -benchtime $(BENCH_GO_TIME) ./proxier/agent/
 
 # One change's latency at 10,000 Services × 2 with the glue, on fake
 # kernels that take time: idle, and while a periodic resync and a glue
