@@ -60,6 +60,7 @@ func TestDirectServerReturn(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("TIMING 2 nodes with ipvs-proxy ready after %s", time.Since(began).Round(time.Millisecond))
+	t.Logf("DSR preflight on %s: %s", c.Nodes[0].Name, dsrPreflight(ctx, t, c, c.Nodes[0]))
 	ingress, backend, outside := c.Nodes[0], c.Nodes[1], c.Outside
 	hub := newDSRWatch(c.Hub)
 	defer hub.stop()
@@ -252,6 +253,22 @@ func dsrDump(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 		}
 	}
 	t.Logf("%s", dsrEvents(ctx, c))
+}
+
+// dsrPreflight is what n's preflight init container said of tunnel ends.
+func dsrPreflight(ctx context.Context, t *testing.T, c *cluster.Cluster, n *cluster.Node) string {
+	p := ipvsProxyPod(ctx, t, c, n)
+	raw, err := c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(p.Name, &corev1.PodLogOptions{Container: "preflight"}).DoRaw(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.Contains(l, "tunnel ends") || strings.Contains(l, "modprobe") {
+			out = append(out, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(out, " | ")
 }
 
 // dsrEvents lists the Events of the namespace dsr (the agents' on the
