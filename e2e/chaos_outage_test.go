@@ -125,11 +125,13 @@ func longOutage(t *testing.T, k outageKind) {
 	if writes != writes0 {
 		t.Errorf("the agent made %.0f netlink writes during the outage (%.0f syncs)", writes-writes0, syncs-syncs0)
 	}
+	backMark := c.logMark()
 	reconnect()
 	back := time.Now()
 	agentOutage := back.Sub(start)
 	_, d := c.converge(t, "changes made during the outage", c.expected(t, ns), 3*time.Minute)
 	duringTook := time.Since(back)
+	t.Logf("the agent from the outage's end to the kernel's convergence:\n%s", returnLines(c.logSince(backMark)))
 	t.Logf("%s: changes made during the outage (%.0f s) in the kernel %.1f s after its end (limit %v)",
 		k.name, seconds(agentOutage), seconds(duringTook), duringLimit)
 	if duringTook > duringLimit {
@@ -152,4 +154,26 @@ func longOutage(t *testing.T, k outageKind) {
 			"10 created, 10 changed, 10 deleted after it: in the kernel %.1f s later; the informers' waits for the apiserver: %d begun, %d ended",
 			n+1, k.what, seconds(agentOutage), writes-writes0, syncs-syncs0, checks, seconds(duringTook), duringLimit, seconds(afterTook),
 			strings.Count(agentLog, "trying again every"), strings.Count(agentLog, `"tries":`))})
+}
+
+// returnLines are the agent's lines about the apiserver, its lists and
+// watches, and its first syncs that wrote, at most 40: what it did after
+// an outage, in order.
+func returnLines(log string) string {
+	var out []string
+	wrote := 0
+	for _, l := range strings.Split(log, "\n") {
+		synced := strings.Contains(l, `"msg":"synced"`)
+		if synced && (strings.Contains(l, `"writes":0,`) || strings.Contains(l, `"writes":0}`) || wrote >= 3) {
+			continue
+		}
+		if !synced && !strings.Contains(l, "apiserver") && !strings.Contains(l, "reflector") && !strings.Contains(l, "watch") {
+			continue
+		}
+		if synced {
+			wrote++
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out[:min(len(out), 40)], "\n")
 }
