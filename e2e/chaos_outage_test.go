@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -157,17 +158,23 @@ func longOutage(t *testing.T, k outageKind) {
 }
 
 // returnLines are the agent's lines about the apiserver, its lists and
-// watches, and its first syncs that wrote, at most 40: what it did after
-// an outage, in order.
+// watches (by their message: the case's namespace names the apiserver
+// too), and its first syncs that wrote, at most 40: what it did after an
+// outage, in order.
 func returnLines(log string) string {
 	var out []string
 	wrote := 0
 	for _, l := range strings.Split(log, "\n") {
-		synced := strings.Contains(l, `"msg":"synced"`)
-		if synced && (strings.Contains(l, `"writes":0,`) || strings.Contains(l, `"writes":0}`) || wrote >= 3) {
+		m := logMessage.FindStringSubmatch(l)
+		if m == nil {
 			continue
 		}
-		if !synced && !strings.Contains(l, "apiserver") && !strings.Contains(l, "reflector") && !strings.Contains(l, "watch") {
+		msg := strings.ToLower(m[1])
+		synced := msg == "synced"
+		if synced && (strings.Contains(l, `"writes":0,`) || wrote >= 3) {
+			continue
+		}
+		if !synced && !strings.Contains(msg, "apiserver") && !strings.Contains(msg, "watch") && !strings.Contains(l, `"reflector"`) {
 			continue
 		}
 		if synced {
@@ -177,3 +184,6 @@ func returnLines(log string) string {
 	}
 	return strings.Join(out[:min(len(out), 40)], "\n")
 }
+
+// logMessage is the message of a line of the agent's JSON log.
+var logMessage = regexp.MustCompile(`"msg":"([^"]*)"`)
