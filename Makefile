@@ -136,7 +136,7 @@ chaos-nodes:
 
 # Issue 45's case 2 on the one-node bed: the agent without the apiserver
 # for CHAOS_OUTAGE (5 minutes), refused and then black-holed, under live
-# traffic (TestChaosAPIServerLongOutage, about 14 minutes; left out of
+# traffic (TestChaosAPIServerLongOutage, 11-13 minutes; left out of
 # `make chaos` and `make test`). One chaos row each.
 chaos-outage:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-outage E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_OUTAGE))$$$$'
