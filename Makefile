@@ -25,7 +25,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Kernel and end-to-end tests boot a VM under software emulation: be generous.
 E2E_TIMEOUT ?= 80m
 
-.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck monitoring-check demo bench bench-go bench-busy bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos chaos-nodes takeover cluster hash dsr dsr-prototype results
+.PHONY: all build image test test-full checks deps bed unit e2e e2e-run lint vulncheck monitoring-check demo bench bench-go bench-busy bench-heap exec-paths clean fuzz conformance conformance-ci conformance-list chaos chaos-nodes chaos-outage takeover cluster hash dsr dsr-prototype results
 
 all: build
 
@@ -76,9 +76,10 @@ E2E_TAKEOVER := TestKubeProxyIPVSMode|TestTakeoverFromKubeProxy|TestTakeoverNode
 E2E_CLUSTER := TestPrometheusScrapesAgents|TestClusterNode
 E2E_HASH := TestHashSchedulersAgreeAcrossNodes
 E2E_CHAOS_NODES := TestChaosNodes
+E2E_CHAOS_OUTAGE := TestChaosAPIServerLongOutage
 E2E_PROTOTYPES := TestDSRPrototype
 E2E_DSR := TestDirectServerReturn
-TEST_SKIP = ^($(E2E_CHAOS_LONG)|$(E2E_TAKEOVER)|$(E2E_CLUSTER)|$(E2E_HASH)|$(E2E_CHAOS_NODES)|$(E2E_PROTOTYPES)|$(E2E_DSR))$$$$|^TestChaosKernelFaults$$$$/^kernel-faults-(0|10)pct$$$$
+TEST_SKIP = ^($(E2E_CHAOS_LONG)|$(E2E_CHAOS_OUTAGE)|$(E2E_TAKEOVER)|$(E2E_CLUSTER)|$(E2E_HASH)|$(E2E_CHAOS_NODES)|$(E2E_PROTOTYPES)|$(E2E_DSR))$$$$|^TestChaosKernelFaults$$$$/^kernel-faults-(0|10)pct$$$$
 E2E_RUN ?= .
 E2E_SKIP ?=
 E2E_PKGS ?= ./...
@@ -124,7 +125,7 @@ CHAOS_SIZE ?= 300
 CHAOS_OUT ?= $(CURDIR)/bin/chaos
 chaos:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-tests E2E_PKGS=. E2E_RUN='^(TestChaos|TestHostTrafficDuringEndpointMove$$$$)' \
-		E2E_SKIP='^($(E2E_CHAOS_NODES))$$$$'
+		E2E_SKIP='^($(E2E_CHAOS_NODES)|$(E2E_CHAOS_OUTAGE))$$$$'
 
 # Issue 45's cases 3 and 4 on two nodes and the outside host, at
 # CHAOS_SIZE Services (TestChaosNodes, left out of `make chaos`: it boots
@@ -132,6 +133,13 @@ chaos:
 # minutes, then mended; a node's address replaced. One chaos row each.
 chaos-nodes:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-nodes E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_NODES))$$$$'
+
+# Issue 45's case 2 on the one-node bed: the agent without the apiserver
+# for CHAOS_OUTAGE (5 minutes), refused and then black-holed, under live
+# traffic (TestChaosAPIServerLongOutage, 11-13 minutes; left out of
+# `make chaos` and `make test`). One chaos row each.
+chaos-outage:
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-outage E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_OUTAGE))$$$$'
 
 # Taking a node over from kube-proxy's IPVS mode (kube-proxy v1.36.3 runs
 # in the bed's VM first).

@@ -37,17 +37,29 @@ func (c chaosEnv) apiserverBack(t *testing.T, down *bool) {
 func (c chaosEnv) cutOff(t *testing.T) (reconnect func()) {
 	t.Helper()
 	host, port, _ := strings.Cut(vm.APIServerGuestAddr, ":")
-	block := []string{"OUTPUT", "-p", "tcp", "-d", host, "--dport", port, "-j", "REJECT", "--reject-with", "tcp-reset"}
-	c.vmRun(t, append([]string{"iptables", "-I"}, block...)...)
-	blocked := true
+	return c.withRules(t, []string{"OUTPUT", "-p", "tcp", "-d", host, "--dport", port, "-j", "REJECT", "--reject-with", "tcp-reset"})
+}
+
+// withRules inserts iptables rules (chain and match, as after -I) in the
+// VM until the returned func deletes them, or the test ends.
+func (c chaosEnv) withRules(t *testing.T, rules ...[]string) (remove func()) {
+	t.Helper()
+	for _, r := range rules {
+		c.vmRun(t, append([]string{"iptables", "-I"}, r...)...)
+	}
+	in := true
 	t.Cleanup(func() {
-		if blocked {
-			_, _ = c.VM.RunOK(context.Background(), append([]string{"iptables", "-D"}, block...)...)
+		if in {
+			for _, r := range rules {
+				_, _ = c.VM.RunOK(context.Background(), append([]string{"iptables", "-D"}, r...)...)
+			}
 		}
 	})
 	return func() {
-		c.vmRun(t, append([]string{"iptables", "-D"}, block...)...)
-		blocked = false
+		for _, r := range rules {
+			c.vmRun(t, append([]string{"iptables", "-D"}, r...)...)
+		}
+		in = false
 	}
 }
 

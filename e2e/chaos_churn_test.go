@@ -21,13 +21,20 @@ import (
 // (a Go duration), else 60 s (CI's).
 func churnDuration(t *testing.T) time.Duration {
 	t.Helper()
-	s := os.Getenv("CHAOS_CHURN")
+	return envDuration(t, "CHAOS_CHURN", 60*time.Second, 30*time.Second)
+}
+
+// envDuration is the Go duration in the environment variable name, at
+// least least, else def when it is not set.
+func envDuration(t *testing.T, name string, def, least time.Duration) time.Duration {
+	t.Helper()
+	s := os.Getenv(name)
 	if s == "" {
-		return 60 * time.Second
+		return def
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < 30*time.Second {
-		t.Fatalf("CHAOS_CHURN=%q: want a duration of at least 30s", s)
+	if err != nil || d < least {
+		t.Fatalf("%s=%q: want a duration of at least %v", name, s, least)
 	}
 	return d
 }

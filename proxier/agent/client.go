@@ -25,15 +25,26 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
+// dialTimeout is how long the agent waits for the apiserver to accept a
+// TCP connection: three SYNs (sent at 0, 1 and 3 s). client-go's dialer
+// waits 30 s, so that after an apiserver (or the path to it) that dropped
+// every packet comes back, a list or watch could still sit in a dial begun
+// during the outage for up to 15 s until its next SYN, or until the 30 s
+// and then untilReachable's wait (TestChaosAPIServerLongOutage/blackhole).
+const dialTimeout = 5 * time.Second
+
 // TuneClientConfig sets up cfg the way the agent talks to the apiserver:
 // protobuf, which is smaller and cheaper to decode than JSON for 10,000s of
-// Services and EndpointSlices, and no client-side throttling of the cold
-// start's lists and watches. userAgent names the client.
+// Services and EndpointSlices, no client-side throttling of the cold
+// start's lists and watches, and a dial that gives up on a silent
+// apiserver after dialTimeout (with client-go's TCP keepalive, 30 s).
+// userAgent names the client.
 func TuneClientConfig(cfg *rest.Config, userAgent string) {
 	cfg.UserAgent = userAgent
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
 	cfg.QPS, cfg.Burst = 50, 100
+	cfg.Dial = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
 }
 
 // NewClient returns a client of the apiserver configured by the kubeconfig

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -221,6 +222,9 @@ func (t *tracker) sliceByKey(key string) (*model.EndpointSlice, types.Namespaced
 func (t *tracker) sliceHandler() cache.ResourceEventHandlerFuncs {
 	h := handler(t.onSlice)
 	h.UpdateFunc = func(old, o any) {
+		if sameVersion(old, o) {
+			return
+		}
 		if _, before, ok := sliceOf(old); ok {
 			if _, after, ok := sliceOf(o); !ok || after != before {
 				t.onSlice(old, true)
@@ -255,12 +259,30 @@ func (s *informerSet) start(ctx context.Context) {
 // wait waits until every started informer has stopped.
 func (s *informerSet) wait() { s.wg.Wait() }
 
+// handler calls add for each object added, changed or deleted. An update
+// of an object to the same version is no change: an informer's relist
+// (after an apiserver outage, a watch that expired) delivers one for every
+// object it still holds, and marking every Service dirty then would make
+// the first sync after an outage rebuild them all (kube-proxy's change
+// trackers drop such updates too).
 func handler(add func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { add(o, false) },
-		UpdateFunc: func(_, o any) { add(o, false) },
+		AddFunc: func(o any) { add(o, false) },
+		UpdateFunc: func(old, o any) {
+			if !sameVersion(old, o) {
+				add(o, false)
+			}
+		},
 		DeleteFunc: func(o any) { add(o, true) },
 	}
+}
+
+// sameVersion tells an update that changes nothing: both objects carry
+// the same resourceVersion, which the apiserver changes on every write.
+func sameVersion(old, o any) bool {
+	a, errA := meta.Accessor(old)
+	b, errB := meta.Accessor(o)
+	return errA == nil && errB == nil && a.GetResourceVersion() != "" && a.GetResourceVersion() == b.GetResourceVersion()
 }
 
 // markDirty records a change to a Service; at is when the change was made
