@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -92,12 +93,19 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 }
 
 // logAgent logs the lines of n's agent since since that contain one of
-// what (the last 40).
+// what (the last 40). Bounded (a cleanup calls it) and never fatal.
 func (b *nodesBed) logAgent(t *testing.T, n *cluster.Node, since time.Time, what ...string) {
 	t.Helper()
-	p := ipvsProxyPod(b.ctx, t, b.c, n)
-	raw, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(p.Name,
-		&corev1.PodLogOptions{SinceTime: &metav1.Time{Time: since.Add(-time.Second)}}).DoRaw(b.ctx)
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	pl, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
+		LabelSelector: cluster.IPVSProxyPods, FieldSelector: "spec.nodeName=" + n.Name})
+	if err != nil || len(pl.Items) == 0 {
+		t.Logf("%s: no agent pod for its log (%v)", n.Name, err)
+		return
+	}
+	raw, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(pl.Items[0].Name,
+		&corev1.PodLogOptions{SinceTime: &metav1.Time{Time: since.Add(-time.Second)}}).DoRaw(ctx)
 	if err != nil {
 		t.Logf("%s: the agent's log: %v", n.Name, err)
 		return

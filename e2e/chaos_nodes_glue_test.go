@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"regexp"
@@ -81,7 +82,9 @@ func (b *nodesBed) persistentGlueFailure(t *testing.T) {
 		t.Fatalf("%s: stray rule: %v: %s", n1.Name, err, out)
 	}
 	seen := b.watchGlueFailure(t, n1, tool, restarts)
-	mend()
+	if err := mend(); err != nil {
+		t.Fatal(err) // nothing after it can pass; the next case needs a whole agent
+	}
 	mended := time.Now()
 	waitWithin(b.ctx, t, 5*time.Minute, n1.Name+"'s glue rules as before the fault", func() (bool, string) {
 		missing, extra := lineDiff(want, b.glueRules(t, n1, tool))
@@ -136,6 +139,9 @@ func (b *nodesBed) watchGlueFailure(t *testing.T, n1 *cluster.Node, tool string,
 		first(&seen.metric, b.metric(t, n1, `ipvs_proxy_node_sync_failing{part="iptables glue"}`) == 1)
 		h := b.agentHTTP(t, n1, "http://127.0.0.1:10256/healthz")
 		first(&seen.healthz, h.Status == 503 && strings.Contains(h.Body, "iptables glue"))
+		if l := b.agentHTTP(t, n1, "http://127.0.0.1:10256/livez"); l.Status != 200 {
+			t.Errorf("%s: /livez %d %s into the fault; want 200 (a restart cannot mend iptables-restore)", n1.Name, l.Status, l.Body)
+		}
 		if seen.event == 0 {
 			first(&seen.event, b.nodeEvent(t, n1, "NodeSyncFailed", "iptables glue", began) != nil)
 		}
@@ -156,10 +162,14 @@ func (b *nodesBed) watchGlueFailure(t *testing.T, n1 *cluster.Node, tool string,
 	return seen
 }
 
+// mendTimeout bounds the mend: a umount and a removal.
+const mendTimeout = time.Minute
+
 // failRestore makes iptables-restore fail in the agent's container on n
 // (failRestoreScript), checks that it does there while iptables-save
-// works, and returns the mend.
-func (b *nodesBed) failRestore(t *testing.T, n *cluster.Node, agent *corev1.Pod) (mend func()) {
+// works, and returns the mend (run once; later calls return nil), also
+// registered as a cleanup.
+func (b *nodesBed) failRestore(t *testing.T, n *cluster.Node, agent *corev1.Pod) (mend func() error) {
 	t.Helper()
 	if len(agent.Status.ContainerStatuses) == 0 {
 		t.Fatalf("%s: no ipvs-proxy container: %s", n.Name, cluster.PodSummary(agent))
@@ -173,23 +183,28 @@ func (b *nodesBed) failRestore(t *testing.T, n *cluster.Node, agent *corev1.Pod)
 		t.Fatalf("%s: break iptables-restore: %v: %s", n.Name, err, out)
 	}
 	mended := false
-	mend = func() {
+	mend = func() error {
 		if mended {
-			return
+			return nil
 		}
 		mended = true
-		if out, err := n.VM.RunOK(b.ctx, "sh", "-c", fmt.Sprintf(mendRestoreScript, pid)); err != nil {
-			t.Errorf("%s: mend iptables-restore: %v: %s", n.Name, err, out)
+		ctx, cancel := context.WithTimeout(b.ctx, mendTimeout)
+		defer cancel()
+		if out, err := n.VM.RunOK(ctx, "sh", "-c", fmt.Sprintf(mendRestoreScript, pid)); err != nil {
+			return fmt.Errorf("%s: mend iptables-restore: %w: %s", n.Name, err, out)
 		}
+		return nil
 	}
-	t.Cleanup(mend) // also when the case fails: the next one needs a whole agent
+	t.Cleanup(func() { // also when the case fails: the next one needs a whole agent
+		if err := mend(); err != nil {
+			t.Error(err)
+		}
+	})
 	out, err := n.ExecCtr(b.ctx, id, "chaos-restore", "/usr/sbin/iptables-nft-restore", "--noflush")
 	if err == nil || !strings.Contains(out, "failing on purpose") {
-		mend()
 		t.Fatalf("%s: iptables-nft-restore in the agent's container: %q, %v; want the failing script", n.Name, out, err)
 	}
 	if out, err := n.ExecCtr(b.ctx, id, "chaos-save", "/usr/sbin/iptables-nft-save", "-t", "nat"); err != nil || !strings.Contains(out, "IPVSP-") {
-		mend()
 		t.Fatalf("%s: iptables-nft-save in the agent's container: %v: %s", n.Name, err, out)
 	}
 	t.Logf("%s: iptables-restore fails in the agent's container (pid %d): %s", n.Name, pid, strings.TrimSpace(out))
