@@ -262,15 +262,18 @@ func ipvsLines(ctx context.Context, t *testing.T, n *cluster.Node) []string {
 }
 
 // agentRestarts fails the test if n's agent restarted since restarts, and
-// logs what kubelet said of its pod (probe failures, kills).
-func (b *nodesBed) agentRestarts(t *testing.T, n *cluster.Node, restarts int32) {
+// logs what kubelet said of its pod (probe failures, kills); it returns
+// the restarts since.
+func (b *nodesBed) agentRestarts(t *testing.T, n *cluster.Node, restarts int32) int32 {
 	t.Helper()
 	p := ipvsProxyPod(b.ctx, t, b.c, n)
 	logPodWarnings(b.ctx, t, b.c, n, p)
-	if got := restartCount(p); got != restarts {
+	got := restartCount(p)
+	if got != restarts {
 		t.Errorf("%s: the agent's container restarted %d times during the case (%s%s); want 0: kubelet's probes must not restart an agent whose IPVS serves",
 			n.Name, got-restarts, cluster.PodSummary(p), lastTermination(p))
 	}
+	return got - restarts
 }
 
 // logPodWarnings logs kubelet's Warning and Killing Events on p, n's
