@@ -54,9 +54,11 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	tr := b.startTraffic(t, "address", map[string]string{n2.Name: n2.IP})
 
 	b.run(t, n1.VM, "sysctl", "-qw", "net.ipv4.conf."+cluster.SegmentIface+".promote_secondaries=1")
+	syncs := b.syncTimes(t, n1)
 	added := time.Now()
 	b.run(t, n1.VM, "ip", "addr", "add", newIP+"/24", "dev", cluster.SegmentIface)
 	follow := b.waitVirtualServersOn(t, n1, newIP, len(b.nodePorted), added)
+	syncs = b.logSyncs(t, n1, syncs, "the add and its node ports")
 	b.waitAnswered(t, b.nodePort(newIP))
 	answered := time.Since(added)
 	tr.add(t, b.c.Outside, "outside-new-node-port", b.nodePort(newIP))
@@ -67,6 +69,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	b.run(t, n1.VM, "ip", "addr", "del", oldIP+"/24", "dev", cluster.SegmentIface)
 	b.keepPodRoute(t, n1, n2)
 	dropped := b.waitVirtualServersOn(t, n1, oldIP, 0, removed)
+	b.logSyncs(t, n1, syncs, "the delete and the old address's last virtual server")
 	if left := virtualServersOn(readKernelState(t, n1.VM), oldIP); len(left) > 0 {
 		t.Errorf("%s: virtual servers still on the removed address %s: %s", n1.Name, oldIP, sample(left))
 	}
@@ -155,6 +158,35 @@ func (b *nodesBed) waitVirtualServersOn(t *testing.T, n *cluster.Node, addr stri
 		return (want == 0 && got == 0) || (want > 0 && got >= want), fmt.Sprintf("%d after %s", got, took.Round(time.Millisecond))
 	})
 	return took
+}
+
+// syncSeries are the agent's sync-duration histograms, partial and full.
+var syncSeries = []string{"kubeproxy_sync_partial_proxy_rules_duration_seconds", "kubeproxy_sync_full_proxy_rules_duration_seconds"}
+
+// syncTimes reads the count and sum of each of n's syncSeries.
+func (b *nodesBed) syncTimes(t *testing.T, n *cluster.Node) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, s := range syncSeries {
+		for _, part := range []string{"_count", "_sum"} {
+			out[s+part] = b.metric(t, n, s+part)
+		}
+	}
+	return out
+}
+
+// logSyncs logs the syncs n's agent made since before (syncTimes) and
+// their time, and returns the new reading: what an address change cost.
+func (b *nodesBed) logSyncs(t *testing.T, n *cluster.Node, before map[string]float64, between string) map[string]float64 {
+	t.Helper()
+	now := b.syncTimes(t, n)
+	var parts []string
+	for _, s := range syncSeries {
+		parts = append(parts, fmt.Sprintf("%s: %.0f syncs, %.1f s", strings.TrimPrefix(s, "kubeproxy_sync_"),
+			now[s+"_count"]-before[s+"_count"], now[s+"_sum"]-before[s+"_sum"]))
+	}
+	t.Logf("%s: the agent's syncs between %s: %s", n.Name, between, strings.Join(parts, "; "))
+	return now
 }
 
 // waitAnswered waits until the outside host's connection to addr is
