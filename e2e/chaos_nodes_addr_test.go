@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -32,10 +33,13 @@ const addressFollow = 10 * time.Second
 // promoted (promote_secondaries). The outside host's route to the
 // LoadBalancer IP and node-2's route to node-1's pods move to the new
 // address before the old one goes, as the network would. Node ports
-// follow at once on node-1: the outside host reaches the new address's
-// node port within addressFollow of its addition, every Service's node
-// port is there, and within addressFollow of the old address's removal no
-// virtual server is left on it. Node-2 is untouched (its IPVS table the
+// follow at once on node-1: within addressFollow of the new address's
+// addition node-1's IPVS table has every Service's node port on it (the
+// outside host's first answer, which adds its neighbour resolution and
+// the bed's polling, is reported and waited for), and within
+// addressFollow of the old address's removal no virtual server is left
+// on it. The agent is not restarted (its probes ask 127.0.0.1, not the
+// pod's IP, which is the old address). Node-2 is untouched (its IPVS table the
 // same, no write), and no connection fails meanwhile (node-1's node port
 // is not in the streams: its old address is meant to stop answering).
 // The Node object keeps the old address (kubelet only logs that it is
@@ -50,10 +54,13 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	tr := b.startTraffic(t, "address", map[string]string{n2.Name: n2.IP})
 
 	b.run(t, n1.VM, "sysctl", "-qw", "net.ipv4.conf."+cluster.SegmentIface+".promote_secondaries=1")
+	syncs := b.syncTimes(t, n1)
 	added := time.Now()
 	b.run(t, n1.VM, "ip", "addr", "add", newIP+"/24", "dev", cluster.SegmentIface)
+	follow := b.waitVirtualServersOn(t, n1, newIP, len(b.nodePorted), added)
+	syncs = b.logSyncs(t, n1, syncs, "the add and its node ports")
 	b.waitAnswered(t, b.nodePort(newIP))
-	follow := time.Since(added)
+	answered := time.Since(added)
 	tr.add(t, b.c.Outside, "outside-new-node-port", b.nodePort(newIP))
 	newPorts := b.nodePortsAt(t, n1, newIP)
 
@@ -61,14 +68,14 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	removed := time.Now()
 	b.run(t, n1.VM, "ip", "addr", "del", oldIP+"/24", "dev", cluster.SegmentIface)
 	b.keepPodRoute(t, n1, n2)
-	waitWithin(b.ctx, t, 2*time.Minute, "no virtual server on "+oldIP+" on "+n1.Name, func() (bool, string) {
-		left := virtualServersOn(readKernelState(t, n1.VM), oldIP)
-		return len(left) == 0, sample(left)
-	})
-	dropped := time.Since(removed)
+	dropped := b.waitVirtualServersOn(t, n1, oldIP, 0, removed)
+	b.logSyncs(t, n1, syncs, "the delete and the old address's last virtual server")
+	if left := virtualServersOn(readKernelState(t, n1.VM), oldIP); len(left) > 0 {
+		t.Errorf("%s: virtual servers still on the removed address %s: %s", n1.Name, oldIP, sample(left))
+	}
 	time.Sleep(10 * time.Second) // traffic on the new address alone
 	if follow > addressFollow {
-		t.Errorf("%s: the node port on the new address %s answered %s after its addition; want within %s", n1.Name, newIP, follow.Round(time.Millisecond), addressFollow)
+		t.Errorf("%s: the node ports on the new address %s were all in its IPVS table %s after its addition; want within %s", n1.Name, newIP, follow.Round(time.Millisecond), addressFollow)
 	}
 	if dropped > addressFollow {
 		t.Errorf("%s: virtual servers on the removed address %s left %s after its removal; want within %s", n1.Name, oldIP, dropped.Round(time.Millisecond), addressFollow)
@@ -81,23 +88,31 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	tr.stopStream(t, "outside-new-node-port")
 	b.restoreAddress(t, n1, oldIP, newIP)
 	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "sync failed")
-	b.agentRestarts(t, n1, restarts)
+	restarted := b.agentRestarts(t, n1, restarts)
 	attempted, failed := tr.stop(t)
 	otherWrites := other.check(b.ctx, t, b)
-	notes := fmt.Sprintf("%s's segment address %s -> %s: new node port answered from the outside host %s after the add (%d node ports there), "+
-		"old address's virtual servers gone %s after the delete; Node Ready throughout: %v; %s untouched (%d writes); %d Services",
-		n1.Name, oldIP, newIP, follow.Round(100*time.Millisecond), newPorts, dropped.Round(100*time.Millisecond), ready, n2.Name, otherWrites, b.size)
+	notes := fmt.Sprintf("%s's segment address %s -> %s: its %d node ports in the IPVS table %s after the add, answered from the outside host after %s; "+
+		"old address's virtual servers gone %s after the delete; restarts %d; Node Ready throughout: %v; %s untouched (%d writes); %d Services",
+		n1.Name, oldIP, newIP, newPorts, follow.Round(100*time.Millisecond), answered.Round(100*time.Millisecond), dropped.Round(100*time.Millisecond),
+		restarted, ready, n2.Name, otherWrites, b.size)
 	chaos.Record(t, "", chaos.Row{Case: "nodes-address-change", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: ownWrites, ConvergeSeconds: math.Round(follow.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
 }
 
 // logAgent logs the lines of n's agent since since that contain one of
-// what (the last 40).
+// what (the last 40). Bounded (a cleanup calls it) and never fatal.
 func (b *nodesBed) logAgent(t *testing.T, n *cluster.Node, since time.Time, what ...string) {
 	t.Helper()
-	p := ipvsProxyPod(b.ctx, t, b.c, n)
-	raw, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(p.Name,
-		&corev1.PodLogOptions{SinceTime: &metav1.Time{Time: since.Add(-time.Second)}}).DoRaw(b.ctx)
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	pl, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
+		LabelSelector: cluster.IPVSProxyPods, FieldSelector: "spec.nodeName=" + n.Name})
+	if err != nil || len(pl.Items) == 0 {
+		t.Logf("%s: no agent pod for its log (%v)", n.Name, err)
+		return
+	}
+	raw, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(pl.Items[0].Name,
+		&corev1.PodLogOptions{SinceTime: &metav1.Time{Time: since.Add(-time.Second)}}).DoRaw(ctx)
 	if err != nil {
 		t.Logf("%s: the agent's log: %v", n.Name, err)
 		return
@@ -118,6 +133,60 @@ func (b *nodesBed) run(t *testing.T, v *vm.VM, argv ...string) {
 	if out, err := v.RunOK(b.ctx, argv...); err != nil {
 		t.Fatalf("%s: %v: %s", strings.Join(argv, " "), err, out)
 	}
+}
+
+// waitVirtualServersOn polls n's IPVS table (one `ipvsadm -Ln`, well under
+// a second at these sizes) until it holds at least want TCP virtual
+// servers on addr (want 0: none), and returns the time from since to the
+// read that saw it: the agent's part of an address change, without the
+// outside host's neighbour resolution.
+func (b *nodesBed) waitVirtualServersOn(t *testing.T, n *cluster.Node, addr string, want int, since time.Time) time.Duration {
+	t.Helper()
+	var took time.Duration
+	waitWithin(b.ctx, t, 2*time.Minute, fmt.Sprintf("%d virtual servers on %s on %s", want, addr, n.Name), func() (bool, string) {
+		out, err := n.VM.RunOK(b.ctx, "ipvsadm", "-Ln")
+		took = time.Since(since)
+		if err != nil {
+			return false, err.Error()
+		}
+		got := 0
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "TCP" && strings.HasPrefix(f[1], addr+":") {
+				got++
+			}
+		}
+		return (want == 0 && got == 0) || (want > 0 && got >= want), fmt.Sprintf("%d after %s", got, took.Round(time.Millisecond))
+	})
+	return took
+}
+
+// syncSeries are the agent's sync-duration histograms, partial and full.
+var syncSeries = []string{"kubeproxy_sync_partial_proxy_rules_duration_seconds", "kubeproxy_sync_full_proxy_rules_duration_seconds"}
+
+// syncTimes reads the count and sum of each of n's syncSeries.
+func (b *nodesBed) syncTimes(t *testing.T, n *cluster.Node) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, s := range syncSeries {
+		for _, part := range []string{"_count", "_sum"} {
+			out[s+part] = b.metric(t, n, s+part)
+		}
+	}
+	return out
+}
+
+// logSyncs logs the syncs n's agent made since before (syncTimes) and
+// their time, and returns the new reading: what an address change cost.
+func (b *nodesBed) logSyncs(t *testing.T, n *cluster.Node, before map[string]float64, between string) map[string]float64 {
+	t.Helper()
+	now := b.syncTimes(t, n)
+	var parts []string
+	for _, s := range syncSeries {
+		parts = append(parts, fmt.Sprintf("%s: %.0f syncs, %.1f s", strings.TrimPrefix(s, "kubeproxy_sync_"),
+			now[s+"_count"]-before[s+"_count"], now[s+"_sum"]-before[s+"_sum"]))
+	}
+	t.Logf("%s: the agent's syncs between %s: %s", n.Name, between, strings.Join(parts, "; "))
+	return now
 }
 
 // waitAnswered waits until the outside host's connection to addr is

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"regexp"
@@ -81,7 +82,9 @@ func (b *nodesBed) persistentGlueFailure(t *testing.T) {
 		t.Fatalf("%s: stray rule: %v: %s", n1.Name, err, out)
 	}
 	seen := b.watchGlueFailure(t, n1, tool, restarts)
-	mend()
+	if err := mend(); err != nil {
+		t.Fatal(err) // nothing after it can pass; the next case needs a whole agent
+	}
 	mended := time.Now()
 	waitWithin(b.ctx, t, 5*time.Minute, n1.Name+"'s glue rules as before the fault", func() (bool, string) {
 		missing, extra := lineDiff(want, b.glueRules(t, n1, tool))
@@ -99,13 +102,13 @@ func (b *nodesBed) persistentGlueFailure(t *testing.T) {
 	})
 	recovered := time.Since(mended)
 	attempted, failed := tr.stop(t)
-	b.agentRestarts(t, n1, restarts)
+	restarted := b.agentRestarts(t, n1, restarts)
 	otherWrites := other.check(b.ctx, t, b)
 	leaks := b.leaks(t)
 	ownWrites := int(b.writes(t, n1) - writes)
 	notes := fmt.Sprintf("iptables-restore failing in %s's agent container for %s (%s); reported: metric after %s, Event after %s, /healthz 503 after %s, pod unready after %s; "+
-		"restarts 0; glue rules whole %s after the mend, healthy again after %s; %s untouched (%d writes); %d Services",
-		n1.Name, glueOutage, tool, seen.metric, seen.event, seen.healthz, seen.unready, whole.Round(time.Second), recovered.Round(time.Second),
+		"restarts %d; glue rules whole %s after the mend, healthy again after %s; %s untouched (%d writes); %d Services",
+		n1.Name, glueOutage, tool, seen.metric, seen.event, seen.healthz, seen.unready, restarted, whole.Round(time.Second), recovered.Round(time.Second),
 		n2.Name, otherWrites, b.size)
 	chaos.Record(t, "", chaos.Row{Case: "nodes-glue-restore-fails", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: ownWrites, ConvergeSeconds: math.Round(whole.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
@@ -117,8 +120,9 @@ type glueSeen struct{ metric, event, healthz, unready time.Duration }
 
 // watchGlueFailure polls n1 every 10 s for glueOutage: the stray rule
 // must stay (no restore succeeds), the agent must not restart, and the
-// metric, an Event and /healthz must report the glue failing. It logs
-// whether kubelet marks the agent unready (readiness is /healthz).
+// metric, an Event and /healthz must report the glue failing, /healthz
+// stay 503 once it is, kubelet mark the agent unready (readiness is
+// /healthz) and /livez stay 200 (liveness: no restart).
 func (b *nodesBed) watchGlueFailure(t *testing.T, n1 *cluster.Node, tool string, restarts int32) glueSeen {
 	t.Helper()
 	began := time.Now()
@@ -133,9 +137,21 @@ func (b *nodesBed) watchGlueFailure(t *testing.T, n1 *cluster.Node, tool string,
 		if !slices.ContainsFunc(b.glueRules(t, n1, tool), func(l string) bool { return strings.Contains(l, "192.0.2.45") }) {
 			t.Fatalf("%s: the stray rule is gone after %s: a restore succeeded, the fault did not hold", n1.Name, time.Since(began))
 		}
-		first(&seen.metric, b.metric(t, n1, `ipvs_proxy_node_sync_failing{part="iptables glue"}`) == 1)
+		failing := b.metric(t, n1, `ipvs_proxy_node_sync_failing{part="iptables glue"}`)
+		if seen.metric != 0 && failing != 1 {
+			t.Errorf("%s: ipvs_proxy_node_sync_failing{part=\"iptables glue\"} %v %s into the fault, after 1 from %s", n1.Name, failing,
+				time.Since(began).Round(time.Second), seen.metric)
+		}
+		first(&seen.metric, failing == 1)
 		h := b.agentHTTP(t, n1, "http://127.0.0.1:10256/healthz")
+		if seen.healthz != 0 && h.Status != 503 {
+			t.Errorf("%s: /healthz %d %s %s into the fault, after 503 from %s: the failure must stay reported until mended",
+				n1.Name, h.Status, h.Body, time.Since(began).Round(time.Second), seen.healthz)
+		}
 		first(&seen.healthz, h.Status == 503 && strings.Contains(h.Body, "iptables glue"))
+		if l := b.agentHTTP(t, n1, "http://127.0.0.1:10256/livez"); l.Status != 200 {
+			t.Errorf("%s: /livez %d %s into the fault; want 200 (a restart cannot mend iptables-restore)", n1.Name, l.Status, l.Body)
+		}
 		if seen.event == 0 {
 			first(&seen.event, b.nodeEvent(t, n1, "NodeSyncFailed", "iptables glue", began) != nil)
 		}
@@ -148,7 +164,8 @@ func (b *nodesBed) watchGlueFailure(t *testing.T, n1 *cluster.Node, tool string,
 	t.Logf("%s: %s of failing restores: metric after %s, Event after %s, /healthz 503 after %s, unready after %s (0: never)",
 		n1.Name, glueOutage, seen.metric, seen.event, seen.healthz, seen.unready)
 	for what, d := range map[string]time.Duration{"ipvs_proxy_node_sync_failing{part=\"iptables glue\"}": seen.metric,
-		"a NodeSyncFailed Event naming the iptables glue": seen.event, "/healthz 503 naming the iptables glue": seen.healthz} {
+		"a NodeSyncFailed Event naming the iptables glue": seen.event, "/healthz 503 naming the iptables glue": seen.healthz,
+		"unready agent pod (its readiness probe is /healthz)": seen.unready} {
 		if d == 0 {
 			t.Errorf("%s: in %s of failing restores, no %s", n1.Name, glueOutage, what)
 		}
@@ -156,10 +173,14 @@ func (b *nodesBed) watchGlueFailure(t *testing.T, n1 *cluster.Node, tool string,
 	return seen
 }
 
+// mendTimeout bounds the mend: a umount and a removal.
+const mendTimeout = time.Minute
+
 // failRestore makes iptables-restore fail in the agent's container on n
 // (failRestoreScript), checks that it does there while iptables-save
-// works, and returns the mend.
-func (b *nodesBed) failRestore(t *testing.T, n *cluster.Node, agent *corev1.Pod) (mend func()) {
+// works, and returns the mend (run once; later calls return nil), also
+// registered as a cleanup.
+func (b *nodesBed) failRestore(t *testing.T, n *cluster.Node, agent *corev1.Pod) (mend func() error) {
 	t.Helper()
 	if len(agent.Status.ContainerStatuses) == 0 {
 		t.Fatalf("%s: no ipvs-proxy container: %s", n.Name, cluster.PodSummary(agent))
@@ -173,23 +194,28 @@ func (b *nodesBed) failRestore(t *testing.T, n *cluster.Node, agent *corev1.Pod)
 		t.Fatalf("%s: break iptables-restore: %v: %s", n.Name, err, out)
 	}
 	mended := false
-	mend = func() {
+	mend = func() error {
 		if mended {
-			return
+			return nil
 		}
 		mended = true
-		if out, err := n.VM.RunOK(b.ctx, "sh", "-c", fmt.Sprintf(mendRestoreScript, pid)); err != nil {
-			t.Errorf("%s: mend iptables-restore: %v: %s", n.Name, err, out)
+		ctx, cancel := context.WithTimeout(b.ctx, mendTimeout)
+		defer cancel()
+		if out, err := n.VM.RunOK(ctx, "sh", "-c", fmt.Sprintf(mendRestoreScript, pid)); err != nil {
+			return fmt.Errorf("%s: mend iptables-restore: %w: %s", n.Name, err, out)
 		}
+		return nil
 	}
-	t.Cleanup(mend) // also when the case fails: the next one needs a whole agent
+	t.Cleanup(func() { // also when the case fails: the next one needs a whole agent
+		if err := mend(); err != nil {
+			t.Error(err)
+		}
+	})
 	out, err := n.ExecCtr(b.ctx, id, "chaos-restore", "/usr/sbin/iptables-nft-restore", "--noflush")
 	if err == nil || !strings.Contains(out, "failing on purpose") {
-		mend()
 		t.Fatalf("%s: iptables-nft-restore in the agent's container: %q, %v; want the failing script", n.Name, out, err)
 	}
 	if out, err := n.ExecCtr(b.ctx, id, "chaos-save", "/usr/sbin/iptables-nft-save", "-t", "nat"); err != nil || !strings.Contains(out, "IPVSP-") {
-		mend()
 		t.Fatalf("%s: iptables-nft-save in the agent's container: %v: %s", n.Name, err, out)
 	}
 	t.Logf("%s: iptables-restore fails in the agent's container (pid %d): %s", n.Name, pid, strings.TrimSpace(out))

@@ -58,6 +58,7 @@ func TestChaosNodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	c := shippedCluster(ctx, t, 2)
+	dumpAgentsOnFailure(t, c)
 	b := newNodesBed(ctx, t, c, chaosSize(t))
 	t.Run("nodes-glue-restore-fails", b.persistentGlueFailure)
 	t.Run("nodes-address-change", b.nodeAddressChange)
@@ -261,23 +262,89 @@ func ipvsLines(ctx context.Context, t *testing.T, n *cluster.Node) []string {
 }
 
 // agentRestarts fails the test if n's agent restarted since restarts, and
-// logs what kubelet said of its pod (probe failures, kills).
-func (b *nodesBed) agentRestarts(t *testing.T, n *cluster.Node, restarts int32) {
+// logs what kubelet said of its pod (probe failures, kills); it returns
+// the restarts since.
+func (b *nodesBed) agentRestarts(t *testing.T, n *cluster.Node, restarts int32) int32 {
 	t.Helper()
 	p := ipvsProxyPod(b.ctx, t, b.c, n)
-	list, err := b.c.Client.CoreV1().Events(metav1.NamespaceSystem).List(b.ctx, metav1.ListOptions{
+	logPodWarnings(b.ctx, t, b.c, n, p)
+	got := restartCount(p)
+	if got != restarts {
+		t.Errorf("%s: the agent's container restarted %d times during the case (%s%s); want 0: kubelet's probes must not restart an agent whose IPVS serves",
+			n.Name, got-restarts, cluster.PodSummary(p), lastTermination(p))
+	}
+	return got - restarts
+}
+
+// logPodWarnings logs kubelet's Warning and Killing Events on p, n's
+// agent pod.
+func logPodWarnings(ctx context.Context, t *testing.T, c *cluster.Cluster, n *cluster.Node, p *corev1.Pod) {
+	t.Helper()
+	list, err := c.Client.CoreV1().Events(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
 		FieldSelector: "involvedObject.kind=Pod,involvedObject.name=" + p.Name})
 	if err != nil {
-		t.Fatal(err)
+		t.Logf("%s: agent pod %s: Events: %v", n.Name, p.Name, err)
+		return
 	}
 	for _, e := range list.Items {
 		if e.Type == corev1.EventTypeWarning || e.Reason == "Killing" {
 			t.Logf("%s: agent pod %s: %s %s x%d: %s", n.Name, p.Name, e.LastTimestamp.Format("15:04:05"), e.Reason, e.Count, e.Message)
 		}
 	}
-	if got := restartCount(p); got != restarts {
-		t.Errorf("%s: the agent's container restarted %d times during the case (%s); want 0: kubelet's probes must not restart an agent whose IPVS serves",
-			n.Name, got-restarts, cluster.PodSummary(p))
+}
+
+// lastTermination tells how p's first container last ended, if it did.
+func lastTermination(p *corev1.Pod) string {
+	if len(p.Status.ContainerStatuses) == 0 {
+		return ""
+	}
+	term := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
+	if term == nil {
+		return ""
+	}
+	return fmt.Sprintf("; last ended %s: %s, exit code %d, signal %d: %s",
+		term.FinishedAt.Format("15:04:05"), term.Reason, term.ExitCode, term.Signal, term.Message)
+}
+
+// agentLogTail is how many of each agent's last log lines a failed run
+// shows.
+const agentLogTail = 200
+
+// dumpAgentsOnFailure registers a cleanup that, if t failed, logs for each
+// node its agent pod's state, how its container last ended, kubelet's
+// warnings on it and the last agentLogTail lines of its log (and of the
+// previous container's after a restart), so that a failure explains
+// itself. It is bounded: a cleanup must never hang.
+func dumpAgentsOnFailure(t *testing.T, c *cluster.Cluster) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for _, n := range c.Nodes {
+			dumpAgent(ctx, t, c, n)
+		}
+	})
+}
+
+func dumpAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, n *cluster.Node) {
+	pods := c.Client.CoreV1().Pods(metav1.NamespaceSystem)
+	pl, err := pods.List(ctx, metav1.ListOptions{LabelSelector: cluster.IPVSProxyPods, FieldSelector: "spec.nodeName=" + n.Name})
+	if err != nil || len(pl.Items) == 0 {
+		t.Logf("%s: no agent pod to dump (%v)", n.Name, err)
+		return
+	}
+	p := &pl.Items[0]
+	t.Logf("%s: agent pod %s%s", n.Name, cluster.PodSummary(p), lastTermination(p))
+	logPodWarnings(ctx, t, c, n, p)
+	for _, previous := range []bool{true, false} {
+		if previous && restartCount(p) == 0 {
+			continue
+		}
+		raw, err := pods.GetLogs(p.Name, &corev1.PodLogOptions{Container: p.Spec.Containers[0].Name, Previous: previous,
+			TailLines: ptr.To[int64](agentLogTail)}).DoRaw(ctx)
+		t.Logf("%s: the agent's last %d log lines (previous container: %v; %v):\n%s", n.Name, agentLogTail, previous, err, raw)
 	}
 }
 

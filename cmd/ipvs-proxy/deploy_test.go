@@ -201,9 +201,11 @@ func TestDeployDaemonSet(t *testing.T) {
 		if p == nil || p.HTTPGet == nil {
 			t.Fatal("run: startup, liveness and readiness probes over HTTP wanted")
 		}
-		probes = append(probes, p.HTTPGet.Path+":"+p.HTTPGet.Port.String())
+		probes = append(probes, p.HTTPGet.Host+":"+p.HTTPGet.Port.String()+p.HTTPGet.Path)
 	}
-	if want := []string{"/livez:10256", "/livez:10256", "/healthz:10256"}; !slices.Equal(probes, want) {
+	// 127.0.0.1, not the pod's IP: a host-network pod's is the node's
+	// address at its start, gone once the node is renumbered.
+	if want := []string{"127.0.0.1:10256/livez", "127.0.0.1:10256/livez", "127.0.0.1:10256/healthz"}; !slices.Equal(probes, want) {
 		t.Errorf("probes %v, want %v", probes, want)
 	}
 }

@@ -212,7 +212,19 @@ func TestValues(t *testing.T) {
 			run + "ports[0].containerPort":        float64(10266),
 			run + "startupProbe.httpGet.port":     float64(10266),
 			run + "livenessProbe.httpGet.port":    float64(10266),
-			run + "readinessProbe.httpGet.port":   float64(10266)}},
+			run + "readinessProbe.httpGet.port":   float64(10266)}}, // host: 127.0.0.1, as by default
+		// The probes ask the address the server binds, never the pod's IP:
+		// a host-network pod's is the node's address at its start.
+		{"health address: one address, the probes' host", `config: {healthzBindAddress: "192.0.2.10:10256"}`, map[string]any{
+			cm + "config.yaml.healthzBindAddress": "192.0.2.10:10256",
+			run + "startupProbe.httpGet.host":     "192.0.2.10",
+			run + "livenessProbe.httpGet.host":    "192.0.2.10",
+			run + "readinessProbe.httpGet.host":   "192.0.2.10"}},
+		{"health address: one IPv6 address, the probes' host", `config: {healthzBindAddress: "[2001:db8::10]:10256"}`, map[string]any{
+			cm + "config.yaml.healthzBindAddress": "[2001:db8::10]:10256",
+			run + "startupProbe.httpGet.host":     "2001:db8::10",
+			run + "livenessProbe.httpGet.host":    "2001:db8::10",
+			run + "readinessProbe.httpGet.host":   "2001:db8::10"}},
 		// Helm merges maps: requests.memory stays 64Mi (null removes it).
 		{"resources", `resources: {requests: {cpu: 200m}, limits: {memory: 256Mi}}`, map[string]any{
 			run + "resources.requests.cpu":  "200m",
@@ -317,7 +329,7 @@ func TestBadValues(t *testing.T) {
 		{`config: {ipvs: {syncPeriod: 30}}`, "syncPeriod"},
 		{`config: {clientConnection: {kubeconfig: /x}}`, "clientConnection"},
 		{`config: {clusterCIDRs: 10.244.0.0/16}`, "clusterCIDRs"},
-		{`config: {healthzBindAddress: "127.0.0.1:10256"}`, "the kubelet probes"},
+		{`config: {healthzBindAddress: "127.0.0.1:10256"}`, "load balancers"},
 		{`config: {metricsBindAddress: "0.0.0.0"}`, "metricsBindAddress"},
 		{`config: {logging: {format: text}}`, "format"},
 		{`toleration: []`, "toleration"},

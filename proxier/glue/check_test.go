@@ -337,3 +337,51 @@ func (b *checkBed) sameAsFresh(t *testing.T, after string, plans ...*model.Servi
 		t.Errorf("sets after %s (-a fresh full sync +got):\n%s", after, diff)
 	}
 }
+
+// TestFailedRepairKeepsFullSyncsInTheLoop: a check's repair whose restore
+// fails fails the sync; a partial sync after it (nothing for it to write)
+// succeeds, but the consumer's full retry still runs whole in the loop and
+// fails again while iptables-restore fails, instead of starting another
+// check and returning nil: that nil counted as the retry's success, and
+// the node was reported healthy between the failures (TestChaosNodes:
+// /healthz 200 for 20 s in a glue that failed for 3 minutes).
+func TestFailedRepairKeepsFullSyncsInTheLoop(t *testing.T) {
+	b := newCheckBed(t, Config{Interface: "ipvs-proxy0", IPv4: true})
+	p1 := service(1)
+	b.g.SetPlan(p1.Service, p1)
+	b.sync(t, true)
+	b.ipt.put("nft4", "nat", "IPVSP-POSTROUTING", "-s 192.0.2.45/32 -j RETURN") // drift only a restore repairs
+	b.ipt.mu.Lock()
+	b.ipt.fail = func(tool string) error {
+		if strings.HasSuffix(tool, "-restore") {
+			return errors.New("injected: iptables-restore failed")
+		}
+		return nil
+	}
+	b.ipt.mu.Unlock()
+
+	if st := b.sync(t, true); !st.CheckStarted { // the periodic full sync
+		t.Fatalf("periodic full sync %+v; want a check", st)
+	}
+	b.waitWoken(t)
+	if _, err := b.g.SyncStats(false); err == nil {
+		t.Fatal("the check's repair succeeded with iptables-restore failing")
+	}
+	b.sync(t, false) // between the retries: nothing to write
+	for retry := 1; retry <= 2; retry++ {
+		st, err := b.g.SyncStats(true)
+		if err == nil || st.CheckStarted {
+			t.Fatalf("full retry %d: %+v, %v; want it whole in the loop, failing", retry, st, err)
+		}
+		b.sync(t, false)
+	}
+	b.ipt.mu.Lock()
+	b.ipt.fail = nil
+	b.ipt.mu.Unlock()
+	if st := b.sync(t, true); st.CheckStarted || st.Restores == 0 {
+		t.Errorf("full retry once iptables-restore works: %+v; want the rules restored in the loop", st)
+	}
+	if st := b.sync(t, true); !st.CheckStarted {
+		t.Errorf("the next periodic full sync %+v; want a check again", st)
+	}
+}

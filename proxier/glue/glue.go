@@ -102,7 +102,7 @@ type Glue struct {
 	sizes map[setID]uint32
 
 	synced bool // a full sync has succeeded
-	failed bool // the last sync failed: the next full one runs whole in the loop
+	failed bool // a sync failed since the last whole one in the loop: the next full one runs in the loop
 
 	// A periodic full sync reads the kernel off the sync loop (see
 	// check.go): wake asks the loop for a sync when the read is done (nil:
@@ -412,7 +412,12 @@ func (g *Glue) SyncStats(full bool) (Stats, error) {
 	if inLoop && err == nil {
 		g.synced = true
 	}
-	g.failed = err != nil
+	// Only a whole sync in the loop clears a failure: a partial sync
+	// that had nothing to write proves nothing of the rules, and a full
+	// retry that started a check instead would return nil unrepaired.
+	if err != nil || inLoop {
+		g.failed = err != nil
+	}
 	st.Duration = g.clock.Since(start)
 	return st, err
 }

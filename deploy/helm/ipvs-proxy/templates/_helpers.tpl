@@ -83,6 +83,17 @@ when the tag is empty), or repository@digest. */}}
 {{ $port }}
 {{- end }}
 
+{{/* The host kubelet's probes ask, from config.healthzBindAddress: its
+address, or 127.0.0.1 when it binds every address (0.0.0.0, ::, none). */}}
+{{- define "ipvs-proxy.probeHost" -}}
+{{- $host := . | splitList ":" | initial | join ":" | trimPrefix "[" | trimSuffix "]" -}}
+{{- if has $host (list "" "0.0.0.0" "::") -}}
+127.0.0.1
+{{- else -}}
+{{ $host }}
+{{- end -}}
+{{- end }}
+
 {{/* The options of both containers' commands after the subcommand. */}}
 {{- define "ipvs-proxy.args" -}}
 - --config=/etc/ipvs-proxy/config.yaml
