@@ -247,6 +247,7 @@ func (b *ecmpBed) phase(t *testing.T, label string, first int, initial []string,
 		_ = p.Stop()
 	}
 	ph.count()
+	b.logConnStates(t, label, first)
 	t.Logf("TIMING phase %s: %s (change at +%s)", label, time.Since(began).Round(time.Millisecond), at.Sub(began).Round(time.Millisecond))
 	t.Logf("phase %s: held %d; ingress before %v, after %v; moved ingress %d; broken %d (%d of them moved)",
 		label, len(procs), b.byNode(ph.before), b.byNode(ph.after), ph.moved, ph.broken, ph.brokenMoved)
@@ -335,6 +336,27 @@ func (b *ecmpBed) byNode(m map[int]string) map[string]int {
 		out[name]++
 	}
 	return out
+}
+
+// logConnStates logs, per node, the IPVS connections of a phase's source
+// ports (from first) by state: a flow that moved has one on its new
+// ingress node too, made from a packet that was not a SYN.
+func (b *ecmpBed) logConnStates(t *testing.T, label string, first int) {
+	t.Helper()
+	for _, n := range b.c.Nodes {
+		out, err := n.VM.RunOK(b.ctx, "ipvsadm", "-Lnc")
+		states := map[string]int{}
+		for _, l := range strings.Split(out, "\n") {
+			f := strings.Fields(l)
+			if len(f) < 6 || f[4] != ecmpLBIP+":80" {
+				continue
+			}
+			if ap, err := netip.ParseAddrPort(f[3]); err == nil && int(ap.Port()) >= first && int(ap.Port()) < first+ecmpHolds {
+				states[f[2]]++
+			}
+		}
+		t.Logf("phase %s: %s's IPVS connections of the phase's ports by state: %v %v", label, n.Name, states, err)
+	}
 }
 
 // logState logs each reachable node's IPVS connections to the
