@@ -214,25 +214,25 @@ type ecmpPhase struct {
 	moved, broken, brokenMoved int
 }
 
-// phase holds ecmpHolds connections from source ports first.. through
-// the route over first, makes the change, waits past the holds' timeout,
-// and counts.
+// phase holds ecmpHolds connections (one `vmagent holds`) from source
+// ports first.. through the route over initial, makes the change, waits
+// past the holds' timeout, and counts.
 func (b *ecmpBed) phase(t *testing.T, label string, first int, initial []string, change func()) *ecmpPhase {
 	t.Helper()
 	began := time.Now()
 	b.route(t, initial...)
-	procs := map[int]*vm.Proc{}
-	for i := range ecmpHolds {
-		port := first + i
-		procs[port] = startProc(b.ctx, t, b.c.Outside, "vmagent", "hold", "--addr", ecmpLBIP+":80", "--source-port", strconv.Itoa(port),
-			"--interval", "300ms", "--timeout", ecmpHoldTimeout.String())
-	}
-	for port, p := range procs {
-		if err := p.WaitFor(b.ctx, "answer 1 "); err != nil {
-			t.Fatalf("phase %s: held connection from port %d: %v", label, port, err)
+	p := startProc(b.ctx, t, b.c.Outside, "vmagent", "holds", "--addr", ecmpLBIP+":80", "--first", strconv.Itoa(first),
+		"--n", strconv.Itoa(ecmpHolds), "--interval", "300ms", "--timeout", ecmpHoldTimeout.String())
+	waitWithin(b.ctx, t, 2*time.Minute, fmt.Sprintf("phase %s: %d held connections answered", label, ecmpHolds), func() (bool, string) {
+		holds := splitHolds(p.Output())
+		for port := first; port < first+ecmpHolds; port++ {
+			if !strings.Contains(holds[port], "answer 1 ") {
+				return false, fmt.Sprintf("port %d: %q", port, holds[port])
+			}
 		}
-	}
-	ph := &ecmpPhase{label: label, holds: map[int]string{}}
+		return true, ""
+	})
+	ph := &ecmpPhase{label: label}
 	b.watch.reset()
 	time.Sleep(3 * time.Second)
 	ph.before = b.watch.snapshot()
@@ -242,15 +242,13 @@ func (b *ecmpBed) phase(t *testing.T, label string, first int, initial []string,
 	b.watch.reset()
 	time.Sleep(ecmpHoldTimeout + 3*time.Second)
 	ph.after = b.watch.snapshot()
-	for port, p := range procs {
-		ph.holds[port] = p.Output()
-		_ = p.Stop()
-	}
+	ph.holds = splitHolds(p.Output())
+	_ = p.Stop()
 	ph.count()
 	b.logConnStates(t, label, first)
 	t.Logf("TIMING phase %s: %s (change at +%s)", label, time.Since(began).Round(time.Millisecond), at.Sub(began).Round(time.Millisecond))
 	t.Logf("phase %s: held %d; ingress before %v, after %v; moved ingress %d; broken %d (%d of them moved)",
-		label, len(procs), b.byNode(ph.before), b.byNode(ph.after), ph.moved, ph.broken, ph.brokenMoved)
+		label, len(ph.holds), b.byNode(ph.before), b.byNode(ph.after), ph.moved, ph.broken, ph.brokenMoved)
 	if ph.broken > 0 {
 		b.logState(t)
 	}
@@ -305,6 +303,18 @@ func (ph *ecmpPhase) check(t *testing.T, b *ecmpBed, lost string) {
 	if ph.moved == 0 {
 		t.Errorf("phase %s: no flow moved to another ingress node: the change was no rehash", ph.label)
 	}
+}
+
+// splitHolds splits the output of `vmagent holds` by source port.
+func splitHolds(out string) map[int]string {
+	holds := map[int]string{}
+	for _, l := range strings.Split(out, "\n") {
+		port, rest, ok := strings.Cut(l, " ")
+		if p, err := strconv.Atoi(port); ok && err == nil {
+			holds[p] += rest + "\n"
+		}
+	}
+	return holds
 }
 
 // answeringPods lists the pods that answered a hold, in order of first
