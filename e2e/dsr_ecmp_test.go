@@ -284,7 +284,7 @@ func (ph *ecmpPhase) check(t *testing.T, b *ecmpBed, lost string) {
 			t.Errorf("phase %s: connection from port %d answered by %v; want one pod", ph.label, port, pods)
 		}
 		broken := strings.Contains(out, "error ")
-		if len(pods) > 0 && b.pods[pods[0]].Spec.NodeName == lost {
+		if len(pods) > 0 && b.pods[pods[0]] != nil && b.pods[pods[0]].Spec.NodeName == lost {
 			onLost++
 			if broken {
 				brokenOnLost++
