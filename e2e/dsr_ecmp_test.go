@@ -178,15 +178,23 @@ func (b *ecmpBed) annotateScheduler(t *testing.T, sched string) {
 }
 
 // waitScheduler waits until every node's virtual server at ecmpLBIP:80
-// has the scheduler sched and the six pods as tunnelled real servers.
+// has the scheduler sched and the six pods as real servers, those on
+// other nodes tunnelled (a node's own pods keep NAT: DSR.md, step 3).
 func (b *ecmpBed) waitScheduler(t *testing.T, sched string) {
 	t.Helper()
 	vs := ecmpLBIP + ":80"
 	for _, n := range b.c.Nodes {
-		waitWithin(b.ctx, t, 2*time.Minute, fmt.Sprintf("%s on %s: %s, 6 tunnelled real servers", vs, n.Name, sched), func() (bool, string) {
+		remote := 0
+		for _, p := range b.pods {
+			if p.Spec.NodeName != n.Name {
+				remote++
+			}
+		}
+		waitWithin(b.ctx, t, 2*time.Minute, fmt.Sprintf("%s on %s: %s, %d real servers, %d tunnelled", vs, n.Name, sched, len(b.pods), remote), func() (bool, string) {
 			out, err := n.VM.RunOK(b.ctx, "ipvsadm", "-Ln", "-t", vs)
-			return err == nil && strings.Contains(out, " "+sched+" ") && strings.Count(out, " Tunnel ") == len(b.pods), out + fmt.Sprint(err)
-		}, func() string { return dsrEvents(b.ctx, b.c) })
+			return err == nil && strings.Contains(out, " "+sched+" ") && strings.Count(out, ":8080 ") == len(b.pods) &&
+				strings.Count(out, " Tunnel ") == remote, out + fmt.Sprint(err)
+		})
 	}
 }
 
