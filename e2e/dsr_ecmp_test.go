@@ -284,9 +284,24 @@ func (ph *ecmpPhase) count() {
 // for those to a pod on the node lost (its name; "" none), counted apart.
 func (ph *ecmpPhase) check(t *testing.T, b *ecmpBed, lost string) {
 	t.Helper()
-	var survivors, onLost, brokenOnLost, changed, brokenSurvivors int
+	var survivors, onLost, brokenOnLost, changed, brokenSurvivors, intoPodNode, outOfPodNode int
+	macs := map[string]string{}
+	for i, n := range b.c.Nodes {
+		macs[dsrMAC(11+i)] = n.Name
+	}
 	for port, out := range ph.holds {
 		pods := answeringPods(out)
+		if len(pods) > 0 && b.pods[pods[0]] != nil {
+			// A node's own pods are NAT real servers there, not tunnelled.
+			home := b.pods[pods[0]].Spec.NodeName
+			was, now := macs[ph.before[port]], macs[ph.after[port]]
+			if was != now && now == home {
+				intoPodNode++
+			}
+			if was != now && was == home {
+				outOfPodNode++
+			}
+		}
 		if len(pods) > 1 {
 			changed++
 			t.Errorf("phase %s: connection from port %d answered by %v; want one pod", ph.label, port, pods)
@@ -306,8 +321,8 @@ func (ph *ecmpPhase) check(t *testing.T, b *ecmpBed, lost string) {
 				ph.before[port], ph.after[port], lastLine(out))
 		}
 	}
-	t.Logf("phase %s summary: %d held, %d moved ingress; to surviving pods %d, broken %d; to pods on the lost node %d, broken %d; pod changed %d",
-		ph.label, len(ph.holds), ph.moved, survivors, brokenSurvivors, onLost, brokenOnLost, changed)
+	t.Logf("phase %s summary: %d held, %d moved ingress (%d into their pod's node, %d out of it); to surviving pods %d, broken %d; to pods on the lost node %d, broken %d; pod changed %d",
+		ph.label, len(ph.holds), ph.moved, intoPodNode, outOfPodNode, survivors, brokenSurvivors, onLost, brokenOnLost, changed)
 	if ph.moved == 0 {
 		t.Errorf("phase %s: no flow moved to another ingress node: the change was no rehash", ph.label)
 	}
