@@ -284,24 +284,10 @@ func (ph *ecmpPhase) count() {
 // for those to a pod on the node lost (its name; "" none), counted apart.
 func (ph *ecmpPhase) check(t *testing.T, b *ecmpBed, lost string) {
 	t.Helper()
-	var survivors, onLost, brokenOnLost, changed, brokenSurvivors, intoPodNode, outOfPodNode int
-	macs := map[string]string{}
-	for i, n := range b.c.Nodes {
-		macs[dsrMAC(11+i)] = n.Name
-	}
+	var survivors, onLost, brokenOnLost, changed, brokenSurvivors int
+	intoPodNode, outOfPodNode := ph.podNodeMoves(b)
 	for port, out := range ph.holds {
 		pods := answeringPods(out)
-		if len(pods) > 0 && b.pods[pods[0]] != nil {
-			// A node's own pods are NAT real servers there, not tunnelled.
-			home := b.pods[pods[0]].Spec.NodeName
-			was, now := macs[ph.before[port]], macs[ph.after[port]]
-			if was != now && now == home {
-				intoPodNode++
-			}
-			if was != now && was == home {
-				outOfPodNode++
-			}
-		}
 		if len(pods) > 1 {
 			changed++
 			t.Errorf("phase %s: connection from port %d answered by %v; want one pod", ph.label, port, pods)
@@ -338,6 +324,30 @@ func splitHolds(out string) map[int]string {
 		}
 	}
 	return holds
+}
+
+// podNodeMoves counts the flows that moved into their pod's own node and
+// out of it: there the pod is a NAT real server, elsewhere tunnelled.
+func (ph *ecmpPhase) podNodeMoves(b *ecmpBed) (into, outOf int) {
+	macs := map[string]string{}
+	for i, n := range b.c.Nodes {
+		macs[dsrMAC(11+i)] = n.Name
+	}
+	for port, out := range ph.holds {
+		pods := answeringPods(out)
+		if len(pods) == 0 || b.pods[pods[0]] == nil {
+			continue
+		}
+		home := b.pods[pods[0]].Spec.NodeName
+		was, now := macs[ph.before[port]], macs[ph.after[port]]
+		if was != now && now == home {
+			into++
+		}
+		if was != now && was == home {
+			outOf++
+		}
+	}
+	return into, outOf
 }
 
 // answeringPods lists the pods that answered a hold, in order of first
