@@ -192,10 +192,21 @@ func (b *ecmpBed) waitScheduler(t *testing.T, sched string) {
 		}
 		waitWithin(b.ctx, t, 2*time.Minute, fmt.Sprintf("%s on %s: %s, %d real servers, %d tunnelled", vs, n.Name, sched, len(b.pods), remote), func() (bool, string) {
 			out, err := n.VM.RunOK(b.ctx, "ipvsadm", "-Ln", "-t", vs)
-			return err == nil && strings.Contains(out, " "+sched+" ") && strings.Count(out, ":8080 ") == len(b.pods) &&
+			return err == nil && vsScheduler(out) == sched && strings.Count(out, ":8080 ") == len(b.pods) &&
 				strings.Count(out, " Tunnel ") == remote, out + fmt.Sprint(err)
 		})
 	}
+}
+
+// vsScheduler is the scheduler of the virtual server `ipvsadm -Ln -t`
+// printed ("TCP  VIP:PORT mh (mh-fallback,mh-port)", "TCP  VIP:PORT rr").
+func vsScheduler(out string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == "TCP" {
+			return f[2]
+		}
+	}
+	return ""
 }
 
 // route replaces the outside host's route to ecmpLBIP with one over the
