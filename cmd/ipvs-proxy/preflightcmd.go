@@ -44,7 +44,7 @@ when a requirement is missing. With --load-modules it loads missing modules.`,
 			}
 			pc := preflight.Config{Scheduler: cfg.Scheduler.Name, IPv4: cfg.IPv4, IPv6: cfg.IPv6, StrictARP: o.StrictARP,
 				IPTablesBackend: o.IPTablesBackend, AllSchedulers: all, LoadModules: load, ConfigWarning: warn,
-				DirectServerReturn: o.DirectServerReturn}
+				DirectServerReturn: o.DirectServerReturn, SloppyTCP: o.SloppyTCP}
 			rep := preflight.Run(cmd.Context(), sys, pc, log)
 			if err := preflight.Write(cmd.OutOrStdout(), rep, output); err != nil {
 				return err

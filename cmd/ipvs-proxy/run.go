@@ -182,6 +182,9 @@ func prepareKernel(ctx context.Context, o *config.Options, cfg agent.Config, tim
 	if err := sysctls.EnsureStrictARP(log, o.StrictARP); err != nil {
 		return nil, nil, err
 	}
+	if err := sysctls.EnsureSloppyTCP(log, sysctls.NodeWriter(), o.SloppyTCP); err != nil {
+		return nil, nil, err
+	}
 	gcfg, err := o.GlueConfig(cfg)
 	if err != nil {
 		return nil, nil, err

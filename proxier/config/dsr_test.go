@@ -11,6 +11,7 @@ import (
 // TestDSRConfig: direct server return is on only with the flag and a way
 // to tell pods' IPv4 traffic (it is IPv4 only: a dual-stack node with an
 // IPv4 cluster CIDR alone has it); off, the reason names what is missing.
+// --sloppy-tcp needs the flag.
 func TestDSRConfig(t *testing.T) {
 	v4 := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
 	for _, tc := range []struct {
@@ -47,6 +48,15 @@ func TestDSRConfig(t *testing.T) {
 		})
 	}
 	o := DefaultOptions()
+	o.SloppyTCP = true
+	if _, err := o.DSRConfig(glue.Config{IPv4: true, ClusterCIDRs: v4}); err == nil || !strings.Contains(err.Error(), "--sloppy-tcp needs --direct-server-return") {
+		t.Errorf("--sloppy-tcp alone: error %v, want one naming --direct-server-return", err)
+	}
+	o.DirectServerReturn = true
+	if c, err := o.DSRConfig(glue.Config{IPv4: true, ClusterCIDRs: v4}); err != nil || c.Off != "" {
+		t.Errorf("--sloppy-tcp with --direct-server-return: %+v %v, want on", c, err)
+	}
+	o = DefaultOptions()
 	o.GUEPort = 70000
 	if _, err := o.DSRConfig(glue.Config{IPv4: true}); err == nil {
 		t.Error("--gue-port 70000: no error")

@@ -92,6 +92,11 @@ type Options struct {
 	// Direct server return (model.AnnotationForwarding, proxier/DSR.md).
 	DirectServerReturn bool `json:"directServerReturn" versioned:"directServerReturn.enabled"`
 	GUEPort            int  `json:"guePort" versioned:"directServerReturn.guePort"`
+	// SloppyTCP sets net.ipv4.vs.sloppy_tcp=1 (sysctls.SloppyTCP): every
+	// node's IPVS then schedules a TCP flow on any packet, so a flow that
+	// a router moves to another node keeps its endpoint (with a hash
+	// scheduler) instead of being reset.
+	SloppyTCP bool `json:"sloppyTCP" versioned:"directServerReturn.sloppyTCP"`
 }
 
 // DefaultDebugBindAddress is where /statusz and pprof are served unless
@@ -179,6 +184,7 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "Serve Go's pprof profiles under /debug/pprof/ on the debug address (off by default: they expose internals).")
 	fs.BoolVar(&o.ServiceTrafficMetrics, "service-traffic-metrics", o.ServiceTrafficMetrics, "Export IPVS's counters per Service port on /metrics (connections, packets and bytes in and out; five series per Service port, and one dump of every virtual server per scrape).")
 	fs.BoolVar(&o.DirectServerReturn, "direct-server-return", o.DirectServerReturn, "Let Services choose direct server return for their externalIPs and LoadBalancer IPs with the annotation ipvs-proxy.io/forwarding: tunnel or gue (every node must run with it: it ends the tunnels to its pods).")
+	fs.BoolVar(&o.SloppyTCP, "sloppy-tcp", o.SloppyTCP, "With --direct-server-return: set net.ipv4.vs.sloppy_tcp=1 on the node, so that IPVS schedules a TCP flow on any packet, not only its SYN: a flow a router moves to another node keeps its pod where the Service uses the mh or sh scheduler. Node-wide, for every virtual server: a stray mid-flow packet creates an IPVS connection (proxier/DSR.md).")
 	fs.IntVar(&o.GUEPort, "gue-port", o.GUEPort, "With --direct-server-return: the UDP port every node receives GUE (ipvs-proxy.io/forwarding: gue) on.")
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address of /healthz and /livez; empty disables them.")
 }
@@ -341,10 +347,14 @@ func (o *Options) GlueConfig(cfg agent.Config) (glue.Config, error) {
 // DSRConfig is the node's direct server return: off, with the reason that
 // Services asking for it are told, unless --direct-server-return is set
 // and the glue can tell pods' IPv4 traffic from the rest (the in-cluster
-// redirect needs it; direct server return is IPv4 only).
+// redirect needs it; direct server return is IPv4 only). --sloppy-tcp
+// without --direct-server-return is an error.
 func (o *Options) DSRConfig(g glue.Config) (model.DSRConfig, error) {
 	if o.GUEPort < 1 || o.GUEPort > 65535 {
 		return model.DSRConfig{}, fmt.Errorf("--gue-port: %d is not a port", o.GUEPort)
+	}
+	if o.SloppyTCP && !o.DirectServerReturn {
+		return model.DSRConfig{}, fmt.Errorf("--sloppy-tcp needs --direct-server-return: only tunnelled flows keep their pod when IPVS schedules mid-flow, and every virtual server of the node would bear its cost")
 	}
 	c := model.DSRConfig{GUEPort: uint16(o.GUEPort)}
 	switch {

@@ -70,6 +70,7 @@ serviceMaxRealServers: 3000
 serviceMaxSetEntries: 4000
 directServerReturn: true
 guePort: 7080
+sloppyTCP: true
 `
 
 // everyOptionVersioned is everyOptionFlat as an IPVSProxyConfiguration.
@@ -128,6 +129,7 @@ serviceLimits:
 directServerReturn:
   enabled: true
   guePort: 7080
+  sloppyTCP: true
 `
 
 // everyOptionFlags sets every option on the command line.
@@ -143,7 +145,7 @@ var everyOptionFlags = []string{
 	"--masquerade-all", "--iptables-accept-service-traffic", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0", "--pod-interface-name-prefix=veth",
 	"--iptables-backend=nft", "--strict-arp", "--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=127.0.0.1:10256",
 	"--debug-bind-address=127.0.0.1:6060", "--profiling", "--service-traffic-metrics", "--takeover-kube-proxy", "--service-max-virtual-servers=1000", "--service-max-real-servers-per-virtual-server=2000",
-	"--service-max-real-servers=3000", "--service-max-set-entries=4000", "--direct-server-return", "--gue-port=7080",
+	"--service-max-real-servers=3000", "--service-max-set-entries=4000", "--direct-server-return", "--gue-port=7080", "--sloppy-tcp",
 }
 
 // TestVersionedEqualsFlatAndFlags: an IPVSProxyConfiguration gives the

@@ -119,6 +119,9 @@ type Config struct {
 	// so what that needs is checked (and, with LoadModules, loaded); off,
 	// ipip is not loaded (it would add a tunl0 to every network namespace).
 	DirectServerReturn bool
+	// SloppyTCP (--sloppy-tcp): run sets net.ipv4.vs.sloppy_tcp, so it is
+	// checked as run's other settings are.
+	SloppyTCP bool
 	// ConfigWarning lists the settings of the config file that run
 	// ignores, or says that its form is deprecated; nil if neither.
 	ConfigWarning *config.Warning
@@ -599,6 +602,9 @@ func (p *preflight) wantedSysctls() []preflightSysctl {
 		for _, s := range sysctls.StrictARP {
 			out = append(out, preflightSysctl{s.Name, s.Value, "--strict-arp"})
 		}
+	}
+	if p.cfg.SloppyTCP {
+		out = append(out, preflightSysctl{sysctls.SloppyTCP.Name, sysctls.SloppyTCP.Value, "--sloppy-tcp"})
 	}
 	return out
 }

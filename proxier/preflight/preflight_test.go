@@ -495,6 +495,22 @@ func TestPreflight(t *testing.T) {
 			},
 		},
 		{
+			name: "--sloppy-tcp adds net.ipv4.vs.sloppy_tcp",
+			ok:   true,
+			cfg:  func(c *Config) { c.DirectServerReturn, c.SloppyTCP = true, true },
+			node: func(n *fakeNode) { n.sysctls["net/ipv4/vs/sloppy_tcp"] = "0" },
+			expect: map[string]expect{
+				"sysctl net.ipv4.vs.sloppy_tcp": {statusOK, "= 0, --sloppy-tcp sets 1; writable", ""},
+			},
+		},
+		{
+			name:   "without --sloppy-tcp, sloppy_tcp is not checked",
+			ok:     true,
+			cfg:    func(c *Config) { c.DirectServerReturn = true },
+			node:   func(n *fakeNode) { n.sysctls["net/ipv4/vs/sloppy_tcp"] = "0" },
+			absent: []string{"sysctl net.ipv4.vs.sloppy_tcp"},
+		},
+		{
 			// A node booted with ipv6.disable=1: a warning, not a
 			// failure (run serves IPv4), and the IPv6 glue is not tried.
 			name: "IPv6 missing",

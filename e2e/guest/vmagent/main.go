@@ -68,6 +68,8 @@ const usage = `usage:
   vmagent fou-add --port PORT [--gue | --ipproto N] [-6]
   vmagent udp-send --addr HOST:PORT [--sizes N,N...] [--timeout DURATION] [--pmtudisc want|do|dont]
   vmagent ctfill [--netns NAME] --addr HOST:PORT [--n N] [--stop N] [--timeout DURATION] [--every DURATION]
+  vmagent holds --addr HOST:PORT [--first PORT] [--n N] [--interval DURATION] [--timeout DURATION]
+  vmagent ecmp-route --dst PREFIX --via ADDR,ADDR... [--weights N,N...] [--dev IFACE]
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -114,6 +116,10 @@ func run(args []string, stdout io.Writer) error {
 		return udpSendCmd(args[1:], stdout)
 	case "ctfill":
 		return ctFillCmd(args[1:], stdout)
+	case "holds":
+		return holdsCmd(args[1:], stdout)
+	case "ecmp-route":
+		return ecmpRouteCmd(args[1:])
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }

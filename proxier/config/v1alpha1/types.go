@@ -89,6 +89,10 @@ type DirectServerReturnConfiguration struct {
 	Enabled bool `json:"enabled"`
 	// GUEPort is the UDP port nodes receive GUE on (--gue-port).
 	GUEPort int32 `json:"guePort"`
+	// SloppyTCP sets net.ipv4.vs.sloppy_tcp=1 on the node: IPVS schedules
+	// a TCP flow on any packet, not only its SYN (--sloppy-tcp; needs
+	// Enabled).
+	SloppyTCP bool `json:"sloppyTCP"`
 }
 
 // ServiceLimitsConfiguration bounds one Service; 0 takes the default.
