@@ -28,9 +28,10 @@ import (
 // answered by the pod, which sees the outside host's own address, and
 // every reply frame from the LoadBalancer IP leaves node-2 (the hub counts
 // frames by MAC); a pod and the host of node-1 still reach the IP (NAT,
-// through the clusterIP). Then the annotation goes to nat and back to
-// tunnel under 20 held connections answering every 100 ms and a new
-// connection every 100 ms from the outside host: none breaks, none fails.
+// through the clusterIP). Then the annotation goes nat -> tunnel -> nat
+// under held connections answering every 100 ms (20 opened under NAT, 20
+// more under the tunnel) and a new connection every 100 ms from the
+// outside host: none breaks, none fails.
 // Between, through the tunnel, NAT and the tunnel again: an 8 MiB upload
 // (through the tunnel the MSS is clamped on the backend's node: no
 // fragmentation needed) and an 8 MiB download whose throughput each way
@@ -148,35 +149,44 @@ func TestDirectServerReturn(t *testing.T) {
 		t.Logf("DSR download throughput in turn (8 MiB each): %s", strings.Join(took, ", "))
 	})
 
-	t.Run("nat, tunnel: no connection broken or failed", func(t *testing.T) {
-		var holds []*vm.Proc
-		for range 20 {
-			holds = append(holds, startProc(ctx, t, outside, "vmagent", "hold", "--addr", lbAddr, "--interval", "100ms", "--timeout", "10s"))
-		}
-		for _, h := range holds {
-			if err := h.WaitFor(ctx, "answer 1 "); err != nil {
-				t.Fatal(err)
-			}
-		}
+	t.Run("nat -> tunnel -> nat: no connection broken or failed", func(t *testing.T) {
+		annotateForwarding(ctx, t, c, ns, "nat")
+		waitForwarding(ctx, t, c, ingress.VM, lbAddr, podIP, "Masq")
+		// 20 connections opened under NAT before the first switch, 20
+		// under the tunnel before the second; a new connection every
+		// 100 ms (after the last one ends) throughout.
+		opened := map[string]*vm.Proc{"nat": dsrHolds(ctx, t, outside, lbAddr, 41000)}
 		hit := startHit(ctx, t, outside, lbAddr)
 		time.Sleep(2 * time.Second)
-		for _, step := range []struct{ forward, method string }{{"nat", "Masq"}, {"tunnel", "Tunnel"}} {
+		for _, step := range []struct{ forward, method string }{{"tunnel", "Tunnel"}, {"nat", "Masq"}} {
 			at := time.Now()
 			annotateForwarding(ctx, t, c, ns, step.forward)
 			waitForwarding(ctx, t, c, ingress.VM, lbAddr, podIP, step.method)
 			t.Logf("DSR switched to %s at %s: %s on %s after %s", step.forward, at.Format("15:04:05.000"), step.method, ingress.Name, time.Since(at).Round(time.Millisecond))
+			if step.forward == "tunnel" {
+				opened["tunnel"] = dsrHolds(ctx, t, outside, lbAddr, 41100)
+			}
 			time.Sleep(3 * time.Second)
 		}
 		res, failures := stopHit(t, hit)
 		broken := 0
-		for i, h := range holds {
-			answers := strings.Count(h.Output(), "answer ")
-			if strings.Contains(h.Output(), "error ") {
-				broken++
-				t.Errorf("held connection %d broke after %d answers: %q", i, answers, lastLine(h.Output()))
+		for under, p := range opened {
+			_ = p.Stop()
+			clients := map[string]int{}
+			for port, out := range splitHolds(p.Output()) {
+				for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+					if f := strings.Fields(l); len(f) >= 4 && f[0] == "answer" {
+						clients[f[3]]++
+					}
+				}
+				if strings.Contains(out, "error ") {
+					broken++
+					t.Errorf("connection opened under %s (port %d) broke after %d answers: %q", under, port, strings.Count(out, "answer "), lastLine(out))
+				}
 			}
+			t.Logf("DSR 20 connections opened under %s: answers by the client address the pod saw %v", under, clients)
 		}
-		t.Logf("DSR switches nat -> tunnel under traffic: new connections %d (answers %v, clients %v), failed %d %v; held 20, broken %d",
+		t.Logf("DSR switches nat -> tunnel -> nat under traffic: new connections %d (answers %v, clients %v), failed %d %v; held 40, broken %d",
 			res.Total()+len(failures), res.Answers, res.Clients, len(failures), failures, broken)
 		if len(failures) > 0 {
 			t.Errorf("%d new connections failed through the switches", len(failures))
@@ -253,6 +263,24 @@ func dsrDump(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 		}
 	}
 	t.Logf("%s", dsrEvents(ctx, c))
+}
+
+// dsrHolds holds 20 connections from v to addr from the source ports
+// first on (one vmagent holds), each asking every 100 ms, and waits until
+// each has its first answer.
+func dsrHolds(ctx context.Context, t *testing.T, v *vm.VM, addr string, first int) *vm.Proc {
+	t.Helper()
+	p := startProc(ctx, t, v, "vmagent", "holds", "--addr", addr, "--first", fmt.Sprint(first), "--n", "20", "--interval", "100ms", "--timeout", "10s")
+	waitWithin(ctx, t, time.Minute, fmt.Sprintf("20 held connections from port %d answered", first), func() (bool, string) {
+		holds := splitHolds(p.Output())
+		for port := first; port < first+20; port++ {
+			if !strings.Contains(holds[port], "answer 1 ") {
+				return false, fmt.Sprintf("port %d: %q", port, holds[port])
+			}
+		}
+		return true, ""
+	})
+	return p
 }
 
 // dsrPreflight is what n's preflight init container said of tunnel ends.
