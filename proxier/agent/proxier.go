@@ -52,9 +52,9 @@ type Config struct {
 	Limits model.Limits
 	// DSR is the node's direct server return (--direct-server-return).
 	DSR model.DSRConfig
-	// TunnelSettle is how long a real server newly tunnelled to is
-	// reached by NAT first, while its node sets up the tunnel's end
-	// (tunnelSettle); default DefaultTunnelSettle.
+	// TunnelSettle is how long a virtual server newly tunnelling to a
+	// real server stays NAT first, while the endpoint's node sets up the
+	// tunnel's end (tunnelSettle); default DefaultTunnelSettle.
 	TunnelSettle  time.Duration
 	MinSyncPeriod time.Duration
 	SyncPeriod    time.Duration

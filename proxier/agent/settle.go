@@ -11,8 +11,8 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
-// DefaultTunnelSettle is how long a real server newly asked to be reached
-// through a tunnel is reached by NAT first (Config.TunnelSettle).
+// DefaultTunnelSettle is how long a virtual server newly asked to tunnel
+// to a real server stays NAT first (Config.TunnelSettle).
 const DefaultTunnelSettle = 5 * time.Second
 
 // tunnelSettle holds back a tunnel to a real server on another node until
@@ -23,8 +23,10 @@ const DefaultTunnelSettle = 5 * time.Second
 // with an ICMP error, which IPVS relays to the client as a refusal. So a
 // virtual server whose plan asks for a new tunnel is written as NAT and
 // gets its tunnels once the plan has asked for them for wait: the
-// connections made meanwhile keep NAT. What the kernel tunnels when the agent starts is
-// taken as settled (the other nodes' ends outlive agent restarts).
+// connections made meanwhile keep NAT. The tunnels of the first build
+// after the agent starts are taken as settled: the other nodes' ends
+// outlive an agent restart (a Service made while the agent was down is
+// taken as settled too).
 type tunnelSettle struct {
 	wait time.Duration
 	// since is, per Service, when its plan first asked for each tunnel.
