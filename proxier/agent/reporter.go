@@ -229,6 +229,10 @@ func failedParts(err error) []string {
 	return slices.Compact(parts)
 }
 
+// slowSync is the time from which a partial sync is logged at info level,
+// with its parts: what a change waited for (a full sync always is).
+const slowSync = time.Second
+
 // logSync observes a sync's duration and writes, and logs it.
 func (r *reporter) logSync(st reconciler.SyncStats, consumers, total time.Duration) {
 	kind := "partial"
@@ -243,7 +247,7 @@ func (r *reporter) logSync(st reconciler.SyncStats, consumers, total time.Durati
 	}
 	r.metrics.WritesPerSync.Observe(float64(st.Writes))
 	logAt := r.log.Debug
-	if st.Full {
+	if st.Full || total >= slowSync {
 		logAt = r.log.Info
 	}
 	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),

@@ -316,7 +316,7 @@ func (g *Glue) Sync(full bool) error {
 	inLoop := full && !g.background(full)
 	st, err := g.SyncStats(full)
 	logAt := g.log.Debug
-	if inLoop || !g.synced {
+	if inLoop || !g.synced || st.Duration >= slowSync {
 		logAt = g.log.Info
 	}
 	logAt("iptables glue synced", zap.Bool("full", inLoop || !g.synced), zap.Bool("checkStarted", st.CheckStarted),
@@ -331,6 +331,10 @@ func (g *Glue) Sync(full bool) error {
 	}
 	return err
 }
+
+// slowSync is the time from which a partial sync is logged at info level,
+// with its parts (a full one in the loop always is).
+const slowSync = time.Second
 
 // background reports whether a full sync asked for now reads the kernel off
 // the loop.
