@@ -57,6 +57,8 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	syncs := b.syncTimes(t, n1)
 	added := time.Now()
 	b.run(t, n1.VM, "ip", "addr", "add", newIP+"/24", "dev", cluster.SegmentIface)
+	busiest := b.busiestLater(t, n1, 5*time.Second)
+	defer func() { <-busiest }() // also when the wait below fails the test
 	follow := b.waitVirtualServersOn(t, n1, newIP, len(b.nodePorted), added)
 	syncs = b.logSyncs(t, n1, syncs, "the add and its node ports")
 	b.waitAnswered(t, b.nodePort(newIP))
@@ -87,7 +89,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	// apiserver reaches node-1's kubelet at it.
 	tr.stopStream(t, "outside-new-node-port")
 	b.restoreAddress(t, n1, oldIP, newIP)
-	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "sync failed")
+	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "iptables glue", "sync failed")
 	restarted := b.agentRestarts(t, n1, restarts)
 	attempted, failed := tr.stop(t)
 	otherWrites := other.check(b.ctx, t, b)
@@ -125,6 +127,21 @@ func (b *nodesBed) logAgent(t *testing.T, n *cluster.Node, since time.Time, what
 	}
 	t.Logf("%s: the agent's lines since %s (%d):\n%s", n.Name, since.Format("15:04:05.000"), len(lines),
 		strings.Join(lines[max(0, len(lines)-40):], "\n"))
+}
+
+// busiestLater logs, after d, n's load and busiest processes (busybox
+// top): what shares the VM's CPUs with the agent while it follows a
+// change. The channel closes when it is logged.
+func (b *nodesBed) busiestLater(t *testing.T, n *cluster.Node, d time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(d)
+		out, err := n.VM.RunOK(b.ctx, "top", "-b", "-n", "1")
+		lines := strings.Split(out, "\n")
+		t.Logf("%s: %s after the change, top (%v):\n%s", n.Name, d, err, strings.Join(lines[:min(len(lines), 16)], "\n"))
+	}()
+	return done
 }
 
 // run runs argv in v and fails the test if it fails.
