@@ -144,7 +144,7 @@ func TestConntrackClearUDP(t *testing.T) {
 	}
 
 	// Selective: clearing one real server's flows deletes exactly those.
-	n, err := ct.ClearUDP(vs.VSKey, gone)
+	n, err := ct.ClearUDP(UDPClear{VS: vs.VSKey, RS: gone})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestConntrackClearUDP(t *testing.T) {
 	if len(flowsTo(kept)) != 1 {
 		t.Errorf("the flow to %s lost its entry: clearing is not selective", kept)
 	}
-	if n, _ := ct.ClearUDP(vs.VSKey, gone); n != 0 {
+	if n, _ := ct.ClearUDP(UDPClear{VS: vs.VSKey, RS: gone}); n != 0 {
 		t.Errorf("a second clear deleted %d entries", n)
 	}
 
@@ -169,7 +169,7 @@ func TestConntrackClearUDP(t *testing.T) {
 	if err := h.DeleteRealServer(vs.VSKey, gone); err != nil {
 		t.Fatal(err)
 	}
-	n, err = ct.ClearUDP(vs.VSKey, gone)
+	n, err = ct.ClearUDP(UDPClear{VS: vs.VSKey, RS: gone})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,5 +183,16 @@ func TestConntrackClearUDP(t *testing.T) {
 	}
 	if second != other {
 		t.Errorf("after %s was removed, answered by %s, want %s", first, second, other)
+	}
+
+	// Several clears in one call (one read of the table): the remaining
+	// flows' entries go, whatever else the call names.
+	elsewhere := UDPClear{VS: ktypes.VSKey{Address: netip.MustParseAddr("10.96.0.54"), Protocol: ktypes.UDP, Port: 53}}
+	n, err = ct.ClearUDP(elsewhere, UDPClear{VS: vs.VSKey, RS: kept})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 1 || len(flowsTo(kept)) != 0 {
+		t.Errorf("one call of two clears deleted %d entries, left %v to %s; want its flows' entries gone", n, flowsTo(kept), kept)
 	}
 }

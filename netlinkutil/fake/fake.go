@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -976,24 +977,27 @@ func (l *Links) NodeAddresses(exclude ...string) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// Conntrack is a fake of netlinkutil.Conntrack that records its calls.
+// Conntrack is a fake of netlinkutil.Conntrack that records its calls (one
+// per ClearUDP, naming its clears in order) and fails them with Err.
 type Conntrack struct {
 	mu    sync.Mutex
 	calls []Call
+	// Err, when set, is returned by every ClearUDP (after recording it).
+	Err error
 }
 
 var _ netlinkutil.Conntrack = (*Conntrack)(nil)
 
 // ClearUDP implements netlinkutil.Conntrack.
-func (c *Conntrack) ClearUDP(vs ktypes.VSKey, rs ktypes.RSKey) (uint, error) {
+func (c *Conntrack) ClearUDP(clears ...netlinkutil.UDPClear) (uint, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	to := rs.String()
-	if !rs.Address.IsValid() {
-		to = "*" // every real server
+	names := make([]string, len(clears))
+	for i, cl := range clears {
+		names[i] = cl.String()
 	}
-	c.calls = append(c.calls, Call(fmt.Sprintf("ClearUDP %s %s", vs, to)))
-	return 0, nil
+	c.calls = append(c.calls, Call("ClearUDP "+strings.Join(names, ", ")))
+	return 0, c.Err
 }
 
 // Calls returns the recorded calls.

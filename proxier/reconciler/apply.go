@@ -37,6 +37,9 @@ type applyRun struct {
 	vsOps, rest, unbinds, unroutes []int
 	// orphan are the failures no Service answers for.
 	orphan []error
+	// clears are the UDP flows whose conntrack entries go once the
+	// writes are done (clearUDP).
+	clears []netlinkutil.UDPClear
 }
 
 // apply makes the writes of ops, keeping the view of the kernel current. A
@@ -53,6 +56,7 @@ func (r *Reconciler) apply(st *SyncStats, ops []ktypes.Op, unrouted map[netip.Pr
 	a.sortOut()
 	a.virtualServers()
 	a.realServersAndDeletes()
+	r.clearUDP(a.clears)
 	a.unbind()
 	a.unroute()
 	a.bindFailures()
@@ -207,16 +211,16 @@ func (a *applyRun) writeRest(idx []int) {
 		case err != nil:
 			a.fail(*op, fmt.Errorf("%s: %w", op, err))
 			if op.Move && op.Kind == ktypes.OpAddRealServer && movedOut[moved{k, op.RealServer.RSKey}] && k.Protocol == ktypes.UDP {
-				r.clearUDP(k, op.RealServer.RSKey) // deleted, not added again
+				a.clearUDP(k, op.RealServer.RSKey) // deleted, not added again
 			}
 		case op.Kind == ktypes.OpDeleteRealServer && op.Move:
 			movedOut[moved{k, op.RealServer.RSKey}] = true
 		case op.Kind == ktypes.OpDeleteRealServer && k.Protocol == ktypes.UDP:
-			r.clearUDP(k, op.RealServer.RSKey)
+			a.clearUDP(k, op.RealServer.RSKey)
 		case op.Kind == ktypes.OpDeleteVirtualServer:
 			r.kernel.DeleteVirtualServer(k)
 			if k.Protocol == ktypes.UDP {
-				r.clearUDP(k, ktypes.RSKey{}) // its real servers went with it
+				a.clearUDP(k, ktypes.RSKey{}) // its real servers went with it
 			}
 		}
 	}
@@ -352,23 +356,34 @@ func chunks(ops []ktypes.Op, idx []int) iter.Seq[[]int] {
 	}
 }
 
-// clearUDP deletes the conntrack entries of UDP flows to a real server just
-// removed (to every real server when rs is zero: the virtual server went),
-// so that a client that keeps its source port reaches the remaining ones
-// (or the virtual server programmed again) instead of the stale entry. A failure is logged,
-// not retried: the entries time out (--ipvs-udp-timeout) on their own.
-func (r *Reconciler) clearUDP(vs ktypes.VSKey, rs ktypes.RSKey) {
-	if r.conntrack == nil {
+// clearUDP asks for the conntrack entries of UDP flows to a real server
+// just removed (to every real server when rs is zero: the virtual server
+// went) to be deleted once the writes are done.
+func (a *applyRun) clearUDP(vs ktypes.VSKey, rs ktypes.RSKey) {
+	if a.r.conntrack != nil {
+		a.clears = append(a.clears, netlinkutil.UDPClear{VS: vs, RS: rs})
+	}
+}
+
+// clearUDP deletes the conntrack entries of the UDP flows that clears name,
+// so that a client that keeps its source port reaches the remaining real
+// servers (or the virtual server programmed again) instead of the stale
+// entry. One call for all of them: the kernel's table is read whole for
+// each, and a namespace's UDP Services deleted at once were one read each.
+// A failure is logged, not retried: the entries time out
+// (--ipvs-udp-timeout) on their own.
+func (r *Reconciler) clearUDP(clears []netlinkutil.UDPClear) {
+	if r.conntrack == nil || len(clears) == 0 {
 		return
 	}
-	n, err := r.conntrack.ClearUDP(vs, rs)
+	n, err := r.conntrack.ClearUDP(clears...)
 	if err != nil {
-		r.log.Warn("clear conntrack entries of a removed UDP real server", zap.Stringer("virtualServer", vs),
-			zap.Stringer("realServer", rs), zap.Error(err))
+		r.log.Warn("clear conntrack entries of removed UDP real servers", zap.Int("clears", len(clears)),
+			zap.Stringer("first", clears[0]), zap.Error(err))
 		return
 	}
 	if ce := r.log.Check(zap.DebugLevel, "cleared conntrack entries"); ce != nil {
-		ce.Write(zap.Stringer("virtualServer", vs), zap.Stringer("realServer", rs), zap.Uint("entries", n))
+		ce.Write(zap.Int("clears", len(clears)), zap.Uint("entries", n))
 	}
 }
 

@@ -663,6 +663,52 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 		[]string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53", "ClearUDP 10.96.0.10:53/UDP *"}, ct.Calls())
 }
 
+// TestReconcilerClearsUDPConntrackInOneCall: a sync that deletes ten UDP
+// Services and a real server of another clears their flows' conntrack
+// entries in one call (the kernel's table is read whole for each call:
+// one per virtual server was one read of the table each); a clear that
+// fails is logged and fails nothing (the entries time out).
+func TestReconcilerClearsUDPConntrackInOneCall(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	r := NewReconciler(fake.NewIPVS(), fake.NewLinks(node), Config{Ownership: testOwnership()}, zap.New(core))
+	ct := &fake.Conntrack{}
+	r.SetConntrack(ct)
+	name := func(i int) types.NamespacedName {
+		return types.NamespacedName{Namespace: "dns", Name: fmt.Sprint("s", i)}
+	}
+	udp := func(i int, rss ...string) *model.ServicePlan {
+		p := modeltest.VS(model.KindClusterIP, fmt.Sprintf("10.96.1.%d:53", i), "rr", rss...)
+		p.Protocol = ktypes.UDP
+		return modeltest.Plan(name(i), p)
+	}
+	for i := range 12 {
+		r.SetPlan(name(i), udp(i, "10.0.1.2:53", "10.0.2.2:53"))
+	}
+	mustSync(t, r, false)
+	var want []string
+	for i := range 10 {
+		r.SetPlan(name(i), nil)
+		want = append(want, fmt.Sprintf("10.96.1.%d:53/UDP *", i))
+	}
+	r.SetPlan(name(10), udp(10, "10.0.2.2:53"))
+	want = append(want, "10.96.1.10:53/UDP 10.0.1.2:53")
+	mustSync(t, r, false)
+	callsDiff(t, "conntrack calls", []string{"ClearUDP " + strings.Join(want, ", ")}, ct.Calls())
+
+	ct.Err = errors.New("injected: conntrack dump interrupted")
+	r.SetPlan(name(11), nil)
+	st := mustSync(t, r, false)
+	if len(st.Failed) != 0 {
+		t.Errorf("a failed conntrack clear failed Services: %v", st.Failed)
+	}
+	if n := logs.FilterMessageSnippet("clear conntrack entries").Len(); n != 1 {
+		t.Errorf("%d warnings of the failed clear, want 1", n)
+	}
+	if n := len(ct.Calls()); n != 2 {
+		t.Errorf("%d conntrack calls, want 2 (one per sync that removed UDP flows)", n)
+	}
+}
+
 // TestReconcilerFailingHolderStaysFailing: a failing Service drawn into a
 // partial sync by another Service's change (here a younger Service that
 // wants one of its virtual servers) is retried whole, so that success on
