@@ -663,6 +663,67 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 		[]string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53", "ClearUDP 10.96.0.10:53/UDP *"}, ct.Calls())
 }
 
+// TestReconcilerReadsManyRealServersAtOnce: a partial sync that changes
+// many Services (a node address change rebuilds every one) reads their
+// real servers by one read of the whole table, not one dump per virtual
+// server; one change still dumps its own virtual server alone; a virtual
+// server the bulk read lacks, or a bulk read that fails, is read alone.
+func TestReconcilerReadsManyRealServersAtOnce(t *testing.T) {
+	r, ipvs, _ := newTestReconciler(t)
+	name := func(i int) types.NamespacedName {
+		return types.NamespacedName{Namespace: "bulk", Name: fmt.Sprint("s", i)}
+	}
+	vip := func(i int) string { return fmt.Sprintf("10.96.%d.%d:80", i/200, i%200+1) }
+	plan := func(i int, rss ...string) *model.ServicePlan {
+		return modeltest.Plan(name(i), modeltest.VS(model.KindClusterIP, vip(i), "rr", rss...))
+	}
+	const n = 100
+	for i := range n {
+		r.SetPlan(name(i), plan(i, "10.0.1.2:8080"))
+	}
+	mustSync(t, r, true)
+	changeAll := func(rss ...string) {
+		t.Helper()
+		for i := range n {
+			r.SetPlan(name(i), plan(i, rss...))
+		}
+		ipvs.ResetCalls()
+		mustSync(t, r, false)
+	}
+	changeAll("10.0.1.2:8080", "10.0.2.2:8080")
+	callsDiff(t, "reads of a sync changing 100 Services", []string{"ListAllRealServers"}, ipvs.Reads())
+	if w := len(ipvs.Writes()); w != n {
+		t.Errorf("%d writes, want %d (a real server added to each)", w, n)
+	}
+
+	r.SetPlan(name(7), plan(7, "10.0.2.2:8080"))
+	ipvs.ResetCalls()
+	mustSync(t, r, false)
+	callsDiff(t, "reads of one change", []string{"ListRealServers " + vip(7) + "/TCP"}, ipvs.Reads())
+
+	ipvs.SkipInBulkRead(ktypestest.VSKey(vip(3), ktypes.TCP))
+	changeAll("10.0.3.2:8080")
+	callsDiff(t, "reads when the bulk read lacks one virtual server",
+		[]string{"ListAllRealServers", "ListRealServers " + vip(3) + "/TCP"}, ipvs.Reads())
+
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if c == "ListAllRealServers" {
+			return errors.New("injected: the table cannot be read")
+		}
+		return nil
+	})
+	changeAll("10.0.4.2:8080")
+	if got := len(ipvs.Reads()); got != 1+n {
+		t.Errorf("%d reads after a failed bulk read, want it and one per virtual server (%d)", got, 1+n)
+	}
+	for i := range n {
+		got, err := ipvs.ListRealServers(ktypestest.VSKey(vip(i), ktypes.TCP))
+		if err != nil || len(got) != 1 || got[0].Address.String() != "10.0.4.2" {
+			t.Fatalf("%s: real servers %v (%v), want 10.0.4.2:8080 alone", vip(i), got, err)
+		}
+	}
+}
+
 // TestReconcilerClearsUDPConntrackInOneCall: a sync that deletes ten UDP
 // Services and a real server of another clears their flows' conntrack
 // entries in one call (the kernel's table is read whole for each call:
