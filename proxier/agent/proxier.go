@@ -352,6 +352,7 @@ func (p *Proxier) SyncOnce(full bool) error {
 	// resync's read off the loop, which has them (taken after it).
 	in, nodeErr := p.tracker.snapshot(full && !p.rec.AdoptsRead(full))
 	p.build(in)
+	built := p.clock.Since(start)
 	if !full && !p.rec.Pending() && len(in.services) == 0 && !p.consumers.due(p.clock.Now()) {
 		// Nothing to do now; but a node-wide part that still fails (the
 		// glue between its retries) keeps its changes waiting, and
@@ -365,6 +366,7 @@ func (p *Proxier) SyncOnce(full bool) error {
 		p.consumers.yield() // changes first; the next sync, at once, repairs
 	}
 	a := p.apply(full)
+	a.build = built
 	if a.stats.NodeAddresses != nil && p.tracker.nodeAddressesRead(a.stats.NodeAddresses) {
 		p.runner.kick() // the rebuild they ask for
 	}
@@ -386,7 +388,7 @@ func (p *Proxier) recordOutcome(start time.Time, a applied, recErr, nodeErr erro
 	p.statusMu.Lock()
 	defer p.statusMu.Unlock()
 	p.reportFailures()
-	if healthErr := p.reporter.record(start, a.stats, a.consumers, failingOutcome{p.rec, p.failures}, recErr, nodeErr); healthErr != nil {
+	if healthErr := p.reporter.record(start, a.stats, syncTimes{build: a.build, consumers: a.consumers}, failingOutcome{p.rec, p.failures}, recErr, nodeErr); healthErr != nil {
 		p.tracker.queued()
 		return false
 	}
@@ -425,11 +427,12 @@ func (p *Proxier) apply(full bool) applied {
 }
 
 // applied is what one sync's writes did: the reconciler's outcome and
-// error, the consumers' error and the time the consumers took.
+// error, the consumers' error and the time the consumers took (and the
+// time of the sync's snapshot and build before them).
 type applied struct {
 	stats               reconciler.SyncStats
 	recErr, consumerErr error
-	consumers           time.Duration
+	consumers, build    time.Duration
 }
 
 // unavailable is the set of schedulers the kernel refused.

@@ -127,15 +127,21 @@ func (r *reporter) conflicts(name types.NamespacedName, st reconciler.ServiceSta
 	}
 }
 
+// syncTimes are the parts of a sync's time beside the reconciler's: the
+// snapshot and build of the plans, and the consumers' syncs.
+type syncTimes struct {
+	build, consumers time.Duration
+}
+
 // record takes a sync's outcome into metrics, logs and health: recErr is
 // the reconciler's, nodeErr that of the node's addresses and consumers;
-// consumers is the time the consumers' syncs took. It returns the error
+// times are the sync's parts beside the reconciler's. It returns the error
 // that makes the node unhealthy: a failed kernel read or node-wide
 // failure (nil when healthy); per-Service failures are the Services' own
 // (status, Events, metrics).
-func (r *reporter) record(start time.Time, st reconciler.SyncStats, consumers time.Duration, rec outcome, recErr, nodeErr error) error {
+func (r *reporter) record(start time.Time, st reconciler.SyncStats, times syncTimes, rec outcome, recErr, nodeErr error) error {
 	now := r.clock.Now()
-	r.logSync(st, consumers, now.Sub(start))
+	r.logSync(st, times, now.Sub(start))
 	problems := r.countServices(st, rec)
 	if !st.ReadFailed { // a failed kernel read applied nothing
 		r.observeLatency(now, rec)
@@ -234,7 +240,7 @@ func failedParts(err error) []string {
 const slowSync = time.Second
 
 // logSync observes a sync's duration and writes, and logs it.
-func (r *reporter) logSync(st reconciler.SyncStats, consumers, total time.Duration) {
+func (r *reporter) logSync(st reconciler.SyncStats, times syncTimes, total time.Duration) {
 	kind := "partial"
 	if st.Full {
 		kind = "full"
@@ -252,7 +258,7 @@ func (r *reporter) logSync(st reconciler.SyncStats, consumers, total time.Durati
 	}
 	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),
 		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
-		zap.Duration("read", st.Read), zap.Duration("bind", st.Bind), zap.Duration("readOffLoop", st.ReadOffLoop), zap.Duration("consumers", consumers),
+		zap.Duration("read", st.Read), zap.Duration("bind", st.Bind), zap.Duration("readOffLoop", st.ReadOffLoop), zap.Duration("build", times.build), zap.Duration("consumers", times.consumers),
 		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft))
 	if st.ResyncDone {
 		r.metrics.ResyncDuration.Observe(st.ResyncTook.Seconds())

@@ -29,12 +29,12 @@ func TestSlowPartialSyncLogged(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			core, logs := observer.New(zap.InfoLevel)
 			r := newReporter(NewMetrics(prometheus.NewRegistry()), nil, "node-1", clocktesting.NewFakeClock(time.Now()), zap.New(core))
-			r.logSync(reconciler.SyncStats{Full: tc.full, Writes: 600, Duration: tc.took / 2}, tc.took/3, tc.took)
+			r.logSync(reconciler.SyncStats{Full: tc.full, Writes: 600, Duration: tc.took / 2}, syncTimes{build: tc.took / 4, consumers: tc.took / 3}, tc.took)
 			got := logs.FilterMessage("synced").All()
 			if len(got) != tc.lines {
 				t.Fatalf("%d info lines \"synced\", want %d", len(got), tc.lines)
 			}
-			if tc.lines == 1 && got[0].ContextMap()["writes"] != int64(600) {
+			if m := got; tc.lines == 1 && (m[0].ContextMap()["writes"] != int64(600) || m[0].ContextMap()["build"] != tc.took/4) {
 				t.Errorf("the line lacks the sync's parts: %v", got[0].ContextMap())
 			}
 		})
