@@ -54,7 +54,7 @@ func (b *nodesBed) agentRollout(t *testing.T) {
 		b.holdConns(t, b.c.Outside, b.nodePort(n2.IP), 42300),
 	}
 	locks := b.watchLocks(t)
-	out := b.rollDaemonSet(t, "rollout", func(ds *appsv1.DaemonSet) []byte {
+	out := b.rollDaemonSet(t, "rollout", func(*appsv1.DaemonSet) []byte {
 		return []byte(fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{%q:"2"}}}}}`, rolloutAnnotation))
 	})
 	back := b.rollDaemonSet(t, "rollback", b.undoPatch(t))
@@ -113,18 +113,7 @@ func (b *nodesBed) sameKernels(t *testing.T, before map[string]nodeKernel) {
 // first on, each asking every 500 ms, and waits until each has answered.
 func (b *nodesBed) holdConns(t *testing.T, v *vm.VM, addr string, first int) *vm.Proc {
 	t.Helper()
-	const n = 5
-	p := startProc(b.ctx, t, v, "vmagent", "holds", "--addr", addr, "--first", fmt.Sprint(first), "--n", fmt.Sprint(n), "--interval", "500ms", "--timeout", "10s")
-	waitWithin(b.ctx, t, time.Minute, fmt.Sprintf("%d held connections to %s answered", n, addr), func() (bool, string) {
-		held := splitHolds(p.Output())
-		for port := first; port < first+n; port++ {
-			if !strings.Contains(held[port], "answer 1 ") {
-				return false, fmt.Sprintf("port %d: %q", port, held[port])
-			}
-		}
-		return true, ""
-	})
-	return p
+	return holdConnections(b.ctx, t, v, addr, first, 5, 500*time.Millisecond)
 }
 
 // stopHolds stops the held connections and returns how many broke (an
