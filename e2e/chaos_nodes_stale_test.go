@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,10 +15,10 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 )
 
-// staleRefusal is what a second agent on a node logs as it exits
-// (proxier/nodelock): from another pod the holder's process is not
-// visible, so the lock is named, not the process.
-const staleRefusal = "holds the lock @ipvs-proxy-agent in this network namespace"
+// staleRefusal (fmt: the holder's pod) is what a second agent on a node
+// logs as it exits (proxier/nodelock): from another pod the holder's
+// process is not visible; the holder names its pod itself.
+const staleRefusal = "holds the lock @ipvs-proxy-agent in this network namespace: an ipvs-proxy agent (or cleanup) runs on this node (the holder: ipvs-proxy run %s, pod kube-system/%s,"
 
 // staleAgent is issue 45's case 5, second part: while node-1's agent
 // runs, a stale second agent is started there (a bare Pod pinned by
@@ -43,8 +44,9 @@ func (b *nodesBed) staleAgent(t *testing.T) {
 	began := time.Now()
 	noPorts := b.runStale(t, n1, "stale-agent", false)
 	refused := time.Since(began)
-	if noPorts.exit == 0 || !strings.Contains(noPorts.log, staleRefusal) {
-		t.Errorf("the stale agent without host ports: exit %d, want non-zero with %q in its log:\n%s", noPorts.exit, staleRefusal, noPorts.log)
+	refusal := fmt.Sprintf(staleRefusal, b.agentVersion(t, n1), agent.Name)
+	if noPorts.exit == 0 || !strings.Contains(noPorts.log, refusal) {
+		t.Errorf("the stale agent without host ports: exit %d, want non-zero with %q in its log:\n%s", noPorts.exit, refusal, noPorts.log)
 	}
 	time.Sleep(5 * time.Second) // traffic after the stale pods
 
@@ -145,4 +147,17 @@ func (b *nodesBed) stalePod(t *testing.T, n *cluster.Node, name string, ports bo
 		}
 	}
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "ipvs-proxy-stale"}}, Spec: *spec}
+}
+
+var buildVersion = regexp.MustCompile(`(?m)^ipvs_proxy_build_info\{(?:[^}]*,)?version="([^"]*)"`)
+
+// agentVersion is the version n's agent reports (its build info metric).
+func (b *nodesBed) agentVersion(t *testing.T, n *cluster.Node) string {
+	t.Helper()
+	res := b.agentHTTP(t, n, "http://127.0.0.1:10249/metrics")
+	if m := buildVersion.FindStringSubmatch(res.Body); m != nil {
+		return m[1]
+	}
+	t.Fatalf("%s: the agent's metrics have no ipvs_proxy_build_info with a version", n.Name)
+	return ""
 }
