@@ -23,11 +23,13 @@ import (
 // changes the template makes.
 const rolloutAnnotation = "ipvs-proxy.io/chaos-revision"
 
-// rolloutLimit bounds one rollout of both nodes: each new pod starts its
-// preflight init container and its agent, which lists 300 Services and
-// syncs once before /healthz answers 200 (readiness, which paces the
-// rollout: maxUnavailable 1).
-const rolloutLimit = 10 * time.Minute
+// rolloutLimit bounds one rollout of both nodes, one node at a time
+// (maxUnavailable 1): per node the old pod's end, the new pod's sandbox,
+// its preflight init container, the agent's start, its lists of 300
+// Services and first sync before /healthz answers 200 (readiness). Under
+// emulation on a loaded machine (load average 9-11) that was 4-5
+// minutes a node: the preflight alone took about a minute.
+const rolloutLimit = 20 * time.Minute
 
 // agentLockLine is the agent's lock in /proc/net/unix: held while an
 // agent runs on the node (proxier/nodelock).
