@@ -1,9 +1,10 @@
 package e2e
 
-// Issue 45's cases 3 and 4 on the two-node cluster with the outside host
-// (`make chaos-nodes`): the cluster, its Services and live traffic from
-// every kind of client. The cases are in chaos_nodes_glue_test.go and
-// chaos_nodes_addr_test.go.
+// Issue 45's cases 3, 4 and 5 on the two-node cluster with the outside
+// host (`make chaos-nodes`): the cluster, its Services and live traffic
+// from every kind of client. The cases are in chaos_nodes_glue_test.go,
+// chaos_nodes_addr_test.go, chaos_nodes_stale_test.go and
+// chaos_nodes_rollout_test.go.
 
 import (
 	"context"
@@ -52,7 +53,11 @@ var chaosNodesLBIP = cluster.SegmentAddr(220)
 //     container for 3 minutes while the glue has drift to repair
 //     (chaos_nodes_glue_test.go);
 //   - nodes-address-change: node-1's segment address replaced by another
-//     (chaos_nodes_addr_test.go).
+//     (chaos_nodes_addr_test.go);
+//   - nodes-stale-agent: a second agent pod started on node-1 beside its
+//     agent, refused (chaos_nodes_stale_test.go);
+//   - nodes-agent-rollout: the DaemonSet rolled to a new revision on both
+//     nodes and rolled back (chaos_nodes_rollout_test.go).
 func TestChaosNodes(t *testing.T) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
@@ -62,6 +67,8 @@ func TestChaosNodes(t *testing.T) {
 	b := newNodesBed(ctx, t, c, chaosSize(t))
 	t.Run("nodes-glue-restore-fails", b.persistentGlueFailure)
 	t.Run("nodes-address-change", b.nodeAddressChange)
+	t.Run("nodes-stale-agent", b.staleAgent)
+	t.Run("nodes-agent-rollout", b.agentRollout)
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
 }
 

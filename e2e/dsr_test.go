@@ -270,10 +270,19 @@ func dsrDump(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 // each has its first answer.
 func dsrHolds(ctx context.Context, t *testing.T, v *vm.VM, addr string, first int) *vm.Proc {
 	t.Helper()
-	p := startProc(ctx, t, v, "vmagent", "holds", "--addr", addr, "--first", fmt.Sprint(first), "--n", "20", "--interval", "100ms", "--timeout", "10s")
-	waitWithin(ctx, t, time.Minute, fmt.Sprintf("20 held connections from port %d answered", first), func() (bool, string) {
+	return holdConnections(ctx, t, v, addr, first, 20, 100*time.Millisecond)
+}
+
+// holdConnections holds n connections from v to addr from the source
+// ports first on (one vmagent holds), each asking every interval, and
+// waits until each has its first answer.
+func holdConnections(ctx context.Context, t *testing.T, v *vm.VM, addr string, first, n int, interval time.Duration) *vm.Proc {
+	t.Helper()
+	p := startProc(ctx, t, v, "vmagent", "holds", "--addr", addr, "--first", fmt.Sprint(first), "--n", fmt.Sprint(n),
+		"--interval", interval.String(), "--timeout", "10s")
+	waitWithin(ctx, t, time.Minute, fmt.Sprintf("%d held connections from port %d answered", n, first), func() (bool, string) {
 		holds := splitHolds(p.Output())
-		for port := first; port < first+20; port++ {
+		for port := first; port < first+n; port++ {
 			if !strings.Contains(holds[port], "answer 1 ") {
 				return false, fmt.Sprintf("port %d: %q", port, holds[port])
 			}

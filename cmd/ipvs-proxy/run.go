@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -56,7 +57,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	}
 	defer func() { _ = log.Sync() }()
 	// One agent per node, before anything touches the kernel.
-	lock, err := nodelock.Acquire(nodelock.Agent)
+	lock, err := nodelock.Acquire(nodelock.Agent, nodelock.Who("ipvs-proxy run "+version, os.Getenv, os.Getpid(), time.Now()))
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}

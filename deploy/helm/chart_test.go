@@ -256,8 +256,8 @@ func TestValues(t *testing.T) {
 		{"apiserver", `apiServer: https://10.0.0.1:6443`, map[string]any{
 			cm + "kubeconfig.conf.clusters[0].cluster.server": "https://10.0.0.1:6443"}},
 		{"environment", `env: [{name: GOMEMLIMIT, value: 200MiB}]`, map[string]any{
-			run + "env[1].name":  "GOMEMLIMIT",
-			run + "env[1].value": "200MiB"}},
+			run + "env[3].name":  "GOMEMLIMIT",
+			run + "env[3].value": "200MiB"}},
 		{"pod annotations", `podAnnotations: {prometheus.io/scrape: "true"}`, map[string]any{
 			pod[:len(pod)-len("spec.")] + "metadata.annotations.prometheus.io/scrape": "true"}},
 		{"seccomp profile of one's own", `podSecurityContext: {seccompProfile: {type: Localhost, localhostProfile: profiles/ipvs-proxy.json}}`, map[string]any{

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -60,7 +62,7 @@ func Run(ctx context.Context, o *Options, out io.Writer) error {
 		return err
 	}
 	lockName := cmp.Or(o.LockName, nodelock.Agent)
-	lock, err := nodelock.Acquire(lockName)
+	lock, err := nodelock.Acquire(lockName, nodelock.Who("ipvs-proxy cleanup", os.Getenv, os.Getpid(), time.Now()))
 	if err != nil {
 		return fmt.Errorf("cleanup refused, nothing removed: %w; stop the agent first (it puts everything back)", err)
 	}

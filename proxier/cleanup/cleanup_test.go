@@ -156,7 +156,7 @@ func TestCleanupInterfaces(t *testing.T) {
 // cleanup removes nothing and says why.
 func TestRunRefusesWhileAgentRuns(t *testing.T) {
 	name := fmt.Sprintf("ipvs-proxy-test-%d-%s", os.Getpid(), t.Name())
-	agent, err := nodelock.Acquire(name)
+	agent, err := nodelock.Acquire(name, "ipvs-proxy run (test)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestRunRefusesWhileAgentRuns(t *testing.T) {
 	var out strings.Builder
 	err = Run(context.Background(), &Options{Interface: "ipvs-proxy0", NodePortRange: "30000-32767", LockName: name}, &out)
 	var held *nodelock.HeldError
-	if !errors.As(err, &held) || held.PID != os.Getpid() || !strings.Contains(err.Error(), "stop the agent first") {
+	if !errors.As(err, &held) || held.PID != os.Getpid() || !strings.Contains(err.Error(), "(the holder: ipvs-proxy run (test)); stop the agent first") {
 		t.Errorf("cleanup while the agent runs: %v; want a refusal naming the agent's process %d", err, os.Getpid())
 	}
 	if out.Len() > 0 {
