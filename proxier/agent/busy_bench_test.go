@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
@@ -83,8 +84,9 @@ func busyLatency(call string, n int) time.Duration {
 }
 
 // busyBed is a Proxier with the glue on slow fake kernels, its loop run
-// with a fake clock (whose step starts a periodic resync) and no minimum
-// period between syncs, and the writes watched for one real server.
+// with a fake clock (whose step starts a periodic resync) and the bench's
+// min period between syncs (busyMinPeriod), and the writes watched for
+// one real server.
 type busyBed struct {
 	b       testing.TB
 	clk     *busyClock
@@ -102,7 +104,10 @@ type busyBed struct {
 	resyncs int
 }
 
-const busyPeriod = time.Hour
+// busyPeriod is the periodic sync's, stepped by hand; busyMinPeriod the
+// bench's agent's (e2e/cmd/bench: --min-sync-period 100ms), waited in
+// real time.
+const busyPeriod, busyMinPeriod = time.Hour, 100 * time.Millisecond
 
 func newBusyBed(b testing.TB, n int) *busyBed {
 	svcs, slcs := growthObjects(n)
@@ -114,7 +119,8 @@ func newBusyBed(b testing.TB, n int) *busyBed {
 	core, logs := observer.New(zapcore.DebugLevel)
 	bed.logs = logs
 	cfg := Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
-		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true, SyncPeriod: busyPeriod, Clock: bed.clk}
+		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true, MinSyncPeriod: busyMinPeriod, SyncPeriod: busyPeriod,
+		Clock: bed.clk}
 	watched := &watchedIPVS{IPVS: ipvs, added: bed.applied}
 	bed.p = New(cfg, k8sfake.NewClientset(), watched, links, nil, nil, zap.New(core))
 	bed.p.SetResyncReader(ipvs, links)
@@ -231,8 +237,8 @@ func (bed *busyBed) longestSyncs(n int) string {
 }
 
 // busyClock reads the real time, so that the agent's logs time its syncs
-// truly, and steps it by hand to fire the timers (the periodic sync),
-// which are the fake clock's.
+// truly, and steps it by hand to fire the periodic sync's timer, which is
+// the fake clock's; shorter timers (the min period) are real.
 type busyClock struct {
 	*clocktesting.FakeClock
 	mu   sync.Mutex
@@ -246,6 +252,14 @@ func (c *busyClock) Now() time.Time {
 }
 
 func (c *busyClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// NewTimer is a real timer for waits shorter than the periodic sync's.
+func (c *busyClock) NewTimer(d time.Duration) clock.Timer {
+	if d < busyPeriod/2 {
+		return clock.RealClock{}.NewTimer(d)
+	}
+	return c.FakeClock.NewTimer(d)
+}
 
 // Step moves the time on by d and fires the timers due by then.
 func (c *busyClock) Step(d time.Duration) {

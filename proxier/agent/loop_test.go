@@ -369,6 +369,58 @@ func TestLoopBackgroundConsumerHoldsNoChange(t *testing.T) {
 	}
 }
 
+// TestLoopChangeWaitsForNoHousekeepingSync: MinSyncPeriod (1s here)
+// coalesces changes; a sync that carried none (here a background
+// consumer's repair of its read, which comes when the read is done) does
+// not hold a change up for it. The change made right after that sync is in
+// the kernel at once, without the clock moving; a second change within the
+// period of the first waits for it, and is coalesced with a third.
+func TestLoopChangeWaitsForNoHousekeepingSync(t *testing.T) {
+	b := newLoopBed(t, testService("a", "10.96.0.10", "rr"), testService("c", "10.96.0.12", "rr"))
+	bg := &bgConsumer{release: make(chan struct{})}
+	b.p.AddConsumer(bg)
+	b.run()
+	b.eventually("the first sync", func() bool { return len(b.calls("AddRealServer")) == 2 })
+	b.idle()
+	b.clk.Step(time.Second) // a turn after the first sync, if one is due
+	b.idle()
+	b.clk.Step(time.Hour - time.Second) // the periodic full sync starts the consumer's read
+	b.eventually("the consumer's read to start", func() bool { return slices.Contains(bg.got(), "read started") })
+	b.idle()
+	b.clk.Step(2 * time.Second)
+	close(bg.release) // the read is done: a sync applies it, carrying no change
+	b.eventually("the read applied", func() bool { return slices.Contains(bg.got(), "applied") })
+	b.idle()
+	b.ipvs.ResetCalls()
+
+	b.setEndpoints("c", "10.0.1.12", "10.0.2.12")
+	b.eventually("c's change in the kernel, the clock still", func() bool {
+		return len(b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.2.12:8080")) == 1
+	})
+	b.idle()
+
+	// Within the period of that change's sync, two more changes: they
+	// wait for it, and go in one sync.
+	b.setEndpoints("c", "10.0.1.12", "10.0.3.12")
+	b.setEndpoints("c", "10.0.1.12", "10.0.4.12")
+	b.eventually("the last change reaching the loop", func() bool {
+		b.p.tracker.mu.Lock()
+		defer b.p.tracker.mu.Unlock()
+		have := b.p.tracker.slices[types.NamespacedName{Namespace: "default", Name: "c"}]
+		return len(have) == 1 && len(have[0].Endpoints) == 2 && have[0].Endpoints[1].Addresses[0] == "10.0.4.12"
+	})
+	b.idle()
+	if got := b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.4.12"); len(got) != 0 {
+		t.Fatalf("a change within MinSyncPeriod of the last change's sync went at once: %q", got)
+	}
+	b.clk.Step(time.Second)
+	b.eventually("the coalesced changes", func() bool { return len(b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.4.12")) == 1 })
+	b.idle()
+	if got := b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.3.12"); len(got) != 0 {
+		t.Errorf("an intermediate state reached the kernel: %q", got)
+	}
+}
+
 // TestLoopRepairsWhatTheKernelReportsRemoved: the full resync is an hour
 // away, yet an address someone removed from the interface is bound again
 // by the next partial sync (one write, no kernel read), the removal of the

@@ -127,7 +127,7 @@ func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links n
 	}
 	return &Proxier{
 		cfg: cfg, clock: cfg.Clock, client: client, links: links, log: log,
-		tracker:   newTracker(cfg, readAddresses, run.kick, metrics, log),
+		tracker:   newTracker(cfg, readAddresses, run.kickNews, metrics, log),
 		runner:    run,
 		rec:       reconciler.NewReconciler(ipvs, links, rcfg, log),
 		consumers: newConsumerSet(cfg.RetryBase, retryMax, log),

@@ -21,7 +21,11 @@ type runner struct {
 	minPeriod time.Duration
 	period    time.Duration
 	trigger   chan struct{}
-	log       *zap.Logger
+	// news is kicked with trigger when the tracker has something new (a
+	// Service change): it ends a wait for the min period that the
+	// change need not wait (waitMinPeriod).
+	news chan struct{}
+	log  *zap.Logger
 
 	beatMu sync.Mutex
 	beat   time.Time // the loop's heartbeat (heartbeat)
@@ -44,7 +48,17 @@ type resyncer interface {
 }
 
 func newRunner(clk clock.WithTicker, minPeriod, period time.Duration, log *zap.Logger) *runner {
-	return &runner{clock: clk, minPeriod: minPeriod, period: period, trigger: make(chan struct{}, 1), log: log}
+	return &runner{clock: clk, minPeriod: minPeriod, period: period, trigger: make(chan struct{}, 1), news: make(chan struct{}, 1), log: log}
+}
+
+// kickNews is kick for the tracker: it also tells a wait for the min
+// period to look again whether Service changes wait.
+func (r *runner) kickNews() {
+	select {
+	case r.news <- struct{}{}:
+	default:
+	}
+	r.kick()
 }
 
 // kick asks for a sync; kicks before it starts are one.
@@ -59,6 +73,8 @@ func (r *runner) kick() {
 type turns struct {
 	full           bool
 	last, nextFull time.Time
+	// changed is when the last sync that carried Service changes began.
+	changed time.Time
 	// reading: a periodic resync's kernel read off the loop runs; adopt:
 	// it is done, and this turn's full sync adopts it.
 	reading, adopt bool
@@ -70,11 +86,15 @@ func (r *runner) run(ctx context.Context, s syncer, rs resyncer) {
 	for {
 		// The slices of a periodic resync follow one another at once
 		// (changes that come meanwhile join the next one); other syncs
-		// are at least minPeriod apart.
-		if !r.waitMinPeriod(ctx, t.last, rs.Resyncing()) {
+		// are at least minPeriod apart, except that Service changes
+		// wait only for the last sync that carried changes.
+		if !r.waitMinPeriod(ctx, t, s, rs.Resyncing()) {
 			return
 		}
 		t.last = r.clock.Now()
+		if s.changesWaiting() {
+			t.changed = t.last
+		}
 		if t.full {
 			r.startFull(&t, rs)
 		}
@@ -124,14 +144,43 @@ func (r *runner) heartbeat() time.Time {
 	return r.beat
 }
 
-// waitMinPeriod waits until minPeriod has passed since last (not during a
-// resync); false when ctx ended.
-func (r *runner) waitMinPeriod(ctx context.Context, last time.Time, resyncing bool) bool {
-	wait := r.minPeriod - r.clock.Since(last)
-	if wait <= 0 || last.IsZero() || resyncing {
+// waitMinPeriod waits until minPeriod has passed since the last sync
+// began (not during a resync), or, while Service changes wait, since the
+// last sync that carried changes: the min period coalesces changes, and a
+// change waits for no sync that carried none (a glue check's repair, a
+// retry, the resync's adoption of its read). False when ctx ended.
+func (r *runner) waitMinPeriod(ctx context.Context, t turns, s syncer, resyncing bool) bool {
+	if resyncing {
 		return true
 	}
-	return sleep(ctx, r.clock, wait)
+	for {
+		from := t.last
+		if s.changesWaiting() {
+			from = t.changed
+		}
+		wait := r.minPeriod - r.clock.Since(from)
+		if wait <= 0 || from.IsZero() {
+			return true
+		}
+		if done, ok := r.sleepOrNews(ctx, wait); done {
+			return ok
+		}
+	}
+}
+
+// sleepOrNews waits d, until the tracker has news (done false: look
+// again) or ctx ends (ok false).
+func (r *runner) sleepOrNews(ctx context.Context, d time.Duration) (done, ok bool) {
+	timer := r.clock.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return true, false
+	case <-timer.C():
+		return true, true
+	case <-r.news:
+		return false, true
+	}
 }
 
 // sleep waits d on clk; false when ctx ended first.

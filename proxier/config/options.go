@@ -152,7 +152,7 @@ func (o *Options) addFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.IPFamilies, "ip-families", o.IPFamilies, "IP families to program: IPv4, IPv6 or both.")
 	fs.BoolVar(&o.RouteServiceCIDRs, "route-service-cidrs", o.RouteServiceCIDRs, "Route the IPv4 Service ranges as local through the interface (one route each) instead of binding one address per clusterIP: the ranges of --service-cidrs, else of the cluster's ServiceCIDR objects (Kubernetes 1.33+). --route-service-cidrs=false binds one address per clusterIP, as kube-proxy's IPVS mode does, for tooling that reads the interface's addresses.")
 	fs.StringSliceVar(&o.ServiceCIDRs, "service-cidrs", o.ServiceCIDRs, "With --route-service-cidrs: the Service ranges to route, instead of the cluster's ServiceCIDR objects.")
-	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", o.MinSyncPeriod, "Minimum time between syncs; bursts of changes are coalesced.")
+	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", o.MinSyncPeriod, "Minimum time between syncs; bursts of changes are coalesced (a change waits it only after a sync that carried changes).")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Period of the full resync that reads the kernel and repairs drift.")
 	fs.DurationVar(&o.TCPTimeout, "ipvs-tcp-timeout", o.TCPTimeout, "IPVS timeout of idle TCP connections (0: leave as is).")
 	fs.DurationVar(&o.TCPFinTimeout, "ipvs-tcpfin-timeout", o.TCPFinTimeout, "IPVS timeout of TCP connections after FIN (0: leave as is).")

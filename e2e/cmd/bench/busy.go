@@ -5,9 +5,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -27,24 +32,119 @@ func (bn *bench) whileBusy(ctx context.Context, p proxyKind, r *proxyResult, pro
 	if n == 0 || !p.ours {
 		return nil
 	}
-	window := busyWindow(proc.Output())
+	window := bn.cfg.busyWindow
+	if window <= 0 {
+		window = busyWindow(proc.Output())
+	}
 	if window <= 0 {
 		window = defaultBusyWindow
 	}
 	r.busyWindow = window.Seconds()
+	var at []float64
 	for i := range n {
 		delay := window * time.Duration(i) / time.Duration(n)
 		var lat struct {
 			Seconds []float64 `json:"seconds"`
+			At      []float64 `json:"at"`
 		}
 		if err := bn.helper(ctx, &lat, append(args, "-during-sync-of", p.comm, "-sync-delay", delay.String(), "-rounds", "1")...); err != nil {
 			return err
 		}
 		r.busy = append(r.busy, lat.Seconds...)
+		at = append(at, lat.At...)
 	}
 	logf("%s: one change while its resync and glue check run (spread over %v): %v", p.name, window, r.busy)
+	if bn.cfg.busyDebug {
+		bn.explainBusy(p, proc.Output(), at, r.busy)
+	}
 	slices.Sort(r.busy)
 	return nil
+}
+
+// busyProcess is p as started for the restart, whose process then takes
+// the busy rounds: with -busy-debug, ipvs-proxy logs at debug level, so
+// that its log has every sync, partial ones too (explainBusy).
+func (bn *bench) busyProcess(p proxyKind) proxyKind {
+	if p.ours && bn.cfg.busyDebug && bn.cfg.busyRounds > 0 {
+		p.start = startAgent(append(slices.Clone(p.agentArgs), "--log-level", "debug")...)
+	}
+	return p
+}
+
+// explainBusy logs, for each busy change (made at at[i], VM time, landed
+// took[i] later), the syncs of the loop and the glue it met, by the
+// process's debug log, and keeps that log in bin/bench.
+func (bn *bench) explainBusy(p proxyKind, log string, at, took []float64) {
+	path := filepath.Join("bin", "bench", "agent-"+p.name+".log")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err == nil {
+		if err := os.WriteFile(path, []byte(log), 0o644); err == nil {
+			logf("%s: its log during the busy rounds (debug): %s", p.name, path)
+		}
+	}
+	entries := syncEntries(log)
+	for i := range min(len(at), len(took)) {
+		logf("%s: busy change %d: %.0f ms; met: %s", p.name, i, took[i]*1000, strings.Join(metSyncs(entries, at[i], took[i]), "; "))
+	}
+}
+
+// syncEntry is one sync of ipvs-proxy's log: the loop's ("synced") or the
+// glue's ("iptables glue synced", "iptables glue checked"), with when it
+// began and ended (VM time, seconds) and its fields.
+type syncEntry struct {
+	msg        string
+	start, end float64
+	fields     map[string]any
+}
+
+// syncEntries are the syncs of a JSON log, in its order.
+func syncEntries(log string) []syncEntry {
+	var out []syncEntry
+	for _, line := range strings.Split(log, "\n") {
+		i := strings.IndexByte(line, '{')
+		if i < 0 {
+			continue
+		}
+		var m map[string]any
+		if json.Unmarshal([]byte(line[i:]), &m) != nil {
+			continue
+		}
+		msg, _ := m["msg"].(string)
+		if msg != "synced" && msg != "iptables glue synced" && msg != "iptables glue checked" {
+			continue
+		}
+		ts, _ := m["ts"].(float64)
+		d, _ := m["took"].(float64)
+		out = append(out, syncEntry{msg: msg, start: ts - d, end: ts, fields: m})
+	}
+	return out
+}
+
+// metSyncs describes the syncs that ran while a change made at at took
+// took seconds to land: each with its start relative to the change, its
+// time and its scope.
+func metSyncs(entries []syncEntry, at, took float64) []string {
+	var out []string
+	for _, e := range entries {
+		if e.end < at || e.start > at+took {
+			continue
+		}
+		f := e.fields
+		var what string
+		switch e.msg {
+		case "synced":
+			what = fmt.Sprintf("%v sync of %v Services (resyncLeft %v, ipvs %vs, consumers %vs)",
+				f["kind"], f["services"], f["resyncLeft"], f["ipvs"], f["consumers"])
+			if off, _ := f["readOffLoop"].(float64); off > 0 {
+				what += fmt.Sprintf(", adopting a read of %vs off the loop", off)
+			}
+		case "iptables glue synced":
+			what = fmt.Sprintf("glue sync (full %v, sets %v)", f["full"], f["sets"])
+		default:
+			what = fmt.Sprintf("glue check applied (read off the loop %vs)", f["readTook"])
+		}
+		out = append(out, fmt.Sprintf("%+.0f ms: %s, %.0f ms", (e.start-at)*1000, what, (e.end-e.start)*1000))
+	}
+	return out
 }
 
 // A periodic resync's adoption of its read (its start: the line's time

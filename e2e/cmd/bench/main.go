@@ -61,6 +61,8 @@ type config struct {
 	rounds       int
 	resyncRounds int
 	busyRounds   int
+	busyWindow   time.Duration
+	busyDebug    bool
 	burst        int
 	quiet        time.Duration
 	floor        bool
@@ -77,6 +79,8 @@ func main() {
 	flag.IntVar(&c.rounds, "rounds", 5, "single EndpointSlice changes timed per proxy and size")
 	flag.IntVar(&c.resyncRounds, "resync-rounds", 3, "changes timed during a periodic full sync per proxy and size (0: none)")
 	flag.IntVar(&c.busyRounds, "busy-rounds", 0, "ipvs-proxy only: changes timed while its periodic resync and glue check run, spread over them (0: none)")
+	flag.DurationVar(&c.busyWindow, "busy-window", 0, "the span the busy changes are spread over (0: what ipvs-proxy's last resync and glue check took, by its log)")
+	flag.BoolVar(&c.busyDebug, "busy-debug", false, "with -busy-rounds: ipvs-proxy's restart, whose process takes the busy rounds, logs at debug level; each busy change is listed with the syncs it met, and the log kept in bin/bench")
 	flag.IntVar(&c.burst, "burst", 100, "EndpointSlices changed at once in the burst")
 	flag.DurationVar(&c.quiet, "quiet", 5*time.Second, "how long a proxy's CPU must not grow for it to be idle")
 	flag.BoolVar(&c.floor, "floor", true, "also compare ipvs-proxy's cold sync with the bare-netlink floor")

@@ -78,13 +78,18 @@ type proxyKind struct {
 	ours bool
 	// start starts it; it may return before or after its first sync.
 	start func(ctx context.Context, b *bed.Bed) (running, error)
+	// agentArgs are the flags start gives ipvs-proxy (withDebugLog).
+	agentArgs []string
 }
+
+// boundArgs make ipvs-proxy bind one address per clusterIP.
+var boundArgs = []string{"--route-service-cidrs=false"}
 
 var proxyKinds = map[string]proxyKind{
 	ipvsProxy: {name: ipvsProxy, comm: "ipvs-proxy", dataplane: "ipvs", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
 		ours: true, start: startAgent()},
 	ipvsProxyBound: {name: ipvsProxyBound, comm: "ipvs-proxy", dataplane: "ipvs", iface: bed.Interface, set: "IPVSP-CLUSTER-IP",
-		ours: true, start: startAgent("--route-service-cidrs=false")},
+		ours: true, agentArgs: boundArgs, start: startAgent(boundArgs...)},
 	kubeProxyIPVS: {name: kubeProxyIPVS, comm: "kube-proxy", dataplane: "ipvs", iface: kubeproxy.Interface, set: "KUBE-CLUSTER-IP",
 		kubeProxy: true,
 		start: func(ctx context.Context, b *bed.Bed) (running, error) {
@@ -449,7 +454,8 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	if err != nil {
 		return r, err
 	}
-	r.restart, proc, err = bn.settle(ctx, p, false)
+	// The busy rounds' process: with -busy-debug its every sync is logged.
+	r.restart, proc, err = bn.settle(ctx, bn.busyProcess(p), false)
 	if r.restartOver = pastBound(p, n, "restart", err, notSettled); r.restartOver {
 		return r, nil
 	}

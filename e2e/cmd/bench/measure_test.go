@@ -180,3 +180,28 @@ func TestBusyWindow(t *testing.T) {
 		t.Errorf("busyWindow of a log without a resync and a check = %v, want 0", got)
 	}
 }
+
+// TestMetSyncs: a busy change is listed with the syncs that ran while it
+// waited (one in flight when it was made, the one that wrote it), and not
+// with those before or after.
+func TestMetSyncs(t *testing.T) {
+	log := `{"level":"debug","ts":100.0,"msg":"synced","kind":"partial","services":1,"resyncLeft":0,"took":0.05}
+{"level":"info","ts":101.3,"msg":"synced","kind":"full","services":500,"resyncLeft":9500,"readOffLoop":1.2,"ipvs":0.39,"consumers":0.1,"took":0.4}
+{"level":"debug","ts":101.35,"msg":"iptables glue synced","full":false,"sets":1,"took":0.03}
+{"level":"debug","ts":101.4,"msg":"synced","kind":"partial","services":1,"resyncLeft":9500,"readOffLoop":0,"ipvs":0.09,"consumers":0.01,"took":0.1}
+{"level":"info","ts":103,"msg":"iptables glue checked","readTook":2,"took":0.01}
+`
+	entries := syncEntries(log)
+	if len(entries) != 5 {
+		t.Fatalf("entries %+v, want 5", entries)
+	}
+	got := metSyncs(entries, 101.0, 0.45)
+	want := []string{
+		"-100 ms: full sync of 500 Services (resyncLeft 9500, ipvs 0.39s, consumers 0.1s), adopting a read of 1.2s off the loop, 400 ms",
+		"+320 ms: glue sync (full false, sets 1), 30 ms",
+		"+300 ms: partial sync of 1 Services (resyncLeft 9500, ipvs 0.09s, consumers 0.01s), 100 ms",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("metSyncs =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

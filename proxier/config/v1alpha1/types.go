@@ -138,7 +138,8 @@ type IPVSConfiguration struct {
 	SchedulerFlags string `json:"schedulerFlags"`
 	// SyncPeriod is the period of the full resync (--sync-period).
 	SyncPeriod metav1.Duration `json:"syncPeriod"`
-	// MinSyncPeriod is the least time between syncs (--min-sync-period).
+	// MinSyncPeriod is the least time between syncs (--min-sync-period);
+	// a Service change waits it only after a sync that carried changes.
 	MinSyncPeriod metav1.Duration `json:"minSyncPeriod"`
 	// ExcludeCIDRs are CIDRs whose virtual servers and addresses are never
 	// cleaned up when no Service wants them, as in kube-proxy; what a
