@@ -1,10 +1,11 @@
 package e2e
 
-// Issue 45's cases 3, 4 and 5 on the two-node cluster with the outside
-// host (`make chaos-nodes`): the cluster, its Services and live traffic
-// from every kind of client. The cases are in chaos_nodes_glue_test.go,
-// chaos_nodes_addr_test.go, chaos_nodes_stale_test.go and
-// chaos_nodes_rollout_test.go.
+// Issue 45's cases 1, 3, 4 and 5 on the two-node cluster with the
+// outside host (`make chaos-nodes`): the cluster, its Services and live
+// traffic from every kind of client. The cases are in
+// chaos_nodes_glue_test.go, chaos_nodes_addr_test.go,
+// chaos_nodes_stale_test.go, chaos_nodes_rollout_test.go and
+// chaos_nodes_lost_test.go.
 
 import (
 	"context"
@@ -57,7 +58,9 @@ var chaosNodesLBIP = cluster.SegmentAddr(220)
 //   - nodes-stale-agent: a second agent pod started on node-1 beside its
 //     agent, refused (chaos_nodes_stale_test.go);
 //   - nodes-agent-rollout: the DaemonSet rolled to a new revision on both
-//     nodes and rolled back (chaos_nodes_rollout_test.go).
+//     nodes and rolled back (chaos_nodes_rollout_test.go);
+//   - nodes-node-lost: node-2's VM killed, then booted again as the same
+//     node (chaos_nodes_lost_test.go).
 func TestChaosNodes(t *testing.T) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
@@ -69,6 +72,7 @@ func TestChaosNodes(t *testing.T) {
 	t.Run("nodes-address-change", b.nodeAddressChange)
 	t.Run("nodes-stale-agent", b.staleAgent)
 	t.Run("nodes-agent-rollout", b.agentRollout)
+	t.Run("nodes-node-lost", b.nodeLost) // last: it reboots node-2
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
 }
 
@@ -132,6 +136,12 @@ func (b *nodesBed) startServers(t *testing.T) {
 		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
 			PeriodSeconds: 1,
+		}
+		// Bound to its node through a loss, as a DaemonSet's pod is:
+		// server-2 comes back with node-2 in nodes-node-lost instead of
+		// being evicted 5 minutes after the loss (the default toleration).
+		for _, taint := range []string{corev1.TaintNodeUnreachable, corev1.TaintNodeNotReady} {
+			p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Key: taint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute})
 		}
 		pods = append(pods, p)
 	}
@@ -466,12 +476,19 @@ func hitArgv(addr string) []string {
 // to the LoadBalancer IP, routed to node-1.
 func (b *nodesBed) startTraffic(t *testing.T, label string, nodePort map[string]string) *nodesTraffic {
 	t.Helper()
-	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
+	return b.startTrafficFrom(t, label, nodePort, b.c.Nodes...)
+}
+
+// startTrafficFrom is startTraffic from the hosts and pods of the nodes
+// from only (node-1 first); the pods use the node port of from's last.
+func (b *nodesBed) startTrafficFrom(t *testing.T, label string, nodePort map[string]string, from ...*cluster.Node) *nodesTraffic {
+	t.Helper()
+	n1, last := b.c.Nodes[0], from[len(from)-1]
 	if _, err := b.c.Outside.RunOK(b.ctx, "ip", "route", "replace", chaosNodesLBIP+"/32", "via", n1.IP, "dev", cluster.SegmentIface); err != nil {
 		t.Fatal(err)
 	}
 	tr := &nodesTraffic{b: b, procs: map[string]*vm.Proc{}}
-	for i, n := range b.c.Nodes {
+	for i, n := range from {
 		targets := []hitTarget{{"cluster-ip", b.clusterIP()}, {"lb-ip", b.lbIP()}}
 		if a, ok := nodePort[n.Name]; ok {
 			tr.add(t, n.VM, n.Name+"-host-node-port", b.nodePort(a))
@@ -481,7 +498,7 @@ func (b *nodesBed) startTraffic(t *testing.T, label string, nodePort map[string]
 			tr.add(t, n.VM, n.Name+"-host-"+tg.name, tg.addr)
 		}
 		name := fmt.Sprintf("hit-%s-%d", label, i+1)
-		tr.startPod(t, name, n, append(targets, hitTarget{"node-port", b.nodePort(n2.IP)}))
+		tr.startPod(t, name, n, append(targets, hitTarget{"node-port", b.nodePort(last.IP)}))
 	}
 	tr.add(t, b.c.Outside, "outside-lb-ip", b.lbIP())
 	for _, name := range tr.pods {
@@ -542,6 +559,20 @@ type streamResult struct {
 // and fails the test for a failed connection or a stream that barely ran.
 func (tr *nodesTraffic) stop(t *testing.T) (attempted, failed int) {
 	t.Helper()
+	for _, s := range tr.results(t) {
+		attempted += s.res.Total() + len(s.failures)
+		failed += len(s.failures)
+		if len(s.failures) > 0 {
+			t.Errorf("stream %s: %d of %d connections failed: %v", s.name, len(s.failures), s.res.Total()+len(s.failures), s.failures)
+		}
+	}
+	return attempted, failed
+}
+
+// results ends every stream and returns their results by name, each
+// logged; a stream that barely ran fails the test.
+func (tr *nodesTraffic) results(t *testing.T) []streamResult {
+	t.Helper()
 	all := tr.done
 	for name, p := range tr.procs {
 		res, fails := stopHit(t, p)
@@ -552,17 +583,12 @@ func (tr *nodesTraffic) stop(t *testing.T) (attempted, failed int) {
 	}
 	slices.SortFunc(all, func(a, b streamResult) int { return strings.Compare(a.name, b.name) })
 	for _, s := range all {
-		attempted += s.res.Total() + len(s.failures)
-		failed += len(s.failures)
 		t.Logf("stream %s: %d answered (%v), %d failed %v", s.name, s.res.Total(), s.res.Answers, len(s.failures), s.failures[:min(3, len(s.failures))])
 		if s.res.Total() < 20 {
 			t.Errorf("stream %s: only %d answers: the traffic did not run", s.name, s.res.Total())
 		}
-		if len(s.failures) > 0 {
-			t.Errorf("stream %s: %d of %d connections failed: %v", s.name, len(s.failures), s.res.Total()+len(s.failures), s.failures)
-		}
 	}
-	return attempted, failed
+	return all
 }
 
 // stopPod ends a traffic pod's streams (SIGTERM to each container's

@@ -148,6 +148,7 @@ type Cluster struct {
 	logf      func(string, ...any)
 	tmp       string
 	dualStack bool
+	vmOpts    vm.Options // every node's VM's, for RebootNode
 	egress    *egressProxy
 	mu        sync.Mutex // guards the Nodes' VM and PodCIDR while they boot
 }
@@ -304,13 +305,14 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		c.Nodes = append(c.Nodes, n)
 	}
 	c.egress.setDialer(c.dialInCluster)
+	c.vmOpts = vmOpts
 	errs := make([]error, len(c.Nodes))
 	var wg sync.WaitGroup
 	for i, n := range c.Nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.startNodeRetrying(ctx, n, vmOpts)
+			errs[i] = c.startNodeRetrying(ctx, n, vmOpts, false)
 		}()
 	}
 	wg.Wait()
@@ -335,8 +337,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 }
 
 // startNodeRetrying boots n's VM and makes it a node, booting again
-// while the VM is lost (nodeLostError), up to bootAttempts in all.
-func (c *Cluster) startNodeRetrying(ctx context.Context, n *Node, opts vm.Options) error {
+// while the VM is lost (nodeLostError), up to bootAttempts in all. A lost
+// attempt's Node is deleted unless keepNode (a reboot: the Node and its
+// pods stay).
+func (c *Cluster) startNodeRetrying(ctx context.Context, n *Node, opts vm.Options, keepNode bool) error {
 	opts.SegmentMAC = n.mac
 	if c.Hub != nil {
 		opts.Segment = c.Hub.Addr()
@@ -348,7 +352,7 @@ func (c *Cluster) startNodeRetrying(ctx context.Context, n *Node, opts vm.Option
 			return err
 		}
 		c.logf("cluster: %s: the VM was lost while it came up (attempt %d of %d); booting it again: %v", n.Name, attempt, bootAttempts, err)
-		c.dropVM(ctx, n)
+		c.dropVM(ctx, n, keepNode)
 	}
 }
 
@@ -470,16 +474,23 @@ func (c *Cluster) bootNode(ctx context.Context, n *Node, opts vm.Options) error 
 	return err
 }
 
-// dropVM shuts a lost VM down (its console is in the error already) and
-// deletes the Node its kubelet may have registered, so that the next
-// boot's wait sees the new kubelet's Ready condition, not a stale one.
-func (c *Cluster) dropVM(ctx context.Context, n *Node) {
+// dropVM shuts a lost VM down (its console is in the error already) and,
+// unless keepNode, deletes the Node its kubelet may have registered, so
+// that the next boot's wait sees the new kubelet's Ready condition, not a
+// stale one.
+func (c *Cluster) dropVM(ctx context.Context, n *Node, keepNode bool) {
 	if n.VM != nil {
 		_ = n.VM.Shutdown()
 	}
 	c.mu.Lock()
-	n.VM, n.containerd, n.kubelet, n.PodCIDR, n.PodCIDRs = nil, nil, nil, "", nil
+	n.VM, n.containerd, n.kubelet = nil, nil, nil
+	if !keepNode {
+		n.PodCIDR, n.PodCIDRs = "", nil
+	}
 	c.mu.Unlock()
+	if keepNode {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := c.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -532,13 +543,14 @@ func (e *nodeLostError) Unwrap() error { return e.err }
 const agentLostAfter = time.Minute
 
 // waitNodeReady waits for n's Node: once registered with its pod CIDR
-// (node IPAM's), it writes the CNI configuration for that range into the
-// VM (the kubelet's network turns ready with it), then waits for the
-// Ready condition.
+// (node IPAM's; a rebooted node's Node has it already), it writes the CNI
+// configuration for that range into the VM (the kubelet's network turns
+// ready with it), then waits for the Ready condition.
 func (c *Cluster) waitNodeReady(ctx context.Context, n *Node) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	last := "not registered"
+	cni := false             // this VM has the CNI configuration
 	var unanswered time.Time // since when the agent has not answered
 	for {
 		if dead, qerr := n.VM.Exited(); dead {
@@ -552,18 +564,19 @@ func (c *Cluster) waitNodeReady(ctx context.Context, n *Node) error {
 			if c.dualStack {
 				want = 2
 			}
-			if n.PodCIDR == "" && node.Spec.PodCIDR != "" && len(node.Spec.PodCIDRs) >= want {
+			if !cni && node.Spec.PodCIDR != "" && len(node.Spec.PodCIDRs) >= want {
 				if err := n.VM.WriteFile(ctx, guestCNIConf, []byte(cniConfig(node.Spec.PodCIDRs...)), 0o600); err != nil {
 					return fmt.Errorf("cluster: %s: CNI configuration: %w", n.Name, err)
 				}
 				c.mu.Lock()
 				n.PodCIDR, n.PodCIDRs = node.Spec.PodCIDR, slices.Clone(node.Spec.PodCIDRs)
 				c.mu.Unlock()
+				cni = true
 				c.logf("cluster: %s: registered, pods on %s", n.Name, strings.Join(n.PodCIDRs, " and "))
 			}
 			for _, cond := range node.Status.Conditions {
 				if cond.Type == corev1.NodeReady {
-					if cond.Status == corev1.ConditionTrue && n.PodCIDR != "" {
+					if cond.Status == corev1.ConditionTrue && cni {
 						return nil
 					}
 					last = cond.Reason + ": " + cond.Message

@@ -463,7 +463,7 @@ func (v *VM) shutdown() error {
 	var err error
 	select {
 	case <-v.exited:
-		err = fmt.Errorf("vm: qemu had exited before Shutdown: %w; console:\n%s", ExitStatus(v.waitErr), tail(v.ConsoleLog(), 3000))
+		err = fmt.Errorf("vm: %w: %w; console:\n%s", errExitedBeforeShutdown, ExitStatus(v.waitErr), tail(v.ConsoleLog(), 3000))
 	default:
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if perr := v.call(ctx, "POST", agentapi.PathPoweroff, struct{}{}, nil); perr != nil {
@@ -486,6 +486,29 @@ func (v *VM) shutdown() error {
 		err = fmt.Errorf("vm: %w", rerr)
 	}
 	return err
+}
+
+// errExitedBeforeShutdown: QEMU had stopped by itself when Shutdown came.
+var errExitedBeforeShutdown = errors.New("qemu had exited before Shutdown")
+
+// PowerLoss ends the guest at once, as a power cut does: QEMU's process
+// group gets SIGKILL, so the guest runs, flushes and sends nothing more
+// (its NICs fall silent mid-frame). Then what Shutdown releases is
+// released (the guestfwd nc processes, the scratch directory); the
+// console log stays readable, and a later Shutdown does nothing.
+func (v *VM) PowerLoss() error {
+	if err := syscall.Kill(-v.PID(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("vm: power loss: kill qemu (pid %d): %w", v.PID(), err)
+	}
+	select {
+	case <-v.exited:
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("vm: power loss: qemu (pid %d) still runs 30s after SIGKILL", v.PID())
+	}
+	if err := v.Shutdown(); err != nil && !errors.Is(err, errExitedBeforeShutdown) {
+		return fmt.Errorf("vm: power loss: %w", err)
+	}
+	return nil
 }
 
 // stop makes sure QEMU and everything it started are gone.
