@@ -89,15 +89,17 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	// The old address back before the pods' results are read: the
 	// apiserver reaches node-1's kubelet at it.
 	tr.stopStream(t, "outside-new-node-port")
-	b.restoreAddress(t, n1, oldIP, newIP)
+	restored := b.restoreAddress(t, n1, oldIP, newIP)
 	b.logAgent(t, n1, added, "node-port addresses", `"msg":"synced"`, "iptables glue", "sync failed")
 	restarted := b.agentRestarts(t, n1, restarts)
-	attempted, failed := tr.stop(t)
+	clocks := vmClocks{node: b.clockOffset(t, n1.VM), outside: b.clockOffset(t, b.c.Outside)}
+	inFlight, failed, attempted := splitFailures(t, tr.results(t), clocks, removalWindow(removed), removalWindow(restored))
 	otherWrites := other.check(b.ctx, t, b)
 	notes := fmt.Sprintf("%s's segment address %s -> %s: its %d node ports in the IPVS table %s after the add, answered from the outside host after %s; "+
-		"old address's virtual servers gone %s after the delete; restarts %d; Node Ready throughout: %v; %s untouched (%d writes); %d Services",
+		"old address's virtual servers gone %s after the delete; %d connections in flight when an address went failed (the kernel's, below); "+
+		"restarts %d; Node Ready throughout: %v; %s untouched (%d writes); %d Services",
 		n1.Name, oldIP, newIP, newPorts, follow.Round(100*time.Millisecond), answered.Round(100*time.Millisecond), dropped.Round(100*time.Millisecond),
-		restarted, ready, n2.Name, otherWrites, b.size)
+		inFlight, restarted, ready, n2.Name, otherWrites, b.size)
 	chaos.Record(t, "", chaos.Row{Case: "nodes-address-change", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: ownWrites, ConvergeSeconds: math.Round(follow.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
 }
@@ -247,12 +249,27 @@ func (b *nodesBed) keepPodRoute(t *testing.T, n, other *cluster.Node) {
 	b.run(t, n.VM, "ip", "route", "replace", other.PodCIDR, "via", other.IP, "dev", cluster.SegmentIface)
 }
 
+// removalWindow is when a connection that failed was in flight as an
+// address of the node went (at): begun at most the streams' 5 s timeout
+// before it, and up to 2 s after (the prefix route's move to the promoted
+// address), with 2 s more each side for the VMs' clocks, read in whole
+// seconds. Such failures are the kernel's, not the agent's: removing an
+// address deletes the conntrack entries masqueraded to it (netfilter's
+// masquerade address notifier), so the node's own and forwarded flows to
+// other nodes' endpoints that left through it end, and until the promoted
+// address has its prefix route the segment is unreachable.
+func removalWindow(at time.Time) [2]time.Time {
+	return [2]time.Time{at.Add(-7 * time.Second), at.Add(4 * time.Second)}
+}
+
 // restoreAddress gives n1 its old address back and takes the new one
-// away, routes first, and waits for the old address's node ports.
-func (b *nodesBed) restoreAddress(t *testing.T, n1 *cluster.Node, oldIP, newIP string) {
+// away, routes first, and waits for the old address's node ports; it
+// returns when the new address went.
+func (b *nodesBed) restoreAddress(t *testing.T, n1 *cluster.Node, oldIP, newIP string) time.Time {
 	t.Helper()
 	b.run(t, n1.VM, "ip", "addr", "add", oldIP+"/24", "dev", cluster.SegmentIface)
 	b.routeNode(t, n1, oldIP)
+	removed := time.Now()
 	b.run(t, n1.VM, "ip", "addr", "del", newIP+"/24", "dev", cluster.SegmentIface)
 	b.keepPodRoute(t, n1, b.c.Nodes[1])
 	waitWithin(b.ctx, t, 2*time.Minute, "node ports back on "+oldIP, func() (bool, string) {
@@ -260,6 +277,7 @@ func (b *nodesBed) restoreAddress(t *testing.T, n1 *cluster.Node, oldIP, newIP s
 		return len(virtualServersOn(st, oldIP)) > 0 && len(virtualServersOn(st, newIP)) == 0, sample(virtualServersOn(st, newIP))
 	})
 	b.nodePortsAt(t, n1, oldIP)
+	return removed
 }
 
 // virtualServersOn lists the virtual servers of st on addr.

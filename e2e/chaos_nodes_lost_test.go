@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,7 +87,7 @@ func (b *nodesBed) nodeLost(t *testing.T) {
 	restarted := b.agentRestarts(t, n1, restarts)
 	// The clocks are known within a second or so (clockOffset).
 	window := [2]time.Time{killed.Add(-2 * time.Second), killed.Add(seen.zero + 2*time.Second)}
-	expected, unexpected, attempted := splitFailures(t, tr.results(t), window, clocks)
+	expected, unexpected, attempted := splitFailures(t, tr.results(t), clocks, window)
 	kept, broken := 0, 0
 	for _, h := range holds {
 		k, br := h.stop(t, "server-1")
@@ -404,9 +405,9 @@ func (b *nodesBed) clockOffset(t *testing.T, v *vm.VM) time.Duration {
 type vmClocks struct{ node, outside time.Duration }
 
 // splitFailures sorts the streams' failed connections: those that began
-// within window (host clock) are expected; the others fail the test. It
-// returns both counts and the attempts in all.
-func splitFailures(t *testing.T, streams []streamResult, window [2]time.Time, clocks vmClocks) (expected, unexpected, attempted int) {
+// within one of windows (host clock) are expected; the others fail the
+// test. It returns both counts and the attempts in all.
+func splitFailures(t *testing.T, streams []streamResult, clocks vmClocks, windows ...[2]time.Time) (expected, unexpected, attempted int) {
 	t.Helper()
 	for _, s := range streams {
 		attempted += s.res.Total() + len(s.failures)
@@ -416,7 +417,8 @@ func splitFailures(t *testing.T, streams []streamResult, window [2]time.Time, cl
 		}
 		var odd []hitFailure
 		for _, f := range s.failures {
-			if at := f.at.Add(-offset); at.Before(window[0]) || at.After(window[1]) {
+			at := f.at.Add(-offset)
+			if !slices.ContainsFunc(windows, func(w [2]time.Time) bool { return !at.Before(w[0]) && !at.After(w[1]) }) {
 				odd = append(odd, f)
 				continue
 			}
@@ -424,11 +426,20 @@ func splitFailures(t *testing.T, streams []streamResult, window [2]time.Time, cl
 		}
 		unexpected += len(odd)
 		if len(odd) > 0 {
-			t.Errorf("stream %s: %d connections failed outside the loss's window %s-%s (host clock; the VM's is %s off): %v",
-				s.name, len(odd), window[0].Format("15:04:05.0"), window[1].Format("15:04:05.0"), offset.Round(time.Millisecond), odd)
+			t.Errorf("stream %s: %d connections failed outside the windows %s (host clock; the VM's is %s off): %v",
+				s.name, len(odd), windowsString(windows), offset.Round(time.Millisecond), odd)
 		}
 	}
 	return expected, unexpected, attempted
+}
+
+// windowsString renders windows as "15:04:05.0-15:04:05.0, ...".
+func windowsString(windows [][2]time.Time) string {
+	parts := make([]string, len(windows))
+	for i, w := range windows {
+		parts[i] = w[0].Format("15:04:05.0") + "-" + w[1].Format("15:04:05.0")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // TestPodCIDRServers: the real servers in a pod range, by virtual server,
