@@ -16,6 +16,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // chaosNodesNewIP is node-1's new address in case 4: on the segment (the
@@ -155,28 +156,24 @@ func (b *nodesBed) run(t *testing.T, v *vm.VM, argv ...string) {
 	}
 }
 
-// waitVirtualServersOn polls n's IPVS table (one read of /proc/net/ip_vs,
-// as the agent's full sync reads it: `ipvsadm -Ln` dumps each virtual
-// server's destinations apart, a thousand netlink requests that took
-// seconds of the loaded VM and the IPVS lock beside the agent's writes)
-// until it holds at least want TCP virtual servers on the IPv4 address
+// waitVirtualServersOn polls n's IPVS table (readIPVSTable, one read of
+// /proc/net/ip_vs) until it holds at least want TCP virtual servers on
 // addr (want 0: none), and returns the time from since to the read that
 // saw it: the agent's part of an address change, without the outside
 // host's neighbour resolution.
 func (b *nodesBed) waitVirtualServersOn(t *testing.T, n *cluster.Node, addr string, want int, since time.Time) time.Duration {
 	t.Helper()
-	a4 := netip.MustParseAddr(addr).As4()
-	prefix := fmt.Sprintf("TCP  %02X%02X%02X%02X:", a4[0], a4[1], a4[2], a4[3])
+	on := netip.MustParseAddr(addr)
 	var took time.Duration
 	waitWithin(b.ctx, t, 2*time.Minute, fmt.Sprintf("%d virtual servers on %s on %s", want, addr, n.Name), func() (bool, string) {
-		out, err := n.VM.RunOK(b.ctx, "cat", "/proc/net/ip_vs")
+		table, err := readIPVSTable(b.ctx, n.VM)
 		took = time.Since(since)
 		if err != nil {
 			return false, err.Error()
 		}
 		got := 0
-		for _, l := range strings.Split(out, "\n") {
-			if strings.HasPrefix(l, prefix) {
+		for vs := range table {
+			if vs.Protocol == ktypes.TCP && vs.Address == on {
 				got++
 			}
 		}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net/netip"
@@ -18,6 +19,8 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 )
 
 // lossFollow bounds the agent's part of a lost node: from the
@@ -52,7 +55,7 @@ func (b *nodesBed) nodeLost(t *testing.T) {
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	server2 := b.serverPod(t, "server-2")
 	before := readKernelState(t, n1.VM)
-	lost := podCIDRServers(b.ipvsOut(t, n1), n2.PodCIDR)
+	lost := podCIDRServers(b.ipvsTable(t, n1), n2.PodCIDR)
 	if len(lost) == 0 {
 		t.Fatalf("%s has no real server on %s's pods (%s) before the loss", n1.Name, n2.Name, n2.PodCIDR)
 	}
@@ -118,56 +121,42 @@ func (b *nodesBed) serverPod(t *testing.T, name string) *corev1.Pod {
 	return p
 }
 
-// ipvsOut is n's IPVS table, one read of /proc/net/ip_vs (addresses in
-// hex): `ipvsadm -Ln` dumps each virtual server apart, a thousand netlink
-// requests that take seconds of the loaded VM and hold the IPVS lock
-// beside the agent's writes.
-func (b *nodesBed) ipvsOut(t *testing.T, n *cluster.Node) string {
+// ipvsTable is n's IPVS table, one read of /proc/net/ip_vs: `ipvsadm -Ln`
+// dumps each virtual server apart, a thousand netlink requests that take
+// seconds of the loaded VM and hold the IPVS lock beside the agent's
+// writes.
+func (b *nodesBed) ipvsTable(t *testing.T, n *cluster.Node) map[ktypes.VSKey][]ktypes.RealServer {
 	t.Helper()
-	out, err := n.VM.RunOK(b.ctx, "cat", "/proc/net/ip_vs")
+	table, err := readIPVSTable(b.ctx, n.VM)
 	if err != nil {
 		t.Fatalf("%s: %v", n.Name, err)
 	}
-	return out
+	return table
 }
 
-// procAddrPort reads an IPv4 address and port as `ipvsadm -Ln` writes
-// them (10.96.0.10:80) or as /proc/net/ip_vs does (0A60000A:0050).
-func procAddrPort(s string) (netip.AddrPort, bool) {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap, true
+// readIPVSTable reads v's /proc/net/ip_vs and parses it as the agent does
+// (netlinkutil.ParseProcTable).
+func readIPVSTable(ctx context.Context, v *vm.VM) (map[ktypes.VSKey][]ktypes.RealServer, error) {
+	out, err := v.RunOK(ctx, "cat", "/proc/net/ip_vs")
+	if err != nil {
+		return nil, err
 	}
-	h, p, ok := strings.Cut(s, ":")
-	a, aerr := strconv.ParseUint(h, 16, 32)
-	port, perr := strconv.ParseUint(p, 16, 16)
-	if !ok || len(h) != 8 || aerr != nil || perr != nil {
-		return netip.AddrPort{}, false
+	table, err := netlinkutil.ParseProcTable(strings.NewReader(out))
+	if err != nil {
+		return nil, fmt.Errorf("parse /proc/net/ip_vs: %w", err)
 	}
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), uint16(port)), true
+	return table, nil
 }
 
-// podCIDRServers are the real servers of an IPVS table (`ipvsadm -Ln` or
-// /proc/net/ip_vs) whose address is in cidr ("PROTO VIP:PORT ->
-// RIP:PORT", addresses as ipvsadm writes them), with their weights.
-func podCIDRServers(out, cidr string) map[string]int {
+// podCIDRServers are the real servers of an IPVS table whose address is
+// in cidr ("PROTO VIP:PORT -> RIP:PORT"), with their weights.
+func podCIDRServers(table map[ktypes.VSKey][]ktypes.RealServer, cidr string) map[string]int {
 	pods := netip.MustParsePrefix(cidr)
 	got := map[string]int{}
-	vs := ""
-	for _, l := range strings.Split(out, "\n") {
-		f := strings.Fields(l)
-		switch {
-		case len(f) >= 2 && (f[0] == "TCP" || f[0] == "UDP" || f[0] == "SCTP"):
-			vs = ""
-			if ap, ok := procAddrPort(f[1]); ok {
-				vs = f[0] + " " + ap.String()
-			}
-		case len(f) >= 1 && f[0] == "FWM":
-			vs = "" // never ipvs-proxy's
-		case len(f) >= 4 && f[0] == "->" && vs != "":
-			ap, ok := procAddrPort(f[1])
-			w, werr := strconv.Atoi(f[3])
-			if ok && werr == nil && pods.Contains(ap.Addr()) {
-				got[vs+" -> "+ap.String()] = w
+	for vs, rss := range table {
+		for _, rs := range rss {
+			if pods.Contains(rs.Address) {
+				got[fmt.Sprintf("%s %s -> %s", vs.Protocol, netip.AddrPortFrom(vs.Address, vs.Port), rs.RSKey)] = rs.Weight
 			}
 		}
 	}
@@ -226,7 +215,7 @@ func (b *nodesBed) watchLoss(t *testing.T, n1, lost *cluster.Node, server *corev
 		mark(&s.nodeUnready, !b.nodeReady(t, lost))
 		mark(&s.podUnready, !podReady(b.serverPod(t, server.Name)))
 		mark(&s.sliceUnready, !b.endpointReady(t, server.Status.PodIP))
-		rs := podCIDRServers(b.ipvsOut(t, n1), lost.PodCIDR)
+		rs := podCIDRServers(b.ipvsTable(t, n1), lost.PodCIDR)
 		zero := true
 		for _, w := range rs {
 			zero = zero && w == 0
@@ -314,7 +303,7 @@ func (b *nodesBed) followReturn(t *testing.T, n1, lost *cluster.Node, r returned
 		want = append(want, b.nodePort(a))
 	}
 	waitWithin(b.ctx, t, 2*time.Minute, n1.Name+" with "+r.serverIP+" back", func() (bool, string) {
-		rs := podCIDRServers(b.ipvsOut(t, n1), lost.PodCIDR)
+		rs := podCIDRServers(b.ipvsTable(t, n1), lost.PodCIDR)
 		for _, vs := range want {
 			if w, ok := rs["TCP "+vs+" -> "+hostPort(r.serverIP, 8080)]; !ok || w != 1 {
 				return false, fmt.Sprintf("%s: %v", vs, rs)
@@ -443,20 +432,9 @@ func windowsString(windows [][2]time.Time) string {
 }
 
 // TestPodCIDRServers: the real servers in a pod range, by virtual server,
-// with their weights, from ipvsadm's table and the kernel's; others,
-// headers and fwmark services left out.
+// with their weights, from the kernel's table; others and fwmark services
+// left out.
 func TestPodCIDRServers(t *testing.T) {
-	out := `IP Virtual Server version 1.2.1 (size=4096)
-Prot LocalAddress:Port Scheduler Flags
-  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn
-TCP  10.96.0.10:80 rr
-  -> 10.244.0.5:8080              Masq    1      0          3
-  -> 10.244.1.7:8080              Masq    0      2          40
-UDP  10.96.0.10:53 rr
-  -> 10.244.1.9:53                Masq    1      0          0
-FWM  7 rr
-  -> 10.244.1.8:80                Masq    1      0          0
-`
 	proc := `IP Virtual Server version 1.2.1 (size=4096)
 Prot LocalAddress:Port Scheduler Flags
   -> RemoteAddress:Port Forward Weight ActiveConn InActConn
@@ -468,10 +446,12 @@ UDP  0A60000A:0035 rr
 FWM  00000007 rr
   -> 0AF40108:0050      Masq    1      0          0
 `
+	table, err := netlinkutil.ParseProcTable(strings.NewReader(proc))
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]int{"TCP 10.96.0.10:80 -> 10.244.1.7:8080": 0, "UDP 10.96.0.10:53 -> 10.244.1.9:53": 1}
-	for _, tc := range []struct{ name, out string }{{"ipvsadm -Ln", out}, {"/proc/net/ip_vs", proc}} {
-		if got := podCIDRServers(tc.out, "10.244.1.0/24"); fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("%s: podCIDRServers = %v; want %v", tc.name, got, want)
-		}
+	if got := podCIDRServers(table, "10.244.1.0/24"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("podCIDRServers = %v; want %v", got, want)
 	}
 }
