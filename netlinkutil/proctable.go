@@ -71,6 +71,12 @@ func (p *procTable) read() (map[ktypes.VSKey][]ktypes.RealServer, error) {
 
 var procProtocols = map[string]ktypes.Protocol{"TCP": ktypes.TCP, "UDP": ktypes.UDP, "SCTP": ktypes.SCTP}
 
+// ParseProcTable parses a copy of /proc/net/ip_vs (as a test reads it in
+// a VM with cat) as parseProcTable does.
+func ParseProcTable(r io.Reader) (map[ktypes.VSKey][]ktypes.RealServer, error) {
+	return parseProcTable(bufio.NewReaderSize(r, 64<<10))
+}
+
 // parseProcTable parses the format of the kernel's ip_vs_info_seq_show:
 //
 //	IP Virtual Server version 1.2.1 (size=4096)
@@ -82,12 +88,6 @@ var procProtocols = map[string]ktypes.Protocol{"TCP": ktypes.TCP, "UDP": ktypes.
 //	FWM  00000001 rr
 //
 // (IPv4 addresses and ports in hexadecimal, IPv6 ones bracketed).
-// ParseProcTable parses a copy of /proc/net/ip_vs (as a test reads it in
-// a VM with cat) as parseProcTable does.
-func ParseProcTable(r io.Reader) (map[ktypes.VSKey][]ktypes.RealServer, error) {
-	return parseProcTable(bufio.NewReaderSize(r, 64<<10))
-}
-
 func parseProcTable(r *bufio.Reader) (map[ktypes.VSKey][]ktypes.RealServer, error) {
 	out := map[ktypes.VSKey][]ktypes.RealServer{}
 	var cur ktypes.VSKey
