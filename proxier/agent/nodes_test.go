@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -216,5 +217,50 @@ func TestServiceRangeHoldingANodeAddressNotRouted(t *testing.T) {
 				t.Errorf("Events at the next sync: %q; want none", got)
 			}
 		})
+	}
+}
+
+// TestOffLoopAddressesNeverOlderThanTheLoops: a resync's read off the loop
+// took the node's addresses as it began, before an address was added and
+// read in the loop; its adoption does not take the new address away (a
+// renumbering's node ports vanished so on the bed): the next sync reads
+// the addresses again in the loop. A read that agrees asks for nothing;
+// one that differs because the kernel did change (a notification lost)
+// is taken by that read again.
+func TestOffLoopAddressesNeverOlderThanTheLoops(t *testing.T) {
+	a, b, c := netip.MustParseAddr("192.168.56.11"), netip.MustParseAddr("192.168.56.241"), netip.MustParseAddr("192.168.56.7")
+	kernel := []netip.Addr{a}
+	tr := newTracker(Config{Clock: clock.RealClock{}}, func() ([]netip.Addr, error) { return slices.Clone(kernel), nil },
+		func() {}, NewMetrics(nil), zap.NewNop())
+	snap := func() []netip.Addr {
+		t.Helper()
+		in, err := tr.snapshot(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in.node.NodePortAddresses
+	}
+	tr.nodeAddressesChanged()
+	snap()
+	kernel = []netip.Addr{a, b} // the renumbering's new address, read in the loop
+	tr.nodeAddressesChanged()
+	if got := snap(); !slices.Equal(got, []netip.Addr{a, b}) {
+		t.Fatalf("node-port addresses %v after the loop's read, want %v", got, []netip.Addr{a, b})
+	}
+	if !tr.offLoopAddresses([]netip.Addr{a}) { // the stale read is adopted
+		t.Error("a stale read off the loop asked for no sync")
+	}
+	if got := snap(); !slices.Equal(got, []netip.Addr{a, b}) {
+		t.Errorf("node-port addresses %v after a stale read off the loop, want %v kept", got, []netip.Addr{a, b})
+	}
+	if tr.offLoopAddresses([]netip.Addr{a, b}) {
+		t.Error("a read off the loop that agrees asked for a sync")
+	}
+	kernel = []netip.Addr{a, b, c} // added, its notification lost
+	if !tr.offLoopAddresses(slices.Clone(kernel)) {
+		t.Error("a read off the loop with a new address asked for no sync")
+	}
+	if got := snap(); !slices.Equal(got, []netip.Addr{c, a, b}) { // sorted
+		t.Errorf("node-port addresses %v, want the kernel's %v", got, kernel)
 	}
 }

@@ -349,7 +349,8 @@ func (p *Proxier) SyncOnce(full bool) error {
 	}
 	full = p.takeRemovals() || full || p.rec.FullDue()
 	// A full sync reads the node's addresses again, unless it adopts a
-	// resync's read off the loop, which has them (taken after it).
+	// resync's read off the loop, which has them (tracker.offLoopAddresses:
+	// read again in the loop if they differ, as the read may be older).
 	in, nodeErr := p.tracker.snapshot(full && !p.rec.AdoptsRead(full))
 	p.build(in)
 	built := p.clock.Since(start)
@@ -367,8 +368,8 @@ func (p *Proxier) SyncOnce(full bool) error {
 	}
 	a := p.apply(full)
 	a.build = built
-	if a.stats.NodeAddresses != nil && p.tracker.nodeAddressesRead(a.stats.NodeAddresses) {
-		p.runner.kick() // the rebuild they ask for
+	if a.stats.NodeAddresses != nil && p.tracker.offLoopAddresses(a.stats.NodeAddresses) {
+		p.runner.kick() // the rebuild or the read again they ask for
 	}
 	recErr := a.recErr
 	nodeErr = errors.Join(nodeErr, a.consumerErr)

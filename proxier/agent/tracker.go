@@ -389,9 +389,8 @@ func (t *tracker) refreshNodeAddresses() error {
 	return nil
 }
 
-// nodeAddressesRead takes the node's addresses as read, here or off the
-// loop by a periodic resync's read; a change rebuilds every Service (at
-// the next sync), and is reported.
+// nodeAddressesRead takes the node's addresses as read in the loop; a
+// change rebuilds every Service (at the next sync), and is reported.
 func (t *tracker) nodeAddressesRead(all []netip.Addr) bool {
 	addrs := model.FilterNodePortAddresses(all, t.nodePortAddresses)
 	all = model.FilterNodePortAddresses(all, nil) // sorted, each once
@@ -408,6 +407,25 @@ func (t *tracker) nodeAddressesRead(all []netip.Addr) bool {
 		t.rebuild = true
 	}
 	return t.rebuild
+}
+
+// offLoopAddresses takes the node's addresses as a periodic resync's read
+// off the loop found them. That read took them as it began, which may be
+// before the node's addresses last changed (under load, a minute before
+// its adoption: a renumbering's new address then lost its node ports until
+// the next change): addresses that differ from the loop's own are not
+// taken, the next sync reads them again in the loop. It reports whether a
+// sync is due for them.
+func (t *tracker) offLoopAddresses(all []netip.Addr) bool {
+	port := model.FilterNodePortAddresses(all, t.nodePortAddresses)
+	all = model.FilterNodePortAddresses(all, nil)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slices.Equal(port, t.node.portAddrs) && slices.Equal(all, t.node.all) {
+		return t.rebuild
+	}
+	t.node.addrsChanged = true
+	return true
 }
 
 // syncInputs is what one sync works from, taken under the lock.
