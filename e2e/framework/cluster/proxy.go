@@ -202,6 +202,7 @@ func (c *Cluster) WaitDaemonSet(ctx context.Context, ns, name, selector string) 
 	for {
 		ds, err := c.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
 		if err == nil && ds.Status.NumberReady >= int32(len(c.Nodes)) {
+			c.logStartups(ctx, ns, selector)
 			return nil
 		}
 		last = fmt.Sprint(err)
@@ -219,6 +220,55 @@ func (c *Cluster) WaitDaemonSet(ctx context.Context, ns, name, selector string) 
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// logStartups logs when each selected pod got to each step of its start
+// (scheduled, init containers run, containers started, ready), as
+// seconds after the pod's creation: where a DaemonSet's start goes.
+func (c *Cluster) logStartups(ctx context.Context, ns, selector string) {
+	pl, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		c.logf("cluster: pods %s in %s: %v", selector, ns, err)
+		return
+	}
+	for i := range pl.Items {
+		c.logf("cluster: %s started: %s", pl.Items[i].Name, PodStartup(&pl.Items[i]))
+	}
+}
+
+// PodStartup is a one-line account of a pod's start: each step's time
+// in seconds after the pod was created (the apiserver's and the node's
+// clocks, whole seconds).
+func PodStartup(p *corev1.Pod) string {
+	created := p.CreationTimestamp.Time
+	at := func(t metav1.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return fmt.Sprintf("%.0fs", t.Sub(created).Seconds())
+	}
+	var steps []string
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionTrue {
+			steps = append(steps, "scheduled "+at(cond.LastTransitionTime))
+		}
+	}
+	for _, st := range p.Status.InitContainerStatuses {
+		if term := st.State.Terminated; term != nil {
+			steps = append(steps, fmt.Sprintf("init %s %s..%s", st.Name, at(term.StartedAt), at(term.FinishedAt)))
+		}
+	}
+	for _, st := range p.Status.ContainerStatuses {
+		if run := st.State.Running; run != nil {
+			steps = append(steps, fmt.Sprintf("%s started %s", st.Name, at(run.StartedAt)))
+		}
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+			steps = append(steps, "ready "+at(cond.LastTransitionTime))
+		}
+	}
+	return strings.Join(steps, ", ")
 }
 
 // PodSummary is a one-line account of a pod's phase, its containers'
