@@ -105,12 +105,14 @@ e2e-run:
 # then the bed's kernel tests in one VM (schedulers, glue, node edges,
 # ops, RBAC, ranges, the kernel packages) with a bounded chaos slice
 # (restart and SIGKILL mid-sync, watch gap, malformed objects, kernel
-# faults at 50%); then ONE two-node dual-stack cluster with the outside
-# host: Kubernetes' upstream core first, then TestTwoNodes.
+# faults at 50%) at TEST_CHAOS_SIZE Services (`make chaos` runs the same
+# cases at CHAOS_SIZE); then ONE two-node dual-stack cluster with the
+# outside host: Kubernetes' upstream core first, then TestTwoNodes.
+TEST_CHAOS_SIZE ?= 100
 test:
 	$(MAKE) --no-print-directory deps
 	$(MAKE) --no-print-directory -j2 bed checks
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-bed E2E_SKIP='$(TEST_SKIP)|^TestTwoNodes$$$$'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-bed CHAOS_SIZE=$(TEST_CHAOS_SIZE) E2E_SKIP='$(TEST_SKIP)|^TestTwoNodes$$$$'
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-cluster E2E_PKGS=. E2E_RUN='^TestTwoNodes$$$$'
 
 # The whole e2e package: every kernel, chaos, takeover and cluster test.
