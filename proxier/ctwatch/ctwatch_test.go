@@ -213,6 +213,32 @@ func TestWatcherEvictionIsPressure(t *testing.T) {
 	}
 }
 
+// TestWatcherClashDropIsNotPressure: a drop counted with an
+// insert_failed (a lost insertion race, nf_ct_resolve_clash) is no sign of
+// a full table: no warning, no Event, no pressure; the metric counts it.
+// A drop beside it without its insert_failed is.
+func TestWatcherClashDropIsNotPressure(t *testing.T) {
+	f := newFixture()
+	f.tick(Sample{Entries: 10, Max: 1000, PerCPU: []Stats{{Drop: 4, InsertFailed: 4}, {}}})
+	f.tick(Sample{Entries: 10, Max: 1000, PerCPU: []Stats{{Drop: 5, InsertFailed: 5}, {Drop: 2, InsertFailed: 2}}})
+	if got := testutil.ToFloat64(f.m.Pressure); got != 0 {
+		t.Errorf("pressure %v after 3 clash drops, want 0", got)
+	}
+	if got := f.event(t); got != "" {
+		t.Errorf("Event %q after clash drops, want none", got)
+	}
+	if n := f.logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != 0 {
+		t.Errorf("%d warnings after clash drops, want none", n)
+	}
+	if f.dropped(reasonDrop) != 3 || f.dropped(reasonInsertFailed) != 3 {
+		t.Errorf("drop %v, insert_failed %v: want 3 each", f.dropped(reasonDrop), f.dropped(reasonInsertFailed))
+	}
+	f.tick(Sample{Entries: 10, Max: 1000, PerCPU: []Stats{{Drop: 7, InsertFailed: 6}, {Drop: 2, InsertFailed: 2}}})
+	if got := f.event(t); !strings.Contains(got, EventDropping) {
+		t.Errorf("Event %q after a drop without insert_failed, want %s", got, EventDropping)
+	}
+}
+
 // TestWatcherCountersGoBack: after nf_conntrack is reloaded its counters
 // start again from 0: the metric keeps growing by what they count anew,
 // never back; a change in the number of CPUs counts nothing once.

@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Pressure: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ipvs_proxy_conntrack_pressure",
 			Help: "1 while the connection tracking table is at least 90% full or the kernel drops or evicts for room; 0 again below 80% with nothing dropped."}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ipvs_proxy_conntrack_dropped_total",
-			Help: "The kernel's connection tracking counters while the agent watched, summed over CPUs: drop (new packets dropped, the table full), early_drop (entries evicted for room), insert_failed (entries not inserted)."},
+			Help: "The kernel's connection tracking counters while the agent watched, summed over CPUs: drop (new packets dropped: the table full, or with an insert_failed a lost insertion race), early_drop (entries evicted for room), insert_failed (entries not inserted)."},
 			[]string{"reason"}),
 	}
 	for _, r := range []string{reasonDrop, reasonEarlyDrop, reasonInsertFailed} {

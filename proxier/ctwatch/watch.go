@@ -102,7 +102,7 @@ func (w *Watcher) Tick() {
 	d := w.deltas(s.PerCPU)
 	lv := levelNone
 	switch {
-	case d.Drop > 0 || d.EarlyDrop > 0:
+	case d.fullDrops() > 0 || d.EarlyDrop > 0:
 		lv = levelDropping
 	case s.Max > 0 && float64(s.Entries) >= nearlyFull*float64(s.Max):
 		lv = levelNearlyFull
@@ -119,6 +119,17 @@ func (w *Watcher) Tick() {
 		w.recovered(s)
 	}
 	w.metrics.observe(s, d, w.st.level != levelNone)
+}
+
+// fullDrops is how many of d's drops the table being full explains. The
+// kernel also counts a drop, with an insert_failed, when two packets of
+// one new flow race to insert it and the loser cannot take the winner's
+// entry (nf_ct_resolve_clash: typically a client's parallel UDP queries,
+// such as DNS A and AAAA, from one socket): that is no pressure, and at a
+// table 1% full it was reported as full (seen on the bed's node-2). A
+// full table counts drop alone (the new entry is never allocated).
+func (d Stats) fullDrops() uint64 {
+	return d.Drop - min(d.Drop, d.InsertFailed)
 }
 
 // deltas is what each CPU's counters grew by since the last read. A
