@@ -377,3 +377,30 @@ func TestIPv6ForwardingOnlyForIPv6Services(t *testing.T) {
 		return nil
 	})
 }
+
+// TestNodePortsFollowNodeAddresses: an address added to the node inside
+// --nodeport-addresses gets every node port at once (the agent watches
+// the node's addresses; no Service changes), answered from a client; when
+// it is removed its virtual servers go; the node's own address keeps its
+// node port throughout. The cheap form of make chaos-nodes' renumbering
+// (issue 45's case 4) on the one-node bed.
+func TestNodePortsFollowNodeAddresses(t *testing.T) {
+	e := setup(t)
+	_, svc, bes, addr := e.nodePortService(t, "follows")
+	np := svc.Spec.Ports[0].NodePort
+	const extra = "10.0.2.77" // inside bed.NodePortCIDR, on the VM's own segment
+	onExtra := "TCP  " + hostPort(extra, np) + " "
+	onNode := "TCP  " + hostPort(nodeAddr, np) + " "
+	del := func() { e.vmOK("ip", "addr", "del", extra+"/24", "dev", "eth0") }
+	t.Cleanup(del)
+	added := time.Now()
+	e.vmRun(t, "ip", "addr", "add", extra+"/24", "dev", "eth0")
+	e.expectTableWithin(t, 10*time.Second, []string{onExtra, onNode}, nil)
+	t.Logf("node port on the added address %s after %v", extra, time.Since(added).Round(10*time.Millisecond))
+	e.expectClients(t, bed.ClientNetns, hostPort(extra, np), gateway(bes[0]))
+	removed := time.Now()
+	del()
+	e.expectTableWithin(t, 10*time.Second, []string{onNode}, []string{onExtra})
+	t.Logf("its virtual server gone %v after the removal", time.Since(removed).Round(10*time.Millisecond))
+	e.expectClients(t, bed.ClientNetns, addr, gateway(bes[0]))
+}

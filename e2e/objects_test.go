@@ -125,8 +125,14 @@ func (e env) expectNoAnswer(t *testing.T, proto, addr string) {
 // of want and none of notWant.
 func (e env) expectTable(t *testing.T, want, notWant []string, args ...string) string {
 	t.Helper()
+	return e.expectTableWithin(t, 30*time.Second, want, notWant, args...)
+}
+
+// expectTableWithin is expectTable with its own time limit.
+func (e env) expectTableWithin(t *testing.T, limit time.Duration, want, notWant []string, args ...string) string {
+	t.Helper()
 	var out string
-	eventually(t, 30*time.Second, func() error {
+	eventually(t, limit, func() error {
 		out = e.ipvsadm(t, args...)
 		for _, w := range want {
 			if !strings.Contains(out, w) {
