@@ -109,11 +109,14 @@ e2e-run:
 # cases at CHAOS_SIZE); then ONE two-node dual-stack cluster with the
 # outside host: Kubernetes' upstream core first, then TestTwoNodes.
 TEST_CHAOS_SIZE ?= 100
+# TestTwoNodes' IPv6 endpoint move (45-50 s) is the IPv4 one's code in the
+# other family: `make e2e` runs it.
+TEST_CLUSTER_SKIP = ^TestTwoNodes$$$$/^IPv6:_endpoint_moving_from_node-1_to_node-2_under_traffic$$$$
 test:
 	$(MAKE) --no-print-directory deps
 	$(MAKE) --no-print-directory -j2 bed checks
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-bed CHAOS_SIZE=$(TEST_CHAOS_SIZE) E2E_SKIP='$(TEST_SKIP)|^TestTwoNodes$$$$'
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-cluster E2E_PKGS=. E2E_RUN='^TestTwoNodes$$$$'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=test-cluster E2E_PKGS=. E2E_RUN='^TestTwoNodes$$$$' E2E_SKIP='$(TEST_CLUSTER_SKIP)'
 
 # The whole e2e package: every kernel, chaos, takeover and cluster test.
 e2e:
