@@ -205,3 +205,72 @@ func TestMetSyncs(t *testing.T) {
 		t.Errorf("metSyncs =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestStatCPU adds utime, stime, cutime and cstime of a stat line whose
+// command name holds a space and a parenthesis.
+func TestStatCPU(t *testing.T) {
+	stat := "1234 (kube (proxy)) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 7 3 20 0 12 0 100 1000 200\n"
+	got, err := statCPU(stat)
+	if err != nil || got != 3.1 {
+		t.Errorf("statCPU = %v, %v; want 3.1 s (310 ticks)", got, err)
+	}
+	if _, err := statCPU("1234 (x) S 1 2"); err == nil {
+		t.Error("statCPU of a short line: no error")
+	}
+}
+
+// TestScaleOf divides each proxy's data path at the largest shape by its
+// own at the smallest, and the other proxy's quotient by ipvs-proxy's;
+// a proxy measured at one shape only is left out.
+func TestScaleOf(t *testing.T) {
+	dp := func(name string, rate, p50, p99, mibps float64) proxyResult {
+		c := connRate{PerSecond: rate, ConnectP50: p50, ConnectP99: p99}
+		return proxyResult{proxy: name, data: dataPathResult{cluster: c, nodePort: c, streamMiBps: mibps, measured: true}}
+	}
+	tables := []sizeResult{
+		{shape: shape{10, 2}, proxies: []proxyResult{dp(ipvsProxy, 100, 0.001, 0.002, 200), dp(kubeProxyNFTables, 100, 0.001, 0.002, 200)}},
+		{shape: shape{10000, 2}, proxies: []proxyResult{dp(ipvsProxy, 100, 0.001, 0.004, 200), dp(kubeProxyNFTables, 50, 0.002, 0.004, 100),
+			dp(kubeProxyIPVS, 10, 1, 1, 1)}},
+	}
+	f, ok := scaleOf(tables)
+	if !ok {
+		t.Fatal("scaleOf: no table from two shapes")
+	}
+	if !slices.Equal(f.Proxies, []string{ipvsProxy, kubeProxyNFTables}) {
+		t.Errorf("proxies %q, want ipvs-proxy and kube-proxy-nftables (kube-proxy-ipvs ran at 10000 only)", f.Proxies)
+	}
+	want := map[string][2]string{ // label: ipvs-proxy's cell, nftables' ratio
+		"data path: clusterIP from a pod, new connections/s":    {"1.00", "0.50"},
+		"data path: clusterIP from a pod, connect p50 / p99":    {"1.00 / 2.00", "2.00 / 1.00"},
+		"data path: one stream through a clusterIP, from a pod": {"1.00", "0.50"},
+	}
+	seen := 0
+	for _, r := range f.Rows {
+		w, ok := want[r.Label]
+		if !ok {
+			continue
+		}
+		seen++
+		if r.Values[0] != w[0] || r.Ratios[kubeProxyNFTables] != w[1] {
+			t.Errorf("%s: ipvs-proxy %q, nftables / ipvs-proxy %q; want %q and %q", r.Label, r.Values[0], r.Ratios[kubeProxyNFTables], w[0], w[1])
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("rows %v: want the %d above among them", f.Rows, len(want))
+	}
+	if _, ok := scaleOf(tables[:1]); ok {
+		t.Error("scaleOf of one shape: a table")
+	}
+}
+
+// TestRowsOfDataPath: the data path's rows only where it was measured.
+func TestRowsOfDataPath(t *testing.T) {
+	sr := sizeResult{shape: shape{10, 2}, proxies: []proxyResult{{proxy: ipvsProxy}}}
+	if len(rowsOf(sr)) != len(rows) {
+		t.Error("data path rows without a data path measured")
+	}
+	sr.proxies[0].data.measured = true
+	if len(rowsOf(sr)) != len(rows)+len(dataRows) {
+		t.Error("no data path rows with a data path measured")
+	}
+}
