@@ -49,6 +49,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/results"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
@@ -202,6 +203,13 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	bn := &bench{bed: b, client: client, cfg: c}
+	if slices.ContainsFunc(c.proxies, func(p string) bool { return proxyKinds[p].kubeProxy }) {
+		// Before any settle starts its clock (it waits a minute for the
+		// process, which a build on a loaded machine can take).
+		if err := kubeproxy.Install(ctx, b.VM, logf); err != nil {
+			return err
+		}
+	}
 	if c.datapathConns > 0 {
 		if bn.dp, err = setupDataPath(ctx, b); err != nil {
 			return err
