@@ -153,7 +153,9 @@ func TestFiguresAsPrinted(t *testing.T) {
 	ip := proxyResult{proxy: ipvsProxy, cold: settled{VirtualServers: 10, Idle: 12}, change: []float64{0.1, 0.2}}
 	nft := proxyResult{proxy: kubeProxyNFTables, cold: settled{VirtualServers: 600, Idle: 900}, change: []float64{60, 90}}
 	f := figuresOf(sizeResult{shape: shape{5000, 50}, proxies: []proxyResult{ip, nft}})
-	if f.Shape != "5000 Services × 50 endpoints" || len(f.Proxies) != 2 || len(f.Rows) != len(rows) {
+	// The rows with a figure: the cold start's three, one change, the
+	// restart's writes (0 for both); the rest is left out.
+	if f.Shape != "5000 Services × 50 endpoints" || len(f.Proxies) != 2 || len(f.Rows) != 5 {
 		t.Fatalf("figures %+v", f)
 	}
 	r := f.Rows[1]
@@ -272,5 +274,28 @@ func TestRowsOfDataPath(t *testing.T) {
 	sr.proxies[0].data.measured = true
 	if len(rowsOf(sr)) != len(rows)+len(dataRows) {
 		t.Error("no data path rows with a data path measured")
+	}
+}
+
+// TestFiguresLeaveOutUnmeasuredRows: with the data path only, the rows
+// of the measures not made (changes, burst, restart) are not in the
+// table; the cold start's and the data path's are.
+func TestFiguresLeaveOutUnmeasuredRows(t *testing.T) {
+	r := proxyResult{proxy: ipvsProxy, restartWrites: -1, cold: settled{VirtualServers: 1, Idle: 2, CPUSelf: 1},
+		data: dataPathResult{measured: true, cluster: connRate{PerSecond: 40, ConnectP50: 0.02, ConnectP99: 0.1}}}
+	f := figuresOf(sizeResult{shape: shape{10, 2}, proxies: []proxyResult{r}})
+	var labels []string
+	for _, row := range f.Rows {
+		labels = append(labels, row.Label)
+	}
+	for _, want := range []string{"cold: everything programmed, CPU idle", "data path: clusterIP from a pod, new connections/s"} {
+		if !slices.Contains(labels, want) {
+			t.Errorf("rows %q: want %q among them", labels, want)
+		}
+	}
+	for _, gone := range []string{"one change, p50 / max", "restart: kernel writes it counted", "peak RSS"} {
+		if slices.Contains(labels, gone) {
+			t.Errorf("rows %q: %q has no figure and should be left out", labels, gone)
+		}
 	}
 }

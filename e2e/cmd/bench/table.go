@@ -287,7 +287,9 @@ func figuresOf(sr sizeResult) sizeFigures {
 				}
 			}
 		}
-		f.Rows = append(f.Rows, rf)
+		if slices.ContainsFunc(rf.Values, func(v string) bool { return v != "-" }) {
+			f.Rows = append(f.Rows, rf) // a row no proxy has a figure of is left out
+		}
 	}
 	if ip != nil && sr.floor.calls > 0 && len(ip.coldSync) > 0 {
 		f.ColdIPVSSync, f.Floor = ip.coldSync[0].ipvs.Seconds(), sr.floor.floor.Seconds()
