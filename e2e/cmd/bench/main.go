@@ -49,9 +49,11 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/kubeproxy"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/results"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/workload"
+	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/nettest"
 )
 
 // config is the command line.
@@ -68,6 +70,13 @@ type config struct {
 	floor        bool
 	bound        time.Duration
 	cpuProfile   time.Duration
+	// The data path (datapath.go): short connections per path, at a
+	// time, and one stream's size; datapathOnly skips the control
+	// plane's measures after the cold start.
+	datapathConns     int
+	datapathWorkers   int
+	datapathStreamMiB int64
+	datapathOnly      bool
 }
 
 func main() {
@@ -86,6 +95,10 @@ func main() {
 	flag.BoolVar(&c.floor, "floor", true, "also compare ipvs-proxy's cold sync with the bare-netlink floor")
 	flag.DurationVar(&c.bound, "bound", 30*time.Minute, "how long a proxy may take to settle, or a change to land, before it is reported as more")
 	flag.DurationVar(&c.cpuProfile, "cpu-profile", 0, "save a CPU profile of this long of ipvs-proxy's cold start (bin/bench/cpu-<proxy>-<n>.pb.gz; 0: none)")
+	flag.IntVar(&c.datapathConns, "datapath", 1000, "short connections through each data path per proxy and shape (0: the data path is not measured)")
+	flag.IntVar(&c.datapathWorkers, "datapath-workers", 4, "the data path's connections at a time")
+	flag.Int64Var(&c.datapathStreamMiB, "datapath-stream", 64, "MiB of the data path's one stream")
+	flag.BoolVar(&c.datapathOnly, "datapath-only", false, "after each cold start measure the data path only (no changes, burst, restart)")
 	flag.Parse()
 	for _, p := range strings.Split(*proxies, ",") {
 		p = strings.TrimSpace(p)
@@ -102,8 +115,12 @@ func main() {
 		usage("-bound must be positive and below %v", helperTimeout-time.Minute)
 	}
 	smallest := slices.MinFunc(c.shapes, func(a, b shape) int { return a.services - b.services }).services
-	if c.rounds < 1 || c.resyncRounds < 0 || c.busyRounds < 0 || c.burst < 1 || c.burst*2 > smallest {
-		usage("-rounds must be positive, -resync-rounds and -busy-rounds not negative, -burst positive and at most half the smallest size")
+	if c.rounds < 1 || c.resyncRounds < 0 || c.busyRounds < 0 || c.burst < 1 || c.burst*2 > smallest && !c.datapathOnly {
+		usage("-rounds must be positive, -resync-rounds and -busy-rounds not negative, -burst positive and at most half the smallest size (but with -datapath-only)")
+	}
+	if c.datapathConns < 0 || c.datapathWorkers < 1 || c.datapathStreamMiB < 1 || c.datapathStreamMiB<<20 > nettest.MaxDownload ||
+		c.datapathOnly && c.datapathConns == 0 {
+		usage("-datapath must not be negative (nor 0 with -datapath-only), -datapath-workers positive, -datapath-stream 1..%d", nettest.MaxDownload>>20)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err = run(ctx, c)
@@ -186,6 +203,18 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	bn := &bench{bed: b, client: client, cfg: c}
+	if slices.ContainsFunc(c.proxies, func(p string) bool { return proxyKinds[p].kubeProxy }) {
+		// Before any settle starts its clock (it waits a minute for the
+		// process, which a build on a loaded machine can take).
+		if err := kubeproxy.Install(ctx, b.VM, logf); err != nil {
+			return err
+		}
+	}
+	if c.datapathConns > 0 {
+		if bn.dp, err = setupDataPath(ctx, b); err != nil {
+			return err
+		}
+	}
 	var tables []sizeResult
 	have, per := 0, 0
 	for _, sh := range c.shapes {
@@ -233,6 +262,10 @@ func run(ctx context.Context, c config) error {
 	for _, sr := range tables {
 		printSize(os.Stdout, sr)
 		figures = append(figures, figuresOf(sr))
+	}
+	if sc, ok := scaleOf(tables); ok {
+		printFigures(os.Stdout, sc)
+		figures = append(figures, sc)
 	}
 	printNotes(os.Stdout, c)
 	return keepFigures("bench", figures)

@@ -130,6 +130,7 @@ type bench struct {
 	bed    *bed.Bed
 	client kubernetes.Interface
 	cfg    config
+	dp     *dataPath // nil: the data path is not measured
 }
 
 // settled is ipvsbench settle's answer (seconds since the proxy started).
@@ -175,21 +176,12 @@ type proxyResult struct {
 	restartWrites int
 	// ipvs-proxy's own account of its first sync.
 	coldSync []syncRecord
+	data     dataPathResult
 }
 
 // helper runs ipvsbench in the VM and decodes its JSON answer into out.
 func (bn *bench) helper(ctx context.Context, out any, args ...string) error {
-	r, err := bn.bed.VM.Exec(ctx, vm.Command{Argv: append([]string{ipvsbench}, args...), Timeout: helperTimeout})
-	if err != nil {
-		return err
-	}
-	if r.ExitCode != 0 {
-		return fmt.Errorf("ipvsbench %s: exit status %d: %s", args[0], r.ExitCode, strings.TrimSpace(r.Stderr))
-	}
-	if err := json.Unmarshal([]byte(r.Stdout), out); err != nil {
-		return fmt.Errorf("ipvsbench %s: answer %q: %w", args[0], r.Stdout, err)
-	}
-	return nil
+	return bn.guestJSON(ctx, out, append([]string{ipvsbench}, args...))
 }
 
 // clean stops nothing: no proxy may run. It removes both proxies' state
@@ -384,6 +376,14 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	}
 	logf("%s, %d Services, cold: every virtual server after %.3fs, everything and idle after %.3fs (%d checks), CPU %.2fs + %.2fs (children)",
 		p.name, n, cold.VirtualServers, cold.Idle, cold.Checks, cold.CPUSelf, cold.CPUChildren)
+	if bn.dp != nil {
+		if r.data, err = bn.measureDataPath(ctx, p, n); err != nil {
+			return r, err
+		}
+	}
+	if bn.cfg.datapathOnly {
+		return r, nil
+	}
 
 	exp, names, err := expected(ctx, bn.client)
 	if err != nil {

@@ -153,7 +153,9 @@ func TestFiguresAsPrinted(t *testing.T) {
 	ip := proxyResult{proxy: ipvsProxy, cold: settled{VirtualServers: 10, Idle: 12}, change: []float64{0.1, 0.2}}
 	nft := proxyResult{proxy: kubeProxyNFTables, cold: settled{VirtualServers: 600, Idle: 900}, change: []float64{60, 90}}
 	f := figuresOf(sizeResult{shape: shape{5000, 50}, proxies: []proxyResult{ip, nft}})
-	if f.Shape != "5000 Services × 50 endpoints" || len(f.Proxies) != 2 || len(f.Rows) != len(rows) {
+	// The rows with a figure: the cold start's three, one change, the
+	// restart's writes (0 for both); the rest is left out.
+	if f.Shape != "5000 Services × 50 endpoints" || len(f.Proxies) != 2 || len(f.Rows) != 5 {
 		t.Fatalf("figures %+v", f)
 	}
 	r := f.Rows[1]
@@ -203,5 +205,97 @@ func TestMetSyncs(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("metSyncs =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestStatCPU adds utime, stime, cutime and cstime of a stat line whose
+// command name holds a space and a parenthesis.
+func TestStatCPU(t *testing.T) {
+	stat := "1234 (kube (proxy)) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 7 3 20 0 12 0 100 1000 200\n"
+	got, err := statCPU(stat)
+	if err != nil || got != 3.1 {
+		t.Errorf("statCPU = %v, %v; want 3.1 s (310 ticks)", got, err)
+	}
+	if _, err := statCPU("1234 (x) S 1 2"); err == nil {
+		t.Error("statCPU of a short line: no error")
+	}
+}
+
+// TestScaleOf divides each proxy's data path at the largest shape by its
+// own at the smallest, and the other proxy's quotient by ipvs-proxy's;
+// a proxy measured at one shape only is left out.
+func TestScaleOf(t *testing.T) {
+	dp := func(name string, rate, p50, p99, mibps float64) proxyResult {
+		c := connRate{PerSecond: rate, ConnectP50: p50, ConnectP99: p99}
+		return proxyResult{proxy: name, data: dataPathResult{cluster: c, nodePort: c, streamMiBps: mibps, measured: true}}
+	}
+	tables := []sizeResult{
+		{shape: shape{10, 2}, proxies: []proxyResult{dp(ipvsProxy, 100, 0.001, 0.002, 200), dp(kubeProxyNFTables, 100, 0.001, 0.002, 200)}},
+		{shape: shape{10000, 2}, proxies: []proxyResult{dp(ipvsProxy, 100, 0.001, 0.004, 200), dp(kubeProxyNFTables, 50, 0.002, 0.004, 100),
+			dp(kubeProxyIPVS, 10, 1, 1, 1)}},
+	}
+	f, ok := scaleOf(tables)
+	if !ok {
+		t.Fatal("scaleOf: no table from two shapes")
+	}
+	if !slices.Equal(f.Proxies, []string{ipvsProxy, kubeProxyNFTables}) {
+		t.Errorf("proxies %q, want ipvs-proxy and kube-proxy-nftables (kube-proxy-ipvs ran at 10000 only)", f.Proxies)
+	}
+	want := map[string][2]string{ // label: ipvs-proxy's cell, nftables' ratio
+		"data path: clusterIP from a pod, new connections/s":    {"1.00", "0.50"},
+		"data path: clusterIP from a pod, connect p50 / p99":    {"1.00 / 2.00", "2.00 / 1.00"},
+		"data path: one stream through a clusterIP, from a pod": {"1.00", "0.50"},
+	}
+	seen := 0
+	for _, r := range f.Rows {
+		w, ok := want[r.Label]
+		if !ok {
+			continue
+		}
+		seen++
+		if r.Values[0] != w[0] || r.Ratios[kubeProxyNFTables] != w[1] {
+			t.Errorf("%s: ipvs-proxy %q, nftables / ipvs-proxy %q; want %q and %q", r.Label, r.Values[0], r.Ratios[kubeProxyNFTables], w[0], w[1])
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("rows %v: want the %d above among them", f.Rows, len(want))
+	}
+	if _, ok := scaleOf(tables[:1]); ok {
+		t.Error("scaleOf of one shape: a table")
+	}
+}
+
+// TestRowsOfDataPath: the data path's rows only where it was measured.
+func TestRowsOfDataPath(t *testing.T) {
+	sr := sizeResult{shape: shape{10, 2}, proxies: []proxyResult{{proxy: ipvsProxy}}}
+	if len(rowsOf(sr)) != len(rows) {
+		t.Error("data path rows without a data path measured")
+	}
+	sr.proxies[0].data.measured = true
+	if len(rowsOf(sr)) != len(rows)+len(dataRows) {
+		t.Error("no data path rows with a data path measured")
+	}
+}
+
+// TestFiguresLeaveOutUnmeasuredRows: with the data path only, the rows
+// of the measures not made (changes, burst, restart) are not in the
+// table; the cold start's and the data path's are.
+func TestFiguresLeaveOutUnmeasuredRows(t *testing.T) {
+	r := proxyResult{proxy: ipvsProxy, restartWrites: -1, cold: settled{VirtualServers: 1, Idle: 2, CPUSelf: 1},
+		data: dataPathResult{measured: true, cluster: connRate{PerSecond: 40, ConnectP50: 0.02, ConnectP99: 0.1}}}
+	f := figuresOf(sizeResult{shape: shape{10, 2}, proxies: []proxyResult{r}})
+	var labels []string
+	for _, row := range f.Rows {
+		labels = append(labels, row.Label)
+	}
+	for _, want := range []string{"cold: everything programmed, CPU idle", "data path: clusterIP from a pod, new connections/s"} {
+		if !slices.Contains(labels, want) {
+			t.Errorf("rows %q: want %q among them", labels, want)
+		}
+	}
+	for _, gone := range []string{"one change, p50 / max", "restart: kernel writes it counted", "peak RSS"} {
+		if slices.Contains(labels, gone) {
+			t.Errorf("rows %q: %q has no figure and should be left out", labels, gone)
+		}
 	}
 }

@@ -169,42 +169,16 @@ func orBound(r proxyResult, v string) string {
 }
 
 // printSize prints one size's table in Markdown: a column per proxy, and
-// each kube-proxy mode's ratio to ipvs-proxy when both ran.
+// each other proxy's ratio to ipvs-proxy when both ran; then ipvs-proxy's
+// cold sync against the floor.
 func printSize(w io.Writer, sr sizeResult) {
+	printFigures(w, figuresOf(sr))
 	var ip *proxyResult
-	var others []*proxyResult
-	head := "| " + sr.shape.String() + " |"
-	sep := "|---|"
 	for i := range sr.proxies {
-		p := &sr.proxies[i]
-		head += " " + p.proxy + " |"
-		sep += "---|"
-		if p.proxy == ipvsProxy {
-			ip = p
-		} else {
-			others = append(others, p)
+		if sr.proxies[i].proxy == ipvsProxy {
+			ip = &sr.proxies[i]
 		}
 	}
-	if ip == nil {
-		others = nil
-	}
-	for _, o := range others {
-		head += " " + o.proxy + " / ipvs-proxy |"
-		sep += "---|"
-	}
-	fmt.Fprintln(w, head)
-	fmt.Fprintln(w, sep)
-	for _, r := range rows {
-		line := "| " + r.label + " |"
-		for _, p := range sr.proxies {
-			line += " " + r.value(p) + " |"
-		}
-		for _, o := range others {
-			line += " " + ratio(r, *o, *ip) + " |"
-		}
-		fmt.Fprintln(w, line)
-	}
-	fmt.Fprintln(w)
 	if ip != nil && sr.floor.calls > 0 && len(ip.coldSync) > 0 {
 		c := ip.coldSync[0]
 		fmt.Fprintln(w, "| ipvs-proxy, cold | IPVS sync | floor | ratio | whole first sync | writes | writes on the floor's kernel |")
@@ -259,6 +233,16 @@ time in the VM), or from the change's update through the apiserver, until the ke
   ipvs-proxy also counts its own writes.
 - floor: the same virtual servers, real servers and VIPs created with bare netlink calls, one at a time.
 `, c.quiet, c.bound, c.rounds, c.burst, c.resyncRounds, c.busyRounds)
+	if c.datapathConns > 0 {
+		fmt.Fprintf(w, `- data path: right after the cold start, through one NodePort Service of its own (two backends in namespaces on the
+  node) programmed beside the shape's: %d short connections (connect, one request, its answer, close), %d at a time,
+  from a pod (a namespace in the cluster CIDR) to the clusterIP, then from outside (the client namespace, outside the
+  cluster CIDR, routed to the node) to the node port; connect latency from SYN to established; then one stream of %d MiB
+  from the pod through the clusterIP. The proxy's CPU meanwhile: a busy proxy takes the emulated CPUs from the packets.
+  Ratios to ipvs-proxy: above 1 for connections/s or MiB/s, the other proxy carries more; for a latency, it waits
+  longer. The last table divides each proxy's figures at the largest shape by its own at the smallest.
+`, c.datapathConns, c.datapathWorkers, c.datapathStreamMiB)
+	}
 }
 
 // sizeFigures is one size's table as data (framework/results): each row's
@@ -290,7 +274,7 @@ func figuresOf(sr sizeResult) sizeFigures {
 			ip = &sr.proxies[i]
 		}
 	}
-	for _, r := range rows {
+	for _, r := range rowsOf(sr) {
 		rf := rowFigure{Label: r.label}
 		for _, p := range sr.proxies {
 			rf.Values = append(rf.Values, r.value(p))
@@ -303,10 +287,43 @@ func figuresOf(sr sizeResult) sizeFigures {
 				}
 			}
 		}
-		f.Rows = append(f.Rows, rf)
+		if slices.ContainsFunc(rf.Values, func(v string) bool { return v != "-" }) {
+			f.Rows = append(f.Rows, rf) // a row no proxy has a figure of is left out
+		}
 	}
 	if ip != nil && sr.floor.calls > 0 && len(ip.coldSync) > 0 {
 		f.ColdIPVSSync, f.Floor = ip.coldSync[0].ipvs.Seconds(), sr.floor.floor.Seconds()
 	}
 	return f
+}
+
+// printFigures prints a table kept as figures (the data path's scale):
+// the cells, then each other proxy's ratio column when ipvs-proxy is in.
+func printFigures(w io.Writer, f sizeFigures) {
+	head, sep := "| "+f.Shape+" |", "|---|"
+	var others []string
+	for _, p := range f.Proxies {
+		head += " " + p + " |"
+		sep += "---|"
+		if p != ipvsProxy && slices.Contains(f.Proxies, ipvsProxy) {
+			others = append(others, p)
+		}
+	}
+	for _, p := range others {
+		head += " " + p + " / ipvs-proxy |"
+		sep += "---|"
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, sep)
+	for _, r := range f.Rows {
+		line := "| " + r.Label + " |"
+		for _, v := range r.Values {
+			line += " " + v + " |"
+		}
+		for _, p := range others {
+			line += " " + r.Ratios[p] + " |"
+		}
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintln(w)
 }

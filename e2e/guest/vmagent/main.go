@@ -18,6 +18,7 @@
 //	vmagent fou-add --port 6080 [--gue | --ipproto 4] [-6]
 //	vmagent udp-send --addr 10.96.0.10:53 [--sizes 100,1472] [--timeout 2s] [--pmtudisc want|do|dont]
 //	vmagent ctfill [--netns NAME] --addr 10.0.1.2:8080 [--n 1000] [--stop 20] [--timeout 1s] [--every 200ms]
+//	vmagent connrate --addr 10.96.0.10:80 [--n 1000] [--workers 4] [--timeout 2s] [--limit 2m]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
@@ -28,7 +29,9 @@
 // hold keeps one TCP connection (or one UDP flow: one socket, one source
 // port) and asks on it until it is stopped, printing
 // "answer N <backend> <client>" per answer, or "error ..." and exit status
-// 1 when the flow fails.
+// 1 when the flow fails. connrate opens N short connections (one request
+// each), W at a time, and prints their rate and connect latencies as JSON
+// (the bench's data path; run it in a namespace with netns exec).
 package main
 
 import (
@@ -70,6 +73,7 @@ const usage = `usage:
   vmagent ctfill [--netns NAME] --addr HOST:PORT [--n N] [--stop N] [--timeout DURATION] [--every DURATION]
   vmagent holds --addr HOST:PORT [--first PORT] [--n N] [--interval DURATION] [--timeout DURATION]
   vmagent ecmp-route --dst PREFIX --via ADDR,ADDR... [--weights N,N...] [--dev IFACE]
+  vmagent connrate --addr HOST:PORT [--n N] [--workers N] [--timeout DURATION] [--limit DURATION]
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -120,6 +124,8 @@ func run(args []string, stdout io.Writer) error {
 		return holdsCmd(args[1:], stdout)
 	case "ecmp-route":
 		return ecmpRouteCmd(args[1:])
+	case "connrate":
+		return connRateCmd(args[1:], stdout)
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
