@@ -770,7 +770,7 @@ func tailLines(s string, n int) string {
 }
 
 // heapProfile saves ipvs-proxy's heap profile (its --profiling endpoint on
-// the VM's 127.0.0.1:10249, reached through the VM agent's dial) to
+// its debug address, reached through the VM agent's dial) to
 // bin/bench/heap-<proxy>-<n>.pb.gz: what it keeps once idle
 // (inuse_space) and what its start allocated (alloc_space).
 func (bn *bench) heapProfile(ctx context.Context, proxy string, n int) (string, error) {
@@ -796,6 +796,11 @@ func (bn *bench) cpuProfile(ctx context.Context, proxy string, n int, d time.Dur
 	}
 }
 
+// agentDebugAddr is where the agent serves /debug/pprof/ with --profiling:
+// its --debug-bind-address's default (config.DefaultDebugBindAddress; the
+// metrics address 10249 serves no profiles).
+const agentDebugAddr = "127.0.0.1:10247"
+
 // profile saves the --profiling endpoint's profile kind (of seconds d,
 // if not 0) to path.
 func (bn *bench) profile(ctx context.Context, kind string, d time.Duration, path string) (string, error) {
@@ -804,7 +809,7 @@ func (bn *bench) profile(ctx context.Context, kind string, d time.Duration, path
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 		return bn.bed.VM.Dial(ctx, addr)
 	}}}
-	url := "http://127.0.0.1:10249/debug/pprof/" + kind
+	url := "http://" + agentDebugAddr + "/debug/pprof/" + kind
 	if d > 0 {
 		url += fmt.Sprintf("?seconds=%d", int(d.Seconds()))
 	}
