@@ -72,6 +72,7 @@ func TestChaosNodes(t *testing.T) {
 	t.Run("nodes-address-change", b.nodeAddressChange)
 	t.Run("nodes-stale-agent", b.staleAgent)
 	t.Run("nodes-agent-rollout", b.agentRollout)
+	t.Run("nodes-udp-load", b.udpLoad)
 	t.Run("nodes-node-lost", b.nodeLost) // last: it reboots node-2
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
 }

@@ -18,6 +18,8 @@
 //	vmagent fou-add --port 6080 [--gue | --ipproto 4] [-6]
 //	vmagent udp-send --addr 10.96.0.10:53 [--sizes 100,1472] [--timeout 2s] [--pmtudisc want|do|dont]
 //	vmagent ctfill [--netns NAME] --addr 10.0.1.2:8080 [--n 1000] [--stop 20] [--timeout 1s] [--every 200ms]
+//	vmagent dns --server 10.96.0.10:53 --name kubernetes.default.svc.cluster.local. [--n 1] [--interval 0] [--timeout 2s]
+//	vmagent ticks [--every 100ms] [--gap 1s]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
@@ -28,7 +30,10 @@
 // hold keeps one TCP connection (or one UDP flow: one socket, one source
 // port) and asks on it until it is stopped, printing
 // "answer N <backend> <client>" per answer, or "error ..." and exit status
-// 1 when the flow fails.
+// 1 when the flow fails. dns asks for a name's A record as hit connects
+// and prints a HitResult whose answers are the addresses answered. ticks
+// runs until stopped and prints the gaps between its wake-ups (when the
+// VM stood still).
 package main
 
 import (
@@ -70,6 +75,8 @@ const usage = `usage:
   vmagent ctfill [--netns NAME] --addr HOST:PORT [--n N] [--stop N] [--timeout DURATION] [--every DURATION]
   vmagent holds --addr HOST:PORT [--first PORT] [--n N] [--interval DURATION] [--timeout DURATION]
   vmagent ecmp-route --dst PREFIX --via ADDR,ADDR... [--weights N,N...] [--dev IFACE]
+  vmagent dns --server HOST:PORT --name NAME. [--n N] [--interval DURATION] [--timeout DURATION]
+  vmagent ticks [--every DURATION] [--gap DURATION]
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -120,6 +127,10 @@ func run(args []string, stdout io.Writer) error {
 		return holdsCmd(args[1:], stdout)
 	case "ecmp-route":
 		return ecmpRouteCmd(args[1:])
+	case "dns":
+		return dnsCmd(args[1:], stdout)
+	case "ticks":
+		return ticksCmd(args[1:], stdout)
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
