@@ -31,9 +31,12 @@ func dnsCmd(args []string, stdout io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if c.Addr == "" || *name == "" {
+		return fmt.Errorf("%w: dns: need --server and --name", errUsage)
+	}
 	q, err := dnsmessage.NewName(*name)
-	if c.Addr == "" || err != nil {
-		return fmt.Errorf("%w: dns: need --server and a --name (%v)", errUsage, err)
+	if err != nil {
+		return fmt.Errorf("%w: dns: --name %q: %w", errUsage, *name, err)
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
