@@ -13,7 +13,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -47,15 +46,17 @@ const (
 // busy loops each (their two vCPUs) and the bulk Services' EndpointSlices
 // change every 500 ms (both agents sync all the time), and the echo's pod
 // is replaced udpCycles times as upstream's test does (the new pod
-// Ready, then the old deleted), alternating nodes. Each lost query is
-// charged to a cause: "cycle" (between the old pod's deletion and the
-// client's node's IPVS holding only the new one), "stall" (within
-// stallMargin of a gap in a node's clock, `vmagent ticks`) or "other".
-// Asserted, as a user would check: each client's first answer from each
-// new backend within udpBound of the EndpointSlice naming it, no answer
-// from a backend after its real server left the client's node, every DNS
-// answer the kubernetes Service's address, no conntrack entry of the
-// echo's flows left naming a deleted backend, and no "other" loss.
+// Ready, then the old deleted), alternating nodes. A watch (vipWatch)
+// samples both Services' ready endpoints and each node's real servers
+// every 2 s; each lost query is charged to what it met (udpLosses): no
+// ready endpoint, the node's IPVS behind the slice, a gap in a node's
+// clock (`vmagent ticks`), or nothing of these. Asserted, as a user
+// would check: each client's first answer from each new backend within
+// udpBound of the EndpointSlice naming it, no answer from a backend after
+// its real server left the client's node, every DNS answer the
+// kubernetes Service's address, no node's IPVS behind a slice for longer
+// than udpBound, and no conntrack entry of the echo's flows left naming a
+// deleted backend.
 func (b *nodesBed) udpLoad(t *testing.T) {
 	began := time.Now()
 	echo := b.udpEchoService(t)
@@ -66,6 +67,8 @@ func (b *nodesBed) udpLoad(t *testing.T) {
 		clocks[n.Name] = b.clockOffset(t, n.VM)
 	}
 	tr := b.udpClients(t, echo)
+	watch := b.watchVIPs(watchedVIP{chaosNodesNS, "udp-echo", ktypes.VSKey{Address: vip, Protocol: ktypes.UDP, Port: 80}},
+		watchedVIP{metav1.NamespaceSystem, "kube-dns", ktypes.VSKey{Address: netip.MustParseAddr(cluster.DNSServiceIP), Protocol: ktypes.UDP, Port: 53}})
 	time.Sleep(10 * time.Second) // answers from udp-1 before the load
 	load := b.startLoad(t)
 	var cycles []udpCycle
@@ -76,8 +79,9 @@ func (b *nodesBed) udpLoad(t *testing.T) {
 	}
 	time.Sleep(10 * time.Second) // answers from the last one
 	stalls, loadNotes := load.stop(t)
+	watch.stop(t)
 	streams := tr.results(t)
-	losses := b.judgeUDP(t, streams, cycles, stalls, clocks)
+	losses := b.judgeUDP(t, streams, cycles, watch, stalls, clocks)
 	probes := b.probeFailures(t, began)
 	b.agentSyncs(t, began)
 	leaks := b.leaks(t)
@@ -86,8 +90,8 @@ func (b *nodesBed) udpLoad(t *testing.T) {
 		attempted += s.res.Total() + len(s.failures)
 	}
 	notes := fmt.Sprintf("%d pod cycles of the UDP echo Service (one source port) and DNS asked every 500 ms from a pod on each node, "+
-		"2 busy loops in each VM, %d bulk EndpointSlice changes; lost: %v; VM stalls: %s; kubelet probe failures %d; %s; %d Services",
-		len(cycles), load.churned, losses, loadNotes, probes, cyclesString(cycles), b.size)
+		"2 busy loops in each VM, %d bulk EndpointSlice changes; lost: %v; VM stalls: %s; kubelet probe failures %d; %s; %s; %d Services",
+		len(cycles), load.churned, losses, loadNotes, probes, cyclesString(cycles), watch, b.size)
 	chaos.Record(t, "", chaos.Row{Case: "nodes-udp-load", TrafficAttempted: attempted, TrafficFailed: losses.total(),
 		ConvergeSeconds: slowestCycle(cycles), Leaks: leaks, Notes: notes})
 }
@@ -290,7 +294,11 @@ func (b *nodesBed) cycle(t *testing.T, vip netip.Addr, old, next *corev1.Pod) ud
 	want := []netip.Addr{netip.MustParseAddr(next.Status.PodIP)}
 	waitWithin(b.ctx, t, 3*time.Minute, "only "+next.Name+" in the slice and both nodes' IPVS", func() (bool, string) {
 		now := time.Now()
-		if ready := b.readyEndpoints(t, "udp-echo"); c.slice.IsZero() && slices.Equal(ready, want) {
+		ready, err := readyAddrs(b.ctx, b, chaosNodesNS, "udp-echo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.slice.IsZero() && slices.Equal(ready, want) {
 			c.slice = now
 		}
 		var state []string
@@ -317,26 +325,6 @@ func (c udpCycle) String() string {
 		s += fmt.Sprintf(", %s IPVS %s", n, round(c.programmed[n].Sub(c.deleted)))
 	}
 	return s
-}
-
-// readyEndpoints are the ready addresses of svc's EndpointSlices in the
-// case's namespace, sorted.
-func (b *nodesBed) readyEndpoints(t *testing.T, svc string) []netip.Addr {
-	t.Helper()
-	list, err := b.fast.DiscoveryV1().EndpointSlices(chaosNodesNS).List(b.ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []netip.Addr
-	for _, s := range list.Items {
-		for _, e := range s.Endpoints {
-			if ptr.Deref(e.Conditions.Ready, false) {
-				out = append(out, netip.MustParseAddr(e.Addresses[0]))
-			}
-		}
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return out
 }
 
 // staleEntries fails the test for a conntrack entry on n of a UDP flow to
@@ -373,19 +361,28 @@ func (b *nodesBed) staleEntries(t *testing.T, n *cluster.Node, vip, gone netip.A
 	t.Logf("%s: conntrack entries of UDP %s:80 naming %s: %d; IPVS connections to it: %d %v", n.Name, vip, gone, len(stale), len(ipvs), ipvs)
 }
 
-// udpLosses counts the lost queries by cause.
-type udpLosses struct{ cycle, stall, other int }
+// udpLosses counts the lost queries by cause: the Service had no ready
+// endpoint (unready), the client's node's IPVS differed from the
+// EndpointSlice (behind: the agent's lag), the VM stood still (stall),
+// or none of these (other: the kernel was right and the VM ran; the
+// server or the client too starved to answer or wait).
+type udpLosses struct{ unready, behind, stall, other int }
 
-func (l udpLosses) total() int { return l.cycle + l.stall + l.other }
+func (l udpLosses) total() int { return l.unready + l.behind + l.stall + l.other }
+
+func (l *udpLosses) add(o udpLosses) {
+	l.unready, l.behind, l.stall, l.other = l.unready+o.unready, l.behind+o.behind, l.stall+o.stall, l.other+o.other
+}
 
 func (l udpLosses) String() string {
-	return fmt.Sprintf("%d (%d in a pod cycle, %d in a VM stall, %d other)", l.total(), l.cycle, l.stall, l.other)
+	return fmt.Sprintf("%d (%d with no ready endpoint, %d with the node's IPVS behind the EndpointSlice, %d in a VM stall, %d other)",
+		l.total(), l.unready, l.behind, l.stall, l.other)
 }
 
 // judgeUDP checks the clients' streams against the cycles (see udpLoad)
 // and counts their losses by cause; clocks are the nodes' clocks less the
 // host's.
-func (b *nodesBed) judgeUDP(t *testing.T, streams []streamResult, cycles []udpCycle, stalls []vmGap, clocks map[string]time.Duration) udpLosses {
+func (b *nodesBed) judgeUDP(t *testing.T, streams []streamResult, cycles []udpCycle, w *vipWatch, stalls []vmGap, clocks map[string]time.Duration) udpLosses {
 	t.Helper()
 	var all udpLosses
 	for _, s := range streams {
@@ -403,21 +400,28 @@ func (b *nodesBed) judgeUDP(t *testing.T, streams []streamResult, cycles []udpCy
 		} else {
 			b.judgeDNS(t, s)
 		}
+		svc := "udp-echo"
+		if kind == "dns" {
+			svc = "kube-dns"
+		}
 		var l udpLosses
 		for _, f := range s.failures {
 			at := f.at.Add(-offset)
-			switch {
-			case kind == "echo" && inCycle(at, node, cycles):
-				l.cycle++
-			case nearStall(at, stalls):
-				l.stall++
+			switch w.cause(at, node, svc) {
+			case "unready":
+				l.unready++
+			case "behind":
+				l.behind++
 			default:
-				l.other++
-				t.Errorf("stream %s: a query lost at %s (host clock) outside every pod cycle and VM stall: %s", s.name, at.Format("15:04:05.000"), f.err)
+				if nearStall(at, stalls) {
+					l.stall++
+				} else {
+					l.other++
+				}
 			}
 		}
 		t.Logf("stream %s: lost %s", s.name, l)
-		all.cycle, all.stall, all.other = all.cycle+l.cycle, all.stall+l.stall, all.other+l.other
+		all.add(l)
 	}
 	return all
 }
@@ -459,15 +463,6 @@ func (b *nodesBed) judgeDNS(t *testing.T, s streamResult) {
 			t.Errorf("stream %s: %d answers %q; want %s, the kubernetes Service's address", s.name, n, answer, k.Spec.ClusterIP)
 		}
 	}
-}
-
-// inCycle reports whether at (host clock) is between a cycle's delete
-// (less 1 s: the attempt began before) and node's IPVS holding only the
-// new backend (and 2 s more: the poll's and the clocks' error).
-func inCycle(at time.Time, node string, cycles []udpCycle) bool {
-	return slices.ContainsFunc(cycles, func(c udpCycle) bool {
-		return at.After(c.deleted.Add(-time.Second)) && at.Before(c.programmed[node].Add(2*time.Second))
-	})
 }
 
 // nearStall reports whether at is within stallMargin of a node's clock
