@@ -193,3 +193,34 @@ func (w *vipWatch) String() string {
 	}
 	return fmt.Sprintf("%d samples of %s", len(w.samples), strings.Join(names, ", "))
 }
+
+// TestVIPWatchCause: a lost query is charged by the sample nearest to a
+// second after it: no ready endpoint, the node's IPVS not as the slice
+// (the other node's state does not count), or the kernel as the slice.
+func TestVIPWatchCause(t *testing.T) {
+	a, b := netip.MustParseAddr("10.244.1.5"), netip.MustParseAddr("10.244.2.6")
+	t0 := time.Date(2026, 12, 6, 22, 0, 0, 0, time.UTC)
+	sample := func(sec int, ready, n1, n2 []netip.Addr) vipSample {
+		return vipSample{at: t0.Add(time.Duration(sec) * time.Second), ready: map[string][]netip.Addr{"udp-echo": ready},
+			ipvs: map[string]map[string][]netip.Addr{"node-1": {"udp-echo": n1}, "node-2": {"udp-echo": n2}}}
+	}
+	w := &vipWatch{samples: []vipSample{
+		sample(0, []netip.Addr{a}, []netip.Addr{a}, []netip.Addr{a}),
+		sample(10, []netip.Addr{b}, []netip.Addr{a, b}, []netip.Addr{b}), // node-1 behind
+		sample(20, nil, nil, nil),                                        // no ready endpoint
+		sample(30, []netip.Addr{b}, []netip.Addr{b}, []netip.Addr{b}),
+	}}
+	for _, tc := range []struct {
+		at         int
+		node, want string
+	}{
+		{0, "node-1", ""}, {9, "node-1", "behind"}, {9, "node-2", ""}, {18, "node-2", "unready"}, {40, "node-1", ""},
+	} {
+		if got := w.cause(t0.Add(time.Duration(tc.at)*time.Second), tc.node, "udp-echo"); got != tc.want {
+			t.Errorf("a query from %s lost at +%ds: cause %q; want %q", tc.node, tc.at, got, tc.want)
+		}
+	}
+	if got := (&vipWatch{}).cause(t0, "node-1", "udp-echo"); got != "" {
+		t.Errorf("no sample: cause %q; want none", got)
+	}
+}
