@@ -133,12 +133,12 @@ chaos:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-tests E2E_PKGS=. E2E_RUN='^(TestChaos|TestHostTrafficDuringEndpointMove$$$$)' \
 		E2E_SKIP='^($(E2E_CHAOS_NODES)|$(E2E_CHAOS_OUTAGE))$$$$'
 
-# Issue 45's cases 1, 3, 4 and 5 on two nodes and the outside host, at
+# Issue 45's cases 1, 3, 4, 5 and 7 on two nodes and the outside host, at
 # CHAOS_SIZE Services (TestChaosNodes, left out of `make chaos`: it boots
 # its own cluster): iptables-restore failing in one node's agent for 3
 # minutes, then mended; a node's address replaced; a stale second agent
-# pod; the DaemonSet rolled and rolled back; a node's VM killed and
-# booted again. One chaos row each.
+# pod; the DaemonSet rolled and rolled back; UDP through pod cycles with
+# both VMs loaded; a node's VM killed and booted again. One chaos row each.
 chaos-nodes:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-nodes E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_NODES))$$$$'
 

@@ -1,11 +1,11 @@
 package e2e
 
-// Issue 45's cases 1, 3, 4 and 5 on the two-node cluster with the
+// Issue 45's cases 1, 3, 4, 5 and 7 on the two-node cluster with the
 // outside host (`make chaos-nodes`): the cluster, its Services and live
 // traffic from every kind of client. The cases are in
 // chaos_nodes_glue_test.go, chaos_nodes_addr_test.go,
-// chaos_nodes_stale_test.go, chaos_nodes_rollout_test.go and
-// chaos_nodes_lost_test.go.
+// chaos_nodes_stale_test.go, chaos_nodes_rollout_test.go,
+// chaos_nodes_udp_test.go and chaos_nodes_lost_test.go.
 
 import (
 	"context"
@@ -59,6 +59,9 @@ var chaosNodesLBIP = cluster.SegmentAddr(220)
 //     agent, refused (chaos_nodes_stale_test.go);
 //   - nodes-agent-rollout: the DaemonSet rolled to a new revision on both
 //     nodes and rolled back (chaos_nodes_rollout_test.go);
+//   - nodes-udp-load: UDP (an echo Service whose pod cycles, and DNS)
+//     from a pod on each node while both VMs are loaded
+//     (chaos_nodes_udp_test.go);
 //   - nodes-node-lost: node-2's VM killed, then booted again as the same
 //     node (chaos_nodes_lost_test.go).
 func TestChaosNodes(t *testing.T) {
@@ -72,6 +75,7 @@ func TestChaosNodes(t *testing.T) {
 	t.Run("nodes-address-change", b.nodeAddressChange)
 	t.Run("nodes-stale-agent", b.staleAgent)
 	t.Run("nodes-agent-rollout", b.agentRollout)
+	t.Run("nodes-udp-load", b.udpLoad)
 	t.Run("nodes-node-lost", b.nodeLost) // last: it reboots node-2
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
 }

@@ -68,6 +68,11 @@ type HitResult struct {
 	// FailedAt has, for each failed attempt, when it began since Started.
 	Started  time.Time       `json:"started"`
 	FailedAt []time.Duration `json:"failedAt,omitempty"`
+	// FirstAt and LastAt have, for each backend, when the attempt of its
+	// first and of its last answer began, since Started: when a Service's
+	// flows moved from one backend to the next.
+	FirstAt map[string]time.Duration `json:"firstAt,omitempty"`
+	LastAt  map[string]time.Duration `json:"lastAt,omitempty"`
 }
 
 // Total is the number of answered attempts.
@@ -95,13 +100,27 @@ func (r HitResult) ErrorCount(kind string) int {
 // configuration or a namespace it cannot enter; failed attempts are
 // recorded in the result. It stops early when ctx ends.
 func Hit(ctx context.Context, c HitConfig) (HitResult, error) {
-	res := HitResult{Answers: map[string]int{}, Clients: map[string]int{}, Errors: []string{}, Started: time.Now()}
 	if c.Proto != "tcp" && c.Proto != "udp" {
-		return res, fmt.Errorf("hit: protocol %q: want tcp or udp", c.Proto)
+		return HitResult{}, fmt.Errorf("hit: protocol %q: want tcp or udp", c.Proto)
 	}
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
-		return res, fmt.Errorf("hit: address %q: %w", c.Addr, err)
+		return HitResult{}, fmt.Errorf("hit: address %q: %w", c.Addr, err)
 	}
+	return Repeat(ctx, c, func(ctx context.Context, timeout time.Duration) (string, error) {
+		return attempt(ctx, c.Netns, c.Proto, c.Addr, c.SourcePort, timeout)
+	})
+}
+
+// Ask is one attempt of Repeat: it returns the answer's line, "NAME
+// [CLIENT]", or the attempt's error, within timeout.
+type Ask func(ctx context.Context, timeout time.Duration) (string, error)
+
+// Repeat makes c.N attempts with ask, c.Interval apart, and counts them
+// as Hit does (c.Proto, c.Addr and c.SourcePort are ask's business): a
+// client of another protocol over the same loop (a DNS query).
+func Repeat(ctx context.Context, c HitConfig, ask Ask) (HitResult, error) {
+	res := HitResult{Answers: map[string]int{}, Clients: map[string]int{}, Errors: []string{}, Started: time.Now(),
+		FirstAt: map[string]time.Duration{}, LastAt: map[string]time.Duration{}}
 	timeout := c.Timeout
 	if timeout <= 0 {
 		timeout = DefaultHitTimeout
@@ -118,7 +137,7 @@ func Hit(ctx context.Context, c HitConfig) (HitResult, error) {
 			break
 		}
 		began := time.Since(res.Started)
-		line, err := attempt(ctx, c.Netns, c.Proto, c.Addr, c.SourcePort, timeout)
+		line, err := ask(ctx, timeout)
 		if err != nil && ctx.Err() != nil {
 			// Cut short by the stop: not a failed connection.
 			res.Errors = append(res.Errors, fmt.Sprintf("%s: stopped after %d of %d attempts: %v", ErrOther, i, c.N, ctx.Err()))
@@ -133,13 +152,22 @@ func Hit(ctx context.Context, c HitConfig) (HitResult, error) {
 			res.FailedAt = append(res.FailedAt, began)
 			continue
 		}
-		name, client, _ := strings.Cut(strings.TrimSpace(line), " ")
-		res.Answers[name]++
-		if client != "" {
-			res.Clients[client]++
-		}
+		res.count(strings.TrimSpace(line), began)
 	}
 	return res, nil
+}
+
+// count records an answer "NAME [CLIENT]" of the attempt begun at began.
+func (r *HitResult) count(line string, began time.Duration) {
+	name, client, _ := strings.Cut(line, " ")
+	if r.Answers[name] == 0 {
+		r.FirstAt[name] = began
+	}
+	r.LastAt[name] = began
+	r.Answers[name]++
+	if client != "" {
+		r.Clients[client]++
+	}
 }
 
 // netnsError marks a failure to enter the namespace, which ends Hit.

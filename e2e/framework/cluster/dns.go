@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -126,6 +127,16 @@ func deployDNS(ctx context.Context, cs kubernetes.Interface) error {
 						VolumeMounts:   []corev1.VolumeMount{{Name: "config", MountPath: "/etc/coredns", ReadOnly: true}},
 						ReadinessProbe: probe("/ready", 8181),
 						LivenessProbe:  probe("/health", 8080),
+						// Upstream's manifest's requests: Burstable, as in a
+						// real cluster. Without them CoreDNS was BestEffort,
+						// the pod a loaded node starves first (make
+						// chaos-nodes, nodes-udp-load: its probes timed out,
+						// kubelet restarted it, and the cluster's UDP DNS
+						// timed out, then was refused, for minutes). No
+						// memory limit (upstream's is 170Mi): the bed's
+						// runs go to 10,000 Services.
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("70Mi")}},
 					}},
 					Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
 						ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: dnsName}}}}},

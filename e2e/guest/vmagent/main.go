@@ -19,6 +19,8 @@
 //	vmagent udp-send --addr 10.96.0.10:53 [--sizes 100,1472] [--timeout 2s] [--pmtudisc want|do|dont]
 //	vmagent ctfill [--netns NAME] --addr 10.0.1.2:8080 [--n 1000] [--stop 20] [--timeout 1s] [--every 200ms]
 //	vmagent connrate --addr 10.96.0.10:80 [--n 1000] [--workers 4] [--timeout 2s] [--limit 2m]
+//	vmagent dns --server 10.96.0.10:53 --name kubernetes.default.svc.cluster.local. [--n 1] [--interval 0] [--timeout 2s]
+//	vmagent ticks [--every 100ms] [--gap 1s]
 //
 // serve runs in the foreground (start it as a background process), prints
 // "READY ..." once it listens, and serves TCP and UDP when neither --tcp
@@ -31,7 +33,10 @@
 // "answer N <backend> <client>" per answer, or "error ..." and exit status
 // 1 when the flow fails. connrate opens N short connections (one request
 // each), W at a time, and prints their rate and connect latencies as JSON
-// (the bench's data path; run it in a namespace with netns exec).
+// (the bench's data path; run it in a namespace with netns exec). dns
+// asks for a name's A record as hit connects and prints a HitResult whose
+// answers are the addresses answered. ticks runs until stopped and prints
+// the gaps between its wake-ups (when the VM stood still).
 package main
 
 import (
@@ -74,6 +79,8 @@ const usage = `usage:
   vmagent holds --addr HOST:PORT [--first PORT] [--n N] [--interval DURATION] [--timeout DURATION]
   vmagent ecmp-route --dst PREFIX --via ADDR,ADDR... [--weights N,N...] [--dev IFACE]
   vmagent connrate --addr HOST:PORT [--n N] [--workers N] [--timeout DURATION] [--limit DURATION]
+  vmagent dns --server HOST:PORT --name NAME. [--n N] [--interval DURATION] [--timeout DURATION]
+  vmagent ticks [--every DURATION] [--gap DURATION]
 `
 
 // errUsage makes main print the usage and exit with status 2.
@@ -126,6 +133,10 @@ func run(args []string, stdout io.Writer) error {
 		return ecmpRouteCmd(args[1:])
 	case "connrate":
 		return connRateCmd(args[1:], stdout)
+	case "dns":
+		return dnsCmd(args[1:], stdout)
+	case "ticks":
+		return ticksCmd(args[1:], stdout)
 	}
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
