@@ -257,8 +257,12 @@ func (s *soak) churnFor(t *testing.T, start time.Time) {
 		case <-time.After(time.Until(roundStart.Add(soakRound))):
 		}
 	}
-	// The last two batches go too: the end state has only the
-	// Deployments' Services in the soak's namespace.
+	s.endBatches()
+}
+
+// endBatches deletes the last two rounds' batches: the end state has only
+// the Deployments' Services in the soak's namespace.
+func (s *soak) endBatches() {
 	k := s.churn.rounds
 	s.note(s.deleteBatch(k - 2))
 	s.note(s.deleteBatch(k - 1))
