@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,36 +13,42 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/results"
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/vm/agentapi"
 )
 
 // soakMemorySuite names the soak's memory series in the results
 // (chaos-soak-memory-<date>-<commit>.json); not a testlog suite.
 const soakMemorySuite = "chaos-soak-memory"
 
-// rssScript prints "PID VmRSS: N kB" for each ipvs-proxy process.
-const rssScript = `for p in $(pidof ipvs-proxy); do echo "$p $(grep VmRSS /proc/$p/status)"; done`
-
-// agentRSS is the resident memory of n's agent process, in MiB, as
-// /proc/PID/status says (VmRSS).
+// agentRSS is the resident memory of n's agent process, in MiB: its
+// process_resident_memory_bytes (the process's own /proc/self/stat), read
+// from its metrics on n's host. VmRSS by `pidof ipvs-proxy` is ambiguous
+// on a cluster node: two processes answer (procsScript says which).
 func agentRSS(ctx context.Context, n *cluster.Node) (float64, error) {
-	out, err := n.VM.RunOK(ctx, "sh", "-c", rssScript)
+	out, err := n.VM.RunOK(ctx, "vmagent", "http", "--timeout", "20s", "http://127.0.0.1:10249/metrics")
 	if err != nil {
-		return 0, fmt.Errorf("%s: read the agent's VmRSS: %w", n.Name, err)
+		return 0, fmt.Errorf("%s: the agent's metrics: %w", n.Name, err)
 	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 1 {
-		return 0, fmt.Errorf("%s: want one ipvs-proxy process, found %q", n.Name, out)
+	var res agentapi.HTTPResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		return 0, fmt.Errorf("%s: the agent's metrics: %w", n.Name, err)
 	}
-	f := strings.Fields(lines[0]) // PID VmRSS: N kB
-	if len(f) != 4 || f[1] != "VmRSS:" {
-		return 0, fmt.Errorf("%s: VmRSS line %q", n.Name, lines[0])
+	for _, l := range strings.Split(res.Body, "\n") {
+		if v, ok := strings.CutPrefix(l, "process_resident_memory_bytes "); ok {
+			b, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: metric line %q: %w", n.Name, l, err)
+			}
+			return b / (1 << 20), nil
+		}
 	}
-	kb, err := strconv.Atoi(f[2])
-	if err != nil {
-		return 0, fmt.Errorf("%s: VmRSS line %q: %w", n.Name, lines[0], err)
-	}
-	return float64(kb) / 1024, nil
+	return 0, fmt.Errorf("%s: no process_resident_memory_bytes in the agent's metrics (status %d)", n.Name, res.Status)
 }
+
+// procsScript lists the node's ipvs-proxy processes: PID, parent, VmRSS,
+// command line.
+const procsScript = `for p in $(pidof ipvs-proxy); do echo "$p ppid $(awk '/^PPid/{print $2}' /proc/$p/status) ` +
+	`$(grep VmRSS /proc/$p/status) $(tr '\0' ' ' </proc/$p/cmdline)"; done`
 
 // memWatch reads each node's agent's RSS every minute until stop, which
 // takes one reading more and returns them all.
@@ -54,6 +61,10 @@ func (s *soak) watchMemory(t *testing.T, start time.Time) memWatch {
 	ctx, cancel := context.WithCancel(s.ctx)
 	var mu sync.Mutex
 	var samples []chaos.MemSample
+	for _, n := range s.c.Nodes {
+		out, err := n.VM.RunOK(s.ctx, "sh", "-c", procsScript)
+		t.Logf("%s: ipvs-proxy processes (%v):\n%s", n.Name, err, out)
+	}
 	read := func() {
 		for _, n := range s.c.Nodes {
 			mib, err := agentRSS(ctx, n)
