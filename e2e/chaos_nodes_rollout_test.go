@@ -49,12 +49,7 @@ func (b *nodesBed) agentRollout(t *testing.T) {
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	before := b.kernels(t)
 	tr := b.startTraffic(t, "rollout", map[string]string{n1.Name: n1.IP, n2.Name: n2.IP})
-	holds := []*vm.Proc{
-		b.holdConns(t, n1.VM, b.clusterIP(), 42000),
-		b.holdConns(t, n2.VM, b.clusterIP(), 42100),
-		b.holdConns(t, b.c.Outside, b.lbIP(), 42200),
-		b.holdConns(t, b.c.Outside, b.nodePort(n2.IP), 42300),
-	}
+	holds := b.holdLive(t, 42000)
 	locks := b.watchLocks(t)
 	out := b.rollDaemonSet(t, "rollout", func(*appsv1.DaemonSet) []byte {
 		return []byte(fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{%q:"2"}}}}}`, rolloutAnnotation))
@@ -108,6 +103,21 @@ func (b *nodesBed) sameKernels(t *testing.T, before map[string]nodeKernel) {
 		if missing, extra := lineDiff(before[name].glue, now.glue); len(missing)+len(extra) > 0 {
 			t.Errorf("%s's glue rules changed: lines gone %s; new %s", name, sample(missing), sample(extra))
 		}
+	}
+}
+
+// holdLive holds 20 connections to the live Service, 5 from each of:
+// node-1's and node-2's hosts to the clusterIP, the outside host to the
+// LoadBalancer IP and to node-2's node port; source ports from first on,
+// 100 apart.
+func (b *nodesBed) holdLive(t *testing.T, first int) []*vm.Proc {
+	t.Helper()
+	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
+	return []*vm.Proc{
+		b.holdConns(t, n1.VM, b.clusterIP(), first),
+		b.holdConns(t, n2.VM, b.clusterIP(), first+100),
+		b.holdConns(t, b.c.Outside, b.lbIP(), first+200),
+		b.holdConns(t, b.c.Outside, b.nodePort(n2.IP), first+300),
 	}
 }
 

@@ -186,31 +186,40 @@ func (b *nodesBed) nodePort(ip string) string {
 	return hostPort(ip, b.live.Spec.Ports[0].NodePort)
 }
 
-// bulkServices creates bulk-<i> for i in [0, n) in the bulk namespace:
-// ClusterIP, NodePort and LoadBalancer (no ingress) in turn, TCP port 80,
-// each with an EndpointSlice of two endpoints nothing answers on.
+// bulkServices creates bulk-<i> for i in [0, n) in the bulk namespace
+// (fakeServices).
 func (b *nodesBed) bulkServices(t *testing.T, n int) []*corev1.Service {
 	t.Helper()
-	types := []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer}
-	out := make([]*corev1.Service, n)
-	err := parallel(n, func(i int) error {
-		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: chaosNodesBulkNS, Name: fmt.Sprintf("bulk-%d", i)},
-			Spec: corev1.ServiceSpec{Type: types[i%len(types)], Ports: []corev1.ServicePort{tcpPort("http", 80)}}}
-		created, err := b.fast.CoreV1().Services(chaosNodesBulkNS).Create(b.ctx, svc, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("create service %s: %w", svc.Name, err)
-		}
-		if _, err := b.fast.DiscoveryV1().EndpointSlices(chaosNodesBulkNS).Create(b.ctx, slice(created, fakeEndpoints(i, 2)),
-			metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create endpointslice of %s: %w", svc.Name, err)
-		}
-		out[i] = created
-		return nil
-	})
+	out, err := b.fakeServices(chaosNodesBulkNS, "bulk-", 0, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// fakeServices creates <prefix><i> for i in [first, first+n) in ns:
+// ClusterIP, NodePort and LoadBalancer (no ingress) in turn, TCP port 80,
+// each with an EndpointSlice of two endpoints nothing answers on
+// (fakeEndpoints(i, 2)).
+func (b *nodesBed) fakeServices(ns, prefix string, first, n int) ([]*corev1.Service, error) {
+	types := []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer}
+	out := make([]*corev1.Service, n)
+	err := parallel(n, func(j int) error {
+		i := first + j
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: prefix + strconv.Itoa(i)},
+			Spec: corev1.ServiceSpec{Type: types[i%len(types)], Ports: []corev1.ServicePort{tcpPort("http", 80)}}}
+		created, err := b.fast.CoreV1().Services(ns).Create(b.ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("create service %s: %w", svc.Name, err)
+		}
+		if _, err := b.fast.DiscoveryV1().EndpointSlices(ns).Create(b.ctx, slice(created, fakeEndpoints(i, 2)),
+			metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create endpointslice of %s: %w", svc.Name, err)
+		}
+		out[j] = created
+		return nil
+	})
+	return out, err
 }
 
 // expected is the state node n should hold: the case's Services exactly,

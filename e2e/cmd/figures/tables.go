@@ -15,7 +15,7 @@ import (
 // testSuites are the suites of testlog (go test -json) whose runs the
 // "test-runs" table lists, in the Makefile's names.
 var testSuites = map[string]bool{"unit": true, "unit-chart": true, "test-bed": true, "test-cluster": true,
-	"takeover": true, "cluster": true, "e2e": true, "chaos-tests": true, "chaos-nodes": true, "chaos-outage": true, "hash": true, "dsr": true, "direct-server-return": true, "dsr-ecmp": true}
+	"takeover": true, "cluster": true, "e2e": true, "chaos-tests": true, "chaos-nodes": true, "chaos-outage": true, "chaos-soak": true, "hash": true, "dsr": true, "direct-server-return": true, "dsr-ecmp": true}
 
 // render makes every generated table from the runs in dir, by name.
 func render(dir string) (map[string]string, error) {

@@ -2,7 +2,8 @@
 // chaos`): each case writes one Row, as <case>.json, into a directory, and
 // Table prints every row of that directory as Markdown. It also compares a
 // kernel's proxy state with the expected one (Compare), so that every case
-// counts leaks the same way.
+// counts leaks the same way, and summarizes a soak's memory readings
+// (Summarize: first, last, peak, least-squares slope per node).
 package chaos
 
 import (
