@@ -452,16 +452,26 @@ func (b *nodesBed) writes(t *testing.T, n *cluster.Node) float64 {
 func (b *nodesBed) sample(t *testing.T, n *cluster.Node, series string) (float64, bool) {
 	t.Helper()
 	res := b.agentHTTP(t, n, "http://127.0.0.1:10249/metrics")
-	for _, l := range strings.Split(res.Body, "\n") {
-		if v, ok := strings.CutPrefix(l, series+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	v, ok, err := metricValue(res.Body, series)
+	if err != nil {
+		t.Fatalf("%s: %v", n.Name, err)
+	}
+	return v, ok
+}
+
+// metricValue is the value of the sample named series in body, the
+// Prometheus text format; ok is false when it is absent.
+func metricValue(body, series string) (v float64, ok bool, err error) {
+	for _, l := range strings.Split(body, "\n") {
+		if s, found := strings.CutPrefix(l, series+" "); found {
+			v, err = strconv.ParseFloat(strings.TrimSpace(s), 64)
 			if err != nil {
-				t.Fatalf("%s: metric %s: %q", n.Name, series, l)
+				return 0, false, fmt.Errorf("metric line %q: %w", l, err)
 			}
-			return f, true
+			return v, true, nil
 		}
 	}
-	return 0, false
+	return 0, false, nil
 }
 
 // hitTarget is one stream of live traffic: its name and address.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -33,14 +32,12 @@ func agentRSS(ctx context.Context, n *cluster.Node) (float64, error) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		return 0, fmt.Errorf("%s: the agent's metrics: %w", n.Name, err)
 	}
-	for _, l := range strings.Split(res.Body, "\n") {
-		if v, ok := strings.CutPrefix(l, "process_resident_memory_bytes "); ok {
-			b, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				return 0, fmt.Errorf("%s: metric line %q: %w", n.Name, l, err)
-			}
-			return b / (1 << 20), nil
-		}
+	b, ok, err := metricValue(res.Body, "process_resident_memory_bytes")
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", n.Name, err)
+	}
+	if ok {
+		return b / (1 << 20), nil
 	}
 	return 0, fmt.Errorf("%s: no process_resident_memory_bytes in the agent's metrics (status %d)", n.Name, res.Status)
 }
@@ -155,4 +152,19 @@ func memNotes(sums []chaos.MemSummary) string {
 			m.Node, m.FirstMiB, m.LastMiB, m.PeakMiB, m.Slope, m.SlopeAfterWarmup, soakWarmup))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// TestMetricValue: a series' value from the text format, absent, or a
+// line that is not a number.
+func TestMetricValue(t *testing.T) {
+	body := "# HELP x\nprocess_resident_memory_bytes 5.24288e+07\nipvs_proxy_sync_netlink_writes_sum 804\nbad nope\n"
+	if v, ok, err := metricValue(body, "process_resident_memory_bytes"); v != 52428800 || !ok || err != nil {
+		t.Errorf("rss: %v %v %v", v, ok, err)
+	}
+	if v, ok, err := metricValue(body, "ipvs_proxy_sync_netlink_writes"); v != 0 || ok || err != nil {
+		t.Errorf("a prefix of a series matched: %v %v %v", v, ok, err)
+	}
+	if _, _, err := metricValue(body, "bad"); err == nil {
+		t.Error("a value that is no number: no error")
+	}
 }
