@@ -75,16 +75,25 @@ func (bn *bench) busyProcess(p proxyKind) proxyKind {
 // took[i] later), the syncs of the loop and the glue it met, by the
 // process's debug log, and keeps that log in bin/bench.
 func (bn *bench) explainBusy(p proxyKind, log string, at, took []float64) {
-	path := filepath.Join("bin", "bench", "agent-"+p.name+".log")
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err == nil {
-		if err := os.WriteFile(path, []byte(log), 0o644); err == nil {
-			logf("%s: its log during the busy rounds (debug): %s", p.name, path)
-		}
+	if path, err := keepLog("agent-"+p.name+".log", log); err == nil {
+		logf("%s: its log during the busy rounds (debug): %s", p.name, path)
 	}
 	entries := syncEntries(log)
 	for i := range min(len(at), len(took)) {
 		logf("%s: busy change %d: %.0f ms; met: %s", p.name, i, took[i]*1000, strings.Join(metSyncs(entries, at[i], took[i]), "; "))
 	}
+}
+
+// keepLog writes a proxy's log into bin/bench as name.
+func keepLog(name, log string) (string, error) {
+	path := filepath.Join("bin", "bench", name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", fmt.Errorf("keep %s: %w", name, err)
+	}
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		return "", fmt.Errorf("keep %s: %w", name, err)
+	}
+	return path, nil
 }
 
 // syncEntry is one sync of ipvs-proxy's log: the loop's ("synced") or the

@@ -77,6 +77,8 @@ type config struct {
 	datapathWorkers   int
 	datapathStreamMiB int64
 	datapathOnly      bool
+	// gctrace: ipvs-proxy runs with GODEBUG=gctrace=1 (memtrace.go).
+	gctrace bool
 }
 
 func main() {
@@ -99,6 +101,7 @@ func main() {
 	flag.IntVar(&c.datapathWorkers, "datapath-workers", 4, "the data path's connections at a time")
 	flag.Int64Var(&c.datapathStreamMiB, "datapath-stream", 64, "MiB of the data path's one stream")
 	flag.BoolVar(&c.datapathOnly, "datapath-only", false, "after each cold start measure the data path only (no changes, burst, restart)")
+	flag.BoolVar(&c.gctrace, "gctrace", false, "run ipvs-proxy with GODEBUG=gctrace=1 and log its collections' largest heap beside its RSS by kind of page")
 	flag.Parse()
 	for _, p := range strings.Split(*proxies, ",") {
 		p = strings.TrimSpace(p)
@@ -203,6 +206,11 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	bn := &bench{bed: b, client: client, cfg: c}
+	if c.gctrace {
+		if err := installGCTrace(ctx, b.VM); err != nil {
+			return err
+		}
+	}
 	if slices.ContainsFunc(c.proxies, func(p string) bool { return proxyKinds[p].kubeProxy }) {
 		// Before any settle starts its clock (it waits a minute for the
 		// process, which a build on a loaded machine can take).

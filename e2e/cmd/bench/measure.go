@@ -111,8 +111,13 @@ var proxyKinds = map[string]proxyKind{
 // startAgent starts the bed's ipvs-proxy with extra flags. --profiling:
 // the bench saves its heap profile after the cold start (heapProfile).
 func startAgent(extra ...string) func(ctx context.Context, b *bed.Bed) (running, error) {
+	return startAgentAt(bed.GuestBinary, extra...)
+}
+
+// startAgentAt is startAgent with the agent at binary in the guest.
+func startAgentAt(binary string, extra ...string) func(ctx context.Context, b *bed.Bed) (running, error) {
 	return func(ctx context.Context, b *bed.Bed) (running, error) {
-		if err := b.StartAgent(ctx, append([]string{"--log-level", "info", "--profiling"}, extra...)...); err != nil {
+		if err := b.StartAgentBinary(ctx, binary, append([]string{"--log-level", "info", "--profiling"}, extra...)...); err != nil {
 			return nil, err
 		}
 		return agent{b}, nil
@@ -334,6 +339,9 @@ func (bn *bench) settle(ctx context.Context, p proxyKind, cold bool) (settled, r
 
 func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, error) {
 	r := proxyResult{proxy: p.name, restartWrites: -1, bound: bn.cfg.bound}
+	if p.ours && bn.cfg.gctrace {
+		p = withGCTrace(p)
+	}
 	if err := bn.clean(ctx); err != nil {
 		return r, err
 	}
@@ -443,6 +451,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	if r.rssKiB, err = bn.peakRSS(ctx, p); err != nil {
 		return r, err
 	}
+	bn.logMemory(ctx, p, n, "cold start, changes and burst", proc.Output())
 
 	// 4. A restart with nothing changed.
 	before, err := bn.snapshot(ctx, p)
@@ -496,6 +505,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	if err != nil {
 		return r, err
 	}
+	bn.logMemory(ctx, p, n, "restart and periodic syncs", proc.Output())
 	r.rssKiB = max(r.rssKiB, rss)
 	return r, nil
 }
