@@ -79,6 +79,9 @@ type config struct {
 	datapathOnly      bool
 	// gctrace: ipvs-proxy runs with GODEBUG=gctrace=1 (memtrace.go).
 	gctrace bool
+	// vmMemoryMB: the VM's memory, for shapes whose kube-proxy needs
+	// more than the default.
+	vmMemoryMB int
 }
 
 func main() {
@@ -102,6 +105,7 @@ func main() {
 	flag.Int64Var(&c.datapathStreamMiB, "datapath-stream", 64, "MiB of the data path's one stream")
 	flag.BoolVar(&c.datapathOnly, "datapath-only", false, "after each cold start measure the data path only (no changes, burst, restart)")
 	flag.BoolVar(&c.gctrace, "gctrace", false, "run ipvs-proxy with GODEBUG=gctrace=1 and log its collections' largest heap beside its RSS by kind of page")
+	flag.IntVar(&c.vmMemoryMB, "vm-memory", 3072, "the VM's memory in MiB (the largest shapes' kube-proxy needs more)")
 	flag.Parse()
 	for _, p := range strings.Split(*proxies, ",") {
 		p = strings.TrimSpace(p)
@@ -178,7 +182,7 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	b, err := bed.Start(ctx, assets, bed.Options{Log: logf, NoAgent: true, MemoryMB: 3072,
+	b, err := bed.Start(ctx, assets, bed.Options{Log: logf, NoAgent: true, MemoryMB: c.vmMemoryMB,
 		Packages:  []string{"github.com/ipvs-proxy/ipvs-proxy/e2e/guest/ipvsbench"},
 		AgentArgs: ipvsProxyArgs})
 	if err != nil {

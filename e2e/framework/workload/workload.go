@@ -30,19 +30,30 @@ func ServiceName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 // 10.176.0.0/12. Endpoints are at even addresses, so that a change can
 // move one to its neighbour (the last bit flipped) and back; with two per
 // Service they are 16 addresses apart (the bench's first layout, kept),
-// with more, 2 (5,000 Services × 50 endpoints fit: 500,000 addresses).
+// and from the 32,768th Service on, whose endpoints would leave the range,
+// they take the 8th address of each 16 (up to 65,534 Services); with
+// more, 2 apart (5,000 Services × 50 endpoints fit: 500,000 addresses).
 func EndpointAddr(i, k, per int) string {
-	stride := 2
-	if per <= 2 {
-		stride = 16
+	const sparse = 1<<15 - 1 // Services of two endpoints 16 apart
+	j := (i*per+k)*2 + 16
+	switch {
+	case per <= 2 && i < sparse:
+		j = (i*per+k)*16 + 16
+	case per <= 2:
+		j = ((i-sparse)*per+k)*16 + 16 + 8
 	}
-	j := (i*per+k)*stride + 16
 	return fmt.Sprintf("10.%d.%d.%d", 176+j>>16, (j>>8)&255, j&255)
 }
 
 // MaxEndpoints is the most endpoints per Service that EndpointAddr keeps
-// inside 10.176.0.0/12 at n Services.
-func MaxEndpoints(n int) int { return (1<<20 - 32) / 2 / max(n, 1) }
+// inside 10.176.0.0/12 at n Services (0: past the 65,534 Services its
+// layout of two each holds).
+func MaxEndpoints(n int) int {
+	if n > 2*(1<<15-1) {
+		return 0
+	}
+	return (1<<20 - 32) / 2 / max(n, 1)
+}
 
 // CreateServices creates Services from..to-1 in Namespace, each with an
 // EndpointSlice of two ready endpoints, with 16 workers. The namespace
