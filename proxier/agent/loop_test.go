@@ -185,7 +185,7 @@ func TestLoopRetriesAloneUnderEvents(t *testing.T) {
 			return false
 		}
 		eps := have[0].Endpoints
-		return len(eps) == 2 && eps[1].Addresses[0] == "10.0.3.11"
+		return len(eps) == 2 && eps[1].Address == netip.MustParseAddr("10.0.3.11")
 	})
 	b.clk.Step(time.Second)
 	b.eventually("b's change", func() bool { return len(b.calls("AddRealServer 10.96.0.11:80/TCP 10.0.3.11")) == 1 })
@@ -407,7 +407,7 @@ func TestLoopChangeWaitsForNoHousekeepingSync(t *testing.T) {
 		b.p.tracker.mu.Lock()
 		defer b.p.tracker.mu.Unlock()
 		have := b.p.tracker.slices[types.NamespacedName{Namespace: "default", Name: "c"}]
-		return len(have) == 1 && len(have[0].Endpoints) == 2 && have[0].Endpoints[1].Addresses[0] == "10.0.4.12"
+		return len(have) == 1 && len(have[0].Endpoints) == 2 && have[0].Endpoints[1].Address == netip.MustParseAddr("10.0.4.12")
 	})
 	b.idle()
 	if got := b.calls("AddRealServer 10.96.0.12:80/TCP 10.0.4.12"); len(got) != 0 {
@@ -604,7 +604,7 @@ func TestLoopServiceWithSeveralSlices(t *testing.T) {
 			defer b.p.tracker.mu.Unlock()
 			var got []string
 			for _, s := range b.p.tracker.slices[types.NamespacedName{Namespace: "default", Name: "b"}] {
-				got = append(got, s.Name+"="+s.Endpoints[0].Addresses[0])
+				got = append(got, s.Name+"="+s.Endpoints[0].Address.String())
 			}
 			slices.Sort(got)
 			return slices.Equal(got, want)

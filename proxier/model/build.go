@@ -302,6 +302,33 @@ func buildParseAddr(s string) (a netip.Addr, problem string) {
 			return netip.Addr{}, "is not a valid IP address"
 		}
 	}
+	return buildCheckAddr(a)
+}
+
+// buildEndpointAddr is endpoint i's address in s, or why it has none that
+// a proxy can use (a warning's text).
+func buildEndpointAddr(s *EndpointSlice, i int) (netip.Addr, string) {
+	if written, ok := s.Unparsed[i]; ok {
+		a, problem := buildParseAddr(written)
+		if problem != "" {
+			return a, fmt.Sprintf("endpoint address %q %s", written, problem)
+		}
+		return a, ""
+	}
+	e := s.Endpoints[i]
+	if !e.Address.IsValid() {
+		return netip.Addr{}, "an endpoint has no addresses; ignored"
+	}
+	a, problem := buildCheckAddr(e.Address)
+	if problem != "" {
+		return a, fmt.Sprintf("endpoint address %q %s", s.WrittenAddress(i), problem)
+	}
+	return a, ""
+}
+
+// buildCheckAddr is a parsed address as a proxy uses it (IPv4-mapped ones
+// as IPv4), or what makes it unusable.
+func buildCheckAddr(a netip.Addr) (netip.Addr, string) {
 	a = a.Unmap()
 	if a.Zone() != "" {
 		return netip.Addr{}, "has an IPv6 zone"
@@ -502,18 +529,14 @@ func (b *planBuilder) parseSlices(in []*EndpointSlice) {
 			info.ports = append(info.ports, buildSlicePort{name, proto, uint16(*p.Port)})
 		}
 
-		for _, e := range s.Endpoints {
-			if len(e.Addresses) == 0 {
-				b.warn("EndpointSlice %q: an endpoint has no addresses; ignored", s.Name)
-				continue
-			}
-			a, problem := buildParseAddr(e.Addresses[0])
+		for i, e := range s.Endpoints {
+			a, problem := buildEndpointAddr(s, i)
 			if problem != "" {
-				b.warn("EndpointSlice %q: endpoint address %q %s", s.Name, e.Addresses[0], problem)
+				b.warn("EndpointSlice %q: %s", s.Name, problem)
 				continue
 			}
 			if buildFamilyOf(a) != info.family {
-				b.warn("EndpointSlice %q: endpoint address %q is not an %s address", s.Name, e.Addresses[0], info.family)
+				b.warn("EndpointSlice %q: endpoint address %q is not an %s address", s.Name, s.WrittenAddress(i), info.family)
 				continue
 			}
 			ep := &buildEndpoint{addr: a, ready: e.Ready, serving: e.Serving, terminating: e.Terminating,

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -84,9 +85,9 @@ func TestCompact(t *testing.T) {
 	wantSlice := &model.EndpointSlice{Namespace: "ns", Name: "web-abc", ResourceVersion: "42", Service: "web",
 		Triggered: time.Date(2026, 11, 1, 0, 0, 0, 5e8, time.UTC), AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []model.Endpoint{
-			{Addresses: []string{"10.244.0.5"}, Ready: true, Serving: true, NodeName: "node-1", Zone: "z1",
+			{Address: netip.MustParseAddr("10.244.0.5"), Ready: true, Serving: true, NodeName: "node-1", Zone: "z1",
 				Hints: &model.EndpointHints{ForNodes: []string{"node-1"}, ForZones: []string{"z1"}}},
-			{Addresses: []string{"10.244.0.5"}, Ready: false, Serving: true, NodeName: "node-1", Zone: "z1"},
+			{Address: netip.MustParseAddr("10.244.0.5"), Ready: false, Serving: true, NodeName: "node-1", Zone: "z1"},
 		},
 		Ports: fatSlice.Ports}
 
@@ -160,5 +161,41 @@ func TestCompact(t *testing.T) {
 	tomb := cache.DeletedFinalStateUnknown{Key: "ns/web", Obj: wantSvc}
 	if got, _ := model.Compact(tomb); !cmp.Equal(tomb, got) {
 		t.Errorf("Compact changed a tombstone: %+v", got)
+	}
+}
+
+// TestSliceOfAddressesAndNames: an endpoint's first address is kept
+// parsed, one that does not parse as written (by its index) for Build, and
+// node and zone names decoded apart share one copy.
+func TestSliceOfAddressesAndNames(t *testing.T) {
+	decoded := func(s string) *string { return ptr.To(strings.Clone(s)) } // as each decode makes its own
+	ep := func(addrs ...string) discoveryv1.Endpoint {
+		return discoveryv1.Endpoint{Addresses: addrs, NodeName: decoded("node-1"), Zone: decoded("z1")}
+	}
+	in := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "s"}, AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{ep("10.1.0.1", "10.1.0.9"), ep("bogus"), ep(), ep("010.001.000.003"), ep("fd01::1")}}
+	got := model.SliceOf(in)
+	wantAddrs := []string{"10.1.0.1", "invalid IP", "invalid IP", "invalid IP", "fd01::1"}
+	for i, e := range got.Endpoints {
+		if e.Address.String() != wantAddrs[i] {
+			t.Errorf("endpoint %d: Address %v, want %s", i, e.Address, wantAddrs[i])
+		}
+	}
+	if want := map[int]string{1: "bogus", 3: "010.001.000.003"}; !cmp.Equal(got.Unparsed, want) {
+		t.Errorf("Unparsed = %v, want %v", got.Unparsed, want)
+	}
+	for i, want := range []string{"10.1.0.1", "bogus", "", "010.001.000.003", "fd01::1"} {
+		if w := got.WrittenAddress(i); w != want {
+			t.Errorf("WrittenAddress(%d) = %q, want %q", i, w, want)
+		}
+	}
+	for i, e := range got.Endpoints[1:] {
+		if unsafe.StringData(e.NodeName) != unsafe.StringData(got.Endpoints[0].NodeName) ||
+			unsafe.StringData(e.Zone) != unsafe.StringData(got.Endpoints[0].Zone) {
+			t.Errorf("endpoint %d: node %q and zone %q are copies of their own", i+1, e.NodeName, e.Zone)
+		}
+	}
+	if valid := model.SliceOf(&discoveryv1.EndpointSlice{Endpoints: []discoveryv1.Endpoint{ep("10.1.0.1")}}); valid.Unparsed != nil {
+		t.Errorf("a slice whose addresses all parse has Unparsed %v", valid.Unparsed)
 	}
 }

@@ -3,7 +3,9 @@ package model
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -86,12 +88,21 @@ type EndpointSlice struct {
 	AddressType discoveryv1.AddressType
 	Ports       []discoveryv1.EndpointPort
 	Endpoints   []Endpoint
+	// Unparsed holds, by index in Endpoints, the first address of each
+	// endpoint whose Address could not hold it (it does not parse), as
+	// written, for Build to read the old forms it accepts or to name in
+	// its warning; nil when there is none, as in every slice the API
+	// validated.
+	Unparsed map[int]string
 }
 
-// Endpoint is one endpoint of a slice.
+// Endpoint is one endpoint of a slice: its first address, the one a proxy
+// uses, parsed (the zero Addr when it has none, or see
+// EndpointSlice.Unparsed), so that the informer keeps neither the decoded
+// string nor its array (32 bytes an endpoint). Node and zone names are
+// interned: a cluster's endpoints name few.
 type Endpoint struct {
-	// Addresses holds the first address only: the one a proxy uses.
-	Addresses []string
+	Address netip.Addr
 	// The conditions as a consumer reads them: an unset ready or serving
 	// is true, an unset terminating false.
 	Ready, Serving, Terminating bool
@@ -177,23 +188,51 @@ func SliceOf(s *discoveryv1.EndpointSlice) *EndpointSlice {
 	}
 	for i, e := range s.Endpoints {
 		c := e.Conditions
-		o := Endpoint{Addresses: e.Addresses, Ready: c.Ready == nil || *c.Ready, Serving: c.Serving == nil || *c.Serving,
-			Terminating: c.Terminating != nil && *c.Terminating, NodeName: buildDeref(e.NodeName), Zone: buildDeref(e.Zone)}
-		if len(o.Addresses) > 1 {
-			o.Addresses = []string{o.Addresses[0]} // not the others' array
+		o := Endpoint{Ready: c.Ready == nil || *c.Ready, Serving: c.Serving == nil || *c.Serving,
+			Terminating: c.Terminating != nil && *c.Terminating, NodeName: intern(e.NodeName), Zone: intern(e.Zone)}
+		if len(e.Addresses) > 0 {
+			a, err := netip.ParseAddr(e.Addresses[0])
+			if err != nil {
+				if out.Unparsed == nil {
+					out.Unparsed = map[int]string{}
+				}
+				out.Unparsed[i] = strings.Clone(e.Addresses[0])
+			}
+			o.Address = a
 		}
 		if h := e.Hints; h != nil && (len(h.ForNodes) > 0 || len(h.ForZones) > 0) {
 			o.Hints = &EndpointHints{}
 			for _, n := range h.ForNodes {
-				o.Hints.ForNodes = append(o.Hints.ForNodes, n.Name)
+				o.Hints.ForNodes = append(o.Hints.ForNodes, intern(&n.Name))
 			}
 			for _, z := range h.ForZones {
-				o.Hints.ForZones = append(o.Hints.ForZones, z.Name)
+				o.Hints.ForZones = append(o.Hints.ForZones, intern(&z.Name))
 			}
 		}
 		out.Endpoints[i] = o
 	}
 	return out
+}
+
+// WrittenAddress is endpoint i's first address as a message shows it: as
+// written when it did not parse, else parsed ("" for none).
+func (s *EndpointSlice) WrittenAddress(i int) string {
+	if w, ok := s.Unparsed[i]; ok {
+		return w
+	}
+	if a := s.Endpoints[i].Address; a.IsValid() {
+		return a.String()
+	}
+	return ""
+}
+
+// intern is *s as one copy the process shares with every equal string
+// ("" for nil): node and zone names repeat on every endpoint of a node.
+func intern(s *string) string {
+	if s == nil || *s == "" {
+		return ""
+	}
+	return unique.Make(*s).Value()
 }
 
 // SlicesOf returns SliceOf of each slice.

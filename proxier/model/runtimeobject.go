@@ -73,9 +73,9 @@ func (s *EndpointSlice) DeepCopyObject() runtime.Object {
 		p.Name, p.Protocol, p.Port, p.AppProtocol = clonePtr(p.Name), clonePtr(p.Protocol), clonePtr(p.Port), clonePtr(p.AppProtocol)
 	}
 	c.Endpoints = slices.Clone(s.Endpoints)
+	c.Unparsed = maps.Clone(s.Unparsed)
 	for i := range c.Endpoints {
 		e := &c.Endpoints[i]
-		e.Addresses = slices.Clone(e.Addresses)
 		if e.Hints != nil {
 			h := EndpointHints{ForNodes: slices.Clone(e.Hints.ForNodes), ForZones: slices.Clone(e.Hints.ForZones)}
 			e.Hints = &h
