@@ -156,7 +156,7 @@ func podCIDRServers(table map[ktypes.VSKey][]ktypes.RealServer, cidr string) map
 	for vs, rss := range table {
 		for _, rs := range rss {
 			if pods.Contains(rs.Address) {
-				got[fmt.Sprintf("%s %s -> %s", vs.Protocol, netip.AddrPortFrom(vs.Address, vs.Port), rs.RSKey)] = rs.Weight
+				got[fmt.Sprintf("%s %s -> %s", vs.Protocol, netip.AddrPortFrom(vs.Address, vs.Port), rs.RSKey)] = int(rs.Weight)
 			}
 		}
 	}

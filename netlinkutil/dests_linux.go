@@ -84,11 +84,11 @@ func destFromAttrs(attrs []syscall.NetlinkRouteAttr) (ktypes.RealServer, error) 
 		case t == ipvsDestAttrFwdMethod && len(v) >= 4:
 			fwd.method = binary.NativeEndian.Uint32(v)
 		case t == ipvsDestAttrWeight && len(v) >= 4:
-			rs.Weight = int(int32(binary.NativeEndian.Uint32(v)))
+			rs.Weight = int32(binary.NativeEndian.Uint32(v))
 		case t == ipvsDestAttrActive && len(v) >= 4:
-			rs.ActiveConns = int(binary.NativeEndian.Uint32(v))
+			rs.ActiveConns = int32(binary.NativeEndian.Uint32(v))
 		case t == ipvsDestAttrInactive && len(v) >= 4:
-			rs.InactiveConns = int(binary.NativeEndian.Uint32(v))
+			rs.InactiveConns = int32(binary.NativeEndian.Uint32(v))
 		case t == ipvsDestAttrTunType && len(v) >= 1:
 			fwd.tunType = v[0]
 		case t == ipvsDestAttrTunPort && len(v) >= 2:

@@ -127,11 +127,13 @@ func parseProcLine(line string, out map[ktypes.VSKey][]ktypes.RealServer, cur *k
 		if err != nil {
 			return err
 		}
-		var nums [3]int
+		var nums [3]int32
 		for i := range nums {
-			if nums[i], err = strconv.Atoi(f[3+i]); err != nil {
+			n, err := strconv.ParseInt(f[3+i], 10, 32)
+			if err != nil {
 				return fmt.Errorf("destination counters: %w", err)
 			}
+			nums[i] = int32(n)
 		}
 		out[*cur] = append(out[*cur], ktypes.RealServer{RSKey: ktypes.RSKey{Address: a, Port: port},
 			Forward: procForward(f[2]), Weight: nums[0], ActiveConns: nums[1], InactiveConns: nums[2]})

@@ -143,7 +143,7 @@ func (f *IPVS) SetConns(vs ktypes.VSKey, rs ktypes.RSKey, active, inactive int) 
 	if !ok {
 		return fmt.Errorf("set connections of %s %s: %w", vs, rs, unix.ENOENT)
 	}
-	cur.ActiveConns, cur.InactiveConns = active, inactive
+	cur.ActiveConns, cur.InactiveConns = int32(active), int32(inactive)
 	f.rs[vs][rs] = cur
 	return nil
 }

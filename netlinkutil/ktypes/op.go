@@ -55,7 +55,7 @@ type Op struct {
 	// Was is what the kernel held before an update: its virtual server's
 	// settings or its real server's weight and forwarding method.
 	WasVirtualServer VirtualServer
-	WasWeight        int
+	WasWeight        int32
 	WasForward       Forward
 	WasTunPort       uint16
 	// Move marks the delete and the add that move a real server of an

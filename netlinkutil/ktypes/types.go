@@ -158,13 +158,11 @@ func (f Forward) String() string {
 // says otherwise.
 type RealServer struct {
 	RSKey
-	Weight int
-	// Forward is the forwarding method; TunPort is GUE's UDP destination
-	// port (0 for the other methods). Both are compared by Diff: a change
-	// is an in-place update, which the kernel applies to new connections
-	// only (a connection keeps the method it was made with).
-	Forward Forward
-	TunPort uint16
+	// Weight, like the counters below, is 32 bits as the kernel's are:
+	// with Drain and the forwarding fields (in this order) they fill the
+	// 16 bytes after the key, and a real server takes 48 bytes, not 64,
+	// in every plan and view of the kernel (TestRealServerSize).
+	Weight int32
 	// Drain marks a real server of a plan whose endpoint is in a slice but
 	// no longer serves (terminating with serving false, or failing
 	// readiness). Its weight is 0, and the kernel keeps it only while it
@@ -173,10 +171,16 @@ type RealServer struct {
 	// established connections end on their own terms (expire_nodest_conn
 	// would cut them at their next packet).
 	Drain bool
+	// Forward is the forwarding method; TunPort is GUE's UDP destination
+	// port (0 for the other methods). Both are compared by Diff: a change
+	// is an in-place update, which the kernel applies to new connections
+	// only (a connection keeps the method it was made with).
+	Forward Forward
+	TunPort uint16
 	// Read-only counters filled by List calls: IPVS's ActiveConn and
 	// InActConn (UDP flows and closing TCP connections count as inactive).
-	ActiveConns   int
-	InactiveConns int
+	ActiveConns   int32
+	InactiveConns int32
 }
 
 // Busy reports whether the kernel counts connections on the real server.

@@ -48,7 +48,7 @@ func diffOrdered(ops []ktypes.Op, w Want, rss []ktypes.RealServer, wasMH bool) [
 		}
 	}
 	pos := make(map[ktypes.RSKey]int, len(rss)) // in the list, and may stay in place
-	weight := make(map[ktypes.RSKey]int, len(rss))
+	weight := make(map[ktypes.RSKey]int32, len(rss))
 	have := make(map[ktypes.RSKey]ktypes.RealServer, len(rss))
 	for _, rs := range rss {
 		i, ok := slices.BinarySearchFunc(want, rs.RSKey, func(rs ktypes.RealServer, k ktypes.RSKey) int { return rs.RSKey.Compare(k) })

@@ -246,7 +246,7 @@ func canonical(rss []ktypes.RealServer) []ktypes.RSKey {
 	return out
 }
 
-func weightOf(rss []ktypes.RealServer, k ktypes.RSKey) int {
+func weightOf(rss []ktypes.RealServer, k ktypes.RSKey) int32 {
 	for _, rs := range rss {
 		if rs.RSKey == k {
 			return rs.Weight

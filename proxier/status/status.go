@@ -60,9 +60,9 @@ var driftKinds = map[ktypes.OpKind]string{
 type statusRealServer struct {
 	Address       string `json:"address"`
 	Port          uint16 `json:"port"`
-	Weight        int    `json:"weight"`
-	ActiveConns   int    `json:"activeConns"`
-	InactiveConns int    `json:"inactiveConns"`
+	Weight        int32  `json:"weight"`
+	ActiveConns   int32  `json:"activeConns"`
+	InactiveConns int32  `json:"inactiveConns"`
 	// InKernel is false for a wanted real server the kernel lacks.
 	InKernel bool `json:"inKernel"`
 	// Forward is the forwarding method when it is not NAT: "tunnel" (IPIP),
@@ -73,7 +73,7 @@ type statusRealServer struct {
 	// weight (0 is a draining real server), WantForward the wanted method
 	// for forwarding ("nat", "tunnel", "gue:PORT").
 	Drift       string `json:"drift,omitempty"`
-	WantWeight  *int   `json:"wantWeight,omitempty"`
+	WantWeight  *int32 `json:"wantWeight,omitempty"`
 	WantForward string `json:"wantForward,omitempty"`
 
 	key ktypes.RSKey
@@ -591,7 +591,7 @@ func writeTable(b *strings.Builder, vss []statusVirtualServer) error {
 			if i == 0 && vsDrift != "" {
 				d = strings.Trim(vsDrift+","+d, ",")
 			}
-			active, inactive := strconv.Itoa(rs.ActiveConns), strconv.Itoa(rs.InactiveConns)
+			active, inactive := strconv.Itoa(int(rs.ActiveConns)), strconv.Itoa(int(rs.InactiveConns))
 			if !rs.InKernel {
 				active, inactive = "-", "-"
 			}
@@ -614,7 +614,7 @@ func writeTable(b *strings.Builder, vss []statusVirtualServer) error {
 // rowWeight is a real server's WEIGHT column: its weight, its forwarding
 // method when not NAT, and what is wanted of either when it differs.
 func rowWeight(rs statusRealServer) string {
-	weight := strconv.Itoa(rs.Weight)
+	weight := strconv.Itoa(int(rs.Weight))
 	if rs.WantWeight != nil && strings.Contains(rs.Drift, "weight") {
 		weight += fmt.Sprintf(" (want %d)", *rs.WantWeight)
 	}

@@ -339,7 +339,7 @@ func TestStatusDrift(t *testing.T) {
 			want: map[string][]string{"10.96.0.10:80/TCP": {driftForward}},
 			check: func(t *testing.T, rep Report) {
 				checkForwardDrift(t, rep, statusRealServer{Address: "10.0.1.2", Port: 8080, Weight: 5, InKernel: true,
-					Forward: "tunnel", Drift: "weight,forwarding", WantWeight: ptr.To(1), WantForward: "nat"},
+					Forward: "tunnel", Drift: "weight,forwarding", WantWeight: ptr.To[int32](1), WantForward: "nat"},
 					"real server 10.0.1.2:8080 has weight 5, wanted 1; it is forwarded by tunnel, wanted nat",
 					"10.0.1.2:8080  5 (want 1) tunnel (want nat)")
 			},

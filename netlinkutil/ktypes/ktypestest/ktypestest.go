@@ -33,9 +33,9 @@ func RS(s string) ktypes.RealServer {
 	if a, conns, ok := strings.Cut(s, "#"); ok {
 		s = a
 		act, inact, _ := strings.Cut(conns, ".")
-		rs.ActiveConns = mustAtoi(act)
+		rs.ActiveConns = int32(mustAtoi(act))
 		if inact != "" {
-			rs.InactiveConns = mustAtoi(inact)
+			rs.InactiveConns = int32(mustAtoi(inact))
 		}
 	}
 	if a, w, ok := strings.Cut(s, "@"); ok {
@@ -43,7 +43,7 @@ func RS(s string) ktypes.RealServer {
 		if w == "d" {
 			rs.Weight, rs.Drain = 0, true
 		} else {
-			rs.Weight = mustAtoi(w)
+			rs.Weight = int32(mustAtoi(w))
 		}
 	}
 	ap := netip.MustParseAddrPort(s)
