@@ -21,6 +21,7 @@ var floors = map[string]int{
 	"netlinkutil/nltest":    0,
 	"netlinkutil/probe":     0,
 	"proxier/nodelock":      0,
+	"proxier/kube":          0,
 	"netlinkutil":           1,
 	"ipset":                 1,
 	"netlinkutil/fake":      2,

@@ -2,10 +2,10 @@ package main
 
 import (
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/preflight"
 )
 
@@ -36,7 +36,7 @@ when a requirement is missing. With --load-modules it loads missing modules.`,
 			defer func() { _ = log.Sync() }()
 			// Once, before any client: klog's logger is klog's process global.
 			config.BridgeKlog(log)
-			sys, err := preflight.NewSystem(func() (kubernetes.Interface, error) {
+			sys, err := preflight.NewSystem(func() (kube.Client, error) {
 				return agent.NewClientIfConfigured(o.Kubeconfig, userAgent())
 			}, log)
 			if err != nil {

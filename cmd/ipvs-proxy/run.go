@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/ctwatch"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/nodelock"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
@@ -175,7 +175,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 // interface and opens the iptables glue on glueLinks (hook wraps its sets;
 // with --detect-local-mode NodeCIDR it waits for the Node's podCIDRs);
 // closeSets releases the glue's netlink socket.
-func prepareKernel(ctx context.Context, o *config.Options, cfg agent.Config, timeouts netlinkutil.Timeouts, client kubernetes.Interface,
+func prepareKernel(ctx context.Context, o *config.Options, cfg agent.Config, timeouts netlinkutil.Timeouts, client kube.Client,
 	ipvs netlinkutil.IPVS, links, glueLinks netlinkutil.Links, hook kernelHook, log *zap.Logger) (g *glue.Glue, closeSets func(), err error) {
 	if err := sysctls.Ensure(log); err != nil {
 		return nil, nil, err
@@ -259,7 +259,7 @@ func addKernelReaders(p *agent.Proxier, traffic bool, reg prometheus.Registerer,
 // adds the health-check node ports to the proxier; the returned function
 // stops them.
 func serveOperations(ctx context.Context, o *config.Options, cfg agent.Config, p *agent.Proxier, reg *prometheus.Registry,
-	client kubernetes.Interface, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
+	client kube.Client, links netlinkutil.Links, recorder record.EventRecorder, log *zap.Logger) (func(), error) {
 	ops, err := opsserver.Start(ctx, opsserver.Config{
 		MetricsAddr: strings.TrimSpace(o.MetricsBindAddress), HealthzAddr: strings.TrimSpace(o.HealthzBindAddress),
 		DebugAddr: strings.TrimSpace(o.DebugBindAddress), Profiling: o.Profiling,

@@ -25,6 +25,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -122,7 +123,7 @@ func newBusyBed(b testing.TB, n int) *busyBed {
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true, MinSyncPeriod: busyMinPeriod, SyncPeriod: busyPeriod,
 		Clock: bed.clk}
 	watched := &watchedIPVS{IPVS: ipvs, added: bed.applied}
-	bed.p = New(cfg, k8sfake.NewClientset(), watched, links, nil, nil, zap.New(core))
+	bed.p = New(cfg, kubetest.New(k8sfake.NewClientset()), watched, links, nil, nil, zap.New(core))
 	bed.p.SetResyncReader(ipvs, links)
 	ipt, err := glue.NewIPTables(&savedRules{}, glue.NFT, ipset.IPv4)
 	if err != nil {

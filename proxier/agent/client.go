@@ -18,10 +18,10 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -49,18 +49,15 @@ func TuneClientConfig(cfg *rest.Config, userAgent string) {
 
 // NewClient returns a client of the apiserver configured by the kubeconfig
 // file, or, when it is empty, by the pod's in-cluster configuration, tuned
-// as TuneClientConfig says.
-func NewClient(kubeconfig, userAgent string) (kubernetes.Interface, error) {
+// as TuneClientConfig says: the agent's own client (package kube), which
+// links only the API groups the agent reads.
+func NewClient(kubeconfig, userAgent string) (kube.Client, error) {
 	cfg, err := clientConfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	TuneClientConfig(cfg, userAgent)
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("create Kubernetes client: %w", err)
-	}
-	return cs, nil
+	return kube.NewForConfig(cfg) // its errors say what they create
 }
 
 // clientConfig loads the kubeconfig file, or, when it is empty, the pod's
@@ -126,7 +123,7 @@ var ErrNoAPI = errors.New("no Kubernetes configuration (no --kubeconfig, and not
 // NewClientIfConfigured is NewClient for the commands that work without the
 // API too (preflight, status): ErrNoAPI when there is neither a kubeconfig
 // nor an in-cluster configuration.
-func NewClientIfConfigured(kubeconfig, userAgent string) (kubernetes.Interface, error) {
+func NewClientIfConfigured(kubeconfig, userAgent string) (kube.Client, error) {
 	if kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
 		return nil, ErrNoAPI
 	}
@@ -139,11 +136,11 @@ const ServiceSelector = "!service.kubernetes.io/service-proxy-name,!service.kube
 
 // ListServices lists the Services the proxier serves (ServiceSelector), in
 // pages.
-func ListServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Service, error) {
+func ListServices(ctx context.Context, client kube.Client) ([]corev1.Service, error) {
 	var out []corev1.Service
 	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: listPage}
 	for {
-		list, err := client.CoreV1().Services("").List(ctx, opts)
+		list, err := client.Services().List(ctx, opts)
 		if err != nil {
 			return nil, fmt.Errorf("list Services: %w", err)
 		}
@@ -156,11 +153,11 @@ func ListServices(ctx context.Context, client kubernetes.Interface) ([]corev1.Se
 
 // ListEndpointSlices lists the EndpointSlices of the Services the proxier
 // serves (ServiceSelector), in pages, by Service.
-func ListEndpointSlices(ctx context.Context, client kubernetes.Interface) (map[types.NamespacedName][]*discoveryv1.EndpointSlice, error) {
+func ListEndpointSlices(ctx context.Context, client kube.Client) (map[types.NamespacedName][]*discoveryv1.EndpointSlice, error) {
 	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
 	opts := metav1.ListOptions{LabelSelector: ServiceSelector, Limit: listPage}
 	for {
-		list, err := client.DiscoveryV1().EndpointSlices("").List(ctx, opts)
+		list, err := client.EndpointSlices().List(ctx, opts)
 		if err != nil {
 			return nil, fmt.Errorf("list EndpointSlices: %w", err)
 		}
@@ -178,11 +175,11 @@ func ListEndpointSlices(ctx context.Context, client kubernetes.Interface) (map[t
 }
 
 // ListNodes lists every Node, in pages, each kept compact (model.Node).
-func ListNodes(ctx context.Context, client kubernetes.Interface) ([]*model.Node, error) {
+func ListNodes(ctx context.Context, client kube.Client) ([]*model.Node, error) {
 	var out []*model.Node
 	opts := metav1.ListOptions{Limit: listPage}
 	for {
-		list, err := client.CoreV1().Nodes().List(ctx, opts)
+		list, err := client.Nodes().List(ctx, opts)
 		if err != nil {
 			return nil, fmt.Errorf("list Nodes: %w", err)
 		}
@@ -201,10 +198,10 @@ func ListNodes(ctx context.Context, client kubernetes.Interface) ([]*model.Node,
 // It lists the Node by name, which the ClusterRole's list of Nodes allows
 // (it grants no get); a list refused (Forbidden, Unauthorized) is an error
 // at once, not a wait.
-func NodePodCIDRs(ctx context.Context, client kubernetes.Interface, node string, log *zap.Logger) ([]netip.Prefix, error) {
+func NodePodCIDRs(ctx context.Context, client kube.Client, node string, log *zap.Logger) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
-		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{
+		list, err := client.Nodes().List(ctx, metav1.ListOptions{
 			FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
 		if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
 			return false, fmt.Errorf("list Nodes (the ClusterRole must allow list on nodes): %w", err)

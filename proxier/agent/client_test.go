@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 )
 
 // TestListServices: the Services of other proxies and headless ones are
@@ -28,7 +30,7 @@ func TestListServices(t *testing.T) {
 	}
 	client := fake.NewClientset(svc("mine", nil), svc("theirs", map[string]string{"service.kubernetes.io/service-proxy-name": "other"}),
 		svc("headless", map[string]string{"service.kubernetes.io/headless": ""}))
-	got, err := ListServices(context.Background(), client)
+	got, err := ListServices(context.Background(), kubetest.New(client))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,14 +52,14 @@ func TestNodePodCIDRs(t *testing.T) {
 	client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "node-1", errors.New("the ClusterRole grants no get"))
 	})
-	got, err := NodePodCIDRs(context.Background(), client, "node-1", zap.NewNop())
+	got, err := NodePodCIDRs(context.Background(), kubetest.New(client), "node-1", zap.NewNop())
 	want := []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24"), netip.MustParsePrefix("fd00:10:244:3::/64")}
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("node-1: %v, %v; want %v", got, err, want)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := NodePodCIDRs(ctx, client, "node-2", zap.NewNop()); err == nil || !strings.Contains(err.Error(), "NodeCIDR") || !strings.Contains(err.Error(), "node-2") {
+	if _, err := NodePodCIDRs(ctx, kubetest.New(client), "node-2", zap.NewNop()); err == nil || !strings.Contains(err.Error(), "NodeCIDR") || !strings.Contains(err.Error(), "node-2") {
 		t.Errorf("node-2 without podCIDRs: %v; want an error naming the mode and the Node", err)
 	}
 	client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -65,7 +67,7 @@ func TestNodePodCIDRs(t *testing.T) {
 	})
 	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := NodePodCIDRs(ctx, client, "node-1", zap.NewNop()); !apierrors.IsForbidden(err) || ctx.Err() != nil {
+	if _, err := NodePodCIDRs(ctx, kubetest.New(client), "node-1", zap.NewNop()); !apierrors.IsForbidden(err) || ctx.Err() != nil {
 		t.Errorf("list forbidden: %v; want the Forbidden error at once", err)
 	}
 }

@@ -32,8 +32,9 @@ func labelsOf(m *dto.Metric) string {
 
 // TestClientMetrics: a client built as the agent builds it (NewClient,
 // from a kubeconfig) reports its requests to the registry under
-// kube-proxy's names, labels and buckets: a list (200), a Get of a missing
-// Node (404) and a Get that the server throttles once (429, then 200).
+// kube-proxy's names, labels and buckets: a list (200), a list of a
+// resource the server does not serve (404) and a list that the server
+// throttles once (429, then 200).
 // testClientMetrics is the registry of client-go's metrics in this test
 // binary: client-go takes one registration per process.
 var testClientMetrics struct {
@@ -49,14 +50,14 @@ func TestClientMetrics(t *testing.T) {
 		switch r.URL.Path {
 		case "/api/v1/services":
 			fmt.Fprint(w, `{"kind":"ServiceList","apiVersion":"v1","metadata":{},"items":[]}`)
-		case "/api/v1/nodes/n1":
+		case "/api/v1/nodes":
 			if !throttled.Swap(true) {
 				w.Header().Set("Retry-After", "0")
 				w.WriteHeader(http.StatusTooManyRequests)
 				fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429}`)
 				return
 			}
-			fmt.Fprint(w, `{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"}}`)
+			fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":[{"metadata":{"name":"n1"}}]}`)
 		default:
 			w.WriteHeader(http.StatusNotFound)
 			fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`)
@@ -96,14 +97,14 @@ current-context: c
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{}); err != nil {
+	if _, err := client.Services().List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.CoreV1().Nodes().Get(ctx, "missing", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("get a missing Node: %v, want NotFound", err)
+	if _, err := client.ServiceCIDRs().List(ctx, metav1.ListOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("list ServiceCIDRs of an apiserver without them: %v, want NotFound", err)
 	}
-	if _, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{}); err != nil {
-		t.Fatalf("get a Node after a 429: %v", err)
+	if nodes, err := client.Nodes().List(ctx, metav1.ListOptions{}); err != nil || len(nodes.Items) != 1 {
+		t.Fatalf("list Nodes after a 429: %v, %v", nodes, err)
 	}
 
 	fams := families(t, reg)

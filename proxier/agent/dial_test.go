@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 )
 
 // silentListener is a listener on 127.0.0.1 whose accept queue is full:
@@ -82,13 +83,13 @@ func TestClientGivesUpOnASilentApiserver(t *testing.T) {
 	s := newSilentListener(t)
 	cfg := &rest.Config{Host: "http://" + s.addr}
 	TuneClientConfig(cfg, "ipvs-proxy-test")
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kube.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	start := time.Now()
-	_, err = client.Discovery().ServerVersion()
+	_, err = client.ServerVersion(ctx)
 	took := time.Since(start)
 	if err == nil {
 		t.Fatal("GET /version answered by a listener that accepts nothing")
@@ -102,7 +103,7 @@ func TestClientGivesUpOnASilentApiserver(t *testing.T) {
 	}
 	t.Logf("a silent apiserver: gave up after %v (%v)", took.Round(time.Millisecond), err)
 	s.serve(versionHandler())
-	v, err := client.Discovery().ServerVersion()
+	v, err := client.ServerVersion(ctx)
 	if err != nil || v.GitVersion != "v1.36.3" {
 		t.Errorf("after the apiserver answers: %v, %v", v, err)
 	}

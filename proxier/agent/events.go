@@ -13,11 +13,10 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 )
 
 // The bounds of a node's Events.
@@ -35,12 +34,12 @@ const (
 
 // NewEventRecorder records Events on the API as this node's ipvs-proxy,
 // within the bounds above; stop flushes and ends it.
-func NewEventRecorder(ctx context.Context, client kubernetes.Interface, node string, log *zap.Logger) (_ record.EventRecorder, stop func()) {
+func NewEventRecorder(ctx context.Context, client kube.Client, node string, log *zap.Logger) (_ record.EventRecorder, stop func()) {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx), record.WithCorrelatorOptions(record.CorrelatorOptions{
 		BurstSize: eventsPerObjectBurst, QPS: eventsPerObjectQPS,
 	}))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	inner := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ipvs-proxy", Host: node})
+	broadcaster.StartRecordingToSink(client.Events())
+	inner := broadcaster.NewRecorder(kube.NewScheme(), corev1.EventSource{Component: "ipvs-proxy", Host: node})
 	return newLimitedRecorder(inner, flowcontrol.NewTokenBucketPassiveRateLimiter(eventsPerNodeQPS, eventsPerNodeBurst), log), broadcaster.Shutdown
 }
 

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -66,7 +67,7 @@ func growthProxier(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) 
 	links.KeepCalls(false)
 	cfg := Config{NodeName: "node-a", Interface: testIface, Scheduler: scheduler.Spec{Name: "rr"},
 		NodePortRange: model.PortRange{Min: 30000, Max: 32767}, IPv4: true, MinSyncPeriod: time.Second, SyncPeriod: time.Hour}
-	p := New(cfg, k8sfake.NewClientset(), ipvs, links, nil, nil, zap.NewNop())
+	p := New(cfg, kubetest.New(k8sfake.NewClientset()), ipvs, links, nil, nil, zap.NewNop())
 	for i := range svcs {
 		p.tracker.onService(svcs[i], false)
 		p.tracker.onSlice(slices[i], false)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -71,7 +72,7 @@ func newLoopBedWith(t *testing.T, tweak func(*Config), objs ...*corev1.Service) 
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	b.p = New(cfg, b.client, b.ipvs, b.links, nil, nil, zap.NewNop())
+	b.p = New(cfg, kubetest.New(b.client), b.ipvs, b.links, nil, nil, zap.NewNop())
 	return b
 }
 

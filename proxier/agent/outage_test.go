@@ -30,7 +30,6 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
@@ -39,6 +38,8 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -174,14 +175,14 @@ func runtimeRaw(o any) k8sruntime.RawExtension {
 
 // client is the agent's client of this server (TuneClientConfig, as
 // NewClient makes it).
-func (f *fakeAPIServer) client() kubernetes.Interface {
+func (f *fakeAPIServer) client() kube.Client {
 	cfg := &rest.Config{Host: (&url.URL{Scheme: "http", Host: f.addr}).String()}
 	TuneClientConfig(cfg, "ipvs-proxy-test")
-	cs, err := kubernetes.NewForConfig(cfg)
+	c, err := kube.NewForConfig(cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return cs
+	return c
 }
 
 func outageService(port int32) corev1.Service {
@@ -480,7 +481,7 @@ func TestServiceCIDRInformerWaitsForTheApiserver(t *testing.T) {
 	})
 	core, logs := observer.New(zap.InfoLevel)
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))
-	inf := serviceCIDRInformer(client, newReacher(clk, zap.New(core)))
+	inf := serviceCIDRInformer(kubetest.New(client), newReacher(clk, zap.New(core)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { inf.RunWithContext(ctx); close(done) }()

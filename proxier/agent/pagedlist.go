@@ -20,11 +20,11 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -215,22 +215,22 @@ func ourSelector(o metav1.ListOptions) metav1.ListOptions {
 
 // serviceInformer watches the Services the proxier serves, listed in
 // pages, kept compact (model.Compact).
-func serviceInformer(client kubernetes.Interface, r reacher) cache.SharedIndexInformer {
-	svcs := client.CoreV1().Services(metav1.NamespaceAll)
+func serviceInformer(client kube.Client, r reacher) cache.SharedIndexInformer {
+	svcs := client.Services()
 	return ourInformer(svcs.List, svcs.Watch, &corev1.Service{}, r)
 }
 
 // sliceInformer watches the EndpointSlices of the Services the proxier
 // serves, listed in pages, kept compact (model.Compact).
-func sliceInformer(client kubernetes.Interface, r reacher) cache.SharedIndexInformer {
-	eps := client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
+func sliceInformer(client kube.Client, r reacher) cache.SharedIndexInformer {
+	eps := client.EndpointSlices()
 	return ourInformer(eps.List, eps.Watch, &discoveryv1.EndpointSlice{}, r)
 }
 
 // nodeInformer watches every Node, listed in pages, kept compact
 // (model.Node: the addresses of all, the zone and podCIDRs of this one).
-func nodeInformer(client kubernetes.Interface, r reacher) cache.SharedIndexInformer {
-	nodes := client.CoreV1().Nodes()
+func nodeInformer(client kube.Client, r reacher) cache.SharedIndexInformer {
+	nodes := client.Nodes()
 	return pagedInformer(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 		return nodes.List(ctx, o)
 	}, nodes.Watch, &corev1.Node{}, r)
@@ -238,8 +238,8 @@ func nodeInformer(client kubernetes.Interface, r reacher) cache.SharedIndexInfor
 
 // serviceCIDRInformer watches every ServiceCIDR, listed in pages, kept
 // whole (model.Compact leaves them).
-func serviceCIDRInformer(client kubernetes.Interface, r reacher) cache.SharedIndexInformer {
-	scs := client.NetworkingV1().ServiceCIDRs()
+func serviceCIDRInformer(client kube.Client, r reacher) cache.SharedIndexInformer {
+	scs := client.ServiceCIDRs()
 	return pagedInformer(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 		return scs.List(ctx, o)
 	}, scs.Watch, &networkingv1.ServiceCIDR{}, r)

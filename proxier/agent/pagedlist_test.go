@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -139,7 +140,7 @@ func TestPagedInformerSyncs(t *testing.T) {
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.1"}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "other",
 			Labels: map[string]string{"service.kubernetes.io/service-proxy-name": "x"}}})
-	inf := serviceInformer(client, newReacher(clock.RealClock{}, zap.NewNop()))
+	inf := serviceInformer(kubetest.New(client), newReacher(clock.RealClock{}, zap.NewNop()))
 	if err := inf.SetTransform(model.Compact); err != nil {
 		t.Fatal(err)
 	}

@@ -15,13 +15,13 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -85,7 +85,7 @@ type Config struct {
 type Proxier struct {
 	cfg       Config
 	clock     clock.WithTicker
-	client    kubernetes.Interface
+	client    kube.Client
 	links     netlinkutil.Links
 	log       *zap.Logger
 	tracker   *tracker
@@ -107,7 +107,7 @@ type Proxier struct {
 }
 
 // New returns a Proxier. recorder may be nil (no Events).
-func New(cfg Config, client kubernetes.Interface, ipvs netlinkutil.IPVS, links netlinkutil.Links,
+func New(cfg Config, client kube.Client, ipvs netlinkutil.IPVS, links netlinkutil.Links,
 	recorder record.EventRecorder, metrics *Metrics, log *zap.Logger) *Proxier {
 	if metrics == nil {
 		metrics = NewMetrics(nil)

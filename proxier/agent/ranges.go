@@ -16,8 +16,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 )
 
 // RangeConsumer is a Consumer that must know the Service ranges routed as
@@ -71,14 +72,14 @@ func serviceCIDRPrefixes(objs []*networkingv1.ServiceCIDR) ([]netip.Prefix, map[
 // finds them: cfg.ServiceRanges when given, else the cluster's ServiceCIDR
 // objects (networking.k8s.io/v1); none unless cfg.RouteServiceRanges.
 // `ipvs-proxy status` builds its desired state with them.
-func ListServiceRanges(ctx context.Context, client kubernetes.Interface, cfg Config) ([]netip.Prefix, error) {
+func ListServiceRanges(ctx context.Context, client kube.Client, cfg Config) ([]netip.Prefix, error) {
 	if !cfg.RouteServiceRanges {
 		return nil, nil
 	}
 	if len(cfg.ServiceRanges) > 0 {
 		return RoutableRanges(cfg.ServiceRanges), nil
 	}
-	list, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	list, err := client.ServiceCIDRs().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list ServiceCIDRs: %w", err)
 	}
@@ -121,10 +122,10 @@ func (t *tracker) setRanges(ranges []netip.Prefix, sources map[netip.Prefix]*cor
 // a timeout) is retried with backoff, logged, until ctx ends: the first
 // full sync waits for the apiserver anyway, and a node that booted before
 // its apiserver answered must not bind for good.
-func (t *tracker) probeServiceCIDRs(ctx context.Context, client kubernetes.Interface) error {
+func (t *tracker) probeServiceCIDRs(ctx context.Context, client kube.Client) error {
 	delay := 500 * time.Millisecond
 	for {
-		_, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
+		_, err := client.ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
 		switch {
 		case err == nil:
 			return nil
@@ -149,7 +150,7 @@ func (t *tracker) probeServiceCIDRs(ctx context.Context, client kubernetes.Inter
 // Kubernetes 1.33, a ClusterRole without the right) is an error, and the
 // caller binds one address per clusterIP instead. The returned func tells
 // when the first list has been handled.
-func (t *tracker) watchServiceCIDRs(ctx context.Context, client kubernetes.Interface, infs *informerSet) (cache.InformerSynced, error) {
+func (t *tracker) watchServiceCIDRs(ctx context.Context, client kube.Client, infs *informerSet) (cache.InformerSynced, error) {
 	if err := t.probeServiceCIDRs(ctx, client); err != nil {
 		return nil, err
 	}

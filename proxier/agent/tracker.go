@@ -16,11 +16,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -460,7 +460,7 @@ type syncInput struct {
 // caches only what the agent reads, in the agent's own types. Services and
 // slices of other proxies (service-proxy-name) and headless ones are not
 // ours (ServiceSelector); both are listed in pages (pagedListWatch).
-func (t *tracker) watch(ctx context.Context, client kubernetes.Interface, infs *informerSet, watchRanges bool) ([]cache.InformerSynced, error) {
+func (t *tracker) watch(ctx context.Context, client kube.Client, infs *informerSet, watchRanges bool) ([]cache.InformerSynced, error) {
 	svcReg, err := infs.add(serviceInformer(client, t.reach), handler(t.onService))
 	if err != nil {
 		return nil, fmt.Errorf("watch services: %w", err)

@@ -22,12 +22,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/healthcheck"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
 )
@@ -70,9 +70,9 @@ type apiProbe struct {
 
 // VersionCheck asks the apiserver for /version, which every authenticated
 // client may read (system:public-info-viewer) and which touches no storage.
-func VersionCheck(client kubernetes.Interface) func(ctx context.Context) error {
+func VersionCheck(client kube.Client) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
-		if err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error(); err != nil {
+		if _, err := client.ServerVersion(ctx); err != nil {
 			return fmt.Errorf("GET /version: %w", err)
 		}
 		return nil

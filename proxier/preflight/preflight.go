@@ -21,7 +21,6 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
@@ -29,6 +28,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/sysctls"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -135,7 +135,7 @@ const (
 
 // NewSystem returns the probes of the real node; newClient gives the
 // client that reads the Services (agent.ErrNoAPI without a configuration).
-func NewSystem(newClient func() (kubernetes.Interface, error), log *zap.Logger) (*System, error) {
+func NewSystem(newClient func() (kube.Client, error), log *zap.Logger) (*System, error) {
 	mods, err := kmod.NewChecker()
 	if err != nil {
 		return nil, err
@@ -193,7 +193,7 @@ func readCapEff() (uint64, error) {
 // schedulersInUse lists the Services and returns the schedulers their
 // annotations name, with the Services naming each, and the number of
 // Services read.
-func schedulersInUse(ctx context.Context, newClient func() (kubernetes.Interface, error)) (map[string][]string, int, error) {
+func schedulersInUse(ctx context.Context, newClient func() (kube.Client, error)) (map[string][]string, int, error) {
 	client, err := newClient()
 	if err != nil {
 		return nil, 0, err

@@ -18,12 +18,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
@@ -176,7 +176,7 @@ func SchedulerMissing() func(string) bool {
 // desired state from them as run does (agent.DesiredState). It returns
 // the desired state, the conflicts, a label (namespace/name:port) for each
 // wanted virtual server, the number of Services read and warnings.
-func desiredState(ctx context.Context, client kubernetes.Interface, cfg agent.Config, nodeAddrs []netip.Addr,
+func desiredState(ctx context.Context, client kube.Client, cfg agent.Config, nodeAddrs []netip.Addr,
 	schedulerMissing func(string) bool) (model.Desired, []model.Conflict, map[ktypes.VSKey]string, int, []string, error) {
 	services, err := agent.ListServices(ctx, client)
 	if err != nil {
@@ -290,7 +290,7 @@ func readOwnedKernel(cfg agent.Config, ipvs netlinkutil.IPVS, links netlinkutil.
 // joins them; drift is the operations run's next full sync would make
 // (model.Diff). apiErr, when set, is why there is no client.
 func Collect(ctx context.Context, cfg agent.Config, ipvs netlinkutil.IPVS, links netlinkutil.Links,
-	client kubernetes.Interface, apiErr error, schedulerMissing func(string) bool) (Report, error) {
+	client kube.Client, apiErr error, schedulerMissing func(string) bool) (Report, error) {
 	rep := Report{Node: cfg.NodeName, Interface: cfg.Interface, VirtualServers: []statusVirtualServer{}}
 	// Node addresses first: node ports are built on them.
 	nodeAddrs, err := links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)

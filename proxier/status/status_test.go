@@ -29,6 +29,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/opsserver"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/reconciler"
@@ -138,7 +139,7 @@ func rsKey(addr string) ktypes.RSKey {
 
 func collect(t *testing.T, ipvs *fake.IPVS, links *fake.Links, client kubernetes.Interface, apiErr error) Report {
 	t.Helper()
-	rep, err := Collect(context.Background(), statusConfig(), ipvs, links, client, apiErr, nil)
+	rep, err := Collect(context.Background(), statusConfig(), ipvs, links, kubetest.New(client), apiErr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -631,7 +632,7 @@ func TestStatusSchedulerFallback(t *testing.T) {
 		{name: "module present: the kernel should have mh", drift: []string{driftDifferentVS}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			rep, err := Collect(context.Background(), statusConfig(), ipvs, links, k8sfake.NewClientset(objs...), nil, tt.missing)
+			rep, err := Collect(context.Background(), statusConfig(), ipvs, links, kubetest.New(k8sfake.NewClientset(objs...)), nil, tt.missing)
 			if err != nil {
 				t.Fatal(err)
 			}

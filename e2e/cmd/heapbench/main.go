@@ -68,6 +68,7 @@ import (
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
 )
@@ -220,7 +221,7 @@ func measure(ctx context.Context, base *rest.Config, n int, outDir string, cpuPr
 	}
 	rc := rest.CopyConfig(base)
 	agent.TuneClientConfig(rc, "ipvs-proxy-heapbench")
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := kube.NewForConfig(rc) // the agent's own client, as run makes it
 	if err != nil {
 		return r, fmt.Errorf("create client: %w", err)
 	}
