@@ -2,6 +2,7 @@ package netlinkutil
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -89,21 +90,20 @@ func ParseProcTable(r io.Reader) (map[ktypes.VSKey][]ktypes.RealServer, error) {
 //
 // (IPv4 addresses and ports in hexadecimal, IPv6 ones bracketed).
 func parseProcTable(r *bufio.Reader) (map[ktypes.VSKey][]ktypes.RealServer, error) {
-	out := map[ktypes.VSKey][]ktypes.RealServer{}
-	var cur ktypes.VSKey
-	have := false // cur is a virtual server whose destinations are read
+	p := procParser{out: map[ktypes.VSKey][]ktypes.RealServer{}}
 	for n := 1; ; n++ {
 		line, err := r.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			return nil, fmt.Errorf("line %d too long", n)
 		}
 		if len(line) > 0 {
-			if perr := parseProcLine(string(line), out, &cur, &have); perr != nil {
+			if perr := p.line(line); perr != nil {
 				return nil, fmt.Errorf("line %d %q: %w", n, strings.TrimSpace(string(line)), perr)
 			}
 		}
 		if err == io.EOF {
-			return out, nil
+			p.flush()
+			return p.out, nil
 		}
 		if err != nil {
 			return nil, err
@@ -111,13 +111,33 @@ func parseProcTable(r *bufio.Reader) (map[ktypes.VSKey][]ktypes.RealServer, erro
 	}
 }
 
-func parseProcLine(line string, out map[ktypes.VSKey][]ktypes.RealServer, cur *ktypes.VSKey, have *bool) error {
-	f := strings.Fields(line)
+// procParser reads the table a line at a time. A virtual server's
+// destinations gather in rss and go into out, in a list of their own
+// size, when the next virtual server (or the end) comes.
+type procParser struct {
+	out  map[ktypes.VSKey][]ktypes.RealServer
+	cur  ktypes.VSKey
+	have bool // cur is a virtual server whose destinations are read
+	rss  []ktypes.RealServer
+}
+
+// flush keeps cur's destinations (an empty list for none); a virtual
+// server shown twice (the file is read in pieces) keeps the last.
+func (p *procParser) flush() {
+	if p.have {
+		p.out[p.cur] = append(make([]ktypes.RealServer, 0, len(p.rss)), p.rss...)
+	}
+	p.rss = p.rss[:0]
+}
+
+func (p *procParser) line(line []byte) error {
+	var buf [8][]byte
+	f := procFields(line, buf[:0])
 	if len(f) == 0 {
 		return nil
 	}
-	if f[0] == "->" {
-		if !*have { // the header, or a fwmark service's destination
+	if string(f[0]) == "->" {
+		if !p.have { // the header, or a fwmark service's destination
 			return nil
 		}
 		if len(f) < 6 {
@@ -129,49 +149,74 @@ func parseProcLine(line string, out map[ktypes.VSKey][]ktypes.RealServer, cur *k
 		}
 		var nums [3]int32
 		for i := range nums {
-			n, err := strconv.ParseInt(f[3+i], 10, 32)
+			n, err := strconv.ParseInt(string(f[3+i]), 10, 32)
 			if err != nil {
 				return fmt.Errorf("destination counters: %w", err)
 			}
 			nums[i] = int32(n)
 		}
-		out[*cur] = append(out[*cur], ktypes.RealServer{RSKey: ktypes.RSKey{Address: a, Port: port},
-			Forward: procForward(f[2]), Weight: nums[0], ActiveConns: nums[1], InactiveConns: nums[2]})
+		p.rss = append(p.rss, ktypes.RealServer{RSKey: ktypes.RSKey{Address: a, Port: port},
+			Forward: procForward(string(f[2])), Weight: nums[0], ActiveConns: nums[1], InactiveConns: nums[2]})
 		return nil
 	}
-	proto, ok := procProtocols[f[0]]
+	p.flush()
+	proto, ok := procProtocols[string(f[0])]
 	if !ok || len(f) < 2 { // the header lines, fwmark services
-		*have = false
+		p.have = false
 		return nil
 	}
 	a, port, err := parseProcAddrPort(f[1])
 	if err != nil {
 		return err
 	}
-	// A record shown twice (the file is read in pieces) counts once.
-	*cur, *have = ktypes.VSKey{Address: a, Protocol: proto, Port: port}, true
-	out[*cur] = []ktypes.RealServer{}
+	p.cur, p.have = ktypes.VSKey{Address: a, Protocol: proto, Port: port}, true
 	return nil
 }
 
+// procFields appends line's fields (split at spaces and tabs) to f, up to
+// its capacity: a table line has at most 7 (a persistent service's). It
+// allocates nothing: a table of 250,000 destinations is read whole at
+// every periodic resync.
+func procFields(line []byte, f [][]byte) [][]byte {
+	for i := 0; i < len(line) && len(f) < cap(f); {
+		for i < len(line) && isProcSpace(line[i]) {
+			i++
+		}
+		j := i
+		for j < len(line) && !isProcSpace(line[j]) {
+			j++
+		}
+		if j > i {
+			f = append(f, line[i:j])
+		}
+		i = j
+	}
+	return f
+}
+
+func isProcSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
 // parseProcAddrPort parses "0A60000A:0050" or "[fd00:...:0010]:0050".
-func parseProcAddrPort(s string) (netip.Addr, uint16, error) {
-	i := strings.LastIndexByte(s, ':')
+func parseProcAddrPort(s []byte) (netip.Addr, uint16, error) {
+	i := bytes.LastIndexByte(s, ':')
 	if i < 0 {
 		return netip.Addr{}, 0, fmt.Errorf("address %q has no port", s)
 	}
-	port, err := strconv.ParseUint(s[i+1:], 16, 16)
+	port, err := strconv.ParseUint(string(s[i+1:]), 16, 16)
 	if err != nil {
 		return netip.Addr{}, 0, fmt.Errorf("port of %q: %w", s, err)
 	}
 	host := s[:i]
-	if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
-		a, err := netip.ParseAddr(host[1 : len(host)-1])
+	if len(host) >= 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		a, err := netip.ParseAddr(string(host[1 : len(host)-1]))
 		return a, uint16(port), err
 	}
-	b, err := hex.DecodeString(host)
-	if err != nil || len(b) != 4 {
+	var b [4]byte
+	if len(host) != 2*len(b) {
 		return netip.Addr{}, 0, fmt.Errorf("address %q is not 8 hexadecimal digits", host)
 	}
-	return netip.AddrFrom4([4]byte(b)), uint16(port), nil
+	if _, err := hex.Decode(b[:], host); err != nil {
+		return netip.Addr{}, 0, fmt.Errorf("address %q is not 8 hexadecimal digits", host)
+	}
+	return netip.AddrFrom4(b), uint16(port), nil
 }
