@@ -460,6 +460,7 @@ func (p *Proxier) build(in syncInputs) {
 	}
 	now := p.clock.Now()
 	defer p.settle.start()
+	p.rec.Reserve(len(in.services))
 	for n, si := range in.services {
 		plan := planner.Plan(si.svc, si.slices, in.node)
 		if plan != nil {

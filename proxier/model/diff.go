@@ -166,8 +166,8 @@ func (k *Kernel) Routed(a netip.Addr) bool { return routed(k.Routes, a) }
 
 // NewKernel returns a view holding vss and bound (and no routes).
 func NewKernel(vss []ktypes.VirtualServer, bound []netip.Addr) *Kernel {
-	k := &Kernel{VirtualServers: map[ktypes.VSKey]ktypes.VirtualServer{}, RealServers: map[ktypes.VSKey][]ktypes.RealServer{},
-		Bound: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{}, perAddr: map[netip.Addr]int{}}
+	k := &Kernel{VirtualServers: make(map[ktypes.VSKey]ktypes.VirtualServer, len(vss)), RealServers: map[ktypes.VSKey][]ktypes.RealServer{},
+		Bound: make(map[netip.Addr]bool, len(bound)), Routes: map[netip.Prefix]bool{}, perAddr: make(map[netip.Addr]int, len(vss))}
 	for _, vs := range vss {
 		k.PutVirtualServer(vs)
 	}
@@ -175,6 +175,18 @@ func NewKernel(vss []ktypes.VirtualServer, bound []netip.Addr) *Kernel {
 		k.Bound[a] = true
 	}
 	return k
+}
+
+// Reserve sizes the view for the n virtual servers and addresses a sync
+// is about to write, when it holds none (a cold start), so that its tables
+// do not grow, rehashing, as the writes are recorded.
+func (k *Kernel) Reserve(n int) {
+	if len(k.VirtualServers) > 0 || len(k.Bound) > 0 {
+		return
+	}
+	k.VirtualServers = make(map[ktypes.VSKey]ktypes.VirtualServer, n)
+	k.perAddr = make(map[netip.Addr]int, n)
+	k.Bound = make(map[netip.Addr]bool, n)
 }
 
 // PutVirtualServer records a virtual server as added or updated.

@@ -481,3 +481,22 @@ func BenchmarkDraining(b *testing.B) {
 		}
 	}
 }
+
+// TestKernelReserve: sizing an empty view ahead keeps it working; a view
+// that holds something keeps it.
+func TestKernelReserve(t *testing.T) {
+	a := netip.MustParseAddr("10.96.0.10")
+	held := model.NewKernel([]ktypes.VirtualServer{dvs("10.96.0.10:80", "rr")}, []netip.Addr{a})
+	held.Reserve(1000)
+	if _, ok := held.VirtualServers[ktypestest.VSKey("10.96.0.10:80", ktypes.TCP)]; !ok || !held.Bound[a] || held.OnAddress(a) != 1 {
+		t.Errorf("Reserve on a view that holds a virtual server and an address lost them: %+v, on address %d", held, held.OnAddress(a))
+	}
+	empty := model.NewKernel(nil, nil)
+	empty.Reserve(1000)
+	empty.PutVirtualServer(dvs("10.96.0.10:80", "rr"))
+	empty.PutVirtualServer(dvs("10.96.0.10:443", "rr"))
+	empty.Bound[a] = true
+	if empty.OnAddress(a) != 2 || len(empty.VirtualServers) != 2 {
+		t.Errorf("reserved view after two puts: %d virtual servers, %d on %s; want 2, 2", len(empty.VirtualServers), empty.OnAddress(a), a)
+	}
+}

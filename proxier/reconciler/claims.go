@@ -101,7 +101,7 @@ func (c *claimIndex) conflicts(n types.NamespacedName) []model.Conflict {
 
 // desired is the part of the desired state that the scope looks at.
 func (r *Reconciler) desired(keys []ktypes.VSKey, addrs []netip.Addr) model.Desired {
-	d := model.Desired{VirtualServers: make(map[ktypes.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{},
+	d := model.Desired{VirtualServers: make(map[ktypes.VSKey]model.Want, len(keys)), Addresses: make(map[netip.Addr]bool, len(addrs)),
 		Routes: make(map[netip.Prefix]bool, len(r.routes)), Excluded: r.own.ExcludeCIDRs}
 	for p := range r.routes {
 		d.Route(p) // and its anchor bound

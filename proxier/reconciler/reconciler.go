@@ -181,6 +181,34 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 	r.dirtyServices[name] = true
 }
 
+// Reserve sizes the reconciler's indexes for the n plans about to be set,
+// when it holds none yet (a cold start): they are made at that size once
+// instead of doubling as the plans come, every entry rehashed at each
+// doubling (17 times at 100,000 Services). n counts Services; the indexes
+// of virtual servers and addresses get as much, one each.
+func (r *Reconciler) Reserve(n int) {
+	if len(r.claims.plans) > 0 || n <= 64 {
+		return
+	}
+	r.claims.plans = make(map[types.NamespacedName]*model.ServicePlan, n)
+	r.claims.byKey = reserved(r.claims.byKey, n)
+	r.claims.addrs = reserved(r.claims.addrs, n)
+	r.statuses.byName = reserved(r.statuses.byName, n)
+	r.statuses.conflictChanged = reserved(r.statuses.conflictChanged, n)
+	r.dirtyServices = reserved(r.dirtyServices, n)
+	r.dirtyKeys = reserved(r.dirtyKeys, n)
+	r.dirtyAddrs = reserved(r.dirtyAddrs, n)
+}
+
+// reserved is m with room for n entries: a map made at that size when m
+// is empty, else m (copying it would cost what its growth saves).
+func reserved[K comparable, V any](m map[K]V, n int) map[K]V {
+	if len(m) > 0 {
+		return m
+	}
+	return make(map[K]V, n)
+}
+
 // claim adds (sign 1) or removes (sign -1) a plan's claims, marking what
 // it touches dirty and the claimants of each virtual server it touches as
 // having conflicts to check.

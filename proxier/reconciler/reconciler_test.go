@@ -1589,3 +1589,40 @@ func TestReconcilerForwardingChange(t *testing.T) {
 		callsDiff(t, "to "+step.rs, []string{step.want}, ipvs.Writes())
 	}
 }
+
+// TestReconcilerReserve: sizing the indexes ahead (a cold start's many
+// plans) changes nothing a sync does: the Services reserved for are
+// programmed, a removal waiting when the last plan is gone is still
+// applied, and a reconciler that holds plans keeps them.
+func TestReconcilerReserve(t *testing.T) {
+	r, ipvs, links := newTestReconciler(t)
+	r.Reserve(1000)
+	twoServices(t, r)
+	want := ipvs.Dump()
+	if len(want) == 0 {
+		t.Fatalf("nothing programmed after Reserve")
+	}
+
+	// Holding plans: Reserve keeps them (a resync writes nothing).
+	resetCalls(ipvs, links)
+	r.Reserve(1000)
+	mustSync(t, r, true)
+	callsDiff(t, "resync writes after Reserve", nil, ipvs.Writes())
+	if vss, rss := r.Counts(); vss != 3 || rss != 5 {
+		t.Errorf("Counts() = %d, %d after Reserve, want 3, 5", vss, rss)
+	}
+
+	// Every plan removed, then Reserve before the sync: the removals
+	// still reach the kernel.
+	r.SetPlan(svcA, nil)
+	r.SetPlan(svcB, nil)
+	r.Reserve(1000)
+	resetCalls(ipvs, links)
+	mustSync(t, r, false)
+	if got := ipvs.Dump(); len(got) != 0 {
+		t.Errorf("kernel after removing every Service with Reserve between: %v", got)
+	}
+	if got := links.Addresses(testIface); len(got) != 0 {
+		t.Errorf("addresses left on %s: %v", testIface, got)
+	}
+}
