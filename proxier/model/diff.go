@@ -213,12 +213,16 @@ func (k *Kernel) DeleteVirtualServer(key ktypes.VSKey) {
 func (k *Kernel) OnAddress(a netip.Addr) int { return k.perAddr[a] }
 
 // Scope limits a diff: All, or the listed virtual servers and addresses,
-// and the routes when Routes (All includes them).
+// and the routes when Routes (All includes them). Room, when not zero, is
+// about how many operations the caller expects: Diff makes room for them
+// instead of counting them first (one more look-up of every virtual
+// server and address in want and have).
 type Scope struct {
 	All       bool
 	Keys      []ktypes.VSKey
 	Addresses []netip.Addr
 	Routes    bool
+	Room      int
 }
 
 // Diff returns the operations that make the kernel (have) hold want, within
@@ -277,24 +281,15 @@ func Diff(want Desired, have *Kernel, scope Scope) []ktypes.Op {
 			}
 		}
 	}
-	// Sized for what is surely written: routes, binds, and the virtual
-	// servers missing from the kernel with their real servers (a cold
-	// sync's 10,000s of ops, which append would copy as they grow: one
-	// op more than the room, the route of a routed cold sync, copied all
-	// 30,000 of 10,000 Services into a new array at the end, 10 MB alive
-	// beside the old 8).
-	n := len(routes) + len(unroutes)
-	for _, a := range addrs {
-		if want.Addresses[a] && !have.Bound[a] {
-			n++
-		}
-	}
-	for _, k := range keys {
-		if w, wanted := want.VirtualServers[k]; wanted {
-			if _, inKernel := have.VirtualServers[k]; !inKernel {
-				n += 1 + len(w.RealServers)
-			}
-		}
+	// Sized for the caller's Room, else for what is surely written:
+	// routes, binds, and the virtual servers missing from the kernel with
+	// their real servers (a cold sync's 10,000s of ops, which append
+	// would copy as they grow: one op more than the room, the route of a
+	// routed cold sync, copied all 30,000 of 10,000 Services into a new
+	// array at the end, 10 MB alive beside the old 8).
+	n := scope.Room
+	if n == 0 {
+		n = opsAtLeast(want, have, keys, addrs) + len(routes) + len(unroutes)
 	}
 	var ops []ktypes.Op
 	if n > 0 {
@@ -331,6 +326,26 @@ func Diff(want Desired, have *Kernel, scope Scope) []ktypes.Op {
 		}
 	}
 	return ops
+}
+
+// opsAtLeast counts the operations Diff surely makes for keys and addrs:
+// binds, and the virtual servers missing from have with their real
+// servers.
+func opsAtLeast(want Desired, have *Kernel, keys []ktypes.VSKey, addrs []netip.Addr) int {
+	n := 0
+	for _, a := range addrs {
+		if want.Addresses[a] && !have.Bound[a] {
+			n++
+		}
+	}
+	for _, k := range keys {
+		if w, wanted := want.VirtualServers[k]; wanted {
+			if _, inKernel := have.VirtualServers[k]; !inKernel {
+				n += 1 + len(w.RealServers)
+			}
+		}
+	}
+	return n
 }
 
 // strandedIn reports whether a virtual server of the kernel that is not

@@ -280,6 +280,11 @@ func TestDiff(t *testing.T) {
 			if diff := cmp.Diff(tt.ops, got); diff != "" {
 				t.Errorf("ops (-want +got):\n%s", diff)
 			}
+			// Room sizes the list only.
+			tt.scope.Room = 1
+			if diff := cmp.Diff(tt.ops, opStrings(model.Diff(tt.want, tt.have, tt.scope))); diff != "" {
+				t.Errorf("ops with Room 1 (-want +got):\n%s", diff)
+			}
 		})
 	}
 }

@@ -196,8 +196,6 @@ func (r *Reconciler) Reserve(n int) {
 	r.statuses.byName = reserved(r.statuses.byName, n)
 	r.statuses.conflictChanged = reserved(r.statuses.conflictChanged, n)
 	r.dirtyServices = reserved(r.dirtyServices, n)
-	r.dirtyKeys = reserved(r.dirtyKeys, n)
-	r.dirtyAddrs = reserved(r.dirtyAddrs, n)
 }
 
 // reserved is m with room for n entries: a map made at that size when m
@@ -213,12 +211,21 @@ func reserved[K comparable, V any](m map[K]V, n int) map[K]V {
 // it touches dirty and the claimants of each virtual server it touches as
 // having conflicts to check.
 func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
+	// Before the first full sync, which takes every virtual server and
+	// address, the dirty sets would only repeat the indexes.
+	marks := r.synced
 	r.claims.claim(name, p, sign, func(k ktypes.VSKey, claimants []types.NamespacedName) {
-		r.dirtyKeys[k] = true
+		if marks {
+			r.dirtyKeys[k] = true
+		}
 		for _, n := range claimants {
 			r.statuses.conflictChanged[n] = true
 		}
-	}, func(a netip.Addr) { r.dirtyAddrs[a] = true })
+	}, func(a netip.Addr) {
+		if marks {
+			r.dirtyAddrs[a] = true
+		}
+	})
 }
 
 // SetRoutes sets the Service ranges to route as local through the
@@ -425,7 +432,8 @@ func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []ktype
 	unrouted := map[netip.Prefix]error{} // routes that failed, for every piece after
 	var orphan []error
 	for i, p := range pieces {
-		ops := model.Diff(want, r.kernel, model.Scope{Keys: p.keys, Addresses: p.addrs, Routes: routes && i == 0})
+		ops := model.Diff(want, r.kernel, model.Scope{Keys: p.keys, Addresses: p.addrs, Routes: routes && i == 0,
+			Room: p.ops + len(p.addrs)})
 		if len(pieces) > 1 {
 			ops = slices.DeleteFunc(ops, func(op ktypes.Op) bool { return op.Kind == ktypes.OpUnroute })
 		}
@@ -439,10 +447,12 @@ func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []ktype
 	return orphan
 }
 
-// piece is a part of a sync's scope (applyPieces).
+// piece is a part of a sync's scope (applyPieces), with about as many
+// operations as its virtual servers may need (ops).
 type piece struct {
 	keys  []ktypes.VSKey
 	addrs []netip.Addr
+	ops   int
 }
 
 // pieces cuts keys (sorted) into runs of about r.cfg.PieceOps operations,
@@ -457,12 +467,12 @@ func (r *Reconciler) pieces(want model.Desired, keys []ktypes.VSKey, addrs []net
 	start, n := 0, 0
 	for i, k := range keys {
 		if n >= r.cfg.PieceOps && k.Address != keys[i-1].Address {
-			out = append(out, piece{keys: keys[start:i]})
+			out = append(out, piece{keys: keys[start:i], ops: n})
 			start, n = i, 0
 		}
 		n += 1 + max(len(want.VirtualServers[k].RealServers), len(r.kernel.RealServers[k]))
 	}
-	out = append(out, piece{keys: keys[start:]})
+	out = append(out, piece{keys: keys[start:], ops: n})
 	if len(out) == 1 {
 		out[0].addrs = addrs
 		return out

@@ -1626,3 +1626,24 @@ func TestReconcilerReserve(t *testing.T) {
 		t.Errorf("addresses left on %s: %v", testIface, got)
 	}
 }
+
+// TestReconcilerChangesBeforeFirstSync: plans set, changed and removed
+// before the first sync (which marks nothing dirty: it takes everything)
+// leave the kernel as the last plans say, on a node a previous run
+// programmed.
+func TestReconcilerChangesBeforeFirstSync(t *testing.T) {
+	r, ipvs, links := newTestReconciler(t)
+	twoServices(t, r)
+
+	r2 := NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop())
+	r2.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r2.SetPlan(svcA, nil)
+	r2.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.12:53", "lc", "10.0.1.3:53")))
+	mustSync(t, r2, false)
+	if diff := cmp.Diff([]string{"10.96.0.12:53/TCP lc", "  -> 10.0.1.3:53 w=1"}, ipvs.Dump()); diff != "" {
+		t.Errorf("kernel after the first sync (-want +got):\n%s", diff)
+	}
+	if got, want := fmt.Sprint(links.Addresses(testIface)), "[10.96.0.12]"; got != want {
+		t.Errorf("addresses on %s: %s, want %s", testIface, got, want)
+	}
+}

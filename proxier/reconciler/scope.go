@@ -56,7 +56,9 @@ func (r *Reconciler) scope(full bool, now time.Time, adopting bool) ([]ktypes.VS
 	r.dirtyKeys = emptied(r.dirtyKeys)
 	r.dirtyAddrs = emptied(r.dirtyAddrs)
 	r.dirtyServices = emptied(r.dirtyServices)
-	r.scopeHolders(sc, full)
+	if !full { // a full scope holds every Service already
+		r.scopeHolders(sc)
+	}
 	keys, addrs := sc.sorted()
 	return keys, addrs, sc.services
 }
@@ -129,16 +131,15 @@ func (r *Reconciler) scopeChanged(sc *scopeSet, now time.Time) {
 	}
 }
 
-// scopeHolders adds the holder of each virtual server in scope: it
-// answers for what happens to its virtual servers. A failing one comes
-// whole (unless the sync is full: everything is in it), so that its
-// status says all of it.
-func (r *Reconciler) scopeHolders(sc *scopeSet, full bool) {
+// scopeHolders adds the holder of each virtual server in a partial
+// scope: it answers for what happens to its virtual servers. A failing
+// one comes whole, so that its status says all of it.
+func (r *Reconciler) scopeHolders(sc *scopeSet) {
 	var whole []types.NamespacedName
 	for k := range sc.keys {
 		if cl := r.claims.byKey[k]; len(cl) > 0 && !sc.services[cl[0]] {
 			sc.services[cl[0]] = true
-			if _, failing := r.statuses.retrying[cl[0]]; failing && !full {
+			if _, failing := r.statuses.retrying[cl[0]]; failing {
 				whole = append(whole, cl[0])
 			}
 		}
