@@ -115,7 +115,7 @@ func (r *Reconciler) ConflictChanges() []types.NamespacedName {
 		if st == nil || p == nil {
 			continue
 		}
-		cs := r.claims.conflicts(n)
+		cs := r.claims.conflicts(n, p)
 		if !slices.Equal(cs, st.Conflicts) {
 			st.Conflicts = cs
 			out = append(out, n)
