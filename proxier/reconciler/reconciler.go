@@ -178,7 +178,9 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 		r.claim(name, &p, 1)
 		r.statuses.add(name)
 	}
-	r.dirtyServices[name] = true
+	if r.synced || plan == nil { // the first full sync takes every plan: only removals wait for it
+		r.dirtyServices[name] = true
+	}
 }
 
 // Reserve sizes the reconciler's indexes for the n plans about to be set,
@@ -195,7 +197,6 @@ func (r *Reconciler) Reserve(n int) {
 	r.claims.addrs = reserved(r.claims.addrs, n)
 	r.statuses.byName = reserved(r.statuses.byName, n)
 	r.statuses.conflictChanged = reserved(r.statuses.conflictChanged, n)
-	r.dirtyServices = reserved(r.dirtyServices, n)
 }
 
 // reserved is m with room for n entries: a map made at that size when m
