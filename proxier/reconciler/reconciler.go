@@ -432,9 +432,15 @@ func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []ktype
 	pieces := r.pieces(want, keys, addrs)
 	unrouted := map[netip.Prefix]error{} // routes that failed, for every piece after
 	var orphan []error
+	// Into an empty kernel every operation counted is written: Diff need
+	// not count them again. Elsewhere most are not (a resync's none).
+	cold := len(r.kernel.VirtualServers) == 0
 	for i, p := range pieces {
-		ops := model.Diff(want, r.kernel, model.Scope{Keys: p.keys, Addresses: p.addrs, Routes: routes && i == 0,
-			Room: p.ops + len(p.addrs)})
+		sc := model.Scope{Keys: p.keys, Addresses: p.addrs, Routes: routes && i == 0}
+		if cold {
+			sc.Room = p.ops + len(p.addrs)
+		}
+		ops := model.Diff(want, r.kernel, sc)
 		if len(pieces) > 1 {
 			ops = slices.DeleteFunc(ops, func(op ktypes.Op) bool { return op.Kind == ktypes.OpUnroute })
 		}
