@@ -460,7 +460,9 @@ func (p *Proxier) build(in syncInputs) {
 	}
 	now := p.clock.Now()
 	defer p.settle.start()
-	for n, si := range in.services {
+	p.rec.Reserve(len(in.services))
+	for _, si := range in.services {
+		n := si.name
 		plan := planner.Plan(si.svc, si.slices, in.node)
 		if plan != nil {
 			p.reporter.warn(n, si.svc, plan.Warnings)

@@ -78,6 +78,9 @@ func (r *reporter) serviceProblems() []reconciler.ServiceStatus {
 // changed records when the Services' changes were made; the earliest one
 // not yet programmed counts.
 func (r *reporter) changed(changes map[types.NamespacedName]time.Time) {
+	if len(r.changes) == 0 && len(changes) > 64 {
+		r.changes = make(map[types.NamespacedName]time.Time, len(changes)) // sized once, not grown
+	}
 	for n, at := range changes {
 		if old, ok := r.changes[n]; !ok || at.Before(old) {
 			r.changes[n] = at

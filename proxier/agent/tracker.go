@@ -371,9 +371,9 @@ func (t *tracker) snapshot(full bool) (syncInputs, error) {
 			}
 		}
 	}
-	in.services = make(map[types.NamespacedName]syncInput, len(names))
-	for _, n := range names {
-		in.services[n] = syncInput{svc: t.services[n], slices: slices.Clone(t.slices[n])}
+	in.services = make([]syncInput, len(names))
+	for i, n := range names {
+		in.services[i] = syncInput{name: n, svc: t.services[n], slices: slices.Clone(t.slices[n])}
 	}
 	return in, err
 }
@@ -441,11 +441,15 @@ type syncInputs struct {
 	// otherNodes are the other Nodes' addresses
 	// (model.BuildConfig.OtherNodes).
 	otherNodes map[netip.Addr]string
-	services   map[types.NamespacedName]syncInput
-	changed    map[types.NamespacedName]time.Time
+	// services are the Services to build, each once (a list, not a map:
+	// at 100,000 a cold sync's map cost a look-up each into a table larger
+	// than the CPU's caches).
+	services []syncInput
+	changed  map[types.NamespacedName]time.Time
 }
 
 type syncInput struct {
+	name   types.NamespacedName
 	svc    *model.Service
 	slices []*model.EndpointSlice
 }

@@ -136,7 +136,7 @@ func TestServiceTrafficReadError(t *testing.T) {
 func BenchmarkServiceTrafficScrape(b *testing.B) {
 	const n = 10000
 	svcs, slices := growthObjects(n)
-	p, ipvs := growthProxier(svcs, slices)
+	p, ipvs, _ := growthProxier(svcs, slices)
 	reg := prometheus.NewRegistry()
 	if err := p.EnableServiceTraffic(ipvs, reg); err != nil {
 		b.Fatal(err)

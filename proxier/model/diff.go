@@ -166,8 +166,8 @@ func (k *Kernel) Routed(a netip.Addr) bool { return routed(k.Routes, a) }
 
 // NewKernel returns a view holding vss and bound (and no routes).
 func NewKernel(vss []ktypes.VirtualServer, bound []netip.Addr) *Kernel {
-	k := &Kernel{VirtualServers: map[ktypes.VSKey]ktypes.VirtualServer{}, RealServers: map[ktypes.VSKey][]ktypes.RealServer{},
-		Bound: map[netip.Addr]bool{}, Routes: map[netip.Prefix]bool{}, perAddr: map[netip.Addr]int{}}
+	k := &Kernel{VirtualServers: make(map[ktypes.VSKey]ktypes.VirtualServer, len(vss)), RealServers: map[ktypes.VSKey][]ktypes.RealServer{},
+		Bound: make(map[netip.Addr]bool, len(bound)), Routes: map[netip.Prefix]bool{}, perAddr: make(map[netip.Addr]int, len(vss))}
 	for _, vs := range vss {
 		k.PutVirtualServer(vs)
 	}
@@ -175,6 +175,18 @@ func NewKernel(vss []ktypes.VirtualServer, bound []netip.Addr) *Kernel {
 		k.Bound[a] = true
 	}
 	return k
+}
+
+// Reserve sizes the view for the n virtual servers and addresses a sync
+// is about to write, when it holds none (a cold start), so that its tables
+// do not grow, rehashing, as the writes are recorded.
+func (k *Kernel) Reserve(n int) {
+	if len(k.VirtualServers) > 0 || len(k.Bound) > 0 {
+		return
+	}
+	k.VirtualServers = make(map[ktypes.VSKey]ktypes.VirtualServer, n)
+	k.perAddr = make(map[netip.Addr]int, n)
+	k.Bound = make(map[netip.Addr]bool, n)
 }
 
 // PutVirtualServer records a virtual server as added or updated.
@@ -201,12 +213,16 @@ func (k *Kernel) DeleteVirtualServer(key ktypes.VSKey) {
 func (k *Kernel) OnAddress(a netip.Addr) int { return k.perAddr[a] }
 
 // Scope limits a diff: All, or the listed virtual servers and addresses,
-// and the routes when Routes (All includes them).
+// and the routes when Routes (All includes them). Room, when not zero, is
+// about how many operations the caller expects: Diff makes room for them
+// instead of counting them first (one more look-up of every virtual
+// server and address in want and have).
 type Scope struct {
 	All       bool
 	Keys      []ktypes.VSKey
 	Addresses []netip.Addr
 	Routes    bool
+	Room      int
 }
 
 // Diff returns the operations that make the kernel (have) hold want, within
@@ -265,24 +281,15 @@ func Diff(want Desired, have *Kernel, scope Scope) []ktypes.Op {
 			}
 		}
 	}
-	// Sized for what is surely written: routes, binds, and the virtual
-	// servers missing from the kernel with their real servers (a cold
-	// sync's 10,000s of ops, which append would copy as they grow: one
-	// op more than the room, the route of a routed cold sync, copied all
-	// 30,000 of 10,000 Services into a new array at the end, 10 MB alive
-	// beside the old 8).
-	n := len(routes) + len(unroutes)
-	for _, a := range addrs {
-		if want.Addresses[a] && !have.Bound[a] {
-			n++
-		}
-	}
-	for _, k := range keys {
-		if w, wanted := want.VirtualServers[k]; wanted {
-			if _, inKernel := have.VirtualServers[k]; !inKernel {
-				n += 1 + len(w.RealServers)
-			}
-		}
+	// Sized for the caller's Room, else for what is surely written:
+	// routes, binds, and the virtual servers missing from the kernel with
+	// their real servers (a cold sync's 10,000s of ops, which append
+	// would copy as they grow: one op more than the room, the route of a
+	// routed cold sync, copied all 30,000 of 10,000 Services into a new
+	// array at the end, 10 MB alive beside the old 8).
+	n := scope.Room
+	if n == 0 {
+		n = opsAtLeast(want, have, keys, addrs) + len(routes) + len(unroutes)
 	}
 	var ops []ktypes.Op
 	if n > 0 {
@@ -319,6 +326,26 @@ func Diff(want Desired, have *Kernel, scope Scope) []ktypes.Op {
 		}
 	}
 	return ops
+}
+
+// opsAtLeast counts the operations Diff surely makes for keys and addrs:
+// binds, and the virtual servers missing from have with their real
+// servers.
+func opsAtLeast(want Desired, have *Kernel, keys []ktypes.VSKey, addrs []netip.Addr) int {
+	n := 0
+	for _, a := range addrs {
+		if want.Addresses[a] && !have.Bound[a] {
+			n++
+		}
+	}
+	for _, k := range keys {
+		if w, wanted := want.VirtualServers[k]; wanted {
+			if _, inKernel := have.VirtualServers[k]; !inKernel {
+				n += 1 + len(w.RealServers)
+			}
+		}
+	}
+	return n
 }
 
 // strandedIn reports whether a virtual server of the kernel that is not

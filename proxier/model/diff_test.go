@@ -280,6 +280,11 @@ func TestDiff(t *testing.T) {
 			if diff := cmp.Diff(tt.ops, got); diff != "" {
 				t.Errorf("ops (-want +got):\n%s", diff)
 			}
+			// Room sizes the list only.
+			tt.scope.Room = 1
+			if diff := cmp.Diff(tt.ops, opStrings(model.Diff(tt.want, tt.have, tt.scope))); diff != "" {
+				t.Errorf("ops with Room 1 (-want +got):\n%s", diff)
+			}
 		})
 	}
 }
@@ -479,5 +484,24 @@ func BenchmarkDraining(b *testing.B) {
 		if model.Draining(w.VSPlan, kernel) {
 			b.Fatal("draining with every real server planned")
 		}
+	}
+}
+
+// TestKernelReserve: sizing an empty view ahead keeps it working; a view
+// that holds something keeps it.
+func TestKernelReserve(t *testing.T) {
+	a := netip.MustParseAddr("10.96.0.10")
+	held := model.NewKernel([]ktypes.VirtualServer{dvs("10.96.0.10:80", "rr")}, []netip.Addr{a})
+	held.Reserve(1000)
+	if _, ok := held.VirtualServers[ktypestest.VSKey("10.96.0.10:80", ktypes.TCP)]; !ok || !held.Bound[a] || held.OnAddress(a) != 1 {
+		t.Errorf("Reserve on a view that holds a virtual server and an address lost them: %+v, on address %d", held, held.OnAddress(a))
+	}
+	empty := model.NewKernel(nil, nil)
+	empty.Reserve(1000)
+	empty.PutVirtualServer(dvs("10.96.0.10:80", "rr"))
+	empty.PutVirtualServer(dvs("10.96.0.10:443", "rr"))
+	empty.Bound[a] = true
+	if empty.OnAddress(a) != 2 || len(empty.VirtualServers) != 2 {
+		t.Errorf("reserved view after two puts: %d virtual servers, %d on %s; want 2, 2", len(empty.VirtualServers), empty.OnAddress(a), a)
 	}
 }

@@ -88,10 +88,11 @@ func (c *claimIndex) holder(k ktypes.VSKey) (model.Want, bool) {
 	return model.Want{Service: cl[0], VSPlan: p.VirtualServers[i]}, true
 }
 
-// conflicts lists the virtual servers a Service wants and another holds.
-func (c *claimIndex) conflicts(n types.NamespacedName) []model.Conflict {
+// conflicts lists the virtual servers a Service (n, with its plan p)
+// wants and another holds.
+func (c *claimIndex) conflicts(n types.NamespacedName, p *model.ServicePlan) []model.Conflict {
 	var cs []model.Conflict
-	for _, v := range c.plans[n].VirtualServers {
+	for _, v := range p.VirtualServers {
 		if cl := c.byKey[v.VSKey]; len(cl) > 0 && cl[0] != n {
 			cs = append(cs, model.Conflict{VirtualServer: v.VSKey, Holder: cl[0], Loser: n})
 		}
@@ -101,7 +102,7 @@ func (c *claimIndex) conflicts(n types.NamespacedName) []model.Conflict {
 
 // desired is the part of the desired state that the scope looks at.
 func (r *Reconciler) desired(keys []ktypes.VSKey, addrs []netip.Addr) model.Desired {
-	d := model.Desired{VirtualServers: make(map[ktypes.VSKey]model.Want, len(keys)), Addresses: map[netip.Addr]bool{},
+	d := model.Desired{VirtualServers: make(map[ktypes.VSKey]model.Want, len(keys)), Addresses: make(map[netip.Addr]bool, len(addrs)),
 		Routes: make(map[netip.Prefix]bool, len(r.routes)), Excluded: r.own.ExcludeCIDRs}
 	for p := range r.routes {
 		d.Route(p) // and its anchor bound

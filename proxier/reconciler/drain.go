@@ -5,6 +5,8 @@ package reconciler
 // DrainCheck until their connections end.
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
@@ -28,10 +30,16 @@ func (d *drains) due(now time.Time) bool { return !d.next.IsZero() && !now.Befor
 // takeInto puts every draining virtual server into a sync's scope; the
 // next check is scheduled after that sync (note).
 func (d *drains) takeInto(sc *scopeSet) {
-	for k := range d.keys {
+	for _, k := range d.take() {
 		sc.keys[k] = true
 	}
+}
+
+// take lists every draining virtual server for a sync's scope, as
+// takeInto.
+func (d *drains) take() []ktypes.VSKey {
 	d.next = time.Time{}
+	return slices.Collect(maps.Keys(d.keys))
 }
 
 // note records which virtual servers in a sync's scope keep a busy real

@@ -125,6 +125,7 @@ func (r *Reconciler) readKernel(st *SyncStats) error {
 			k.RealServers[key] = rss
 		}
 	}
+	k.Reserve(r.claims.vsCount) // an empty kernel: the sync writes what the plans want
 	r.kernel = k
 	return nil
 }

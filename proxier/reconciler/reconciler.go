@@ -178,19 +178,55 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 		r.claim(name, &p, 1)
 		r.statuses.add(name)
 	}
-	r.dirtyServices[name] = true
+	if r.synced || plan == nil { // the first full sync takes every plan: only removals wait for it
+		r.dirtyServices[name] = true
+	}
+}
+
+// Reserve sizes the reconciler's indexes for the n plans about to be set,
+// when it holds none yet (a cold start): they are made at that size once
+// instead of doubling as the plans come, every entry rehashed at each
+// doubling (17 times at 100,000 Services). n counts Services; the indexes
+// of virtual servers and addresses get as much, one each.
+func (r *Reconciler) Reserve(n int) {
+	if len(r.claims.plans) > 0 || n <= 64 {
+		return
+	}
+	r.claims.plans = make(map[types.NamespacedName]*model.ServicePlan, n)
+	r.claims.byKey = reserved(r.claims.byKey, n)
+	r.claims.addrs = reserved(r.claims.addrs, n)
+	r.statuses.byName = reserved(r.statuses.byName, n)
+	r.statuses.conflictChanged = reserved(r.statuses.conflictChanged, n)
+}
+
+// reserved is m with room for n entries: a map made at that size when m
+// is empty, else m (copying it would cost what its growth saves).
+func reserved[K comparable, V any](m map[K]V, n int) map[K]V {
+	if len(m) > 0 {
+		return m
+	}
+	return make(map[K]V, n)
 }
 
 // claim adds (sign 1) or removes (sign -1) a plan's claims, marking what
 // it touches dirty and the claimants of each virtual server it touches as
 // having conflicts to check.
 func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
+	// Before the first full sync, which takes every virtual server and
+	// address, the dirty sets would only repeat the indexes.
+	marks := r.synced
 	r.claims.claim(name, p, sign, func(k ktypes.VSKey, claimants []types.NamespacedName) {
-		r.dirtyKeys[k] = true
+		if marks {
+			r.dirtyKeys[k] = true
+		}
 		for _, n := range claimants {
 			r.statuses.conflictChanged[n] = true
 		}
-	}, func(a netip.Addr) { r.dirtyAddrs[a] = true })
+	}, func(a netip.Addr) {
+		if marks {
+			r.dirtyAddrs[a] = true
+		}
+	})
 }
 
 // SetRoutes sets the Service ranges to route as local through the
@@ -396,8 +432,15 @@ func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []ktype
 	pieces := r.pieces(want, keys, addrs)
 	unrouted := map[netip.Prefix]error{} // routes that failed, for every piece after
 	var orphan []error
+	// Into an empty kernel every operation counted is written: Diff need
+	// not count them again. Elsewhere most are not (a resync's none).
+	cold := len(r.kernel.VirtualServers) == 0
 	for i, p := range pieces {
-		ops := model.Diff(want, r.kernel, model.Scope{Keys: p.keys, Addresses: p.addrs, Routes: routes && i == 0})
+		sc := model.Scope{Keys: p.keys, Addresses: p.addrs, Routes: routes && i == 0}
+		if cold {
+			sc.Room = p.ops + len(p.addrs)
+		}
+		ops := model.Diff(want, r.kernel, sc)
 		if len(pieces) > 1 {
 			ops = slices.DeleteFunc(ops, func(op ktypes.Op) bool { return op.Kind == ktypes.OpUnroute })
 		}
@@ -411,10 +454,12 @@ func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []ktype
 	return orphan
 }
 
-// piece is a part of a sync's scope (applyPieces).
+// piece is a part of a sync's scope (applyPieces), with about as many
+// operations as its virtual servers may need (ops).
 type piece struct {
 	keys  []ktypes.VSKey
 	addrs []netip.Addr
+	ops   int
 }
 
 // pieces cuts keys (sorted) into runs of about r.cfg.PieceOps operations,
@@ -429,12 +474,12 @@ func (r *Reconciler) pieces(want model.Desired, keys []ktypes.VSKey, addrs []net
 	start, n := 0, 0
 	for i, k := range keys {
 		if n >= r.cfg.PieceOps && k.Address != keys[i-1].Address {
-			out = append(out, piece{keys: keys[start:i]})
+			out = append(out, piece{keys: keys[start:i], ops: n})
 			start, n = i, 0
 		}
 		n += 1 + max(len(want.VirtualServers[k].RealServers), len(r.kernel.RealServers[k]))
 	}
-	out = append(out, piece{keys: keys[start:]})
+	out = append(out, piece{keys: keys[start:], ops: n})
 	if len(out) == 1 {
 		out[0].addrs = addrs
 		return out

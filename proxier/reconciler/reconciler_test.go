@@ -1589,3 +1589,61 @@ func TestReconcilerForwardingChange(t *testing.T) {
 		callsDiff(t, "to "+step.rs, []string{step.want}, ipvs.Writes())
 	}
 }
+
+// TestReconcilerReserve: sizing the indexes ahead (a cold start's many
+// plans) changes nothing a sync does: the Services reserved for are
+// programmed, a removal waiting when the last plan is gone is still
+// applied, and a reconciler that holds plans keeps them.
+func TestReconcilerReserve(t *testing.T) {
+	r, ipvs, links := newTestReconciler(t)
+	r.Reserve(1000)
+	twoServices(t, r)
+	want := ipvs.Dump()
+	if len(want) == 0 {
+		t.Fatalf("nothing programmed after Reserve")
+	}
+
+	// Holding plans: Reserve keeps them (a resync writes nothing).
+	resetCalls(ipvs, links)
+	r.Reserve(1000)
+	mustSync(t, r, true)
+	callsDiff(t, "resync writes after Reserve", nil, ipvs.Writes())
+	if vss, rss := r.Counts(); vss != 3 || rss != 5 {
+		t.Errorf("Counts() = %d, %d after Reserve, want 3, 5", vss, rss)
+	}
+
+	// Every plan removed, then Reserve before the sync: the removals
+	// still reach the kernel.
+	r.SetPlan(svcA, nil)
+	r.SetPlan(svcB, nil)
+	r.Reserve(1000)
+	resetCalls(ipvs, links)
+	mustSync(t, r, false)
+	if got := ipvs.Dump(); len(got) != 0 {
+		t.Errorf("kernel after removing every Service with Reserve between: %v", got)
+	}
+	if got := links.Addresses(testIface); len(got) != 0 {
+		t.Errorf("addresses left on %s: %v", testIface, got)
+	}
+}
+
+// TestReconcilerChangesBeforeFirstSync: plans set, changed and removed
+// before the first sync (which marks nothing dirty: it takes everything)
+// leave the kernel as the last plans say, on a node a previous run
+// programmed.
+func TestReconcilerChangesBeforeFirstSync(t *testing.T) {
+	r, ipvs, links := newTestReconciler(t)
+	twoServices(t, r)
+
+	r2 := NewReconciler(ipvs, links, Config{Ownership: testOwnership()}, zap.NewNop())
+	r2.SetPlan(svcA, modeltest.Plan(svcA, modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080")))
+	r2.SetPlan(svcA, nil)
+	r2.SetPlan(svcB, modeltest.Plan(svcB, modeltest.VS(model.KindClusterIP, "10.96.0.12:53", "lc", "10.0.1.3:53")))
+	mustSync(t, r2, false)
+	if diff := cmp.Diff([]string{"10.96.0.12:53/TCP lc", "  -> 10.0.1.3:53 w=1"}, ipvs.Dump()); diff != "" {
+		t.Errorf("kernel after the first sync (-want +got):\n%s", diff)
+	}
+	if got, want := fmt.Sprint(links.Addresses(testIface)), "[10.96.0.12]"; got != want {
+		t.Errorf("addresses on %s: %s, want %s", testIface, got, want)
+	}
+}

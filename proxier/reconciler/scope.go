@@ -3,6 +3,7 @@ package reconciler
 // A sync's scope: the virtual servers, addresses and Services it looks at.
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -21,75 +22,96 @@ type scopeSet struct {
 }
 
 // scope lists the virtual servers, addresses and Services a sync looks at,
-// and clears what it takes of the dirty sets. full takes everything; else
-// what changed, the due retries and the next slice of a running resync
-// (and, when adopting a resync's read, the routed ranges' anchors, which
-// go beside the routes). Changes go first: a sync with changes in scope
-// takes no slice, unless the sync before it took none either (the resync
-// still ends under constant changes); the slice follows at once.
-func (r *Reconciler) scope(full bool, now time.Time, adopting bool) ([]ktypes.VSKey, []netip.Addr, map[types.NamespacedName]bool) {
-	sc := &scopeSet{services: map[types.NamespacedName]bool{}, keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+// and clears what it takes of the dirty sets. full takes everything
+// (scopeWhole); else what changed, the due retries and the next slice of
+// a running resync (and, when adopting a resync's read, the routed
+// ranges' anchors, which go beside the routes). Changes go first: a sync
+// with changes in scope takes no slice, unless the sync before it took
+// none either (the resync still ends under constant changes); the slice
+// follows at once.
+func (r *Reconciler) scope(full bool, now time.Time, adopting bool) ([]ktypes.VSKey, []netip.Addr, []types.NamespacedName) {
 	if full {
-		r.scopeAddresses(sc)
+		keys, addrs, services := r.scopeWhole()
+		r.dirtyKeys = emptied(r.dirtyKeys)
+		r.dirtyAddrs = emptied(r.dirtyAddrs)
+		r.dirtyServices = emptied(r.dirtyServices)
+		return keys, addrs, services
 	}
+	sc := &scopeSet{services: map[types.NamespacedName]bool{}, keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
 	if adopting {
 		for a := range model.Anchors(r.routes) {
 			sc.addrs[a] = true
 		}
 		r.resync.takeFirst(sc)
 	}
-	if full || r.draining.due(now) {
+	if r.draining.due(now) {
 		r.draining.takeInto(sc)
 	}
-	if full {
-		r.scopeAll(sc)
+	changed := len(r.dirtyServices) > 0 || len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0
+	if changed && !adopting && !r.resync.yielded && r.resync.running() {
+		r.resync.yielded = true
 	} else {
-		changed := len(r.dirtyServices) > 0 || len(r.dirtyKeys) > 0 || len(r.dirtyAddrs) > 0
-		if changed && !adopting && !r.resync.yielded && r.resync.running() {
-			r.resync.yielded = true
-		} else {
-			r.resync.yielded = false
-			r.resync.nextSlice(r.cfg.ResyncSlice, sc)
-		}
-		r.scopeChanged(sc, now)
+		r.resync.yielded = false
+		r.resync.nextSlice(r.cfg.ResyncSlice, sc)
 	}
+	r.scopeChanged(sc, now)
 	r.dirtyKeys = emptied(r.dirtyKeys)
 	r.dirtyAddrs = emptied(r.dirtyAddrs)
 	r.dirtyServices = emptied(r.dirtyServices)
-	r.scopeHolders(sc, full)
+	r.scopeHolders(sc)
 	keys, addrs := sc.sorted()
-	return keys, addrs, sc.services
+	return keys, addrs, slices.Collect(maps.Keys(sc.services))
 }
 
-// scopeAddresses takes every address: wanted, bound, or a range's anchor.
-func (r *Reconciler) scopeAddresses(sc *scopeSet) {
-	for a := range r.claims.addrs {
-		sc.addrs[a] = true
-	}
-	for a := range r.kernel.Bound {
-		sc.addrs[a] = true
-	}
-	for a := range model.Anchors(r.routes) {
-		sc.addrs[a] = true
-	}
-}
-
-// scopeAll takes every Service (those removed too) and every virtual
-// server wanted or in the kernel's view; the orphans' retries are in it.
-func (r *Reconciler) scopeAll(sc *scopeSet) {
+// scopeWhole lists everything, each once and sorted (the Services
+// unsorted): every Service (those removed too), every virtual server
+// wanted, in the kernel's view or draining, and every address wanted,
+// bound, a range's anchor or a virtual server's; the orphans' retries are
+// in it. It sorts lists instead of gathering sets: at 100,000 Services a
+// set cost a write per entry into a table larger than the CPU's caches.
+func (r *Reconciler) scopeWhole() ([]ktypes.VSKey, []netip.Addr, []types.NamespacedName) {
+	services := make([]types.NamespacedName, 0, len(r.claims.plans)+len(r.dirtyServices))
 	for n := range r.claims.plans {
-		sc.services[n] = true
+		services = append(services, n)
 	}
-	for n := range r.dirtyServices { // removed ones
-		sc.services[n] = true
+	for n := range r.dirtyServices {
+		if r.claims.plans[n] == nil { // removed
+			services = append(services, n)
+		}
 	}
+	keys := make([]ktypes.VSKey, 0, len(r.claims.byKey)+len(r.draining.keys))
 	for k := range r.claims.byKey {
-		sc.keys[k] = true
+		keys = append(keys, k)
 	}
 	for k := range r.kernel.VirtualServers {
-		sc.keys[k] = true
+		if !r.claims.wanted(k) {
+			keys = append(keys, k)
+		}
 	}
+	keys = append(keys, r.draining.take()...)
+	slices.SortFunc(keys, ktypes.VSKey.Compare)
+	keys = slices.Compact(keys)
 	r.orphan.clear()
+
+	addrs := make([]netip.Addr, 0, len(r.claims.addrs)+len(r.kernel.Bound))
+	for a := range r.claims.addrs {
+		addrs = append(addrs, a)
+	}
+	for a := range r.kernel.Bound {
+		if r.claims.addrs[a] == 0 {
+			addrs = append(addrs, a)
+		}
+	}
+	for a := range model.Anchors(r.routes) {
+		addrs = append(addrs, a)
+	}
+	for i, k := range keys {
+		if i == 0 || k.Address != keys[i-1].Address {
+			addrs = append(addrs, k.Address)
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return keys, slices.Compact(addrs), services
 }
 
 // scopeChanged takes what changed since the last sync and the retries that
@@ -115,16 +137,15 @@ func (r *Reconciler) scopeChanged(sc *scopeSet, now time.Time) {
 	}
 }
 
-// scopeHolders adds the holder of each virtual server in scope: it
-// answers for what happens to its virtual servers. A failing one comes
-// whole (unless the sync is full: everything is in it), so that its
-// status says all of it.
-func (r *Reconciler) scopeHolders(sc *scopeSet, full bool) {
+// scopeHolders adds the holder of each virtual server in a partial
+// scope: it answers for what happens to its virtual servers. A failing
+// one comes whole, so that its status says all of it.
+func (r *Reconciler) scopeHolders(sc *scopeSet) {
 	var whole []types.NamespacedName
 	for k := range sc.keys {
 		if cl := r.claims.byKey[k]; len(cl) > 0 && !sc.services[cl[0]] {
 			sc.services[cl[0]] = true
-			if _, failing := r.statuses.retrying[cl[0]]; failing && !full {
+			if _, failing := r.statuses.retrying[cl[0]]; failing {
 				whole = append(whole, cl[0])
 			}
 		}

@@ -115,7 +115,7 @@ func (r *Reconciler) ConflictChanges() []types.NamespacedName {
 		if st == nil || p == nil {
 			continue
 		}
-		cs := r.claims.conflicts(n)
+		cs := r.claims.conflicts(n, p)
 		if !slices.Equal(cs, st.Conflicts) {
 			st.Conflicts = cs
 			out = append(out, n)
@@ -172,12 +172,8 @@ func (r *Reconciler) Problems() []ServiceStatus {
 // record updates the status of the Services in scope after a sync: those
 // with failures are scheduled for a retry, the others are applied. It
 // returns their errors, naming each Service.
-func (r *Reconciler) record(st *SyncStats, services map[types.NamespacedName]bool, now time.Time) []error {
+func (r *Reconciler) record(st *SyncStats, names []types.NamespacedName, now time.Time) []error {
 	var errs []error
-	names := make([]types.NamespacedName, 0, len(services))
-	for n := range services {
-		names = append(names, n)
-	}
 	slices.SortFunc(names, compareNames)
 	for _, n := range names {
 		s := r.statuses.byName[n]
