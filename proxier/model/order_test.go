@@ -201,7 +201,7 @@ func randomList(rng *rand.Rand, rss []ktypes.RealServer) []ktypes.RealServer {
 func listStrings(list []ktypes.RealServer) []string {
 	out := make([]string, len(list))
 	for i, rs := range list {
-		out[i] = rs.RSKey.String() + "@" + string(rune('0'+rs.Weight))
+		out[i] = rs.RSKey.String() + "@" + string('0'+rs.Weight)
 	}
 	return out
 }
