@@ -108,3 +108,36 @@ func TestMakefileSuitesAreTestRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchDataPathKept: the newest bench run fills "bench"; the newest
+// one that measured the data path fills "bench-datapath", even when a
+// later run did not measure it.
+func TestBenchDataPathKept(t *testing.T) {
+	dir := t.TempDir()
+	env := func(string) string { return "" }
+	run := func(label, value string, at time.Time) {
+		bench := []map[string]any{{"shape": "10000 Services × 2 endpoints", "proxies": []string{"ipvs-proxy"},
+			"rows": []map[string]any{{"label": label, "values": []string{value}, "ratios": map[string]string{}}}}}
+		r, err := results.New("bench", bench, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Date = at
+		if _, err := results.Write(dir, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	day := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	run("data path: one stream through a clusterIP, from a pod", "71 MiB/s", day)
+	run("peak RSS", "98 MiB", day.Add(time.Hour))
+	tables, err := render(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tables["bench"], "| peak RSS | 98 MiB |") || strings.Contains(tables["bench"], "71 MiB/s") {
+		t.Errorf("bench table, want the newest run's:\n%s", tables["bench"])
+	}
+	if !strings.Contains(tables["bench-datapath"], "71 MiB/s") {
+		t.Errorf("bench-datapath table, want the data path's run:\n%s", tables["bench-datapath"])
+	}
+}

@@ -34,7 +34,10 @@ func render(dir string) (map[string]string, error) {
 	if tables["conformance"], err = conformanceTable(runs); err != nil {
 		return nil, err
 	}
-	if tables["bench"], err = latestBench(runs); err != nil {
+	if tables["bench"], err = latestBench(runs, anyBench); err != nil {
+		return nil, err
+	}
+	if tables["bench-datapath"], err = latestBench(runs, measuredDataPath); err != nil {
 		return nil, err
 	}
 	return tables, nil
@@ -160,9 +163,10 @@ type benchShape struct {
 	} `json:"rows"`
 }
 
-// latestBench is the newest bench run's tables, one per shape: each
-// proxy's figure and each other proxy's ratio to ipvs-proxy.
-func latestBench(runs []results.Run) (string, error) {
+// latestBench is the newest bench run's tables whose shapes keep
+// accepts, one per shape: each proxy's figure and each other proxy's
+// ratio to ipvs-proxy.
+func latestBench(runs []results.Run, keep func([]benchShape) bool) (string, error) {
 	for i := len(runs) - 1; i >= 0; i-- {
 		r := runs[i]
 		if r.Suite != "bench" {
@@ -171,6 +175,9 @@ func latestBench(runs []results.Run) (string, error) {
 		var shapes []benchShape
 		if err := json.Unmarshal(r.Figures, &shapes); err != nil {
 			return "", fmt.Errorf("bench run of %s: %w", when(r), err)
+		}
+		if !keep(shapes) {
+			continue
 		}
 		var b strings.Builder
 		fmt.Fprintf(&b, "%s, %s, %s:\n", when(r), r.Commit, machine(r))
@@ -203,4 +210,19 @@ func latestBench(runs []results.Run) (string, error) {
 		return b.String(), nil
 	}
 	return "no bench run kept yet\n", nil
+}
+
+func anyBench([]benchShape) bool { return true }
+
+// measuredDataPath: a run of make bench -datapath (issue 46 part 1), whose
+// tables the newest run without it would otherwise replace.
+func measuredDataPath(shapes []benchShape) bool {
+	for _, sh := range shapes {
+		for _, row := range sh.Rows {
+			if strings.HasPrefix(row.Label, "data path:") {
+				return true
+			}
+		}
+	}
+	return false
 }
