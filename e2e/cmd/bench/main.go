@@ -178,6 +178,9 @@ func logf(format string, args ...any) {
 }
 
 func run(ctx context.Context, c config) error {
+	// The commit whose agent the bed builds now; the figures come an
+	// hour later, when the tree may be elsewhere.
+	commit := results.Commit()
 	assets, err := vm.EnsureAssets(ctx, vm.CacheDir(), logf)
 	if err != nil {
 		return err
@@ -280,12 +283,13 @@ func run(ctx context.Context, c config) error {
 		figures = append(figures, sc)
 	}
 	printNotes(os.Stdout, c)
-	return keepFigures("bench", figures)
+	return keepFigures("bench", commit, figures)
 }
 
-// keepFigures writes the run's figures as data (framework/results).
-func keepFigures(suite string, figures any) error {
-	p, err := results.Keep(suite, figures)
+// keepFigures writes the run's figures, of the code at commit, as data
+// (framework/results).
+func keepFigures(suite, commit string, figures any) error {
+	p, err := results.KeepAt(suite, commit, figures)
 	if err != nil {
 		return err
 	}

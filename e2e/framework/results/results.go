@@ -90,10 +90,18 @@ func Write(dir string, r Run) (string, error) {
 // Keep records figures as a run of suite made now and writes it into
 // Dir (RESULTS_DIR, else bin/results); it returns the file's path.
 func Keep(suite string, figures any) (string, error) {
+	return KeepAt(suite, Commit(), figures)
+}
+
+// KeepAt is Keep for figures of the code at commit: a run that built
+// what it measures at its start (Commit then) and writes its figures an
+// hour later, while the tree may have moved on.
+func KeepAt(suite, commit string, figures any) (string, error) {
 	r, err := New(suite, figures, os.Getenv)
 	if err != nil {
 		return "", err
 	}
+	r.Commit = commit
 	return Write(Dir(os.Getenv), r)
 }
 

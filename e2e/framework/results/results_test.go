@@ -130,3 +130,21 @@ func TestUnfinishedTestFails(t *testing.T) {
 		t.Errorf("problems %q", problems)
 	}
 }
+
+// TestKeepAt: a run's figures name the commit it measured, not the one
+// the tree is at when they are written.
+func TestKeepAt(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("RESULTS_DIR", dir)
+	p, err := KeepAt("bench", "abc1234", map[string]int{"x": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := Read(dir, "bench")
+	if err != nil || len(runs) != 1 {
+		t.Fatalf("Read = %v, %v", runs, err)
+	}
+	if runs[0].Commit != "abc1234" || !strings.HasSuffix(p, "-abc1234.json") {
+		t.Errorf("kept %s with commit %q, want abc1234", p, runs[0].Commit)
+	}
+}
