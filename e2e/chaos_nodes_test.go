@@ -137,10 +137,7 @@ func (b *nodesBed) startServers(t *testing.T) {
 		// Burstable, as in TestChaosRollingUpdate: a BestEffort pod's
 		// answers stall for seconds on a node this busy.
 		p.Spec.Containers[0].Resources = burstable("200m")
-		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-			PeriodSeconds: 1,
-		}
+		p.Spec.Containers[0].ReadinessProbe = tcpReady(8080)
 		// Bound to its node through a loss, as a DaemonSet's pod is:
 		// server-2 comes back with node-2 in nodes-node-lost instead of
 		// being evicted 5 minutes after the loss (the default toleration).

@@ -120,10 +120,7 @@ func (b *nodesBed) udpServer(t *testing.T, name string, n *cluster.Node, vip net
 	p.Labels = map[string]string{"app": "udp-echo"}
 	p.Spec.NodeName = n.Name
 	p.Spec.Containers[0].Resources = burstable("200m")
-	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-		ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-		PeriodSeconds: 1,
-	}
+	p.Spec.Containers[0].ReadinessProbe = tcpReady(8080)
 	pod := runPods(b.ctx, t, b.c, chaosNodesNS, p)[name]
 	ip := netip.MustParseAddr(pod.Status.PodIP)
 	for _, node := range b.c.Nodes {

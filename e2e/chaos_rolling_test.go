@@ -67,10 +67,7 @@ func TestChaosRollingUpdate(t *testing.T) {
 						// stall for seconds, with any proxy.
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
 							corev1.ResourceCPU: resource.MustParse("400m"), corev1.ResourceMemory: resource.MustParse("32Mi")}},
-						ReadinessProbe: &corev1.Probe{
-							ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-							PeriodSeconds: 1,
-						},
+						ReadinessProbe: tcpReady(8080),
 					}},
 				},
 			},

@@ -181,10 +181,7 @@ func soakDeployment(name string, replicas int32) *appsv1.Deployment {
 	labels := map[string]string{"app": name}
 	p := agentPod(name, []string{"/vmagent", "serve", "--name", name, "--port", "8080", "--tcp"})
 	p.Spec.Containers[0].Resources = burstable("50m")
-	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-		ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-		PeriodSeconds: 1,
-	}
+	p.Spec.Containers[0].ReadinessProbe = tcpReady(8080)
 	return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: appsv1.DeploymentSpec{
 		Replicas: ptr.To(replicas), Selector: &metav1.LabelSelector{MatchLabels: labels},
 		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: p.Spec}}}

@@ -380,6 +380,15 @@ func runPods(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, p
 }
 
 // agentPod is a pod of the test server image running argv.
+// tcpReady is a readiness probe that connects to port every second: a
+// test's server pod is Ready once it listens.
+func tcpReady(port int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}},
+		PeriodSeconds: 1,
+	}
+}
+
 func agentPod(name string, argv []string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},

@@ -132,10 +132,7 @@ func (b *ecmpBed) runPods(t *testing.T) map[string]*corev1.Pod {
 		name := "ecmp-" + strconv.Itoa(i)
 		p := agentPod(name, []string{"/vmagent", "serve", "--name", name, "--port", "8080", "--tcp"})
 		p.Spec.NodeName, p.Labels = b.c.Nodes[i%len(b.c.Nodes)].Name, map[string]string{"app": "ecmp"}
-		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-			PeriodSeconds: 1,
-		}
+		p.Spec.Containers[0].ReadinessProbe = tcpReady(8080)
 		want = append(want, p)
 	}
 	return runPods(b.ctx, t, b.c, ecmpNS, want...)

@@ -140,10 +140,7 @@ func (b *hashBed) runPods(t *testing.T) []*corev1.Pod {
 		name := "hash-" + strconv.Itoa(i)
 		p := agentPod(name, []string{"/vmagent", "serve", "--name", name, "--port", "8080", "--tcp"})
 		p.Spec.NodeName = b.c.Nodes[i%len(b.c.Nodes)].Name
-		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-			PeriodSeconds: 1,
-		}
+		p.Spec.Containers[0].ReadinessProbe = tcpReady(8080)
 		want = append(want, p)
 	}
 	running := runPods(b.ctx, t, b.c, b.ns, want...)

@@ -534,10 +534,7 @@ func moveEndpointAcrossNodes(ctx context.Context, t *testing.T, c *cluster.Clust
 		// the server listens, and the proxy rightly sends it traffic
 		// (one refused connection in five runs, at the moment the new
 		// real server was added).
-		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-			PeriodSeconds: 1,
-		}
+		p.Spec.Containers[0].ReadinessProbe = tcpReady(8080)
 		return p
 	}
 	svc := func(name string, sel map[string]string, target int32, spec corev1.ServiceSpec) *corev1.Service {

@@ -448,10 +448,9 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 	}
 	r.burst, r.burstIssued = burst.Seconds, burst.Issued
 	logf("%s, %d Services: %d changes in %.3fs (issued in %.3fs)", p.name, n, bn.cfg.burst, burst.Seconds, burst.Issued)
-	if r.rssKiB, err = bn.peakRSS(ctx, p); err != nil {
+	if r.rssKiB, err = bn.peakRSS(ctx, p, n, "cold start, changes and burst", proc.Output()); err != nil {
 		return r, err
 	}
-	bn.logMemory(ctx, p, n, "cold start, changes and burst", proc.Output())
 
 	// 4. A restart with nothing changed.
 	before, err := bn.snapshot(ctx, p)
@@ -501,11 +500,10 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 			logf("%s, %d Services: %s", p.name, n, l)
 		}
 	}
-	rss, err := bn.peakRSS(ctx, p)
+	rss, err := bn.peakRSS(ctx, p, n, "restart and periodic syncs", proc.Output())
 	if err != nil {
 		return r, err
 	}
-	bn.logMemory(ctx, p, n, "restart and periodic syncs", proc.Output())
 	r.rssKiB = max(r.rssKiB, rss)
 	return r, nil
 }
@@ -608,7 +606,10 @@ func (bn *bench) duringSync(ctx context.Context, p proxyKind, r *proxyResult, pr
 	return nil
 }
 
-func (bn *bench) peakRSS(ctx context.Context, p proxyKind) (int, error) {
+// peakRSS is the proxy's VmHWM in KiB, read with the rest of its status,
+// which logMemory splits for ipvs-proxy (when: what the process has done;
+// log: its output).
+func (bn *bench) peakRSS(ctx context.Context, p proxyKind, n int, when, log string) (int, error) {
 	out, err := bn.bed.VM.RunOK(ctx, "sh", "-c", "cat /proc/$(pidof "+p.comm+")/status")
 	if err != nil {
 		return 0, err
@@ -617,6 +618,7 @@ func (bn *bench) peakRSS(ctx context.Context, p proxyKind) (int, error) {
 	if m == nil {
 		return 0, fmt.Errorf("no VmHWM in %q", out)
 	}
+	bn.logMemory(ctx, p, n, when, out, log)
 	return strconv.Atoi(m[1])
 }
 

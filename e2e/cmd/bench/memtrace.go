@@ -68,19 +68,15 @@ func gcPeak(log string) gcSummary {
 var statusFields = []string{"VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"}
 
 // logMemory logs where ipvs-proxy's memory is (when: what the process
-// has done so far), from its status and, with -gctrace, its log's
-// collections. A failed read is logged, not returned: it is a diagnosis.
-func (bn *bench) logMemory(ctx context.Context, p proxyKind, n int, when, log string) {
+// has done so far), from its status (the text of /proc/PID/status), its
+// mappings and, with -gctrace, its log's collections. A failed read is
+// left out, not returned: it is a diagnosis.
+func (bn *bench) logMemory(ctx context.Context, p proxyKind, n int, when, status, log string) {
 	if !p.ours {
 		return
 	}
-	out, err := bn.bed.VM.RunOK(ctx, "sh", "-c", "cat /proc/$(pidof "+p.comm+")/status")
-	if err != nil {
-		logf("%s, %d Services, memory after %s: %v", p.name, n, when, err)
-		return
-	}
 	var parts []string
-	for _, l := range strings.Split(out, "\n") {
+	for _, l := range strings.Split(status, "\n") {
 		k, v, ok := strings.Cut(l, ":")
 		for _, f := range statusFields {
 			if ok && k == f {
@@ -90,7 +86,7 @@ func (bn *bench) logMemory(ctx context.Context, p proxyKind, n int, when, log st
 	}
 	msg := strings.Join(parts, ", ")
 	if maps, err := bn.bed.VM.RunOK(ctx, "sh", "-c", "awk "+mappingsRss+" /proc/$(pidof "+p.comm+")/smaps | sort -rn"); err == nil {
-		msg += "; resident by mapping (kB): " + strings.Join(strings.Fields(strings.ReplaceAll(maps, "\n", "; ")), " ")
+		msg += "; resident by mapping (kB): " + strings.Join(strings.Split(strings.TrimSpace(maps), "\n"), "; ")
 	}
 	if g := gcPeak(log); g.collections > 0 {
 		msg += fmt.Sprintf("; %d collections, the largest heap %d MB (at %.1fs), the largest goal %d MB, the last live heap %d MB",
