@@ -389,7 +389,7 @@ func (bn *bench) measure(ctx context.Context, p proxyKind, n int) (proxyResult, 
 			return r, err
 		}
 	}
-	if bn.cfg.datapathOnly {
+	if !bn.cfg.controlPlaneAt(n) {
 		return r, nil
 	}
 

@@ -299,3 +299,19 @@ func TestFiguresLeaveOutUnmeasuredRows(t *testing.T) {
 		}
 	}
 }
+
+// TestControlPlaneAt: the data path's small baseline shape runs in the
+// same bench as 10,000 Services with the default burst of 100: it is
+// measured for its data path only, the large shape for everything.
+func TestControlPlaneAt(t *testing.T) {
+	c := config{burst: 100}
+	for n, want := range map[int]bool{10: false, 199: false, 200: true, 10000: true} {
+		if got := c.controlPlaneAt(n); got != want {
+			t.Errorf("burst 100, %d Services: control plane measured %v, want %v", n, got, want)
+		}
+	}
+	c.datapathOnly = true
+	if c.controlPlaneAt(10000) {
+		t.Error("-datapath-only, 10,000 Services: control plane measured, want only the data path")
+	}
+}
