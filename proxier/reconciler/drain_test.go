@@ -126,9 +126,9 @@ func TestReconcilerDrainsNotServingEndpoint(t *testing.T) {
 			b.setEndpoints(endpoint("10.0.1.2", false, false, tc.terminating), endpoint("10.0.2.2", true, true, nil),
 				endpoint("10.0.3.2", false, false, nil))
 			mustSync(t, b.r, false)
-			callsDiff(t, "writes when the endpoint stops serving", []string{
-				"UpdateRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=0",
+			callsDiff(t, "writes when the endpoint stops serving (the UDP loss first: udpLosses)", []string{
 				"DeleteRealServer 10.96.0.10:53/UDP 10.0.1.2:5353",
+				"UpdateRealServer 10.96.0.10:80/TCP 10.0.1.2:8080 w=0",
 			}, b.ipvs.Writes())
 			callsDiff(t, "conntrack clears", []string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:5353"}, ct.Calls())
 			b.expectKernel("kernel while draining",

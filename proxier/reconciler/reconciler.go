@@ -427,11 +427,16 @@ const defaultPieceOps = 4096
 // routes come with the first piece, each address with the piece of its
 // virtual servers (bound before they are added, unbound after they are
 // deleted), and the unwanted routes last, once every delete is done. The
-// failures of writes no Service answers for are returned.
+// failures of writes no Service answers for are returned. Before all of
+// them go the UDP virtual servers that lose a real server (udpLosses).
 func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []ktypes.VSKey, addrs []netip.Addr, routes bool) []error {
-	pieces := r.pieces(want, keys, addrs)
 	unrouted := map[netip.Prefix]error{} // routes that failed, for every piece after
 	var orphan []error
+	if first, rest := r.udpLosses(want, keys); len(first) > 0 {
+		orphan = r.apply(st, model.Diff(want, r.kernel, model.Scope{Keys: first}), unrouted)
+		keys = rest
+	}
+	pieces := r.pieces(want, keys, addrs)
 	// Into an empty kernel every operation counted is written: Diff need
 	// not count them again. Elsewhere most are not (a resync's none).
 	cold := len(r.kernel.VirtualServers) == 0
@@ -452,6 +457,58 @@ func (r *Reconciler) applyPieces(st *SyncStats, want model.Desired, keys []ktype
 		orphan = append(orphan, r.apply(st, ops, unrouted)...)
 	}
 	return orphan
+}
+
+// udpLosses splits keys (sorted) into the UDP virtual servers of the
+// kernel that lose a real server (deleted, or taken to weight 0 to drain)
+// or go altogether, and the rest; both stay sorted. applyPieces writes the
+// first before anything else, and clears their flows' conntrack entries
+// at once: a UDP client keeps its flow on a backend that is gone until
+// both are done (it sees no reset to make it pick again), and a sync that
+// also writes hundreds of other Services' changes kept them waiting
+// behind those writes: 38 s on a node whose CPU went to other load
+// (issue 45, case 7). The first need no address bound nor route: they are
+// in the kernel already.
+func (r *Reconciler) udpLosses(want model.Desired, keys []ktypes.VSKey) (first, rest []ktypes.VSKey) {
+	loses := func(k ktypes.VSKey) bool {
+		if k.Protocol != ktypes.UDP {
+			return false
+		}
+		if _, held := r.kernel.VirtualServers[k]; !held {
+			return false
+		}
+		w, wanted := want.VirtualServers[k]
+		return !wanted || losesRealServer(r.kernel.RealServers[k], w.RealServers)
+	}
+	i := slices.IndexFunc(keys, loses)
+	if i < 0 {
+		return nil, keys
+	}
+	rest = slices.Clone(keys[:i])
+	for _, k := range keys[i:] {
+		if loses(k) {
+			first = append(first, k)
+		} else {
+			rest = append(rest, k)
+		}
+	}
+	return first, rest
+}
+
+// losesRealServer reports whether a real server of have (the kernel's)
+// is not in want, or is wanted at weight 0 while it has a weight.
+func losesRealServer(have, want []ktypes.RealServer) bool {
+	weights := make(map[ktypes.RSKey]int32, len(want))
+	for _, rs := range want {
+		weights[rs.RSKey] = rs.Weight
+	}
+	for _, rs := range have {
+		w, ok := weights[rs.RSKey]
+		if !ok || (w == 0 && rs.Weight > 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // piece is a part of a sync's scope (applyPieces), with about as many

@@ -663,6 +663,76 @@ func TestReconcilerClearsUDPConntrack(t *testing.T) {
 		[]string{"ClearUDP 10.96.0.10:53/UDP 10.0.1.2:53", "ClearUDP 10.96.0.10:53/UDP *"}, ct.Calls())
 }
 
+// TestReconcilerWritesUDPLossesFirst: in a sync that also writes many
+// other Services' changes, a UDP virtual server that loses a real server
+// (or goes) is written first, and its flows' conntrack entries cleared
+// before any other write: a UDP client is stuck on a gone backend until
+// both are done. A UDP virtual server that only gains one, or is new,
+// keeps Diff's order.
+func TestReconcilerWritesUDPLossesFirst(t *testing.T) {
+	r, ipvs, _ := newTestReconciler(t)
+	ct := &fake.Conntrack{}
+	r.SetConntrack(ct)
+	name := func(i int) types.NamespacedName {
+		return types.NamespacedName{Namespace: "bulk", Name: fmt.Sprint("s", i)}
+	}
+	tcp := func(i int, rss ...string) *model.ServicePlan {
+		return modeltest.Plan(name(i), modeltest.VS(model.KindClusterIP, fmt.Sprintf("10.96.0.%d:80", i+1), "rr", rss...))
+	}
+	udp := func(n types.NamespacedName, vip string, rss ...string) *model.ServicePlan {
+		p := modeltest.VS(model.KindClusterIP, vip, "rr", rss...)
+		p.Protocol = ktypes.UDP
+		return modeltest.Plan(n, p)
+	}
+	dns := types.NamespacedName{Namespace: "kube-system", Name: "dns"}
+	gone := types.NamespacedName{Namespace: "udp", Name: "gone"}
+	grows := types.NamespacedName{Namespace: "udp", Name: "grows"}
+	const n = 50
+	for i := range n {
+		r.SetPlan(name(i), tcp(i, "10.0.1.2:8080"))
+	}
+	r.SetPlan(dns, udp(dns, "10.96.9.10:53", "10.0.1.5:53", "10.0.2.5:53"))
+	r.SetPlan(gone, udp(gone, "10.96.9.20:53", "10.0.1.6:53"))
+	r.SetPlan(grows, udp(grows, "10.96.0.200:53", "10.0.1.7:53"))
+	mustSync(t, r, true)
+
+	for i := range n {
+		r.SetPlan(name(i), tcp(i, "10.0.2.2:8080"))
+	}
+	r.SetPlan(dns, udp(dns, "10.96.9.10:53", "10.0.2.5:53"))
+	r.SetPlan(gone, nil)
+	r.SetPlan(grows, udp(grows, "10.96.0.200:53", "10.0.1.7:53", "10.0.2.7:53"))
+	clearsBefore := -1 // conntrack calls made when the first TCP write came
+	ipvs.InjectErrors(func(c fake.Call) error {
+		write := !strings.HasPrefix(string(c), "List") && !strings.HasPrefix(string(c), "Get")
+		if clearsBefore < 0 && write && strings.Contains(string(c), "/TCP") {
+			clearsBefore = len(ct.Calls())
+		}
+		return nil
+	})
+	ipvs.ResetCalls()
+	mustSync(t, r, false)
+	writes := ipvs.Writes()
+	if len(writes) != 2+2*n+1 {
+		t.Fatalf("%d writes, want %d: %v", len(writes), 2+2*n+1, writes)
+	}
+	callsDiff(t, "the first writes", []string{
+		"DeleteRealServer 10.96.9.10:53/UDP 10.0.1.5:53",
+		"DeleteVirtualServer 10.96.9.20:53/UDP",
+	}, writes[:2])
+	if clearsBefore != 1 {
+		t.Errorf("%d conntrack calls before the first TCP write, want 1 (the UDP losses' clears)", clearsBefore)
+	}
+	callsDiff(t, "conntrack calls", []string{"ClearUDP 10.96.9.10:53/UDP 10.0.1.5:53, 10.96.9.20:53/UDP *"}, ct.Calls())
+	if !slices.Contains(writes[2:], fake.Call("AddRealServer 10.96.0.200:53/UDP 10.0.2.7:53 w=1")) {
+		t.Errorf("the UDP virtual server that gains a real server: its add is missing from %v", writes)
+	}
+	ipvs.InjectErrors(nil)
+	if st := mustSync(t, r, true); st.Writes != 0 {
+		t.Errorf("a full sync after it wrote %d times, want 0 (the kernel as wanted)", st.Writes)
+	}
+}
+
 // TestReconcilerReadsManyRealServersAtOnce: a partial sync that changes
 // many Services (a node address change rebuilds every one) reads their
 // real servers by one read of the whole table, not one dump per virtual
