@@ -100,7 +100,7 @@ e2e-run:
 	rm -rf $(CHAOS_OUT)
 	set -o pipefail; CHAOS_SIZE=$(CHAOS_SIZE) CHAOS_OUT=$(CHAOS_OUT) $(E2E_GO) test -json -count=1 -timeout $(E2E_TIMEOUT) \
 		-run '$(E2E_RUN)' -skip '^($(VM_ONLY_TESTS))$$$(if $(E2E_SKIP),|$(E2E_SKIP))' $(E2E_PKGS) | $(TESTLOG); \
-		status=$$?; if ls $(CHAOS_OUT)/*.json >/dev/null 2>&1; then $(E2E_CMD) ./cmd/chaostable -dir $(CHAOS_OUT) || status=1; fi; exit $$status
+		status=$$?; if ls $(CHAOS_OUT)/*.json >/dev/null 2>&1; then $(E2E_CMD) ./cmd/chaostable -dir $(CHAOS_OUT) -suite $(CHAOS_ROWS) || status=1; fi; exit $$status
 
 # `make test`, what CI runs: the bed built beside lint and unit tests;
 # then the bed's kernel tests in one VM (schedulers, glue, node edges,
@@ -129,6 +129,9 @@ e2e:
 # under live traffic, at CHAOS_SIZE Services (300 by default; by hand
 # e.g. `make chaos CHAOS_SIZE=3000`).
 CHAOS_SIZE ?= 300
+# The name the chaos rows are kept under: `make chaos`'s, or <target>-cases
+# for the suites that boot beds of their own (README: one table a run).
+CHAOS_ROWS ?= chaos
 CHAOS_OUT ?= $(CURDIR)/bin/chaos
 chaos:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-tests E2E_PKGS=. E2E_RUN='^(TestChaos|TestHostTrafficDuringEndpointMove$$$$)' \
@@ -141,7 +144,7 @@ chaos:
 # pod; the DaemonSet rolled and rolled back; UDP through pod cycles with
 # both VMs loaded; a node's VM killed and booted again. One chaos row each.
 chaos-nodes:
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-nodes E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_NODES))$$$$'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-nodes CHAOS_ROWS=chaos-nodes-cases E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_NODES))$$$$'
 
 # Issue 45's case 8, the soak, on chaos-nodes' two nodes and outside
 # host: CHAOS_SOAK (a Go duration, 60m by default) of endpoint churn at
@@ -151,14 +154,14 @@ chaos-nodes:
 # results. Issue 45's size: `make chaos-soak CHAOS_SIZE=2000`.
 CHAOS_SOAK_TIMEOUT ?= 150m
 chaos-soak:
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-soak E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_SOAK))$$$$' E2E_TIMEOUT=$(CHAOS_SOAK_TIMEOUT)
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-soak CHAOS_ROWS=chaos-soak-cases E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_SOAK))$$$$' E2E_TIMEOUT=$(CHAOS_SOAK_TIMEOUT)
 
 # Issue 45's case 2 on the one-node bed: the agent without the apiserver
 # for CHAOS_OUTAGE (5 minutes), refused and then black-holed, under live
 # traffic (TestChaosAPIServerLongOutage, 11-13 minutes; left out of
 # `make chaos` and `make test`). One chaos row each.
 chaos-outage:
-	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-outage E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_OUTAGE))$$$$'
+	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-outage CHAOS_ROWS=chaos-outage-cases E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_OUTAGE))$$$$'
 
 # Taking a node over from kube-proxy's IPVS mode (kube-proxy v1.36.3 runs
 # in the bed's VM first).

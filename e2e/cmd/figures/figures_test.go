@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/results"
 )
 
@@ -68,6 +69,45 @@ func TestTablesFromRuns(t *testing.T) {
 	}
 	if !strings.Contains(tables["chaos"], "no chaos run") {
 		t.Errorf("chaos table without a run: %q", tables["chaos"])
+	}
+}
+
+// TestChaosCasesEveryRun: the rows of the suites with beds of their own
+// ("<target>-cases") are listed run by run, newest first, each with its
+// target, date and commit; `make chaos`'s rows stay in "chaos" alone.
+func TestChaosCasesEveryRun(t *testing.T) {
+	dir := t.TempDir()
+	env := func(string) string { return "" }
+	for i, run := range []struct {
+		suite, notes string
+	}{
+		{"chaos-nodes-cases", "300 Services"},
+		{"chaos", "one node"},
+		{"chaos-nodes-cases", "2000 Services"},
+	} {
+		r, err := results.New(run.suite, []chaos.Row{{Case: "nodes-node-lost", TrafficAttempted: 10, Notes: run.notes}}, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Date = time.Date(2026, 12, 7, i, 0, 0, 0, time.UTC)
+		if _, err := results.Write(dir, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tables, err := render(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := tables["chaos-cases"]
+	first, second := strings.Index(got, "2000 Services"), strings.Index(got, "300 Services")
+	if first < 0 || second < 0 || first > second || strings.Contains(got, "one node") {
+		t.Errorf("chaos-cases:\n%s\nwant the 2000-Service run, then the 300-Service one, and not make chaos's", got)
+	}
+	if !strings.Contains(got, "`make chaos-nodes`, 2026-12-07 02:00, ") {
+		t.Errorf("chaos-cases:\n%s\nwant each run headed by its target and date", got)
+	}
+	if !strings.Contains(tables["chaos"], "one node") || strings.Contains(tables["chaos"], "Services") {
+		t.Errorf("chaos:\n%s\nwant make chaos's run alone", tables["chaos"])
 	}
 }
 

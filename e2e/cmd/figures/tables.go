@@ -31,6 +31,9 @@ func render(dir string) (map[string]string, error) {
 	if tables["chaos"], err = latestChaos(runs); err != nil {
 		return nil, err
 	}
+	if tables["chaos-cases"], err = chaosCases(runs); err != nil {
+		return nil, err
+	}
 	if tables["conformance"], err = conformanceTable(runs); err != nil {
 		return nil, err
 	}
@@ -96,6 +99,32 @@ func latestChaos(runs []results.Run) (string, error) {
 		return fmt.Sprintf("%s, %s, %s:\n\n%s", when(runs[i]), runs[i].Commit, machine(runs[i]), chaos.Table(rows)), nil
 	}
 	return "no chaos run kept yet\n", nil
+}
+
+// chaosCases lists, newest first, every kept run of the chaos suites
+// that boot beds of their own (suites "<target>-cases": chaos-nodes,
+// chaos-soak, chaos-outage), one table a run: their runs differ in size
+// and cases, and issue 45 asks for each size's table.
+func chaosCases(runs []results.Run) (string, error) {
+	var b strings.Builder
+	for i := len(runs) - 1; i >= 0; i-- {
+		target, ok := strings.CutSuffix(runs[i].Suite, "-cases")
+		if !ok {
+			continue
+		}
+		var rows []chaos.Row
+		if err := json.Unmarshal(runs[i].Figures, &rows); err != nil {
+			return "", fmt.Errorf("%s run of %s: %w", runs[i].Suite, when(runs[i]), err)
+		}
+		if b.Len() > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "`make %s`, %s, %s, %s:\n\n%s", target, when(runs[i]), runs[i].Commit, machine(runs[i]), chaos.Table(rows))
+	}
+	if b.Len() == 0 {
+		return "no run kept yet\n", nil
+	}
+	return b.String(), nil
 }
 
 // conformanceTable lists every kept run of Kubernetes' own tests.
