@@ -278,6 +278,7 @@ func dsrHolds(ctx context.Context, t *testing.T, v *vm.VM, addr string, first in
 // waits until each has its first answer.
 func holdConnections(ctx context.Context, t *testing.T, v *vm.VM, addr string, first, n int, interval time.Duration) *vm.Proc {
 	t.Helper()
+	reservePorts(ctx, t, v, first, n)
 	p := startProc(ctx, t, v, "vmagent", "holds", "--addr", addr, "--first", fmt.Sprint(first), "--n", fmt.Sprint(n),
 		"--interval", interval.String(), "--timeout", "10s")
 	waitWithin(ctx, t, time.Minute, fmt.Sprintf("%d held connections from port %d answered", n, first), func() (bool, string) {
@@ -290,6 +291,21 @@ func holdConnections(ctx context.Context, t *testing.T, v *vm.VM, addr string, f
 		return true, ""
 	})
 	return p
+}
+
+// reservePorts keeps the kernel of v from handing out the source ports
+// [first, first+n) to its own connections (ip_local_reserved_ports,
+// added to what is reserved already): the held connections bind them,
+// and a stream's connection to the same address that the kernel gave one
+// of them made the bind fail (`bind: address already in use`, node-1's
+// host in nodes-node-lost at 2,000 Services).
+func reservePorts(ctx context.Context, t *testing.T, v *vm.VM, first, n int) {
+	t.Helper()
+	const f = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+	script := fmt.Sprintf(`r=$(cat %[1]s); echo "${r:+$r,}%[2]d-%[3]d" > %[1]s`, f, first, first+n-1)
+	if out, err := v.RunOK(ctx, "sh", "-c", script); err != nil {
+		t.Fatalf("reserve ports %d-%d: %v: %s", first, first+n-1, err, out)
+	}
 }
 
 // dsrPreflight is what n's preflight init container said of tunnel ends.
