@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -526,7 +527,7 @@ func (b *nodesBed) agentSyncs(t *testing.T, since time.Time) {
 			continue
 		}
 		var slow, longest float64
-		var warnings []string
+		var warnings, slowest []string // the three longest syncs' lines
 		for _, l := range strings.Split(string(raw), "\n") {
 			var line struct {
 				Msg   string  `json:"msg"`
@@ -539,6 +540,7 @@ func (b *nodesBed) agentSyncs(t *testing.T, since time.Time) {
 			if line.Msg == "synced" {
 				slow++
 				longest = max(longest, line.Took)
+				slowest = keepSlowest(slowest, l, 3)
 			}
 			if line.Level == "warn" || line.Level == "error" {
 				warnings = append(warnings, l)
@@ -546,5 +548,25 @@ func (b *nodesBed) agentSyncs(t *testing.T, since time.Time) {
 		}
 		t.Logf("%s: the agent's syncs of a second or more during the case: %.0f, the longest %.1f s; warnings and errors %d: %s",
 			n.Name, slow, longest, len(warnings), sample(warnings))
+		// What the longest were (their kind, Services, writes and the
+		// time of each part): what a change waited behind.
+		for _, l := range slowest {
+			t.Logf("%s: a long sync: %s", n.Name, l)
+		}
 	}
+}
+
+// keepSlowest keeps the n "synced" lines of lines and l that took the
+// longest, longest first.
+func keepSlowest(lines []string, l string, n int) []string {
+	took := func(l string) float64 {
+		var line struct {
+			Took float64 `json:"took"`
+		}
+		_ = json.Unmarshal([]byte(l), &line)
+		return line.Took
+	}
+	lines = append(lines, l)
+	sort.SliceStable(lines, func(i, j int) bool { return took(lines[i]) > took(lines[j]) })
+	return lines[:min(len(lines), n)]
 }
