@@ -1,13 +1,13 @@
 package e2e
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -526,8 +526,8 @@ func (b *nodesBed) agentSyncs(t *testing.T, since time.Time) {
 			t.Logf("%s: the agent's log: %v", n.Name, err)
 			continue
 		}
-		var slow, longest float64
-		var warnings, slowest []string // the three longest syncs' lines
+		var warnings []string
+		var syncs []timedLine // the syncs logged (a second or more), longest first below
 		for _, l := range strings.Split(string(raw), "\n") {
 			var line struct {
 				Msg   string  `json:"msg"`
@@ -538,35 +538,29 @@ func (b *nodesBed) agentSyncs(t *testing.T, since time.Time) {
 				continue
 			}
 			if line.Msg == "synced" {
-				slow++
-				longest = max(longest, line.Took)
-				slowest = keepSlowest(slowest, l, 3)
+				syncs = append(syncs, timedLine{line.Took, l})
 			}
 			if line.Level == "warn" || line.Level == "error" {
 				warnings = append(warnings, l)
 			}
 		}
-		t.Logf("%s: the agent's syncs of a second or more during the case: %.0f, the longest %.1f s; warnings and errors %d: %s",
-			n.Name, slow, longest, len(warnings), sample(warnings))
+		slices.SortStableFunc(syncs, func(a, b timedLine) int { return cmp.Compare(b.took, a.took) })
+		var longest float64
+		if len(syncs) > 0 {
+			longest = syncs[0].took
+		}
+		t.Logf("%s: the agent's syncs of a second or more during the case: %d, the longest %.1f s; warnings and errors %d: %s",
+			n.Name, len(syncs), longest, len(warnings), sample(warnings))
 		// What the longest were (their kind, Services, writes and the
 		// time of each part): what a change waited behind.
-		for _, l := range slowest {
-			t.Logf("%s: a long sync: %s", n.Name, l)
+		for _, s := range syncs[:min(len(syncs), 3)] {
+			t.Logf("%s: a long sync: %s", n.Name, s.line)
 		}
 	}
 }
 
-// keepSlowest keeps the n "synced" lines of lines and l that took the
-// longest, longest first.
-func keepSlowest(lines []string, l string, n int) []string {
-	took := func(l string) float64 {
-		var line struct {
-			Took float64 `json:"took"`
-		}
-		_ = json.Unmarshal([]byte(l), &line)
-		return line.Took
-	}
-	lines = append(lines, l)
-	sort.SliceStable(lines, func(i, j int) bool { return took(lines[i]) > took(lines[j]) })
-	return lines[:min(len(lines), n)]
+// timedLine is an agent's log line and the time it reports (took).
+type timedLine struct {
+	took float64
+	line string
 }
