@@ -234,7 +234,7 @@ func TestOffLoopAddressesNeverOlderThanTheLoops(t *testing.T) {
 		func() {}, NewMetrics(nil), zap.NewNop())
 	snap := func() []netip.Addr {
 		t.Helper()
-		in, err := tr.snapshot(false)
+		in, err := tr.snapshot(false, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

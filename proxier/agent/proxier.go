@@ -96,6 +96,7 @@ type Proxier struct {
 	failures  *serviceFailures // Services failing outside the reconciler
 	traffic   *trafficIndex    // nil unless EnableServiceTraffic
 	settle    *tunnelSettle    // the tunnels IPVS waits to write
+	batch     syncBatch        // the bound on the changes a sync takes
 	// statusMu makes a sync's outcome (the reporter's health, the
 	// tracker's pendingSince) one change as Status sees it.
 	statusMu sync.Mutex
@@ -329,6 +330,10 @@ func (p *Proxier) changesWaiting() bool {
 	return pending > 0
 }
 
+// backlogged reports whether the last sync left changes for the next
+// (syncBatch's bound).
+func (p *Proxier) backlogged() bool { return p.tracker.backlogged() }
+
 // nextRetry is when the earliest retry, or tunnel settling, is due (zero:
 // none waits).
 func (p *Proxier) nextRetry() time.Time {
@@ -351,7 +356,7 @@ func (p *Proxier) SyncOnce(full bool) error {
 	// A full sync reads the node's addresses again, unless it adopts a
 	// resync's read off the loop, which has them (tracker.offLoopAddresses:
 	// read again in the loop if they differ, as the read may be older).
-	in, nodeErr := p.tracker.snapshot(full && !p.rec.AdoptsRead(full))
+	in, nodeErr := p.tracker.snapshot(full && !p.rec.AdoptsRead(full), p.batch.limit())
 	p.build(in)
 	built := p.clock.Since(start)
 	if !full && !p.rec.Pending() && len(in.services) == 0 && !p.consumers.due(p.clock.Now()) {
@@ -367,7 +372,7 @@ func (p *Proxier) SyncOnce(full bool) error {
 		p.consumers.yield() // changes first; the next sync, at once, repairs
 	}
 	a := p.apply(full)
-	a.build = built
+	a.build, a.backlog = built, in.backlog
 	if a.stats.NodeAddresses != nil && p.tracker.offLoopAddresses(a.stats.NodeAddresses) {
 		p.runner.kick() // the rebuild or the read again they ask for
 	}
@@ -376,7 +381,13 @@ func (p *Proxier) SyncOnce(full bool) error {
 	if recErr == nil && nodeErr == nil && len(p.consumers.finishers) > 0 {
 		nodeErr = p.consumers.runFinishers()
 	}
-	if healthy := p.recordOutcome(start, a, recErr, nodeErr); healthy && (p.rec.Pending() || p.consumers.due(p.clock.Now())) {
+	if !full && !in.rebuilt {
+		// The build and the IPVS writes grow with the Services; the
+		// consumers' time, beside them, holds the glue's periodic check.
+		p.batch.observe(built+a.stats.Duration, len(in.services))
+	}
+	healthy := p.recordOutcome(start, a, recErr, nodeErr)
+	if p.tracker.backlogged() || (healthy && (p.rec.Pending() || p.consumers.due(p.clock.Now()))) {
 		p.runner.kick()
 	}
 	return errors.Join(recErr, nodeErr)
@@ -389,7 +400,7 @@ func (p *Proxier) recordOutcome(start time.Time, a applied, recErr, nodeErr erro
 	p.statusMu.Lock()
 	defer p.statusMu.Unlock()
 	p.reportFailures()
-	if healthErr := p.reporter.record(start, a.stats, syncTimes{build: a.build, consumers: a.consumers}, failingOutcome{p.rec, p.failures}, recErr, nodeErr); healthErr != nil {
+	if healthErr := p.reporter.record(start, a.stats, syncTimes{build: a.build, consumers: a.consumers, backlog: a.backlog}, failingOutcome{p.rec, p.failures}, recErr, nodeErr); healthErr != nil {
 		p.tracker.queued()
 		return false
 	}
@@ -434,6 +445,7 @@ type applied struct {
 	stats               reconciler.SyncStats
 	recErr, consumerErr error
 	consumers, build    time.Duration
+	backlog             int // changed Services left for the next sync
 }
 
 // unavailable is the set of schedulers the kernel refused.

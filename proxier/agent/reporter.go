@@ -131,9 +131,13 @@ func (r *reporter) conflicts(name types.NamespacedName, st reconciler.ServiceSta
 }
 
 // syncTimes are the parts of a sync's time beside the reconciler's: the
-// snapshot and build of the plans, and the consumers' syncs.
+// snapshot and build of the plans, and the consumers' syncs; and what it
+// left for the next.
 type syncTimes struct {
 	build, consumers time.Duration
+	// backlog is the changed Services the sync left for the next
+	// (syncBatch's bound).
+	backlog int
 }
 
 // record takes a sync's outcome into metrics, logs and health: recErr is
@@ -262,7 +266,7 @@ func (r *reporter) logSync(st reconciler.SyncStats, times syncTimes, total time.
 	logAt("synced", zap.String("kind", kind), zap.Int("services", st.Services), zap.Int("failed", len(st.Failed)),
 		zap.Int("writes", st.Writes), zap.Int("reads", st.Reads), zap.Duration("ipvs", st.Duration),
 		zap.Duration("read", st.Read), zap.Duration("bind", st.Bind), zap.Duration("readOffLoop", st.ReadOffLoop), zap.Duration("build", times.build), zap.Duration("consumers", times.consumers),
-		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft))
+		zap.Duration("took", total), zap.Int("resyncLeft", st.ResyncLeft), zap.Int("backlog", times.backlog))
 	if st.ResyncDone {
 		r.metrics.ResyncDuration.Observe(st.ResyncTook.Seconds())
 		r.log.Info("full resync complete", zap.Duration("took", st.ResyncTook))

@@ -32,11 +32,13 @@ type runner struct {
 }
 
 // syncer is what the runner runs: one sync, when the earliest retry is
-// due (zero: none waits), and whether Service changes wait.
+// due (zero: none waits), whether Service changes wait, and whether the
+// last sync left some of them for the next (backlogged).
 type syncer interface {
 	SyncOnce(full bool) error
 	nextRetry() time.Time
 	changesWaiting() bool
+	backlogged() bool
 }
 
 // resyncer is the reconciler's periodic resync, whose kernel read runs off
@@ -85,10 +87,11 @@ func (r *runner) run(ctx context.Context, s syncer, rs resyncer) {
 	t := turns{full: true}
 	for {
 		// The slices of a periodic resync follow one another at once
-		// (changes that come meanwhile join the next one); other syncs
+		// (changes that come meanwhile join the next one), and so do
+		// the syncs of a backlog of changes (syncBatch); other syncs
 		// are at least minPeriod apart, except that Service changes
 		// wait only for the last sync that carried changes.
-		if !r.waitMinPeriod(ctx, t, s, rs.Resyncing()) {
+		if !r.waitMinPeriod(ctx, t, s, rs.Resyncing() || s.backlogged()) {
 			return
 		}
 		t.last = r.clock.Now()
@@ -145,12 +148,13 @@ func (r *runner) heartbeat() time.Time {
 }
 
 // waitMinPeriod waits until minPeriod has passed since the last sync
-// began (not during a resync), or, while Service changes wait, since the
-// last sync that carried changes: the min period coalesces changes, and a
-// change waits for no sync that carried none (a glue check's repair, a
-// retry, the resync's adoption of its read). False when ctx ended.
-func (r *runner) waitMinPeriod(ctx context.Context, t turns, s syncer, resyncing bool) bool {
-	if resyncing {
+// began (not at all when atOnce: a resync, a backlog), or, while Service
+// changes wait, since the last sync that carried changes: the min period
+// coalesces changes, and a change waits for no sync that carried none (a
+// glue check's repair, a retry, the resync's adoption of its read). False
+// when ctx ended.
+func (r *runner) waitMinPeriod(ctx context.Context, t turns, s syncer, atOnce bool) bool {
+	if atOnce {
 		return true
 	}
 	for {

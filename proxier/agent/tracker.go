@@ -47,9 +47,12 @@ type tracker struct {
 	slices   map[types.NamespacedName][]*model.EndpointSlice
 	node     nodeFacts
 	dirty    map[types.NamespacedName]time.Time // first unsynced change
-	rebuild  bool                               // every Service must be rebuilt
-	ranges   rangeFacts
-	nodes    nodeAddrs
+	// backlog: the last snapshot left changes for the next sync
+	// (syncBatch's bound); they are as old as pendingSince says.
+	backlog bool
+	rebuild bool // every Service must be rebuilt
+	ranges  rangeFacts
+	nodes   nodeAddrs
 	// changedServices are the Services whose Service changed and
 	// sliceChanges the EndpointSlice changes received since the last
 	// snapshot: the pending changes of the metrics.
@@ -326,10 +329,11 @@ func (t *tracker) kernelRemoved(r netlinkutil.Removal) {
 	t.wake()
 }
 
-// snapshot takes the changed Services (all on a rebuild) with their slices
-// and the node's facts; on a full sync, or when the kernel reported a
-// change, it re-reads the node's addresses.
-func (t *tracker) snapshot(full bool) (syncInputs, error) {
+// snapshot takes the changed Services (all on a rebuild; else at most
+// limit of them, 0: all, pickBatch) with their slices and the node's facts;
+// on a full sync, or when the kernel reported a change, it re-reads the
+// node's addresses.
+func (t *tracker) snapshot(full bool, limit int) (syncInputs, error) {
 	var err error
 	t.mu.Lock()
 	reread := full || t.node.addrsChanged
@@ -344,7 +348,7 @@ func (t *tracker) snapshot(full bool) (syncInputs, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	in := syncInputs{full: full, changed: t.dirty,
+	in := syncInputs{full: full,
 		node: model.NodeInfo{Name: t.nodeName, Zone: t.node.zone, NodePortAddresses: t.node.portAddrs, Addresses: t.node.all}}
 	var othersChanged bool
 	in.otherNodes, othersChanged = t.othersLocked()
@@ -356,26 +360,67 @@ func (t *tracker) snapshot(full bool) (syncInputs, error) {
 	// rebuild.
 	rebuild := t.rebuild
 	t.rebuild = false
-	t.dirty = map[types.NamespacedName]time.Time{}
-	t.changedServices, t.sliceChanges = nil, 0
-	t.metrics.ServiceChangesPending.Set(0)
-	t.metrics.EndpointChangesPending.Set(0)
-	names := make([]types.NamespacedName, 0, len(in.changed))
-	for n := range in.changed {
-		names = append(names, n)
-	}
+	var names []types.NamespacedName
 	if rebuild {
-		for n := range t.services {
-			if _, ok := in.changed[n]; !ok {
-				names = append(names, n)
-			}
-		}
+		in.rebuilt = true
+		names = t.takeAllLocked(&in)
+	} else {
+		names = t.takeBatchLocked(&in, limit)
 	}
 	in.services = make([]syncInput, len(names))
 	for i, n := range names {
 		in.services[i] = syncInput{name: n, svc: t.services[n], slices: slices.Clone(t.slices[n])}
 	}
 	return in, err
+}
+
+// takeAllLocked takes every change and names every Service (a rebuild).
+func (t *tracker) takeAllLocked(in *syncInputs) []types.NamespacedName {
+	in.changed = t.takeDirtyLocked()
+	names := make([]types.NamespacedName, 0, len(t.services)+len(in.changed))
+	for n := range in.changed {
+		names = append(names, n)
+	}
+	for n := range t.services {
+		if _, ok := in.changed[n]; !ok {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// takeBatchLocked takes the changed Services a sync builds: all of them,
+// or, past limit, the first limit by pickBatch, the rest left for the
+// next sync (backlog).
+func (t *tracker) takeBatchLocked(in *syncInputs, limit int) []types.NamespacedName {
+	names := pickBatch(t.dirty, t.services, limit)
+	if len(names) == len(t.dirty) {
+		in.changed = t.takeDirtyLocked()
+		return names
+	}
+	in.changed = make(map[types.NamespacedName]time.Time, len(names))
+	for _, n := range names {
+		in.changed[n] = t.dirty[n]
+		delete(t.dirty, n)
+		delete(t.changedServices, n)
+	}
+	t.backlog, in.backlog = true, len(t.dirty)
+	// Pending changes are counted per Service while a backlog waits.
+	t.sliceChanges = len(t.dirty) - len(t.changedServices)
+	t.metrics.ServiceChangesPending.Set(float64(len(t.changedServices)))
+	t.metrics.EndpointChangesPending.Set(float64(t.sliceChanges))
+	return names
+}
+
+// takeDirtyLocked takes every change and clears the pending counts.
+func (t *tracker) takeDirtyLocked() map[types.NamespacedName]time.Time {
+	changed := t.dirty
+	t.dirty = map[types.NamespacedName]time.Time{}
+	t.backlog = false
+	t.changedServices, t.sliceChanges = nil, 0
+	t.metrics.ServiceChangesPending.Set(0)
+	t.metrics.EndpointChangesPending.Set(0)
+	return changed
 }
 
 // refreshNodeAddresses reads the node's addresses for node ports; a change
@@ -431,7 +476,11 @@ func (t *tracker) offLoopAddresses(all []netip.Addr) bool {
 // syncInputs is what one sync works from, taken under the lock.
 type syncInputs struct {
 	full bool
-	node model.NodeInfo
+	// rebuilt: every Service is in services (a rebuild), not only the
+	// changed ones; backlog: the changed Services left for the next sync.
+	rebuilt bool
+	backlog int
+	node    model.NodeInfo
 	// ranges are the Service ranges routed as local; rangesChanged: they
 	// changed since the last sync.
 	ranges        []netip.Prefix
@@ -522,6 +571,14 @@ func (t *tracker) takeRemovals() ([]netip.Addr, bool) {
 	return addrs, link
 }
 
+// backlogged reports whether the last snapshot left changes for the next
+// sync (syncBatch's bound).
+func (t *tracker) backlogged() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.backlog && len(t.dirty) > 0
+}
+
 // rebuildAll makes the next sync rebuild every Service's plan (the kernel
 // refused a scheduler: their Services get the default).
 func (t *tracker) rebuildAll() {
@@ -550,7 +607,7 @@ func (t *tracker) settleIfIdle() {
 // settle records a successful sync that began at start: nothing pending
 // unless changes came in meanwhile or others (busy) still wait, in which
 // case they are no older than its start (an early bound, by at most one
-// sync's duration).
+// sync's duration); a backlog the sync left keeps its own age.
 func (t *tracker) settle(start time.Time, busy bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -558,5 +615,7 @@ func (t *tracker) settle(start time.Time, busy bool) {
 		t.pendingSince = time.Time{}
 		return
 	}
-	t.pendingSince = start
+	if !t.backlog {
+		t.pendingSince = start
+	}
 }
