@@ -143,6 +143,7 @@ func (a *applyRun) virtualServers() {
 	r := a.r
 	for i, err := range r.applyIPVS(a.st, a.ops, a.vsOps) {
 		op := &a.ops[a.vsOps[i]]
+		r.resync.wrote(*op, err)
 		if err == nil {
 			r.kernel.PutVirtualServer(op.VirtualServer)
 			continue
@@ -207,6 +208,7 @@ func (a *applyRun) writeRest(idx []int) {
 	for i, err := range r.applyIPVS(a.st, a.ops, idx) {
 		op := &a.ops[idx[i]]
 		k := op.VirtualServer.VSKey
+		r.resync.wrote(*op, err)
 		switch {
 		case err != nil:
 			a.fail(*op, fmt.Errorf("%s: %w", op, err))

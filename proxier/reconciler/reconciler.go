@@ -399,6 +399,7 @@ func (r *Reconciler) SyncAs(d SyncDecision) (SyncStats, error) {
 
 	r.draining.note(keys, want, r.kernel.RealServers, now, r.cfg.DrainCheck)
 	orphanErrs := r.applyPieces(&st, want, keys, addrs, full)
+	r.resync.keepRealServers(keys, r.kernel, want)
 	r.kernel.RealServers = map[ktypes.VSKey][]ktypes.RealServer{} // no copy of the dump outlives the sync
 
 	r.orphan.settle(len(orphanErrs) > 0, now, r.cfg.RetryBase, r.cfg.RetryMax)

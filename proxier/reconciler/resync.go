@@ -55,6 +55,22 @@ type resyncReader struct {
 type offLoopRead struct {
 	keys  map[ktypes.VSKey]bool
 	addrs map[netip.Addr]bool
+	// rss are the real servers of keys as the loop's last sync of each
+	// left them (keepRealServers), which the adoption takes instead of
+	// the read's: without them, each was read again alone, 544 dumps in
+	// one sync of a starved node (issue 45, case 7). A key without is
+	// read alone.
+	rss map[ktypes.VSKey][]ktypes.RealServer
+	// done are the current sync's writes that succeeded, by virtual
+	// server (its add and its real servers'); failed, the virtual
+	// servers with a write that failed.
+	done   map[ktypes.VSKey][]ktypes.Op
+	failed map[ktypes.VSKey]bool
+}
+
+func newOffLoopRead() *offLoopRead {
+	return &offLoopRead{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{},
+		rss: map[ktypes.VSKey][]ktypes.RealServer{}, done: map[ktypes.VSKey][]ktypes.Op{}, failed: map[ktypes.VSKey]bool{}}
 }
 
 // KernelRead is the result of a read of the kernel made off the sync loop
@@ -126,7 +142,7 @@ func (r *Reconciler) takeResyncRealServers(keys []ktypes.VSKey, want model.Desir
 	for _, k := range keys {
 		if rss, ok := r.resync.realServers[k]; ok {
 			delete(r.resync.realServers, k)
-			if w, wanted := want.VirtualServers[k]; wanted && slices.ContainsFunc(w.RealServers, func(rs ktypes.RealServer) bool { return rs.Drain }) {
+			if draining(want.VirtualServers[k]) {
 				continue
 			}
 			r.kernel.RealServers[k] = rss
@@ -162,7 +178,7 @@ func (r *Reconciler) StartResyncRead() (run func(), ok bool) {
 	reader, own := *r.resync.reader, r.own
 	run, ok = r.resync.read.Begin(func() *KernelRead { return readOffLoop(reader, own) }, nil)
 	if ok {
-		r.resync.offLoop = &offLoopRead{keys: map[ktypes.VSKey]bool{}, addrs: map[netip.Addr]bool{}}
+		r.resync.offLoop = newOffLoopRead()
 	}
 	return run, ok
 }
@@ -296,12 +312,17 @@ func (r *Reconciler) takeOffered() (*KernelRead, *offLoopRead) {
 		}
 	}
 	for key := range ol.keys {
-		if vs, ok := r.kernel.VirtualServers[key]; ok {
+		vs, ok := r.kernel.VirtualServers[key]
+		if ok {
 			k.PutVirtualServer(vs)
 		} else {
 			k.DeleteVirtualServer(key)
 		}
-		delete(k.RealServers, key) // read alone when its slice comes
+		if rss, kept := ol.rss[key]; ok && kept {
+			k.RealServers[key] = rss
+		} else {
+			delete(k.RealServers, key) // read alone when its slice comes
+		}
 	}
 	for a := range ol.addrs {
 		if r.kernel.Bound[a] {
@@ -329,6 +350,87 @@ func (rs *resyncState) touched(ops []ktypes.Op) {
 			rs.offLoop.keys[op.VirtualServer.VSKey] = true
 		}
 	}
+}
+
+// wrote notes a write of the current sync and its outcome while a read off
+// the loop runs (keepRealServers).
+func (rs *resyncState) wrote(op ktypes.Op, err error) {
+	ol := rs.offLoop
+	if ol == nil {
+		return
+	}
+	k := op.VirtualServer.VSKey
+	switch {
+	case err != nil:
+		ol.failed[k] = true
+	case op.Kind == ktypes.OpAddVirtualServer || op.Kind == ktypes.OpAddRealServer ||
+		op.Kind == ktypes.OpUpdateRealServer || op.Kind == ktypes.OpDeleteRealServer:
+		ol.done[k] = append(ol.done[k], op)
+	}
+}
+
+// keepRealServers ends a sync while a read off the loop runs: for each
+// virtual server of its scope (keys) that the loop wrote since the read
+// began, it keeps the real servers the sync leaves on it (those it read,
+// view.RealServers, with its writes replayed), so that the read's
+// adoption need not read them again. It keeps none, and the adoption
+// reads the virtual server alone, where a write failed, where the order
+// of the real servers is the scheduler's table (Ordered), and where a
+// real server drains (its connection counts decide, as in
+// takeResyncRealServers).
+func (rs *resyncState) keepRealServers(keys []ktypes.VSKey, view *model.Kernel, want model.Desired) {
+	ol := rs.offLoop
+	if ol == nil {
+		return
+	}
+	for _, k := range keys {
+		if !ol.keys[k] {
+			continue
+		}
+		vs, inKernel := view.VirtualServers[k]
+		before, read := view.RealServers[k]
+		done := ol.done[k]
+		added := len(done) > 0 && done[0].Kind == ktypes.OpAddVirtualServer
+		if !inKernel || (!read && !added) || ol.failed[k] || vs.Ordered() || draining(want.VirtualServers[k]) {
+			delete(ol.rss, k)
+			continue
+		}
+		ol.rss[k] = replay(before, done)
+	}
+	clear(ol.done)
+	clear(ol.failed)
+}
+
+// draining reports whether w has a real server marked Drain.
+func draining(w model.Want) bool {
+	return slices.ContainsFunc(w.RealServers, func(rs ktypes.RealServer) bool { return rs.Drain })
+}
+
+// replay returns the real servers before, as read, after the writes ops
+// (in their order) succeeded; before is not changed. An added or updated
+// real server has the kernel's fields only (no Drain); an update keeps
+// the connection counts read.
+func replay(before []ktypes.RealServer, ops []ktypes.Op) []ktypes.RealServer {
+	out := slices.Clone(before)
+	for _, op := range ops {
+		rs := op.RealServer
+		i := slices.IndexFunc(out, func(have ktypes.RealServer) bool { return have.RSKey == rs.RSKey })
+		switch op.Kind {
+		case ktypes.OpAddVirtualServer:
+			out = out[:0]
+		case ktypes.OpAddRealServer:
+			out = append(out, ktypes.RealServer{RSKey: rs.RSKey, Weight: rs.Weight, Forward: rs.Forward, TunPort: rs.TunPort})
+		case ktypes.OpUpdateRealServer:
+			if i >= 0 {
+				out[i].Weight, out[i].Forward, out[i].TunPort = rs.Weight, rs.Forward, rs.TunPort
+			}
+		case ktypes.OpDeleteRealServer:
+			if i >= 0 {
+				out = slices.Delete(out, i, i+1)
+			}
+		}
+	}
+	return out
 }
 
 // nextSlice puts the next n virtual servers the running resync has still
