@@ -25,6 +25,9 @@ const (
 	// sync's fixed costs (the glue's, the kernel's addresses) dominate,
 	// and a small sync says little of the cost per Service.
 	batchFloor = 8
+	// batchOverdue is how long a change waits before it goes first
+	// beside the UDP Services'.
+	batchOverdue = 6 * batchAim
 	// batchWeight is the weight of the newest observed sync in the cost
 	// per Service (an exponential average).
 	batchWeight = 0.5
@@ -66,9 +69,10 @@ func (b *syncBatch) observe(took time.Duration, services int) {
 // pickBatch returns the names of dirty to sync now, at most limit (0: all):
 // the Services with a UDP port first (a UDP client stays on a gone
 // backend until its real server and conntrack entries go: it gets no
-// reset, as the reconciler's udpLosses says), then the oldest changes;
-// ties by name.
-func pickBatch(dirty map[types.NamespacedName]time.Time, services map[types.NamespacedName]*model.Service, limit int) []types.NamespacedName {
+// reset, as the reconciler's udpLosses says), and with them any change
+// older than batchOverdue at now (so that UDP churn cannot hold the others
+// back for ever), then the oldest changes; ties by name.
+func pickBatch(dirty map[types.NamespacedName]time.Time, services map[types.NamespacedName]*model.Service, limit int, now time.Time) []types.NamespacedName {
 	names := make([]types.NamespacedName, 0, len(dirty))
 	for n := range dirty {
 		names = append(names, n)
@@ -77,7 +81,7 @@ func pickBatch(dirty map[types.NamespacedName]time.Time, services map[types.Name
 		return names
 	}
 	first := func(n types.NamespacedName) int {
-		if hasUDP(services[n]) {
+		if hasUDP(services[n]) || now.Sub(dirty[n]) > batchOverdue {
 			return 0
 		}
 		return 1

@@ -53,7 +53,8 @@ func TestSyncBatchLimit(t *testing.T) {
 }
 
 // TestPickBatch: past the limit, the Services with a UDP port go first,
-// then the oldest changes, ties by name; within it, every change.
+// with any change overdue, then the oldest changes, ties by name; within
+// it, every change.
 func TestPickBatch(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
 	name := func(n string) types.NamespacedName { return types.NamespacedName{Namespace: "ns", Name: n} }
@@ -74,16 +75,20 @@ func TestPickBatch(t *testing.T) {
 		name("dns"): t0.Add(3 * time.Second), name("udp-newest"): t0.Add(4 * time.Second),
 		name("sctp"): t0.Add(time.Second), name("removed"): t0.Add(time.Second),
 	}
+	now := t0.Add(10 * time.Second)
 	for _, tc := range []struct {
 		limit int
+		now   time.Time
 		want  []string
 	}{
-		{1, []string{"dns"}},
-		{3, []string{"dns", "udp-newest", "tcp-old"}},
-		{5, []string{"dns", "udp-newest", "tcp-old", "removed", "sctp"}},
+		{1, now, []string{"dns"}},
+		{3, now, []string{"dns", "udp-newest", "tcp-old"}},
+		{5, now, []string{"dns", "udp-newest", "tcp-old", "removed", "sctp"}},
+		// Overdue (older than batchOverdue): the oldest go before the UDP ones.
+		{3, t0.Add(batchOverdue + 1500*time.Millisecond), []string{"tcp-old", "removed", "sctp"}},
 	} {
 		var got []string
-		for _, n := range pickBatch(dirty, services, tc.limit) {
+		for _, n := range pickBatch(dirty, services, tc.limit, tc.now) {
 			got = append(got, n.Name)
 		}
 		if diff := cmp.Diff(tc.want, got); diff != "" {
@@ -91,7 +96,7 @@ func TestPickBatch(t *testing.T) {
 		}
 	}
 	for _, limit := range []int{0, len(dirty), len(dirty) + 1} {
-		if got := pickBatch(dirty, services, limit); len(got) != len(dirty) {
+		if got := pickBatch(dirty, services, limit, now); len(got) != len(dirty) {
 			t.Errorf("limit %d: %d of %d changes taken, want all", limit, len(got), len(dirty))
 		}
 	}

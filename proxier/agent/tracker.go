@@ -393,7 +393,7 @@ func (t *tracker) takeAllLocked(in *syncInputs) []types.NamespacedName {
 // or, past limit, the first limit by pickBatch, the rest left for the
 // next sync (backlog).
 func (t *tracker) takeBatchLocked(in *syncInputs, limit int) []types.NamespacedName {
-	names := pickBatch(t.dirty, t.services, limit)
+	names := pickBatch(t.dirty, t.services, limit, t.clock.Now())
 	if len(names) == len(t.dirty) {
 		in.changed = t.takeDirtyLocked()
 		return names
