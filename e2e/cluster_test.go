@@ -498,6 +498,13 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, 
 // waitWithin is waitFor with another time limit.
 func waitWithin(ctx context.Context, t *testing.T, limit time.Duration, what string, cond func() (bool, string), extra ...func() string) {
 	t.Helper()
+	waitEvery(ctx, t, limit, 500*time.Millisecond, what, cond, extra...)
+}
+
+// waitEvery is waitWithin asking cond every interval: a poll of a large
+// kernel table takes CPU from the agent it waits for.
+func waitEvery(ctx context.Context, t *testing.T, limit, interval time.Duration, what string, cond func() (bool, string), extra ...func() string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for {
@@ -512,7 +519,7 @@ func waitWithin(ctx context.Context, t *testing.T, limit time.Duration, what str
 				msg += "\n" + tailLines(f(), 40)
 			}
 			t.Fatal(msg)
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 }

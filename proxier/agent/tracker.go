@@ -51,8 +51,11 @@ type tracker struct {
 	// (syncBatch's bound); they are as old as pendingSince says.
 	backlog bool
 	rebuild bool // every Service must be rebuilt
-	ranges  rangeFacts
-	nodes   nodeAddrs
+	// rebuildAddressed: the Services whose plans hold node addresses
+	// (addressedService) must be rebuilt: the node's addresses changed.
+	rebuildAddressed bool
+	ranges           rangeFacts
+	nodes            nodeAddrs
 	// changedServices are the Services whose Service changed and
 	// sliceChanges the EndpointSlice changes received since the last
 	// snapshot: the pending changes of the metrics.
@@ -358,13 +361,17 @@ func (t *tracker) snapshot(full bool, limit int) (syncInputs, error) {
 	// with their inputs (events, the node's addresses and zone, the
 	// Service ranges, the schedulers the kernel refused), which set
 	// rebuild.
-	rebuild := t.rebuild
-	t.rebuild = false
+	rebuild, addressed := t.rebuild, t.rebuildAddressed
+	t.rebuild, t.rebuildAddressed = false, false
 	var names []types.NamespacedName
-	if rebuild {
+	switch {
+	case rebuild:
 		in.rebuilt = true
-		names = t.takeAllLocked(&in)
-	} else {
+		names = t.takeAllLocked(&in, func(*model.Service) bool { return true })
+	case addressed:
+		in.rebuilt = true
+		names = t.takeAllLocked(&in, addressedService)
+	default:
 		names = t.takeBatchLocked(&in, limit)
 	}
 	in.services = make([]syncInput, len(names))
@@ -374,19 +381,29 @@ func (t *tracker) snapshot(full bool, limit int) (syncInputs, error) {
 	return in, err
 }
 
-// takeAllLocked takes every change and names every Service (a rebuild).
-func (t *tracker) takeAllLocked(in *syncInputs) []types.NamespacedName {
+// takeAllLocked takes every change and names, beside them, every Service
+// that rebuilt tells (a rebuild).
+func (t *tracker) takeAllLocked(in *syncInputs, rebuilt func(*model.Service) bool) []types.NamespacedName {
 	in.changed = t.takeDirtyLocked()
 	names := make([]types.NamespacedName, 0, len(t.services)+len(in.changed))
 	for n := range in.changed {
 		names = append(names, n)
 	}
-	for n := range t.services {
-		if _, ok := in.changed[n]; !ok {
+	for n, s := range t.services {
+		if _, ok := in.changed[n]; !ok && rebuilt(s) {
 			names = append(names, n)
 		}
 	}
 	return names
+}
+
+// addressedService reports whether s's plan holds the node's addresses:
+// node ports on them, and externalIPs or LoadBalancer IPs that may be one
+// of them (model.VSPlan.NodeAddress). A clusterIP's plan holds none: a
+// change of the node's addresses leaves it as it is.
+func addressedService(s *model.Service) bool {
+	return s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer ||
+		len(s.Spec.ExternalIPs) > 0 || len(s.Status.LoadBalancer.Ingress) > 0
 }
 
 // takeBatchLocked takes the changed Services a sync builds: all of them,
@@ -424,7 +441,7 @@ func (t *tracker) takeDirtyLocked() map[types.NamespacedName]time.Time {
 }
 
 // refreshNodeAddresses reads the node's addresses for node ports; a change
-// rebuilds every Service.
+// rebuilds the Services that hold them (addressedService).
 func (t *tracker) refreshNodeAddresses() error {
 	all, err := t.readAddresses()
 	if err != nil {
@@ -435,7 +452,8 @@ func (t *tracker) refreshNodeAddresses() error {
 }
 
 // nodeAddressesRead takes the node's addresses as read in the loop; a
-// change rebuilds every Service (at the next sync), and is reported.
+// change rebuilds the Services that hold them (at the next sync, whole),
+// and is reported.
 func (t *tracker) nodeAddressesRead(all []netip.Addr) bool {
 	addrs := model.FilterNodePortAddresses(all, t.nodePortAddresses)
 	all = model.FilterNodePortAddresses(all, nil) // sorted, each once
@@ -444,15 +462,19 @@ func (t *tracker) nodeAddressesRead(all []netip.Addr) bool {
 	if !slices.Equal(addrs, t.node.portAddrs) {
 		t.log.Info("node-port addresses", zap.Stringers("addresses", addrs))
 		t.node.portAddrs = addrs
-		t.rebuild = true
+		t.rebuildAddressed = true
 	}
 	if !slices.Equal(all, t.node.all) {
 		t.node.all = all
-		t.node.allChanged = true
-		t.rebuild = true
+		t.node.allChanged = true // the Service ranges are checked again
+		t.rebuildAddressed = true
 	}
-	return t.rebuild
+	return t.rebuildsLocked()
 }
+
+// rebuildsLocked reports whether the next sync rebuilds plans; t.mu is
+// held.
+func (t *tracker) rebuildsLocked() bool { return t.rebuild || t.rebuildAddressed }
 
 // offLoopAddresses takes the node's addresses as a periodic resync's read
 // off the loop found them. That read took them as it began, which may be
@@ -467,7 +489,7 @@ func (t *tracker) offLoopAddresses(all []netip.Addr) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if slices.Equal(port, t.node.portAddrs) && slices.Equal(all, t.node.all) {
-		return t.rebuild
+		return t.rebuildsLocked()
 	}
 	t.node.addrsChanged = true
 	return true
@@ -598,7 +620,7 @@ func (t *tracker) queued() {
 // nothing to do.
 func (t *tracker) settleIfIdle() {
 	t.mu.Lock()
-	if len(t.dirty) == 0 && !t.rebuild {
+	if len(t.dirty) == 0 && !t.rebuildsLocked() {
 		t.pendingSince = time.Time{}
 	}
 	t.mu.Unlock()
@@ -611,7 +633,7 @@ func (t *tracker) settleIfIdle() {
 func (t *tracker) settle(start time.Time, busy bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.dirty) == 0 && !t.rebuild && !busy {
+	if len(t.dirty) == 0 && !t.rebuildsLocked() && !busy {
 		t.pendingSince = time.Time{}
 		return
 	}
