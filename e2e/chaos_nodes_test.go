@@ -482,6 +482,8 @@ type nodesTraffic struct {
 	procs map[string]*vm.Proc
 	pods  []string       // the pods' names
 	done  []streamResult // streams stopped early
+	// drops are each node's kernel drop counters as the streams began.
+	drops map[string]dropCounters
 }
 
 // hitArgv is the command of one stream.
@@ -527,6 +529,7 @@ func (b *nodesBed) startTrafficFrom(t *testing.T, label string, nodePort map[str
 			return err == nil && p.Status.Phase == corev1.PodRunning, fmt.Sprint(err)
 		})
 	}
+	tr.drops = b.dropCountersOf(t)
 	time.Sleep(2 * time.Second) // traffic before the event
 	return tr
 }
@@ -600,6 +603,11 @@ func (tr *nodesTraffic) results(t *testing.T) []streamResult {
 	}
 	for _, name := range tr.pods {
 		all = append(all, tr.stopPod(t, name)...)
+	}
+	for name, now := range tr.b.dropCountersOf(t) {
+		if before, ok := tr.drops[name]; ok {
+			t.Logf("%s: kernel drop counters during the streams: %s", name, now.since(before))
+		}
 	}
 	slices.SortFunc(all, func(a, b streamResult) int { return strings.Compare(a.name, b.name) })
 	for _, s := range all {
