@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -482,8 +483,10 @@ type nodesTraffic struct {
 	procs map[string]*vm.Proc
 	pods  []string       // the pods' names
 	done  []streamResult // streams stopped early
-	// drops are each node's kernel drop counters as the streams began.
+	// drops are each node's kernel drop counters as the streams began;
+	// syns watches their IPVS connections left unanswered.
 	drops map[string]dropCounters
+	syns  *synWatch
 }
 
 // hitArgv is the command of one stream.
@@ -530,6 +533,7 @@ func (b *nodesBed) startTrafficFrom(t *testing.T, label string, nodePort map[str
 		})
 	}
 	tr.drops = b.dropCountersOf(t)
+	tr.syns = b.watchSYNs(netip.MustParsePrefix(cluster.ClusterCIDR))
 	time.Sleep(2 * time.Second) // traffic before the event
 	return tr
 }
@@ -604,6 +608,7 @@ func (tr *nodesTraffic) results(t *testing.T) []streamResult {
 	for _, name := range tr.pods {
 		all = append(all, tr.stopPod(t, name)...)
 	}
+	tr.syns.stop(t)
 	for name, now := range tr.b.dropCountersOf(t) {
 		if before, ok := tr.drops[name]; ok {
 			t.Logf("%s: kernel drop counters during the streams: %s", name, now.since(before))
