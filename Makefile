@@ -60,7 +60,7 @@ E2E_CMD = $(E2E_GO) run -exec 'env -C $(CURDIR)'
 # name, never skipped; the bed runs them inside its VM
 # (TestKernelPackagesInVM, vm.TestSmoke). A new one that skips on the
 # host fails `make unit` until it is named here.
-VM_ONLY_TESTS = TestIPVSBatch|TestOrderedTablesAgreeOnKernel|TestIPVSBatchLarge|TestConntrackClearUDP|TestIPVSTable|TestIPVSRealTraffic|TestIPVSMissingScheduler|TestDummy|TestNFTViewOnKernel|TestIPVSViewMissingOnKernel|TestServeAndHitAcrossNamespaces|TestHold|TestNetnsErrors|TestIPVSTunnelRealTraffic|TestTunnelEndsOnKernel
+VM_ONLY_TESTS = TestIPVSBatch|TestOrderedTablesAgreeOnKernel|TestIPVSBatchLarge|TestConntrackClearUDP|TestIPVSTable|TestIPVSRealTraffic|TestIPVSMissingScheduler|TestDummy|TestNFTViewOnKernel|TestIPVSViewMissingOnKernel|TestServeAndHitAcrossNamespaces|TestHold|TestNetnsErrors|TestIPVSTunnelRealTraffic|TestTunnelEndsOnKernel|TestIPVSTakesForwardedReplyOfAnotherFlow
 unit:
 	set -o pipefail; $(GO) test -json -count=1 -skip '^($(VM_ONLY_TESTS))$$' ./... | $(E2E_CMD) ./cmd/testlog -suite unit -out $(RESULTS)
 	set -o pipefail; $(GO) -C deploy/helm test -json -count=1 ./... | $(E2E_CMD) ./cmd/testlog -suite unit-chart -out $(RESULTS)

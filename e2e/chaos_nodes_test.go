@@ -494,8 +494,8 @@ func hitArgv(addr string) []string {
 	return []string{"vmagent", "hit", "--proto", "tcp", "--addr", addr, "--n", "1000000", "--interval", "200ms", "--timeout", "5s"}
 }
 
-// startTraffic starts the streams: from each node's host and its pod to
-// the clusterIP and the LoadBalancer IP, and to the node ports of nodePort
+// startTraffic starts the streams: from each node's host and its pods (one
+// per target) to the clusterIP and the LoadBalancer IP, and to the node ports of nodePort
 // (node name to the address its node port is reached at, from its own
 // host and the outside host; the pods use node-2's); from the outside host
 // to the LoadBalancer IP, routed to node-1.
@@ -522,8 +522,15 @@ func (b *nodesBed) startTrafficFrom(t *testing.T, label string, nodePort map[str
 		for _, tg := range targets {
 			tr.add(t, n.VM, n.Name+"-host-"+tg.name, tg.addr)
 		}
-		name := fmt.Sprintf("hit-%s-%d", label, i+1)
-		tr.startPod(t, name, n, append(targets, hitTarget{"node-port", b.nodePort(last.IP)}))
+		// A pod per target: streams in one network namespace may share
+		// a source port, and a node-2 IPVS entry of node-1's pod's
+		// node-port stream (masqueraded, to server-2) then takes the
+		// replies of its clusterIP stream to server-2 from that port,
+		// for 2 minutes (TestIPVSTakesForwardedReplyOfAnotherFlow): the
+		// kernel's, not the case's.
+		for _, tg := range append(targets, hitTarget{"node-port", b.nodePort(last.IP)}) {
+			tr.startPod(t, fmt.Sprintf("hit-%s-%d-%s", label, i+1, tg.name), n, []hitTarget{tg})
+		}
 	}
 	tr.add(t, b.c.Outside, "outside-lb-ip", b.lbIP())
 	for _, name := range tr.pods {
