@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	dto "github.com/prometheus/client_model/go"
 	"net/netip"
 	"slices"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
