@@ -407,30 +407,33 @@ func draining(w model.Want) bool {
 }
 
 // replay returns the real servers before, as read, after the writes ops
-// (in their order) succeeded; before is not changed. An added or updated
-// real server has the kernel's fields only (no Drain); an update keeps
-// the connection counts read.
+// (in their order) succeeded, in no particular order (an ordered
+// scheduler's are never replayed); before is not changed. An added or
+// updated real server has the kernel's fields only (no Drain); an update
+// keeps the connection counts read. One pass over each, through a map: a
+// Service scaled by thousands of endpoints is thousands of ops.
 func replay(before []ktypes.RealServer, ops []ktypes.Op) []ktypes.RealServer {
-	out := slices.Clone(before)
+	byKey := make(map[ktypes.RSKey]ktypes.RealServer, len(before)+len(ops))
+	for _, rs := range before {
+		byKey[rs.RSKey] = rs
+	}
 	for _, op := range ops {
 		rs := op.RealServer
-		i := slices.IndexFunc(out, func(have ktypes.RealServer) bool { return have.RSKey == rs.RSKey })
 		switch op.Kind {
 		case ktypes.OpAddVirtualServer:
-			out = out[:0]
+			clear(byKey)
 		case ktypes.OpAddRealServer:
-			out = append(out, ktypes.RealServer{RSKey: rs.RSKey, Weight: rs.Weight, Forward: rs.Forward, TunPort: rs.TunPort})
+			byKey[rs.RSKey] = ktypes.RealServer{RSKey: rs.RSKey, Weight: rs.Weight, Forward: rs.Forward, TunPort: rs.TunPort}
 		case ktypes.OpUpdateRealServer:
-			if i >= 0 {
-				out[i].Weight, out[i].Forward, out[i].TunPort = rs.Weight, rs.Forward, rs.TunPort
+			if have, ok := byKey[rs.RSKey]; ok {
+				have.Weight, have.Forward, have.TunPort = rs.Weight, rs.Forward, rs.TunPort
+				byKey[rs.RSKey] = have
 			}
 		case ktypes.OpDeleteRealServer:
-			if i >= 0 {
-				out = slices.Delete(out, i, i+1)
-			}
+			delete(byKey, rs.RSKey)
 		}
 	}
-	return out
+	return slices.Collect(maps.Values(byKey))
 }
 
 // nextSlice puts the next n virtual servers the running resync has still

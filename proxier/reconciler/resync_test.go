@@ -3,8 +3,12 @@ package reconciler
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
@@ -72,4 +76,44 @@ func TestAdoptionReadsAloneWhatItCannotKeep(t *testing.T) {
 		"ListRealServers 10.96.0.2:80/TCP", "ListRealServers 10.96.0.3:80/TCP", "ListRealServers 10.96.0.4:80/TCP",
 	}, ipvs.Reads())
 	callsDiff(t, "adoption: IPVS writes", []string{"AddRealServer 10.96.0.3:80/TCP 10.0.2.3:8080 w=1"}, ipvs.Writes())
+}
+
+// TestReplay: the real servers a sync's writes leave, from those it read:
+// an update keeps the connection counts read, a delete drops, an add
+// comes with the kernel's fields only, and an added virtual server
+// starts from none.
+func TestReplay(t *testing.T) {
+	rs := func(s string, active int32) ktypes.RealServer {
+		r := ktypestest.RS(s)
+		r.ActiveConns = active
+		return r
+	}
+	vs := ktypes.VirtualServer{VSKey: ktypestest.VSKey("10.96.0.1:80", ktypes.TCP)}
+	op := func(kind ktypes.OpKind, r ktypes.RealServer) ktypes.Op {
+		return ktypes.Op{Kind: kind, VirtualServer: vs, RealServer: r}
+	}
+	drain := ktypestest.RS("10.0.0.3:80@1")
+	drain.Drain = true
+	before := []ktypes.RealServer{rs("10.0.0.1:80@1", 4), rs("10.0.0.2:80@1", 0)}
+	for _, tc := range []struct {
+		name string
+		ops  []ktypes.Op
+		want []ktypes.RealServer
+	}{
+		{"none", nil, before},
+		{"update, delete, add", []ktypes.Op{op(ktypes.OpUpdateRealServer, ktypestest.RS("10.0.0.1:80@0")),
+			op(ktypes.OpDeleteRealServer, ktypestest.RS("10.0.0.2:80@1")), op(ktypes.OpAddRealServer, drain)},
+			[]ktypes.RealServer{rs("10.0.0.1:80@0", 4), ktypestest.RS("10.0.0.3:80@1")}},
+		{"virtual server added again", []ktypes.Op{{Kind: ktypes.OpAddVirtualServer, VirtualServer: vs},
+			op(ktypes.OpAddRealServer, ktypestest.RS("10.0.0.4:80@1"))}, []ktypes.RealServer{ktypestest.RS("10.0.0.4:80@1")}},
+	} {
+		got := replay(before, tc.ops)
+		slices.SortFunc(got, func(a, b ktypes.RealServer) int { return a.RSKey.Compare(b.RSKey) })
+		if diff := cmp.Diff(tc.want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
+	}
+	if before[0].Weight != 1 || len(before) != 2 {
+		t.Errorf("replay changed what was read: %v", before)
+	}
 }
