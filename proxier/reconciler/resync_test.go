@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
 
