@@ -129,10 +129,7 @@ func cniConfig(podCIDRs ...string) string {
 // kubeletConfig is the kubelet's KubeletConfiguration. The apiserver
 // reaches the kubelet only through the egress proxy, so anonymous requests
 // are allowed; pods' nameserver is the kube-dns Service; eviction on disk thresholds is off (the node's disks are
-// tmpfs); cgroups are managed through cgroupfs (there is no systemd). A
-// container's log rotates at 50 MiB, not kubelet's 10: the agent's log of
-// a chaos case at 2,000 Services must come back whole through the API,
-// which gives the current file only.
+// tmpfs); cgroups are managed through cgroupfs (there is no systemd).
 func kubeletConfig() string {
 	return `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -155,8 +152,6 @@ clusterDNS:
 resolvConf: ""
 hairpinMode: hairpin-veth
 serializeImagePulls: false
-containerLogMaxSize: 50Mi
-containerLogMaxFiles: 2
 imageGCHighThresholdPercent: 100
 evictionHard:
   nodefs.available: "0%"
