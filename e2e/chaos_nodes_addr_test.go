@@ -106,7 +106,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 }
 
 // logAgent logs the lines of n's agent since since that contain one of
-// what (the last 40). Bounded (a cleanup calls it) and never fatal.
+// what (the last 100). Bounded (a cleanup calls it) and never fatal.
 func (b *nodesBed) logAgent(t *testing.T, n *cluster.Node, since time.Time, what ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
@@ -130,7 +130,7 @@ func (b *nodesBed) logAgent(t *testing.T, n *cluster.Node, since time.Time, what
 		}
 	}
 	t.Logf("%s: the agent's lines since %s (%d):\n%s", n.Name, since.Format("15:04:05.000"), len(lines),
-		strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		strings.Join(lines[max(0, len(lines)-100):], "\n"))
 }
 
 // busiestLater logs, after d, n's load and busiest processes (busybox
@@ -274,6 +274,9 @@ func (b *nodesBed) restoreAddress(t *testing.T, n1 *cluster.Node, oldIP, newIP s
 	waitWithin(b.ctx, t, 2*time.Minute, "node ports back on "+oldIP, func() (bool, string) {
 		st := readKernelState(t, n1.VM)
 		return len(virtualServersOn(st, oldIP)) > 0 && len(virtualServersOn(st, newIP)) == 0, sample(virtualServersOn(st, newIP))
+	}, func() string {
+		b.logAgent(t, n1, removed, "node-port addresses", `"msg":"synced"`, "sync failed", "resync")
+		return "(the agent's lines above)"
 	})
 	b.nodePortsAt(t, n1, oldIP)
 	return removed
