@@ -105,9 +105,9 @@ func TestPickBatch(t *testing.T) {
 // TestBacklogGoesInBoundedSyncs: on a node where a Service costs half a
 // second to sync, 20 changed TCP Services and a UDP one changed last go in
 // syncs of 10, the UDP Service in the first, then the oldest; the loop is
-// kicked while some wait, no sync waits the min period for them, and the
-// backlog's age stays that of its oldest change. A rebuild (the cold
-// start) takes every Service whatever the bound.
+// kicked while some wait (backlogged, which spares them the runner's min
+// period), and the backlog's age stays that of its oldest change. A
+// rebuild (the cold start) takes every Service whatever the bound.
 func TestBacklogGoesInBoundedSyncs(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakeClock(t0)
