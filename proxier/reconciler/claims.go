@@ -34,9 +34,9 @@ func newClaimIndex() claimIndex {
 // claim adds (sign 1) or removes (sign -1) the claims of a Service's plan
 // (recorded in plans before it adds them) on virtual servers and
 // addresses; key is told of each virtual server it touches, with its
-// claimants now, and addr of each bound address.
+// claimants now, and bound of each one whose address it binds.
 func (c *claimIndex) claim(name types.NamespacedName, p *model.ServicePlan, sign int,
-	key func(ktypes.VSKey, []types.NamespacedName), addr func(netip.Addr)) {
+	key func(ktypes.VSKey, []types.NamespacedName), bound func(ktypes.VSKey)) {
 	c.vsCount += sign * len(p.VirtualServers)
 	for _, v := range p.VirtualServers {
 		for _, rs := range v.RealServers {
@@ -65,7 +65,7 @@ func (c *claimIndex) claim(name types.NamespacedName, p *model.ServicePlan, sign
 			if c.addrs[v.Address] += sign; c.addrs[v.Address] <= 0 {
 				delete(c.addrs, v.Address)
 			}
-			addr(v.Address)
+			bound(k)
 		}
 	}
 }
@@ -126,18 +126,46 @@ func planEqual(a, b model.ServicePlan) bool {
 		return false
 	}
 	for i := range a.VirtualServers {
-		x, y := a.VirtualServers[i], b.VirtualServers[i]
-		if !x.VirtualServer.Equal(y.VirtualServer) || x.Kind != y.Kind || x.PortName != y.PortName ||
-			x.Local != y.Local || x.NodeAddress != y.NodeAddress || x.Routed != y.Routed || x.InClusterOnly != y.InClusterOnly ||
-			x.Forward != y.Forward || x.TunPort != y.TunPort || x.InClusterTo != y.InClusterTo ||
-			!slices.Equal(x.SourceRanges, y.SourceRanges) ||
-			!slices.EqualFunc(x.RealServers, y.RealServers, func(p, q ktypes.RealServer) bool {
-				return p.RSKey == q.RSKey && p.Weight == q.Weight && p.Drain == q.Drain && p.SameForward(q)
-			}) {
+		if !vsPlanEqual(a.VirtualServers[i], b.VirtualServers[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+// vsPlanEqual reports whether two plans of a virtual server want the same
+// of the kernel.
+func vsPlanEqual(x, y model.VSPlan) bool {
+	return x.VirtualServer.Equal(y.VirtualServer) && x.Kind == y.Kind && x.PortName == y.PortName &&
+		x.Local == y.Local && x.NodeAddress == y.NodeAddress && x.Routed == y.Routed && x.InClusterOnly == y.InClusterOnly &&
+		x.Forward == y.Forward && x.TunPort == y.TunPort && x.InClusterTo == y.InClusterTo &&
+		slices.Equal(x.SourceRanges, y.SourceRanges) &&
+		slices.EqualFunc(x.RealServers, y.RealServers, func(p, q ktypes.RealServer) bool {
+			return p.RSKey == q.RSKey && p.Weight == q.Weight && p.Drain == q.Drain && p.SameForward(q)
+		})
+}
+
+// unchangedKeys lists the virtual servers that a Service's new plan wants
+// as its old one did: a sync need not look at them again (the kernel has
+// them as the last sync left them; a failed write is retried by the
+// Service's backoff, drift repaired by the resync). None when the plans
+// differ in what orders the claimants (model.Precedes: Created), which may
+// change who holds any of them.
+func unchangedKeys(old, plan *model.ServicePlan) map[ktypes.VSKey]bool {
+	if old.Service != plan.Service || !old.Created.Equal(plan.Created) {
+		return nil
+	}
+	before := make(map[ktypes.VSKey]int, len(old.VirtualServers))
+	for i, v := range old.VirtualServers {
+		before[v.VSKey] = i
+	}
+	same := make(map[ktypes.VSKey]bool, len(plan.VirtualServers))
+	for _, v := range plan.VirtualServers {
+		if i, ok := before[v.VSKey]; ok && vsPlanEqual(old.VirtualServers[i], v) {
+			same[v.VSKey] = true
+		}
+	}
+	return same
 }
 
 // Counts returns the numbers of virtual and real servers the plans want.

@@ -163,8 +163,12 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 	if plan != nil && old != nil && planEqual(*old, *plan) {
 		return
 	}
+	var same map[ktypes.VSKey]bool
 	if old != nil {
-		r.claim(name, old, -1)
+		if plan != nil {
+			same = unchangedKeys(old, plan)
+		}
+		r.claim(name, old, -1, same)
 	}
 	if plan == nil {
 		if old == nil {
@@ -175,7 +179,7 @@ func (r *Reconciler) SetPlan(name types.NamespacedName, plan *model.ServicePlan)
 	} else {
 		p := *plan
 		r.claims.plans[name] = &p
-		r.claim(name, &p, 1)
+		r.claim(name, &p, 1, same)
 		r.statuses.add(name)
 	}
 	if r.synced || plan == nil { // the first full sync takes every plan: only removals wait for it
@@ -209,22 +213,24 @@ func reserved[K comparable, V any](m map[K]V, n int) map[K]V {
 }
 
 // claim adds (sign 1) or removes (sign -1) a plan's claims, marking what
-// it touches dirty and the claimants of each virtual server it touches as
-// having conflicts to check.
-func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int) {
+// it touches dirty, but the virtual servers in same and their addresses
+// (unchangedKeys: a plan replaced by one that wants them alike), and the
+// claimants of each virtual server it touches as having conflicts to
+// check.
+func (r *Reconciler) claim(name types.NamespacedName, p *model.ServicePlan, sign int, same map[ktypes.VSKey]bool) {
 	// Before the first full sync, which takes every virtual server and
 	// address, the dirty sets would only repeat the indexes.
 	marks := r.synced
 	r.claims.claim(name, p, sign, func(k ktypes.VSKey, claimants []types.NamespacedName) {
-		if marks {
+		if marks && !same[k] {
 			r.dirtyKeys[k] = true
 		}
 		for _, n := range claimants {
 			r.statuses.conflictChanged[n] = true
 		}
-	}, func(a netip.Addr) {
-		if marks {
-			r.dirtyAddrs[a] = true
+	}, func(k ktypes.VSKey) {
+		if marks && !same[k] {
+			r.dirtyAddrs[k.Address] = true
 		}
 	})
 }

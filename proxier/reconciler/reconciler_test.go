@@ -1721,3 +1721,69 @@ func TestReconcilerChangesBeforeFirstSync(t *testing.T) {
 		t.Errorf("addresses on %s: %s, want %s", testIface, got, want)
 	}
 }
+
+// TestReconcilerLooksAtWhatChanged: a Service's new plan that keeps some
+// of its virtual servers as they were (a node address added or removed:
+// its node ports on the other addresses stay) makes a sync look at the
+// ones that changed alone: no read of the others' real servers, no write
+// for them. A Service that is failing comes whole when it changes, so
+// that the sync retries all of it and its status says all of it.
+func TestReconcilerLooksAtWhatChanged(t *testing.T) {
+	r, ipvs, links, _, _ := newLoggedReconciler(t)
+	mustSync(t, r, true)
+	clusterIP := modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080")
+	onNode := modeltest.VS(model.KindNodePort, "192.168.0.10:30080", "rr", "10.0.1.2:8080", "10.0.2.2:8080")
+	onNew := modeltest.VS(model.KindNodePort, "192.168.0.11:30080", "rr", "10.0.1.2:8080", "10.0.2.2:8080")
+	r.SetPlan(svcA, modeltest.Plan(svcA, clusterIP, onNode))
+	mustSync(t, r, false)
+
+	resetCalls(ipvs, links)
+	r.SetPlan(svcA, modeltest.Plan(svcA, clusterIP, onNode, onNew))
+	mustSync(t, r, false)
+	callsDiff(t, "writes of an added address's node port", []string{
+		"AddVirtualServer 192.168.0.11:30080/TCP rr",
+		"AddRealServer 192.168.0.11:30080/TCP 10.0.1.2:8080 w=1",
+		"AddRealServer 192.168.0.11:30080/TCP 10.0.2.2:8080 w=1",
+	}, ipvs.Writes())
+	callsDiff(t, "reads of an added address's node port", []string{}, ipvs.Reads())
+
+	resetCalls(ipvs, links)
+	r.SetPlan(svcA, modeltest.Plan(svcA, clusterIP, onNew))
+	mustSync(t, r, false)
+	callsDiff(t, "writes of a removed address's node port", []string{"DeleteVirtualServer 192.168.0.10:30080/TCP"}, ipvs.Writes())
+	callsDiff(t, "reads of a removed address's node port", []string{}, ipvs.Reads())
+	if sa, _ := r.Status(svcA); !sa.Applied {
+		t.Errorf("status after the narrow syncs: %+v, want applied", sa)
+	}
+
+	// A failing Service's change takes all of it.
+	errBusy := errors.New("injected: device or resource busy")
+	ipvs.InjectErrors(func(c fake.Call) error {
+		if strings.HasPrefix(string(c), "AddRealServer 10.96.0.10:80/TCP 10.0.3.2") {
+			return errBusy
+		}
+		return nil
+	})
+	grown := modeltest.VS(model.KindClusterIP, "10.96.0.10:80", "rr", "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")
+	r.SetPlan(svcA, modeltest.Plan(svcA, grown, onNew))
+	if _, err := r.Sync(false); !errors.Is(err, errBusy) {
+		t.Fatalf("sync with the injected failure: %v", err)
+	}
+	ipvs.InjectErrors(nil)
+	resetCalls(ipvs, links)
+	r.SetPlan(svcA, modeltest.Plan(svcA, grown, onNode, onNew))
+	mustSync(t, r, false)
+	callsDiff(t, "reads of a failing Service's change", []string{
+		"ListRealServers 10.96.0.10:80/TCP",
+		"ListRealServers 192.168.0.11:30080/TCP",
+	}, ipvs.Reads())
+	callsDiff(t, "writes of a failing Service's change", []string{
+		"AddVirtualServer 192.168.0.10:30080/TCP rr",
+		"AddRealServer 10.96.0.10:80/TCP 10.0.3.2:8080 w=1",
+		"AddRealServer 192.168.0.10:30080/TCP 10.0.1.2:8080 w=1",
+		"AddRealServer 192.168.0.10:30080/TCP 10.0.2.2:8080 w=1",
+	}, ipvs.Writes())
+	if sa, _ := r.Status(svcA); !sa.Applied || sa.Failures != 0 {
+		t.Errorf("status after the whole retry: %+v, want applied", sa)
+	}
+}

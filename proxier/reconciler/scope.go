@@ -115,16 +115,27 @@ func (r *Reconciler) scopeWhole() ([]ktypes.VSKey, []netip.Addr, []types.Namespa
 }
 
 // scopeChanged takes what changed since the last sync and the retries that
-// are due: failed Services (their virtual servers) and orphans.
+// are due: failed Services (their virtual servers) and orphans. A changed
+// Service that is failing comes whole (its virtual servers that did not
+// change too), so that its status says all of it.
 func (r *Reconciler) scopeChanged(sc *scopeSet, now time.Time) {
-	for n := range r.dirtyServices {
+	whole := func(n types.NamespacedName) {
 		sc.services[n] = true
+		if p := r.claims.plans[n]; p != nil {
+			for _, v := range p.VirtualServers {
+				sc.keys[v.VSKey] = true
+			}
+		}
+	}
+	for n := range r.dirtyServices {
+		if _, failing := r.statuses.retrying[n]; failing {
+			whole(n)
+		} else {
+			sc.services[n] = true
+		}
 	}
 	for _, n := range r.statuses.due(now) {
-		sc.services[n] = true
-		for _, v := range r.claims.plans[n].VirtualServers {
-			sc.keys[v.VSKey] = true
-		}
+		whole(n)
 	}
 	for k := range r.dirtyKeys {
 		sc.keys[k] = true
