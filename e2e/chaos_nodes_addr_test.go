@@ -144,9 +144,20 @@ func (b *nodesBed) busiestLater(t *testing.T, n *cluster.Node, d time.Duration) 
 		out, err := n.VM.RunOK(b.ctx, "top", "-b", "-n", "1")
 		lines := strings.Split(out, "\n")
 		t.Logf("%s: %s after the change, top (%v):\n%s", n.Name, d, err, strings.Join(lines[:min(len(lines), 16)], "\n"))
+		weights, err := n.VM.RunOK(b.ctx, "sh", "-c", cgroupWeights)
+		t.Logf("%s: CPU weights of the cgroups of the agent and of the hosts' processes, leaf first (%v):\n%s", n.Name, err, weights)
 	}()
 	return done
 }
+
+// cgroupWeights prints, for the agent and for a process of the VM's own
+// (the test's agent, which runs the hosts' traffic clients), each cgroup
+// from its leaf to the root with its cpu.weight, and how many processes
+// sit in the root cgroup: under contention the agent's CPU share follows
+// them.
+const cgroupWeights = `for name in ipvs-proxy vmagent; do p=$(pidof $name | awk '{print $NF}'); c=$(cut -d: -f3 /proc/$p/cgroup); echo "$name $p:"; ` +
+	`while [ -n "$c" ] && [ "$c" != "/" ]; do echo "  $c $(cat /sys/fs/cgroup$c/cpu.weight 2>/dev/null)"; c=$(dirname $c); done; done; ` +
+	`echo "root cgroup: $(wc -l < /sys/fs/cgroup/cgroup.procs) processes"`
 
 // run runs argv in v and fails the test if it fails.
 func (b *nodesBed) run(t *testing.T, v *vm.VM, argv ...string) {
