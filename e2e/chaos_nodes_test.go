@@ -81,6 +81,10 @@ func TestChaosNodes(t *testing.T) {
 	t.Logf("TIMING whole test: %s", time.Since(began).Round(time.Millisecond))
 }
 
+// heldPortsFirst and heldPortsN are the source ports the cases' held
+// connections bind (holdLive, heldSet).
+const heldPortsFirst, heldPortsN = 42000, 2000
+
 // nodesBed is TestChaosNodes' cluster and its Services.
 type nodesBed struct {
 	ctx  context.Context
@@ -103,6 +107,18 @@ func newNodesBed(ctx context.Context, t *testing.T, c *cluster.Cluster, size int
 		t.Fatal(err)
 	}
 	b := &nodesBed{ctx: ctx, c: c, fast: fast, size: size}
+	// The held connections' source ports (42000-42399, 43000-...) are
+	// kept from the kernel's own connections before any stream runs:
+	// reserved only as a case holds them, one that a stream had used
+	// minutes before was still taken (its TIME_WAIT; case 5a at 2,000:
+	// `bind: address already in use`).
+	vms := []*vm.VM{c.Outside}
+	for _, n := range c.Nodes {
+		vms = append(vms, n.VM)
+	}
+	for _, v := range vms {
+		reservePorts(ctx, t, v, heldPortsFirst, heldPortsN)
+	}
 	clusterNamespace(ctx, t, c.Client, chaosNodesNS)
 	clusterNamespace(ctx, t, c.Client, chaosNodesBulkNS)
 	b.startServers(t)
