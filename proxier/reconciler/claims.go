@@ -148,11 +148,11 @@ func vsPlanEqual(x, y model.VSPlan) bool {
 // unchangedKeys lists the virtual servers that a Service's new plan wants
 // as its old one did: a sync need not look at them again (the kernel has
 // them as the last sync left them; a failed write is retried by the
-// Service's backoff, drift repaired by the resync). None when the plans
-// differ in what orders the claimants (model.Precedes: Created), which may
+// Service's backoff, drift repaired by the resync). None when the Service
+// was made again (model.Precedes orders claimants by Created), which may
 // change who holds any of them.
 func unchangedKeys(old, plan *model.ServicePlan) map[ktypes.VSKey]bool {
-	if old.Service != plan.Service || !old.Created.Equal(plan.Created) {
+	if !old.Created.Equal(plan.Created) {
 		return nil
 	}
 	before := make(map[ktypes.VSKey]int, len(old.VirtualServers))
