@@ -385,7 +385,7 @@ func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 	if _, err := v.RunOK(ctx, "modprobe", "overlay"); err != nil {
 		return fmt.Errorf("cluster: %s: load overlay for containerd's snapshotter: %w", n.Name, err)
 	}
-	if n.containerd, err = v.Start(ctx, "containerd", "--config", guestContainerdConf); err != nil {
+	if n.containerd, err = v.Start(ctx, joinUnit("containerd", "containerd", "--config", guestContainerdConf)...); err != nil {
 		return fmt.Errorf("cluster: %s: %w", n.Name, err)
 	}
 	if err := waitContainerd(ctx, n); err != nil {
@@ -405,14 +405,14 @@ func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 		return fmt.Errorf("cluster: %s: import images: exit status %d: %s%s", n.Name, r.ExitCode, r.Stdout, r.Stderr)
 	}
 	logf("cluster: %s: images imported in %s: %s", n.Name, time.Since(t).Round(time.Millisecond), strings.Join(strings.Fields(r.Stdout), " "))
-	n.kubelet, err = v.Start(ctx, guestKubelet,
+	n.kubelet, err = v.Start(ctx, joinUnit("kubelet", guestKubelet,
 		"--config="+guestKubeletConfig,
 		"--kubeconfig="+guestKubeconfig,
 		"--hostname-override="+n.Name,
 		"--node-ip="+strings.Trim(n.IP+","+n.IP6, ","),
 		"--root-dir=/var/lib/kubelet",
 		"--cert-dir=/var/lib/kubelet/pki",
-		"--v=1")
+		"--v=1")...)
 	if err != nil {
 		return fmt.Errorf("cluster: %s: %w", n.Name, err)
 	}

@@ -13,6 +13,29 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
 	echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control
 done
+# The node's own processes in cgroups of their own at the default weight,
+# as systemd's services on a production node: containerd and the kubelet
+# each in its unit (the cluster starts them through joinUnit), and
+# everything else the VM runs (init, the bed's agent and all it starts:
+# the tests' traffic clients and load) in bed.service. Left in the root,
+# each of the bed's processes weighed as much as all of kubepods (issue
+# 45: 66 processes at 100 each against kubepods' 79, so pods, the agent
+# among them, starved whenever the bed loaded a node); in one cgroup with
+# the kubelet, that load starved the kubelet's probes instead. Kernel
+# threads cannot move and stay in the root. Twice: a process forked by
+# one not yet moved during the first pass is caught by the second.
+# The CPU controller below system.slice too: without it the units' weights
+# mean nothing and their threads compete one by one again.
+mkdir -p /sys/fs/cgroup/system.slice
+echo +cpu >/sys/fs/cgroup/system.slice/cgroup.subtree_control
+for unit in bed containerd kubelet; do
+	mkdir -p /sys/fs/cgroup/system.slice/$unit.service
+done
+for pass in 1 2; do
+	for p in $(cat /sys/fs/cgroup/cgroup.procs); do
+		echo "$p" >/sys/fs/cgroup/system.slice/bed.service/cgroup.procs 2>/dev/null || true
+	done
+done
 
 # The runtime's and the kubelet's state on tmpfs: statfs of the initramfs
 # root tells the kubelet nothing useful about free space.

@@ -49,6 +49,15 @@ const (
 //go:embed node-setup.sh
 var nodeSetup []byte
 
+// joinUnit is argv run in the node setup's cgroup for unit
+// (system.slice/<unit>.service): the shell moves itself there and execs
+// argv, so the process is the one started, in its own cgroup from its
+// first instruction, as systemd would run a service.
+func joinUnit(unit string, argv ...string) []string {
+	return append([]string{"sh", "-c",
+		`echo $$ >/sys/fs/cgroup/system.slice/` + unit + `.service/cgroup.procs && exec "$@"`, unit}, argv...)
+}
+
 // containerdConfig is containerd 1.6's configuration for the node.
 //
 // The OCI runtime cannot pivot_root out of the initramfs (the root file
