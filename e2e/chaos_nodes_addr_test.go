@@ -147,12 +147,12 @@ func (b *nodesBed) busiestLater(t *testing.T, n *cluster.Node, d time.Duration) 
 	return done
 }
 
-// cgroupWeights prints, for the agent and for a process of the VM's own
-// (the test's agent, which runs the hosts' traffic clients), each cgroup
+// cgroupWeights prints, for the agent, a process of the VM's own (the
+// test's agent, which runs the hosts' traffic clients) and the kubelet, each cgroup
 // from its leaf to the root with its cpu.weight, and how many processes
 // sit in the root cgroup: under contention the agent's CPU share follows
 // them.
-const cgroupWeights = `for name in ipvs-proxy vmagent; do p=$(pidof $name | awk '{print $NF}'); c=$(cut -d: -f3 /proc/$p/cgroup); echo "$name $p:"; ` +
+const cgroupWeights = `for name in ipvs-proxy vmagent kubelet; do p=$(pidof $name | awk '{print $NF}'); c=$(cut -d: -f3 /proc/$p/cgroup); echo "$name $p:"; ` +
 	`while [ -n "$c" ] && [ "$c" != "/" ]; do echo "  $c $(cat /sys/fs/cgroup$c/cpu.weight 2>/dev/null)"; c=$(dirname $c); done; done; ` +
 	`echo "root cgroup: $(wc -l < /sys/fs/cgroup/cgroup.procs) processes"`
 

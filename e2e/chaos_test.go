@@ -394,10 +394,20 @@ func (c chaosEnv) converge(t *testing.T, what string, exp chaos.Expected, timeou
 // convergeOn is chaosEnv.converge on v's kernel.
 func convergeOn(t *testing.T, v *vm.VM, what string, exp chaos.Expected, timeout time.Duration) (time.Duration, chaos.Diff) {
 	t.Helper()
+	return convergeOnLive(t, v, what, func() chaos.Expected { return exp }, timeout)
+}
+
+// convergeOnLive is convergeOn against exp() taken anew before each read
+// of the kernel: for Services whose endpoints may still change (a
+// readiness probe failing under load) while one read of a big table takes
+// minutes on a starved node.
+func convergeOnLive(t *testing.T, v *vm.VM, what string, exp func() chaos.Expected, timeout time.Duration) (time.Duration, chaos.Diff) {
+	t.Helper()
 	start := time.Now()
 	logged := start
 	for {
-		d := chaos.Compare(readKernelState(t, v), exp)
+		want := exp()
+		d := chaos.Compare(readKernelState(t, v), want)
 		took := time.Since(start)
 		if d.Converged() {
 			return took, d
