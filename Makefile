@@ -143,6 +143,8 @@ chaos:
 # minutes, then mended; a node's address replaced; a stale second agent
 # pod; the DaemonSet rolled and rolled back; UDP through pod cycles with
 # both VMs loaded; a node's VM killed and booted again. One chaos row each.
+# The test takes E2E_TIMEOUT (80m) less 2 minutes: at 2,000 Services about
+# an hour; give a bigger CHAOS_SIZE more (`E2E_TIMEOUT=150m` for 5,000).
 chaos-nodes:
 	$(MAKE) --no-print-directory e2e-run E2E_SUITE=chaos-nodes CHAOS_ROWS=chaos-nodes-cases E2E_PKGS=. E2E_RUN='^($(E2E_CHAOS_NODES))$$$$'
 
