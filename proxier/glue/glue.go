@@ -265,11 +265,31 @@ func (g *Glue) redirectsFor(fam ipset.Family) []Redirect {
 func (g *Glue) recompute(name types.NamespacedName) {
 	next := g.entriesOf(name)
 	prev := g.contrib[name]
-	for _, se := range next {
-		g.ref(se.set.id(), se.k, 1)
-	}
-	for _, se := range prev {
-		g.ref(se.set.id(), se.k, -1)
+	// Both lists are sorted and hold each entry once: one merge finds
+	// what came and what went, and what stays is not counted up and
+	// down (a node-address change keeps most of a Service's entries).
+	i, j := 0, 0
+	for i < len(next) || j < len(prev) {
+		c := 0
+		switch {
+		case i == len(next):
+			c = 1
+		case j == len(prev):
+			c = -1
+		default:
+			c = next[i].compare(prev[j])
+		}
+		switch {
+		case c < 0:
+			g.ref(next[i].set.id(), next[i].k, 1)
+			i++
+		case c > 0:
+			g.ref(prev[j].set.id(), prev[j].k, -1)
+			j++
+		default:
+			i++
+			j++
+		}
 	}
 	if len(next) == 0 {
 		delete(g.contrib, name)

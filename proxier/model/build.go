@@ -155,7 +155,8 @@ type planBuilder struct {
 	families map[buildFamily]bool // the Service's IP families
 
 	vss      []VSPlan
-	seen     map[ktypes.VSKey]string // who claimed each virtual server
+	seen     map[ktypes.VSKey]vsClaim // who claimed each virtual server
+	portRS   []portRS                 // the current port's real servers (realServersOf)
 	warnings []string
 	warned   map[string]bool // every distinct warning, kept or past maxWarnings
 
@@ -228,7 +229,7 @@ func (b *planBuilder) build(endpointSlices []*EndpointSlice) {
 			b.healthCheckNodePort = uint16(hc)
 		}
 	}
-	b.seen = map[ktypes.VSKey]string{}
+	b.seen = map[ktypes.VSKey]vsClaim{}
 	if b.checkSize(addrs); b.refused != "" {
 		return
 	}
@@ -582,6 +583,7 @@ func (b *planBuilder) buildPort(p *ServicePort, addrs buildAddrs) {
 	}
 
 	cands := b.candidates(p.Name, proto, label)
+	b.portRS = b.portRS[:0]
 	for _, a := range addrs.service {
 		b.addVS(a, proto, uint16(p.Port), p.Name, label, cands[buildFamilyOf(a.addr)])
 	}
@@ -632,25 +634,45 @@ func (b *planBuilder) candidates(name string, proto ktypes.Protocol, label strin
 	return out
 }
 
-func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, portName, label string, cands []buildCandidate) {
-	if b.refused != "" {
-		return
-	}
-	key := ktypes.VSKey{Address: a.addr, Protocol: proto, Port: port}
-	claim := fmt.Sprintf("%s of port %s", a.kind, label)
-	if first, dup := b.seen[key]; dup {
-		b.warn("virtual server %s is claimed twice (%s, %s); keeping the first", key, first, claim)
-		return
-	}
-	b.seen[key] = claim
+// portRS is the real servers one port's virtual servers of a family got
+// with a locality: each node address's node port (and each other address
+// of the same kind of locality) wants the same ones, chosen once per port
+// (buildPort resets them).
+type portRS struct {
+	fam             buildFamily
+	local, external bool
+	rss             []ktypes.RealServer
+	inClusterOnly   bool
+}
 
+// realServersOf is the real servers of a's virtual server from cands (the
+// port's candidates of a's family): chosen once per port, family and
+// locality, and copied for each further virtual server (settle and
+// forwarding edit a plan's real servers in place).
+func (b *planBuilder) realServersOf(a buildAddr, local bool, proto ktypes.Protocol, cands []buildCandidate) ([]ktypes.RealServer, bool) {
+	fam, external := buildFamilyOf(a.addr), local && a.kind.External()
+	for _, m := range b.portRS {
+		if m.fam == fam && m.local == local && m.external == external {
+			return slices.Clone(m.rss), m.inClusterOnly
+		}
+	}
+	rss, inClusterOnly := b.chooseRealServers(local, external, proto, cands)
+	b.portRS = append(b.portRS, portRS{fam, local, external, rss, inClusterOnly})
+	return slices.Clone(rss), inClusterOnly
+}
+
+// chooseRealServers picks the real servers of a virtual server from cands:
+// on a Local one (local) only this node's endpoints, or every endpoint
+// for in-cluster clients of an external address (external) with none
+// here; the ready ones at weight 1, narrowed by topology hints, else the
+// serving terminating ones; draining and not-ready ones of TCP at 0.
+func (b *planBuilder) chooseRealServers(local, external bool, proto ktypes.Protocol, cands []buildCandidate) ([]ktypes.RealServer, bool) {
 	var selected, pool []buildCandidate
-	local := b.localOnly(a.kind)
 	inClusterOnly := false
 	if local {
 		pool = b.onNode(cands)
 		selected, _ = buildUsable(pool)
-		if a.kind.External() && len(selected) == 0 {
+		if external && len(selected) == 0 {
 			// No usable endpoint here: traffic from outside the cluster
 			// finds none (the glue drops it), in-cluster clients get
 			// every endpoint, as from a Cluster policy.
@@ -671,14 +693,11 @@ func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, por
 			selected = b.topology(selected)
 		}
 	}
-	chosen := make(map[ktypes.RSKey]bool, len(selected))
-	for _, c := range selected {
-		chosen[c.key] = true
-	}
+	chosen := chosenKeys(selected)
 	rss := make([]ktypes.RealServer, 0, len(pool))
 	for _, c := range pool {
 		switch {
-		case chosen[c.key]:
+		case chosen.has(selected, c.key):
 			rss = append(rss, ktypes.RealServer{RSKey: c.key, Weight: 1})
 			b.markOnNode(c)
 		case proto != ktypes.TCP:
@@ -708,6 +727,57 @@ func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, por
 	if len(rss) == 0 {
 		rss = nil
 	}
+	return rss, inClusterOnly
+}
+
+// chosenSet tells the selected candidates' keys: a scan of the few a
+// Service usually has, a map past smallChosen (no map per virtual server
+// for two endpoints).
+type chosenSet map[ktypes.RSKey]bool
+
+const smallChosen = 8
+
+func chosenKeys(selected []buildCandidate) chosenSet {
+	if len(selected) <= smallChosen {
+		return nil
+	}
+	m := make(chosenSet, len(selected))
+	for _, c := range selected {
+		m[c.key] = true
+	}
+	return m
+}
+
+func (m chosenSet) has(selected []buildCandidate, k ktypes.RSKey) bool {
+	if m != nil {
+		return m[k]
+	}
+	return slices.ContainsFunc(selected, func(c buildCandidate) bool { return c.key == k })
+}
+
+// vsClaim is what claimed a virtual server: an address kind of a port,
+// formatted only for the warning of a virtual server claimed twice.
+type vsClaim struct {
+	kind  AddressKind
+	label string
+}
+
+func (c vsClaim) String() string { return fmt.Sprintf("%s of port %s", c.kind, c.label) }
+
+func (b *planBuilder) addVS(a buildAddr, proto ktypes.Protocol, port uint16, portName, label string, cands []buildCandidate) {
+	if b.refused != "" {
+		return
+	}
+	key := ktypes.VSKey{Address: a.addr, Protocol: proto, Port: port}
+	claim := vsClaim{a.kind, label}
+	if first, dup := b.seen[key]; dup {
+		b.warn("virtual server %s is claimed twice (%s, %s); keeping the first", key, first, claim)
+		return
+	}
+	b.seen[key] = claim
+
+	local := b.localOnly(a.kind)
+	rss, inClusterOnly := b.realServersOf(a, local, proto, cands)
 	b.vss = append(b.vss, VSPlan{
 		VirtualServer: ktypes.VirtualServer{
 			VSKey:     key,

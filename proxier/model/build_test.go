@@ -1094,3 +1094,34 @@ func TestBuildWarningsBounded(t *testing.T) {
 		t.Errorf("the Service's clusterIP is still programmed: %v", p.VirtualServers)
 	}
 }
+
+// TestBuildRealServersNotShared: the virtual servers of one port on several
+// addresses get equal real servers, chosen once (realServersOf), but each
+// its own array: the agent's settle and the forwarding edit a plan's real
+// servers in place, one virtual server at a time.
+func TestBuildRealServersNotShared(t *testing.T) {
+	node := testNode
+	node.NodePortAddresses = []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("192.168.1.11"), netip.MustParseAddr("192.168.1.12")}
+	got := build(svc(typ(corev1.ServiceTypeLoadBalancer), ports(port("http", "TCP", 80, 30080)), ingress(lbIP("198.51.100.1"))),
+		slices(slice4("web-1", http8080, ep("10.1.0.1"), ep("10.1.0.2", notReady))), node, testCfg)
+	if len(got.VirtualServers) != 5 {
+		t.Fatalf("%d virtual servers, want 5 (clusterIP, LoadBalancer IP, 3 node ports): %+v", len(got.VirtualServers), got.VirtualServers)
+	}
+	want := got.VirtualServers[0].RealServers
+	if len(want) != 2 {
+		t.Fatalf("real servers %+v, want the ready one at 1 and the not ready one draining", want)
+	}
+	for i := range got.VirtualServers {
+		vs := &got.VirtualServers[i]
+		if diff := cmp.Diff(want, vs.RealServers, planCmp...); diff != "" {
+			t.Errorf("%s: real servers differ from the clusterIP's (-want +got):\n%s", vs.VSKey, diff)
+		}
+		vs.RealServers[0].Weight = 7
+		for j, other := range got.VirtualServers {
+			if j != i && other.RealServers[0].Weight == 7 {
+				t.Fatalf("an edit of %s's real servers shows in %s's", vs.VSKey, other.VSKey)
+			}
+		}
+		vs.RealServers[0].Weight = 1
+	}
+}
