@@ -647,8 +647,9 @@ type portRS struct {
 
 // realServersOf is the real servers of a's virtual server from cands (the
 // port's candidates of a's family): chosen once per port, family and
-// locality, and copied for each further virtual server (settle and
-// forwarding edit a plan's real servers in place).
+// locality; each virtual server gets its own copy, the first too, since
+// forwarding (tunnelled, right after addVS) and the agent's settle edit
+// a plan's real servers in place and the kept choice must stay as chosen.
 func (b *planBuilder) realServersOf(a buildAddr, local bool, proto ktypes.Protocol, cands []buildCandidate) ([]ktypes.RealServer, bool) {
 	fam, external := buildFamilyOf(a.addr), local && a.kind.External()
 	for _, m := range b.portRS {
