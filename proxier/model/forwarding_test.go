@@ -67,3 +67,34 @@ func TestTunnelledVirtualServersBounded(t *testing.T) {
 		t.Errorf("warnings %q, want 6 naming the bound", p.Warnings)
 	}
 }
+
+// TestTunnelStaysOnItsVirtualServer: a tunnelled LoadBalancer IP's real
+// servers carry the tunnel; the clusterIP's and the node ports' (the same
+// endpoints, chosen once for the port, each virtual server with its own
+// copy) stay NAT.
+func TestTunnelStaysOnItsVirtualServer(t *testing.T) {
+	cfg := testCfg
+	cfg.DSR = model.DSRConfig{GUEPort: 6080}
+	p := build(svc(typ("LoadBalancer"), ports(port("http", "TCP", 80, 30080)), ingress(lbIP("198.51.100.1")), externalIPs("203.0.113.5"),
+		annotate(model.AnnotationForwarding, "tunnel")),
+		slices(slice4("web-1", http8080, ep("10.1.0.1"), ep("10.1.0.2"))), testNode, cfg)
+	kinds := map[model.AddressKind]int{}
+	for _, vs := range p.VirtualServers {
+		kinds[vs.Kind]++
+		want := ktypes.ForwardNAT
+		if vs.Kind == model.KindLoadBalancer || vs.Kind == model.KindExternalIP {
+			want = ktypes.ForwardTunnel
+		}
+		if vs.Forward != want {
+			t.Errorf("%s (%s): forward %v, want %v", vs.VSKey, vs.Kind, vs.Forward, want)
+		}
+		for _, rs := range vs.RealServers {
+			if rs.Forward != want {
+				t.Errorf("%s (%s): real server %s forward %v, want %v", vs.VSKey, vs.Kind, rs.RSKey, rs.Forward, want)
+			}
+		}
+	}
+	if kinds[model.KindLoadBalancer] != 1 || kinds[model.KindExternalIP] != 1 || kinds[model.KindNodePort] == 0 || kinds[model.KindClusterIP] != 1 {
+		t.Errorf("virtual servers by kind %v, want a clusterIP, an external IP, a LoadBalancer IP and node ports", kinds)
+	}
+}
