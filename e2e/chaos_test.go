@@ -406,8 +406,7 @@ func convergeOnLive(t *testing.T, v *vm.VM, what string, exp func() chaos.Expect
 	start := time.Now()
 	logged := start
 	for {
-		want := exp()
-		d := chaos.Compare(readKernelState(t, v), want)
+		d := chaos.Compare(readKernelState(t, v), exp())
 		took := time.Since(start)
 		if d.Converged() {
 			return took, d

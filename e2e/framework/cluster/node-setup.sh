@@ -21,9 +21,7 @@ done
 # each of the bed's processes weighed as much as all of kubepods (issue
 # 45: 66 processes at 100 each against kubepods' 79, so pods, the agent
 # among them, starved whenever the bed loaded a node); in one cgroup with
-# the kubelet, that load starved the kubelet's probes instead. Kernel
-# threads cannot move and stay in the root. Twice: a process forked by
-# one not yet moved during the first pass is caught by the second.
+# the kubelet, that load starved the kubelet's probes instead.
 # The CPU controller below system.slice too: without it the units' weights
 # mean nothing and their threads compete one by one again.
 mkdir -p /sys/fs/cgroup/system.slice
@@ -31,6 +29,8 @@ echo +cpu >/sys/fs/cgroup/system.slice/cgroup.subtree_control
 for unit in bed containerd kubelet; do
 	mkdir -p /sys/fs/cgroup/system.slice/$unit.service
 done
+# Kernel threads cannot move and stay in the root. Twice: a process forked
+# by one not yet moved during the first pass is caught by the second.
 for pass in 1 2; do
 	for p in $(cat /sys/fs/cgroup/cgroup.procs); do
 		echo "$p" >/sys/fs/cgroup/system.slice/bed.service/cgroup.procs 2>/dev/null || true
