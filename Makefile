@@ -106,7 +106,7 @@ e2e-run:
 # then the bed's kernel tests in one VM (schedulers, glue, node edges,
 # ops, RBAC, ranges, the kernel packages) with a bounded chaos slice
 # (restart and SIGKILL mid-sync, watch gap, malformed objects, kernel
-# faults at 50%) at TEST_CHAOS_SIZE Services (`make chaos` runs the same
+# faults at 50%, iptables-restore failing) at TEST_CHAOS_SIZE Services (`make chaos` runs the same
 # cases at CHAOS_SIZE); then ONE two-node dual-stack cluster with the
 # outside host: Kubernetes' upstream core first, then TestTwoNodes.
 TEST_CHAOS_SIZE ?= 100

@@ -11,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/bed"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
@@ -126,18 +125,6 @@ func timeUntil(timeout time.Duration, cond func() bool) (time.Duration, bool) {
 	}
 }
 
-// nodeEvent tells whether the Node has an Event of this reason from
-// ipvs-proxy.
-func (c chaosEnv) nodeEvent(t *testing.T, reason string) bool {
-	t.Helper()
-	evs, err := c.Client.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{
-		FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + nodeName + ",reason=" + reason})
-	if err != nil {
-		t.Fatalf("list Events: %v", err)
-	}
-	return len(evs.Items) > 0
-}
-
 var ctFilled = regexp.MustCompile(`(filled|final) held=(\d+) failed=(\d+)`)
 
 // TestChaosConntrackFull: with live traffic through a Service, the agent
@@ -200,12 +187,12 @@ func TestChaosConntrackFull(t *testing.T) {
 	reportTook, ok := timeUntil(30*time.Second, func() bool {
 		scraped = c.scrape(t)
 		return scraped["ipvs_proxy_conntrack_pressure"] == 1 && scraped[`ipvs_proxy_conntrack_dropped_total{reason="drop"}`] > 0 &&
-			strings.Contains(c.logSince(mark), "connection tracking table full") && c.nodeEvent(t, ctwatch.EventDropping)
+			strings.Contains(c.logSince(mark), "connection tracking table full") && c.nodeEvent(t, ctwatch.EventDropping, "", time.Time{}) != nil
 	})
 	if !ok {
 		t.Errorf("the agent did not report the full table within 30 s: pressure %v, drop %v, log %q, Event %v",
 			scraped["ipvs_proxy_conntrack_pressure"], scraped[`ipvs_proxy_conntrack_dropped_total{reason="drop"}`],
-			grepLines(c.logSince(mark), "connection tracking"), c.nodeEvent(t, ctwatch.EventDropping))
+			grepLines(c.logSince(mark), "connection tracking"), c.nodeEvent(t, ctwatch.EventDropping, "", time.Time{}) != nil)
 	}
 	if got := scraped["ipvs_proxy_conntrack_max"]; got != float64(limit) {
 		t.Errorf("ipvs_proxy_conntrack_max %v, want %d", got, limit)
@@ -233,7 +220,7 @@ func TestChaosConntrackFull(t *testing.T) {
 	}
 	_, ok = timeUntil(90*time.Second, func() bool {
 		return c.scrape(t)["ipvs_proxy_conntrack_pressure"] == 0 && strings.Contains(c.logSince(mark), "below 80% again") &&
-			c.nodeEvent(t, ctwatch.EventRecovered)
+			c.nodeEvent(t, ctwatch.EventRecovered, "", time.Time{}) != nil
 	})
 	if !ok {
 		t.Errorf("the report did not clear within 90 s: %q", grepLines(c.logSince(mark), "connection tracking"))

@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/chaos"
 	"github.com/ipvs-proxy/ipvs-proxy/e2e/framework/cluster"
@@ -238,17 +239,23 @@ func (b *nodesBed) glueTool(t *testing.T, n *cluster.Node) string {
 var saveCounters = regexp.MustCompile(`\[\d+:\d+\]`)
 
 // glueRules are the lines of tool's save on n that are ipvs-proxy's
-// (chains IPVSP-*, their rules and the jumps to them), each prefixed with
-// its table, without counters, sorted.
+// (ownGlueLines).
 func (b *nodesBed) glueRules(t *testing.T, n *cluster.Node, tool string) []string {
 	t.Helper()
 	out, err := n.VM.RunOK(b.ctx, tool+"-save")
 	if err != nil {
 		t.Fatalf("%s: %s-save: %v", n.Name, tool, err)
 	}
+	return ownGlueLines(out)
+}
+
+// ownGlueLines are the lines of an iptables-save that are ipvs-proxy's
+// (chains IPVSP-*, their rules and the jumps to them), each prefixed with
+// its table, without counters, sorted.
+func ownGlueLines(save string) []string {
 	var lines []string
 	table := ""
-	for _, l := range strings.Split(out, "\n") {
+	for _, l := range strings.Split(save, "\n") {
 		switch {
 		case strings.HasPrefix(l, "*"):
 			table = l
@@ -260,13 +267,19 @@ func (b *nodesBed) glueRules(t *testing.T, n *cluster.Node, tool string) []strin
 	return lines
 }
 
-// nodeEvent is the newest Event of reason on Node n whose message
-// contains msg, last seen after since (less a minute: the agent's clock is
-// the node VM's), or nil.
+// nodeEvent is nodeEventOf on n.
 func (b *nodesBed) nodeEvent(t *testing.T, n *cluster.Node, reason, msg string, since time.Time) *corev1.Event {
 	t.Helper()
-	list, err := b.c.Client.CoreV1().Events(metav1.NamespaceAll).List(b.ctx, metav1.ListOptions{
-		FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + n.Name + ",reason=" + reason})
+	return nodeEventOf(b.ctx, t, b.c.Client, n.Name, reason, msg, since)
+}
+
+// nodeEventOf is the newest Event of reason on Node node whose message
+// contains msg, last seen after since (less a minute: the agent's clock is
+// the node VM's), or nil.
+func nodeEventOf(ctx context.Context, t *testing.T, cs kubernetes.Interface, node, reason, msg string, since time.Time) *corev1.Event {
+	t.Helper()
+	list, err := cs.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=" + reason})
 	if err != nil {
 		t.Fatal(err)
 	}
