@@ -15,9 +15,12 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/ipvs-proxy/ipvs-proxy/ipset"
+	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/glue"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -246,4 +249,77 @@ func BenchmarkGrowthChange(b *testing.B) {
 			}
 		})
 	}
+}
+
+// maxNodePorted is the NodePort Services of BenchmarkGrowthAddressChange
+// at most: one TCP node port each, within 30000-32767.
+const maxNodePorted = 2700
+
+// BenchmarkGrowthAddressChange: a node address added, then removed (each
+// an iteration), among n programmed Services of which two in three are
+// NodePort Services (maxNodePorted at most: from 10,000 Services on, the
+// cost of the same rebuild among more Services), synced partially with the iptables glue (its rules
+// on a fake iptables-restore) as the agent runs them: each change
+// rebuilds every Service with a node port (their virtual servers on the
+// address come or go), the costliest partial sync a node sees (issue 45's
+// case 4). Per rebuilt Service: the same measures as the cold sync.
+func BenchmarkGrowthAddressChange(b *testing.B) {
+	for _, n := range growthSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			svcs, slices := growthObjects(n)
+			nodePorted := 0
+			for i, s := range svcs {
+				if i%3 != 0 && nodePorted < maxNodePorted {
+					s.Spec.Type = corev1.ServiceTypeNodePort
+					s.Spec.Ports[0].NodePort = int32(30000 + nodePorted)
+					nodePorted++
+				}
+			}
+			p, ipvs, clk := growthProxier(svcs, slices)
+			links := p.links.(timedLinks).Links
+			ipt, err := glue.NewIPTables(&savedRules{}, glue.NFT, ipset.IPv4)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.AddConsumer(glue.New(glue.Config{Interface: testIface, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+				IPv4: true}, ipsetfake.New(), map[ipset.Family]*glue.IPTables{ipset.IPv4: ipt}, links, zap.NewNop()))
+			mustSyncOnce(b, p, true)
+			extra := netip.MustParseAddr("192.168.0.241")
+			clk.spent = 0
+			var cpu time.Duration
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				addrs, want := []netip.Addr{node, extra}, 3*nodePorted // a virtual server and its two real servers each
+				if i%2 == 1 {
+					addrs, want = []netip.Addr{node}, nodePorted // the virtual servers go with their real servers
+				}
+				_, before := ipvs.Counts()
+				links.SetNodeAddresses(addrs...)
+				p.tracker.nodeAddressesChanged()
+				cpu0 := processCPU(b)
+				syncUntilWritten(b, p, ipvs, before+want)
+				cpu += processCPU(b) - cpu0
+				i++
+			}
+			reportPerService(b, nodePorted, clk.spent, cpu)
+		})
+	}
+}
+
+// syncUntilWritten syncs p partially until ipvs has made want writes in
+// all (a backlog goes in bounded syncs), and fails past it or after 1,000
+// syncs.
+func syncUntilWritten(b *testing.B, p *Proxier, ipvs *fake.IPVS, want int) {
+	for range 1000 {
+		mustSyncOnce(b, p, false)
+		if _, writes := ipvs.Counts(); writes >= want {
+			if writes > want {
+				b.Fatalf("%d IPVS writes in all, want %d", writes, want)
+			}
+			return
+		}
+	}
+	_, writes := ipvs.Counts()
+	b.Fatalf("%d IPVS writes in all after 1,000 syncs, want %d", writes, want)
 }
