@@ -180,9 +180,17 @@ func (b *nodesBed) rollDaemonSet(t *testing.T, what string, patch func(*appsv1.D
 	if ds, err = api.Patch(b.ctx, ds.Name, types.StrategicMergePatchType, patch(ds), metav1.PatchOptions{}); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
+	// On a timeout, each node's kubelet and containerd: a pod the runtime
+	// could not stop (run 13: KillPodSandbox past its deadline for 20
+	// minutes on the loaded node-2) is theirs to tell.
+	var logs []func() string
+	for _, n := range b.c.Nodes {
+		logs = append(logs, func() string { return n.Name + "'s kubelet:\n" + tailLines(n.KubeletLog(), 39) },
+			func() string { return n.Name + "'s containerd:\n" + tailLines(n.ContainerdLog(), 39) })
+	}
 	waitWithin(b.ctx, t, rolloutLimit, "DaemonSet ipvs-proxy's "+what+" on every node", func() (bool, string) {
 		return b.rolledOut(t, ds.Generation, old)
-	})
+	}, logs...)
 	out := rolled{took: time.Since(began), writes: map[string]int{}}
 	var pods []string
 	for _, n := range b.c.Nodes {
