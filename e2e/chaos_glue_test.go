@@ -68,12 +68,16 @@ func TestChaosGlueRestoreFails(t *testing.T) {
 	live := c.liveService(t, ns)
 	c.waitHealth(t, healthzURL, 200, time.Minute)
 	want := c.glueLines(t)
+	// Events of earlier tests (a Node's Events outlive them) are not this
+	// fault's: the reports must be newer than these.
+	failedBefore := c.nodeEvent(t, "NodeSyncFailed", "iptables glue", time.Time{})
+	recoveredBefore := c.nodeEvent(t, "NodeSyncRecovered", "", time.Time{})
 	lt := c.startLiveTraffic(t, live, 2)
 
 	faulted := time.Now()
 	mend := c.breakRestore(t)
 	c.vmRun(t, append([]string{"iptables"}, strayRule...)...)
-	seen := c.watchBedGlueFailure(t, ns, faulted)
+	seen := c.watchBedGlueFailure(t, ns, faulted, failedBefore)
 	if err := mend(); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +100,7 @@ func TestChaosGlueRestoreFails(t *testing.T) {
 			return fmt.Errorf("/healthz %d %s after the mend", code, body)
 		case reported && failing != 0:
 			return fmt.Errorf("%s %v after the mend", glueFailingSeries, failing)
-		case c.nodeEvent(t, "NodeSyncRecovered", "", mended) == nil:
+		case !newerEvent(c.nodeEvent(t, "NodeSyncRecovered", "", mended), recoveredBefore):
 			return fmt.Errorf("no NodeSyncRecovered Event on Node %s since the mend", nodeName)
 		}
 		return nil
@@ -143,7 +147,7 @@ func (c chaosEnv) breakRestore(t *testing.T) (mend func() error) {
 	if out, err := c.VM.RunOK(ctx, "sh", "-c", breakRestoreScript); err != nil {
 		t.Fatalf("break iptables-restore: %v: %s", err, out)
 	}
-	if out, err := c.VM.RunOK(ctx, "iptables-restore", "--noflush"); err == nil || !strings.Contains(out, "failing on purpose") {
+	if out, err := c.VM.RunOK(ctx, "iptables-restore", "--noflush"); err == nil || !strings.Contains(err.Error(), "failing on purpose") {
 		t.Fatalf("iptables-restore after the break: %v: %q; want the failing script", err, out)
 	}
 	if out := c.iptablesSave(t, "iptables-save"); !strings.Contains(out, "IPVSP-") {
@@ -159,7 +163,7 @@ type bedGlueSeen struct{ metric, event, healthz time.Duration }
 // watchBedGlueFailure polls the agent every 2 s for bedGlueOutage and
 // checks what TestChaosGlueRestoreFails says of the fault; halfway it
 // creates a Service, which must be served through IPVS before the end.
-func (c chaosEnv) watchBedGlueFailure(t *testing.T, ns string, began time.Time) bedGlueSeen {
+func (c chaosEnv) watchBedGlueFailure(t *testing.T, ns string, began time.Time, failedBefore *corev1.Event) bedGlueSeen {
 	t.Helper()
 	var seen bedGlueSeen
 	first := func(d *time.Duration, ok bool) {
@@ -192,7 +196,7 @@ func (c chaosEnv) watchBedGlueFailure(t *testing.T, ns string, began time.Time) 
 			t.Errorf("/livez %d %s %s into the fault; want 200 (a restart cannot mend iptables-restore)", code, body, time.Since(began).Round(time.Second))
 		}
 		if seen.event == 0 {
-			first(&seen.event, c.nodeEvent(t, "NodeSyncFailed", "iptables glue", began) != nil)
+			first(&seen.event, newerEvent(c.nodeEvent(t, "NodeSyncFailed", "iptables glue", began), failedBefore))
 		}
 	}
 	for what, d := range map[string]time.Duration{glueFailingSeries + " 1": seen.metric,
@@ -222,4 +226,16 @@ func (c chaosEnv) glueLines(t *testing.T) []string {
 func (c chaosEnv) nodeEvent(t *testing.T, reason, msg string, since time.Time) *corev1.Event {
 	t.Helper()
 	return nodeEventOf(context.Background(), t, c.Client, nodeName, reason, msg, since)
+}
+
+// newerEvent reports whether e is an Event that before was not: another
+// one, or the same one seen again since (its count or last time moved).
+func newerEvent(e, before *corev1.Event) bool {
+	switch {
+	case e == nil:
+		return false
+	case before == nil || e.UID != before.UID:
+		return true
+	}
+	return e.Count != before.Count || !e.LastTimestamp.Equal(&before.LastTimestamp)
 }
