@@ -36,19 +36,21 @@ func TestDropCounters(t *testing.T) {
 	}
 }
 
-// TestStuckSYNs: of /proc/net/ip_vs_conn, the TCP entries from a pod in
-// SYN_RECV whose expiry ran down 3 s or more; not a host's, not a fresh
-// one, not one answered.
+// TestStuckSYNs: of /proc/net/ip_vs_conn, the TCP entries from a pod or a
+// host of the segment (the clients given) in SYN_RECV whose expiry ran
+// down 3 s or more; not a node's own connection from a Service address,
+// not a fresh one, not one answered.
 func TestStuckSYNs(t *testing.T) {
 	conns := `Pro FromIP   FPrt ToIP     TPrt DestIP   DPrt State       Expires PEName PEData
 TCP 0AF40203 A1B2 0A602D68 0050 0AF40202 1F90 SYN_RECV        55
 TCP 0AF40203 A1B3 0A602D68 0050 0AF40202 1F90 SYN_RECV        59
 TCP 0AF40203 A1B4 0A602D68 0050 0AF40002 1F90 ESTABLISHED    899
 TCP 0A602D68 A1B5 0A602D68 0050 0AF40002 1F90 SYN_RECV        50
+TCP C0A83802 A1B6 C0A838DC 0050 0AF40002 1F90 SYN_RECV        54
 UDP 0AF40203 3039 0A602D68 0050 0AF40002 1F90 UDP            290
 `
-	got := stuckSYNs(conns, netip.MustParsePrefix("10.244.0.0/16"))
-	want := []string{"10.244.2.3:41394 -> 10.96.45.104:80 -> 10.244.2.2:8080"}
+	got := stuckSYNs(conns, netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("192.168.56.0/24"))
+	want := []string{"10.244.2.3:41394 -> 10.96.45.104:80 -> 10.244.2.2:8080", "192.168.56.2:41398 -> 192.168.56.220:80 -> 10.244.0.2:8080"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("stuck (-want +got):\n%s", diff)
 	}

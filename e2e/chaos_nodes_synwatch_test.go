@@ -17,13 +17,14 @@ import (
 
 // synWatch reads each node's IPVS connections (/proc/net/ip_vs_conn)
 // every synWatchEvery while a case's streams run, and keeps those from a
-// pod address that are still SYN_RECV a few seconds after their last SYN
+// client address (a pod's, or one of the segment's: the outside host and
+// the nodes) that are still SYN_RECV a few seconds after their last SYN
 // (IPVS saw the client's SYN and no answer from the real server): the
 // real server a failed dial was sent to, which the client cannot tell.
 type synWatch struct {
-	b    *nodesBed
-	pods netip.Prefix
-	mu   sync.Mutex
+	b       *nodesBed
+	clients []netip.Prefix
+	mu      sync.Mutex
 	// stuck are the stuck connections seen, by node, then by "client ->
 	// virtual server -> real server", with when first seen (host clock).
 	stuck map[string]map[string]time.Time
@@ -41,8 +42,8 @@ const synWatchEvery = 5 * time.Second
 // milliseconds; the client's retransmissions reset the expiry).
 const synStuckAfter = 3 * time.Second
 
-func (b *nodesBed) watchSYNs(pods netip.Prefix) *synWatch {
-	w := &synWatch{b: b, pods: pods, stuck: map[string]map[string]time.Time{}, done: make(chan struct{})}
+func (b *nodesBed) watchSYNs(clients ...netip.Prefix) *synWatch {
+	w := &synWatch{b: b, clients: clients, stuck: map[string]map[string]time.Time{}, done: make(chan struct{})}
 	w.wg.Add(1)
 	go w.run()
 	return w
@@ -70,7 +71,7 @@ func (w *synWatch) sample(n *cluster.Node) {
 	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, c := range stuckSYNs(out, w.pods) {
+	for _, c := range stuckSYNs(out, w.clients...) {
 		if w.stuck[n.Name] == nil {
 			w.stuck[n.Name] = map[string]time.Time{}
 		}
@@ -97,14 +98,14 @@ func (w *synWatch) stop(t *testing.T) {
 		for _, c := range slices.Sorted(maps.Keys(seen)) {
 			lines = append(lines, fmt.Sprintf("%s (seen %s)", c, seen[c].Format("15:04:05")))
 		}
-		t.Logf("%s: IPVS connections from pods left SYN_RECV over %s: %d %v", n.Name, synStuckAfter, len(lines), lines)
+		t.Logf("%s: IPVS connections from the streams' clients left SYN_RECV over %s: %d %v", n.Name, synStuckAfter, len(lines), lines)
 	}
 }
 
 // stuckSYNs are the TCP entries of /proc/net/ip_vs_conn (text) from a
-// client in pods, in state SYN_RECV, whose expiry ran down synStuckAfter
+// client in one of clients, in state SYN_RECV, whose expiry ran down synStuckAfter
 // or more from IPVS's 60 s: "client -> virtual server -> real server".
-func stuckSYNs(text string, pods netip.Prefix) []string {
+func stuckSYNs(text string, clients ...netip.Prefix) []string {
 	var out []string
 	for _, line := range strings.Split(text, "\n") {
 		f := strings.Fields(line)
@@ -116,7 +117,7 @@ func stuckSYNs(text string, pods netip.Prefix) []string {
 		vs, okV := hexAddrPort(f[3], f[4])
 		rs, okR := hexAddrPort(f[5], f[6])
 		left, err := strconv.Atoi(f[8])
-		if !okC || !okV || !okR || err != nil || !pods.Contains(client.Addr()) {
+		if !okC || !okV || !okR || err != nil || !slices.ContainsFunc(clients, func(p netip.Prefix) bool { return p.Contains(client.Addr()) }) {
 			continue
 		}
 		if time.Duration(60-left)*time.Second >= synStuckAfter {

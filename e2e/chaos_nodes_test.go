@@ -574,7 +574,7 @@ func (b *nodesBed) startTrafficFrom(t *testing.T, label string, nodePort map[str
 		})
 	}
 	tr.drops = b.dropCountersOf(t)
-	tr.syns = b.watchSYNs(netip.MustParsePrefix(cluster.ClusterCIDR))
+	tr.syns = b.watchSYNs(netip.MustParsePrefix(cluster.ClusterCIDR), netip.MustParsePrefix(cluster.SegmentCIDR))
 	time.Sleep(2 * time.Second) // traffic before the event
 	return tr
 }
