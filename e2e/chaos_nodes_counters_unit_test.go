@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -53,5 +54,33 @@ UDP 0AF40203 3039 0A602D68 0050 0AF40002 1F90 UDP            290
 	want := []string{"10.244.2.3:41394 -> 10.96.45.104:80 -> 10.244.2.2:8080", "192.168.56.2:41398 -> 192.168.56.220:80 -> 10.244.0.2:8080"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("stuck (-want +got):\n%s", diff)
+	}
+}
+
+// TestFakeServiceTypes: fakeServices' Services take ClusterIP, NodePort
+// and LoadBalancer in turn, and never more node ports than
+// bulkNodePorts: at 2,000 two in three (1,334), at 5,000 bulkNodePorts,
+// the rest LoadBalancers without node ports; a batch from a high first
+// index (the soak's) counts from its own start.
+func TestFakeServiceTypes(t *testing.T) {
+	count := func(first, n int) map[string]int {
+		out := map[string]int{}
+		for i := first; i < first+n; i++ {
+			typ, ports := fakeServiceType(first, i)
+			out[fmt.Sprintf("%s ports=%v", typ, ports)]++
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		first, n int
+		want     map[string]int
+	}{
+		{0, 2000, map[string]int{"ClusterIP ports=false": 667, "NodePort ports=true": 667, "LoadBalancer ports=true": 666}},
+		{0, 5000, map[string]int{"ClusterIP ports=false": 1667, "NodePort ports=true": 1300, "LoadBalancer ports=true": 1300, "LoadBalancer ports=false": 733}},
+		{100000, 40, map[string]int{"ClusterIP ports=false": 13, "NodePort ports=true": 14, "LoadBalancer ports=true": 13}},
+	} {
+		if diff := cmp.Diff(tc.want, count(tc.first, tc.n)); diff != "" {
+			t.Errorf("%d Services from %d (-want +got):\n%s", tc.n, tc.first, diff)
+		}
 	}
 }

@@ -105,7 +105,7 @@ type nodesBed struct {
 	size int                  // bulk Services
 	live *corev1.Service
 	// nodePorted are the Services with a node port (the live one and
-	// two bulk Services in three).
+	// two bulk Services in three, bulkNodePorts at most).
 	nodePorted []*corev1.Service
 }
 
@@ -138,7 +138,7 @@ func newNodesBed(ctx context.Context, t *testing.T, c *cluster.Cluster, size int
 	bulk := b.bulkServices(t, size)
 	created := time.Since(start)
 	for _, s := range bulk {
-		if s.Spec.Type != corev1.ServiceTypeClusterIP {
+		if s.Spec.Ports[0].NodePort != 0 {
 			b.nodePorted = append(b.nodePorted, s)
 		}
 	}
@@ -229,17 +229,48 @@ func (b *nodesBed) bulkServices(t *testing.T, n int) []*corev1.Service {
 	return out
 }
 
+// bulkNodePorts is how many Services of one fakeServices call have a
+// node port at most: the range (30000-32767, 2,768 ports) less room for
+// the live Service and the soak's batches. At 5,000 Services two in three
+// would need 3,334 (the apiserver: "failed to allocate a nodePort: range
+// is full").
+const bulkNodePorts = 2600
+
+// nodePortedBefore is how many of the indices [0, k) are not multiples of
+// 3: fakeServices' NodePort and LoadBalancer slots.
+func nodePortedBefore(k int) int { return k - (k+2)/3 }
+
+// fakeServiceType is the type of fakeServices' Service i of a call from
+// first, and whether it has a node port.
+func fakeServiceType(first, i int) (corev1.ServiceType, bool) {
+	switch {
+	case i%3 == 0:
+		return corev1.ServiceTypeClusterIP, false
+	case nodePortedBefore(i)-nodePortedBefore(first) >= bulkNodePorts:
+		return corev1.ServiceTypeLoadBalancer, false
+	case i%3 == 1:
+		return corev1.ServiceTypeNodePort, true
+	}
+	return corev1.ServiceTypeLoadBalancer, true
+}
+
 // fakeServices creates <prefix><i> for i in [first, first+n) in ns:
 // ClusterIP, NodePort and LoadBalancer (no ingress) in turn, TCP port 80,
 // each with an EndpointSlice of two endpoints nothing answers on
-// (fakeEndpoints(i, 2)).
+// (fakeEndpoints(i, 2)). Past bulkNodePorts Services with a node port (a
+// CHAOS_SIZE above 3,900) the NodePort and LoadBalancer slots are
+// LoadBalancers without node ports (allocateLoadBalancerNodePorts
+// false), as a cluster whose load balancers reach the pods directly has.
 func (b *nodesBed) fakeServices(ns, prefix string, first, n int) ([]*corev1.Service, error) {
-	types := []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer}
 	out := make([]*corev1.Service, n)
 	err := parallel(n, func(j int) error {
 		i := first + j
+		typ, nodePorts := fakeServiceType(first, i)
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: prefix + strconv.Itoa(i)},
-			Spec: corev1.ServiceSpec{Type: types[i%len(types)], Ports: []corev1.ServicePort{tcpPort("http", 80)}}}
+			Spec: corev1.ServiceSpec{Type: typ, Ports: []corev1.ServicePort{tcpPort("http", 80)}}}
+		if !nodePorts && typ == corev1.ServiceTypeLoadBalancer {
+			svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+		}
 		created, err := b.fast.CoreV1().Services(ns).Create(b.ctx, svc, metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("create service %s: %w", svc.Name, err)
