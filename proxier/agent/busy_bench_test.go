@@ -110,6 +110,18 @@ type busyBed struct {
 // real time.
 const busyPeriod, busyMinPeriod = time.Hour, 100 * time.Millisecond
 
+// benchGlue is the benchmarks' iptables glue on cfg (its clock): IPv4,
+// the pods' 10.244.0.0/16, its sets on sets and its rules on a fake
+// iptables-restore (savedRules).
+func benchGlue(b testing.TB, cfg glue.Config, sets *ipsetfake.Sets, links *fake.Links, log *zap.Logger) *glue.Glue {
+	ipt, err := glue.NewIPTables(&savedRules{}, glue.NFT, ipset.IPv4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Interface, cfg.ClusterCIDRs, cfg.IPv4 = testIface, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true
+	return glue.New(cfg, sets, map[ipset.Family]*glue.IPTables{ipset.IPv4: ipt}, links, log)
+}
+
 func newBusyBed(b testing.TB, n int) *busyBed {
 	svcs, slcs := growthObjects(n)
 	bed := &busyBed{b: b, clk: &busyClock{FakeClock: clocktesting.NewFakeClock(time.Now())},
@@ -125,12 +137,7 @@ func newBusyBed(b testing.TB, n int) *busyBed {
 	watched := &watchedIPVS{IPVS: ipvs, added: bed.applied}
 	bed.p = New(cfg, kubetest.New(k8sfake.NewClientset()), watched, links, nil, nil, zap.New(core))
 	bed.p.SetResyncReader(ipvs, links)
-	ipt, err := glue.NewIPTables(&savedRules{}, glue.NFT, ipset.IPv4)
-	if err != nil {
-		b.Fatal(err)
-	}
-	bed.p.AddConsumer(glue.New(glue.Config{Interface: testIface, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-		IPv4: true, Clock: bed.clk}, sets, map[ipset.Family]*glue.IPTables{ipset.IPv4: ipt}, links, zap.New(core)))
+	bed.p.AddConsumer(benchGlue(b, glue.Config{Clock: bed.clk}, sets, links, zap.New(core)))
 	for i := range svcs {
 		bed.p.tracker.onService(svcs[i], false)
 		bed.p.tracker.onSlice(slcs[i], false)

@@ -15,7 +15,6 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
-	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
@@ -258,11 +257,11 @@ const maxNodePorted = 2700
 // BenchmarkGrowthAddressChange: a node address added, then removed (each
 // an iteration), among n programmed Services of which two in three are
 // NodePort Services (maxNodePorted at most: from 10,000 Services on, the
-// cost of the same rebuild among more Services), synced partially with the iptables glue (its rules
-// on a fake iptables-restore) as the agent runs them: each change
-// rebuilds every Service with a node port (their virtual servers on the
-// address come or go), the costliest partial sync a node sees (issue 45's
-// case 4). Per rebuilt Service: the same measures as the cold sync.
+// same rebuild among more Services), synced partially with the iptables
+// glue (benchGlue) as the agent runs them: each change rebuilds every
+// Service with a node port (their virtual servers on the address come or
+// go), the costliest partial sync a node sees (issue 45's case 4). Per
+// rebuilt Service: the same measures as the cold sync.
 func BenchmarkGrowthAddressChange(b *testing.B) {
 	for _, n := range growthSizes {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
@@ -277,12 +276,7 @@ func BenchmarkGrowthAddressChange(b *testing.B) {
 			}
 			p, ipvs, clk := growthProxier(svcs, slices)
 			links := p.links.(timedLinks).Links
-			ipt, err := glue.NewIPTables(&savedRules{}, glue.NFT, ipset.IPv4)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.AddConsumer(glue.New(glue.Config{Interface: testIface, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-				IPv4: true}, ipsetfake.New(), map[ipset.Family]*glue.IPTables{ipset.IPv4: ipt}, links, zap.NewNop()))
+			p.AddConsumer(benchGlue(b, glue.Config{}, ipsetfake.New(), links, zap.NewNop()))
 			mustSyncOnce(b, p, true)
 			extra := netip.MustParseAddr("192.168.0.241")
 			clk.spent = 0
