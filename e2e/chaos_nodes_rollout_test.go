@@ -25,11 +25,21 @@ const rolloutAnnotation = "ipvs-proxy.io/chaos-revision"
 
 // rolloutLimit bounds one rollout of both nodes, one node at a time
 // (maxUnavailable 1): per node the old pod's end, the new pod's sandbox,
-// its preflight init container, the agent's start, its lists of 300
+// its preflight init container, the agent's start, its lists of the
 // Services and first sync before /healthz answers 200 (readiness). Under
 // emulation on a loaded machine (load average 9-11) that was 4-5
-// minutes a node: the preflight alone took about a minute.
-const rolloutLimit = 20 * time.Minute
+// minutes a node at 300 Services (the preflight alone about a minute)
+// and 16m34s for both at 2,000 (run 14). Above 2,000 each node's lists
+// and first sync grow with the Services (5,000 were programmed 1m24s
+// after their creation on node-1, run of 656006f): 3 minutes more per
+// 1,000.
+func rolloutLimit(size int) time.Duration {
+	limit := 20 * time.Minute
+	if size > 2000 {
+		limit += time.Duration(size-2000) * 3 * time.Minute / 1000
+	}
+	return limit
+}
 
 // agentLockLine is the agent's lock in /proc/net/unix: held while an
 // agent runs on the node (proxier/nodelock).
@@ -188,7 +198,7 @@ func (b *nodesBed) rollDaemonSet(t *testing.T, what string, patch func(*appsv1.D
 		logs = append(logs, func() string { return n.Name + "'s kubelet:\n" + tailLines(n.KubeletLog(), 39) },
 			func() string { return n.Name + "'s containerd:\n" + tailLines(n.ContainerdLog(), 39) })
 	}
-	waitWithin(b.ctx, t, rolloutLimit, "DaemonSet ipvs-proxy's "+what+" on every node", func() (bool, string) {
+	waitWithin(b.ctx, t, rolloutLimit(b.size), "DaemonSet ipvs-proxy's "+what+" on every node", func() (bool, string) {
 		return b.rolledOut(t, ds.Generation, old)
 	}, logs...)
 	out := rolled{took: time.Since(began), writes: map[string]int{}}
