@@ -102,6 +102,7 @@ const duringLimit = 20 * time.Second
 // 60 s); the report clears, and changes made then reach the kernel too.
 func TestChaosAPIServerDown(t *testing.T) {
 	c := chaosSetup(t)
+	peaks := startPeaks(context.Background(), t, c.bedVM())
 	n := chaosSize(t)
 	if n < 30 {
 		t.Fatalf("CHAOS_SIZE=%d: this case changes 30 of its Services", n)
@@ -192,7 +193,7 @@ func TestChaosAPIServerDown(t *testing.T) {
 	if failed > 0 {
 		t.Errorf("%d of %d connections failed: %q", failed, attempted, errs)
 	}
-	chaos.Record(t, "", chaos.Row{Case: "apiserver-down-60s", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "apiserver-down-60s", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: writes, ConvergeSeconds: seconds(duringTook), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("%d Services; 0 writes and the kernel unchanged over %d checks in the outage; /livez and /healthz 200 throughout; "+
 			"the outage reported after %.0f s (limit %v); 5 Services created, 5 changed, 5 deleted during it (the agent cut off %.0f s): "+
@@ -234,6 +235,7 @@ func (c chaosEnv) apiserverRequests(t *testing.T, verb, code string) int {
 // leaked, and the live Service's connections never failed.
 func TestChaosWatchGap(t *testing.T) {
 	c := chaosSetup(t)
+	peaks := startPeaks(context.Background(), t, c.bedVM())
 	ns := c.namespace(t)
 	c.cleanupNamespace(t, ns)
 	live := c.liveService(t, ns)
@@ -287,7 +289,7 @@ func TestChaosWatchGap(t *testing.T) {
 	}
 	t.Logf("the agent's whole output: %d bytes, %d lines not JSON, %d lines of client-go's reflectors", len(whole), len(bad), clientGo)
 	c.waitHealth(t, healthzURL, 200, 2*time.Minute)
-	chaos.Record(t, "", chaos.Row{Case: "watch-gap-compaction", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "watch-gap-compaction", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: syncWrites(log), ConvergeSeconds: seconds(took), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("41 Services; cut off from the apiserver: 10 Services created, 10 changed, 10 deleted; etcd compacted, "+
 			"apiserver restarted; all in the kernel %.1f s after the agent's path came back (%s)", seconds(took), relist)})

@@ -71,6 +71,7 @@ func (c chaosEnv) setSliceEndpoints(svc *corev1.Service, last **discoveryv1.Endp
 // the kernel is exactly the API's state; no connection fails.
 func TestChaosEndpointChurn(t *testing.T) {
 	c := chaosSetup(t)
+	peaks := startPeaks(context.Background(), t, c.bedVM())
 	dur := churnDuration(t)
 	ns, live, bulk := c.scaled(t, 21)
 	churn, probe := bulk[:20], bulk[20]
@@ -180,7 +181,7 @@ func TestChaosEndpointChurn(t *testing.T) {
 	if rssEnd > 1.5*rssStart+20 {
 		t.Errorf("the agent's RSS grew from %.1f to %.1f MiB", rssStart, rssEnd)
 	}
-	chaos.Record(t, "", chaos.Row{Case: "endpoint-churn", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "endpoint-churn", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: syncWrites(c.logSince(mark)), ConvergeSeconds: seconds(took), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("%d endpoint changes over %.0f s (%.0f/min) on 20 Services; change latency p50/max early %.2f/%.2f s, "+
 			"late %.2f/%.2f s; agent RSS %.0f -> %.0f MiB", changes, churned.Seconds(), perMin,

@@ -138,6 +138,7 @@ var ctFilled = regexp.MustCompile(`(filled|final) held=(\d+) failed=(\d+)`)
 func TestChaosConntrackFull(t *testing.T) {
 	c := chaosSetup(t)
 	ctx := context.Background()
+	peaks := startPeaks(ctx, t, c.bedVM())
 	ns := c.namespace(t)
 	c.cleanupNamespace(t, ns)
 	live := c.liveService(t, ns)
@@ -239,7 +240,7 @@ func TestChaosConntrackFull(t *testing.T) {
 	if len(d.Leaks) > 0 {
 		t.Errorf("leaks: %s", d)
 	}
-	chaos.Record(t, "", chaos.Row{Case: "conntrack-full", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "conntrack-full", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: syncWrites(c.logSince(mark)), ConvergeSeconds: seconds(clearedAfter), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("nf_conntrack_max %d set by the agent's --conntrack-min (traffic alone: %d entries); %s, then %s; kernel: %d drops, %d early drops, %d of 10 new connections through the VIP failed, held flows kept; the agent reported it (metrics, log, Event %s) within %.1f s, a Service created meanwhile programmed in %.1f s; after the reset: new connections again in %.1f s, report cleared (%s) in %.1f s, %d entries",
 			limit, base.entries, m[0], final[len(final)-1][0], drops, full.total.EarlyDrop-before.total.EarlyDrop, probeFailed,

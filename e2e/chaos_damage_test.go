@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"reflect"
 	"strings"
@@ -50,6 +51,7 @@ func dropRulesUsing(save, set string) string {
 // connections fail between a damage and its repair: counted, not asserted.
 func TestChaosManualDamage(t *testing.T) {
 	c := chaosSetup(t)
+	peaks := startPeaks(context.Background(), t, c.bedVM())
 	n := chaosSize(t)
 	ns, live, _ := c.scaled(t, n)
 	exp := c.expected(t, ns)
@@ -113,7 +115,7 @@ func TestChaosManualDamage(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	attempted, failed, errs := lt.stop(t)
 	t.Logf("%d of %d connections failed while the damage lasted: %q", failed, attempted, errs)
-	chaos.Record(t, "", chaos.Row{Case: "manual-damage", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "manual-damage", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: syncWrites(c.logSince(mark)), ConvergeSeconds: seconds(worst), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("%d Services, resync every 5 s; repaired: %s; foreign %s kept; connections fail until each repair",
 			n+1, strings.Join(notes, ", "), foreignVS)})

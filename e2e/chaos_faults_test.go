@@ -85,6 +85,7 @@ func TestChaosKernelFaults(t *testing.T) {
 // numbers the case (for its addresses).
 func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, steady *corev1.Service) {
 	ctx := context.Background()
+	peaks := startPeaks(ctx, t, e.bedVM())
 	tcpAddr, udpAddr := hostPort(steady.Spec.ClusterIP, 80), hostPort(steady.Spec.ClusterIP, 53)
 	traffics := []*traffic{e.startTraffic(t, "tcp", tcpAddr), e.startTraffic(t, "udp", udpAddr)}
 	holds := []*heldConn{e.holdFlow(t, "tcp", tcpAddr), e.holdFlow(t, "udp", udpAddr)}
@@ -284,7 +285,7 @@ func (e env) faultCase(t *testing.T, bin string, fc faultCase, size, k int, stea
 	notes := fmt.Sprintf("rate %v seed %d, %d Services created, %d changed, %d deleted; injected failures %s; agent: %v failed Service syncs, %s; "+
 		"steady Service: %s, a held TCP connection and a held UDP flow kept their backends (%d and %d answers)",
 		fc.rate, fc.seed, size, (size+2)/3, (size+1)/3, strings.Join(kinds, ", "), svcFailures, back, steadyNote, holds[0].answers(), holds[1].answers())
-	chaos.Record(t, "", chaos.Row{Case: fc.name, TrafficAttempted: attempted, TrafficFailed: failedConns, KernelWrites: writes,
+	peaks.record(t, chaos.Row{Case: fc.name, TrafficAttempted: attempted, TrafficFailed: failedConns, KernelWrites: writes,
 		ConvergeSeconds: math.Round(converge.Seconds()*10) / 10, Leaks: len(leaks), Notes: notes})
 }
 

@@ -63,6 +63,7 @@ done`
 // NodeSyncRecovered Event.
 func TestChaosGlueRestoreFails(t *testing.T) {
 	c := chaosSetup(t)
+	peaks := startPeaks(context.Background(), t, c.bedVM())
 	c.logGlueState(t)
 	ns := c.namespace(t)
 	live := c.liveService(t, ns)
@@ -112,7 +113,7 @@ func TestChaosGlueRestoreFails(t *testing.T) {
 	}
 	t.Logf("iptables-restore failing for %s: metric after %s, Event after %s, /healthz 503 after %s; glue whole %s after the mend, healthy after %s; %d connections, %d failed",
 		bedGlueOutage, seen.metric, seen.event, seen.healthz, whole.Round(time.Millisecond), recovered.Round(time.Millisecond), attempted, failed)
-	chaos.Record(t, "", chaos.Row{Case: "glue-restore-fails", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "glue-restore-fails", TrafficAttempted: attempted, TrafficFailed: failed,
 		ConvergeSeconds: seconds(whole), Notes: fmt.Sprintf("iptables-restore failing for %s; reported: metric after %s, Event after %s, /healthz 503 after %s, /livez 200 throughout; "+
 			"a Service created in the fault served; glue rules whole %.1f s after the mend, healthy after %.1f s; %d held flows kept",
 			bedGlueOutage, seen.metric, seen.event, seen.healthz, seconds(whole), seconds(recovered), len(lt.holds))})

@@ -31,6 +31,7 @@ import (
 func TestChaosMalformedObjects(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
+	peaks := startPeaks(ctx, t, e.bedVM())
 	t.Cleanup(foreignVirtualServer(t, e.VM))
 	ns, steady, bes := e.httpService(t, "steady", 2)
 	steadyAddr := hostPort(steady.Spec.ClusterIP, 80)
@@ -186,7 +187,7 @@ func TestChaosMalformedObjects(t *testing.T) {
 	if failed > 0 || attempts < 20 {
 		t.Errorf("steady Service: %d of %d new connections failed: %v", failed, attempts, errs)
 	}
-	chaos.Record(t, "", chaos.Row{
+	peaks.record(t, chaos.Row{
 		Case: "malformed-objects", TrafficAttempted: attempts + 1, TrafficFailed: failed, Leaks: leaks,
 		Notes: "250 ports; 1,000 endpoints in a slice; 1,024 externalIPs × 1,025 ports and slices of 1M endpoint ports (refused, Event, nothing else touched); externalIP = node address (node keeps it); FQDN + unmatched port name (Event); bad scheduler flags (Event); clusterIP out of range refused by the apiserver; leaks = virtual servers left on deleted Services' IPs",
 	})

@@ -48,6 +48,7 @@ const addressFollow = 10 * time.Second
 // gone), so nothing else changes in the cluster. The old address is put
 // back at the end, under the same traffic.
 func (b *nodesBed) nodeAddressChange(t *testing.T) {
+	peaks := startPeaks(b.ctx, t, nodeVMs(b.c))
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	oldIP, newIP := n1.IP, chaosNodesNewIP
 	other := b.untouched(t, n2)
@@ -98,7 +99,7 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 		"restarts %d; Node Ready throughout: %v; %s untouched (%d writes); %d Services",
 		n1.Name, oldIP, newIP, newPorts, follow.Round(100*time.Millisecond), answered.Round(100*time.Millisecond), dropped.Round(100*time.Millisecond),
 		inFlight, restarted, ready, n2.Name, otherWrites, b.size)
-	chaos.Record(t, "", chaos.Row{Case: "nodes-address-change", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "nodes-address-change", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: ownWrites, ConvergeSeconds: math.Round(follow.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
 }
 

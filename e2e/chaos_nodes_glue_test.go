@@ -67,6 +67,7 @@ rm -rf /proc/%[1]d/root/tmp/chaos-fault
 // the fault within glueResync, and both kernels hold what the Services
 // want (IPVS, addresses, sets), nothing leaked.
 func (b *nodesBed) persistentGlueFailure(t *testing.T) {
+	peaks := startPeaks(b.ctx, t, nodeVMs(b.c))
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	tool := b.glueTool(t, n1)
 	want := b.glueRules(t, n1, tool)
@@ -111,7 +112,7 @@ func (b *nodesBed) persistentGlueFailure(t *testing.T) {
 		"restarts %d; glue rules whole %s after the mend, healthy again after %s; %s untouched (%d writes); %d Services",
 		n1.Name, glueOutage, tool, seen.metric, seen.event, seen.healthz, seen.unready, restarted, whole.Round(time.Second), recovered.Round(time.Second),
 		n2.Name, otherWrites, b.size)
-	chaos.Record(t, "", chaos.Row{Case: "nodes-glue-restore-fails", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "nodes-glue-restore-fails", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: ownWrites, ConvergeSeconds: math.Round(whole.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
 }
 

@@ -52,6 +52,7 @@ const lossDrain = 4 * time.Minute
 //     servers that changed when node-2's endpoints return, its agent is
 //     not restarted, and neither node leaks.
 func (b *nodesBed) nodeLost(t *testing.T) {
+	peaks := startPeaks(b.ctx, t, nodeVMs(b.c))
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	server2 := b.serverPod(t, "server-2")
 	before := readKernelState(t, n1.VM)
@@ -105,7 +106,7 @@ func (b *nodesBed) nodeLost(t *testing.T) {
 		round(seen.zero-seen.sliceUnready), round(seen.gone), expected, n2.Name, kept, broken,
 		n2.Name, round(back.ready.Sub(killed)), round(back.converged), back.writes, back.objects,
 		n1.Name, lossWrites, returnWrites, restarted, b.size)
-	chaos.Record(t, "", chaos.Row{Case: "nodes-node-lost", TrafficAttempted: attempted, TrafficFailed: unexpected + broken,
+	peaks.record(t, chaos.Row{Case: "nodes-node-lost", TrafficAttempted: attempted, TrafficFailed: unexpected + broken,
 		KernelWrites: lossWrites + returnWrites, ConvergeSeconds: math.Round(back.converged.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
 }
 

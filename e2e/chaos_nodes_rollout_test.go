@@ -56,6 +56,7 @@ const agentLockLine = "@ipvs-proxy-agent$"
 // them); each new agent makes 0 netlink writes and is not restarted; the
 // time each node was without an agent (its lock unheld) is reported.
 func (b *nodesBed) agentRollout(t *testing.T) {
+	peaks := startPeaks(b.ctx, t, nodeVMs(b.c))
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	before := b.kernels(t)
 	tr := b.startTraffic(t, "rollout", map[string]string{n1.Name: n1.IP, n2.Name: n2.IP})
@@ -84,7 +85,7 @@ func (b *nodesBed) agentRollout(t *testing.T) {
 		"restarts %d; without an agent: %s; IPVS tables and glue the same after; %d Services",
 		out.took.Round(time.Second), back.took.Round(time.Second), broken, out.writes, back.writes, out.restarts+back.restarts,
 		strings.Join(gapNotes, ", "), b.size)
-	chaos.Record(t, "", chaos.Row{Case: "nodes-agent-rollout", TrafficAttempted: attempted + 20, TrafficFailed: failed + broken,
+	peaks.record(t, chaos.Row{Case: "nodes-agent-rollout", TrafficAttempted: attempted + 20, TrafficFailed: failed + broken,
 		KernelWrites: sumWrites(out.writes) + sumWrites(back.writes), ConvergeSeconds: seconds(max(out.took, back.took)), Leaks: leaks, Notes: notes})
 }
 

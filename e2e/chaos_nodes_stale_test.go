@@ -36,6 +36,7 @@ const staleRefusal = "holds the lock @ipvs-proxy-agent in this network namespace
 // netlink write and is not restarted, node-2 is untouched, and no
 // connection fails.
 func (b *nodesBed) staleAgent(t *testing.T) {
+	peaks := startPeaks(b.ctx, t, nodeVMs(b.c))
 	n1, n2 := b.c.Nodes[0], b.c.Nodes[1]
 	before := b.kernels(t)
 	own, other := b.untouched(t, n1), b.untouched(t, n2)
@@ -64,7 +65,7 @@ func (b *nodesBed) staleAgent(t *testing.T) {
 	notes := fmt.Sprintf("a second agent pod on %s beside its agent %s: with the DaemonSet's host ports: %s; without: %s after %s (%q); "+
 		"%s's agent %d writes, restarts %d; %s %d writes; IPVS tables and glue the same; %d Services",
 		n1.Name, agent.Name, asIs, noPorts, refused.Round(100*time.Millisecond), lastLine(noPorts.log), n1.Name, ownWrites, restarted, n2.Name, otherWrites, b.size)
-	chaos.Record(t, "", chaos.Row{Case: "nodes-stale-agent", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "nodes-stale-agent", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: ownWrites + otherWrites, ConvergeSeconds: seconds(refused), Leaks: leaks, Notes: notes})
 }
 

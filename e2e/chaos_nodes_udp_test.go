@@ -59,6 +59,7 @@ const (
 // than udpBound, and no conntrack entry of the echo's flows left naming a
 // deleted backend.
 func (b *nodesBed) udpLoad(t *testing.T) {
+	peaks := startPeaks(b.ctx, t, nodeVMs(b.c))
 	began := time.Now()
 	echo := b.udpEchoService(t)
 	vip := netip.MustParseAddr(echo.Spec.ClusterIP)
@@ -93,7 +94,7 @@ func (b *nodesBed) udpLoad(t *testing.T) {
 	notes := fmt.Sprintf("%d pod cycles of the UDP echo Service (one source port) and DNS asked every 500 ms from a pod on each node, "+
 		"2 busy loops in each VM, %d bulk EndpointSlice changes; lost: %v; VM stalls: %s; kubelet probe failures %d; %s; %s; %d Services",
 		len(cycles), load.churned, losses, loadNotes, probes, cyclesString(cycles), watch, b.size)
-	chaos.Record(t, "", chaos.Row{Case: "nodes-udp-load", TrafficAttempted: attempted, TrafficFailed: losses.total(),
+	peaks.record(t, chaos.Row{Case: "nodes-udp-load", TrafficAttempted: attempted, TrafficFailed: losses.total(),
 		ConvergeSeconds: slowestCycle(cycles), Leaks: leaks, Notes: notes})
 }
 

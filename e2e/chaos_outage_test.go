@@ -77,6 +77,7 @@ func TestChaosAPIServerLongOutage(t *testing.T) {
 
 func longOutage(t *testing.T, k outageKind) {
 	c := chaosSetup(t)
+	peaks := startPeaks(context.Background(), t, c.bedVM())
 	n := chaosSize(t)
 	if n < 30 {
 		t.Fatalf("CHAOS_SIZE=%d: this case changes 30 of its Services", n)
@@ -148,7 +149,7 @@ func longOutage(t *testing.T, k outageKind) {
 		t.Errorf("%d of %d connections failed: %q", failed, attempted, errs)
 	}
 	agentLog := c.logSince(mark)
-	chaos.Record(t, "", chaos.Row{Case: "apiserver-gone-5m-" + k.name, TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "apiserver-gone-5m-" + k.name, TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: int(writes - writes0), ConvergeSeconds: seconds(duringTook), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("%d Services; %s, %.0f s; %.0f netlink writes and %.0f syncs in it (the agent's metrics), the kernel unchanged over %d checks; "+
 			"5 Services created, 5 changed, 5 deleted a minute before its end: in the kernel %.1f s after it (limit %v); "+

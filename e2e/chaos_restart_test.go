@@ -51,6 +51,7 @@ func countVS(st chaos.State, ips map[string]bool) (vs, rs int) {
 // Service's connections, whose endpoints never changed, all went through.
 func TestChaosAgentRestart(t *testing.T) {
 	c := chaosSetup(t)
+	peaks := startPeaks(context.Background(), t, c.bedVM())
 	n := chaosSize(t)
 	ns, live, bulk := c.scaled(t, n)
 	ctx := context.Background()
@@ -81,12 +82,13 @@ func TestChaosAgentRestart(t *testing.T) {
 	if after := connCount(t, c.ipvsadm(t, "--stats", "-t", live.tcp)); after < statsBefore {
 		t.Errorf("the live virtual server's connection count went from %d to %d: it was re-created", statsBefore, after)
 	}
-	chaos.Record(t, "", chaos.Row{Case: "agent-sigterm-restart", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "agent-sigterm-restart", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: writes, ConvergeSeconds: seconds(firstSync + took), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("%d Services; first sync after the restart %.1f s, %d writes; %d held flows kept (TCP and UDP)",
 			n+1, seconds(firstSync), writes, len(lt.holds))})
 
 	// (2) SIGKILL in the middle of a large first sync.
+	peaks = startPeaks(context.Background(), t, c.bedVM())
 	lt = c.startLiveTraffic(t, live, 2)
 	if err := c.StopAgent(); err != nil {
 		t.Fatal(err)
@@ -148,7 +150,7 @@ func TestChaosAgentRestart(t *testing.T) {
 	if failed > 0 {
 		t.Errorf("SIGKILL restart: %d of %d connections failed: %q", failed, attempted, errs)
 	}
-	chaos.Record(t, "", chaos.Row{Case: "agent-sigkill-first-sync", TrafficAttempted: attempted, TrafficFailed: failed,
+	peaks.record(t, chaos.Row{Case: "agent-sigkill-first-sync", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: writes, ConvergeSeconds: seconds(firstSync + took), Leaks: len(d.Leaks),
 		Notes: fmt.Sprintf("%d Services created and %d deleted while stopped; killed %.1f s into its first sync with %d/%d new "+
 			"virtual servers, %d/%d real servers; the restart wrote %d (%d missing or stale)",

@@ -39,6 +39,7 @@ func TestChaosRollingUpdate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	defer foreignVirtualServer(t, c.VM)()
+	peaks := startPeaks(ctx, t, nodeVMs(c))
 	cs := c.Client
 	const ns = "rolling"
 	clusterNamespace(ctx, t, cs, ns)
@@ -210,7 +211,7 @@ func TestChaosRollingUpdate(t *testing.T) {
 	if answersAtTermination < 0 || total <= answersAtTermination {
 		t.Errorf("the held connection got no answer while its pod %s terminated (%d answers, %d before)", heldPod, total, answersAtTermination)
 	}
-	chaos.Record(t, "", chaos.Row{
+	peaks.record(t, chaos.Row{
 		Case: "rolling-update", TrafficAttempted: res.Total() + len(failures) + 1, TrafficFailed: len(unexcused),
 		ConvergeSeconds: seconds(rollout),
 		Notes: fmt.Sprintf("2 pods replaced one by one in the cluster; converge = rollout until IPVS has exactly the new pods; held connection: %d answers on its old pod, %d while it terminated; %d failures during VM stalls (control failed too); writes not counted (the agent runs in its pod)",

@@ -99,6 +99,7 @@ type soakBaseline struct {
 }
 
 func (s *soak) run(t *testing.T) {
+	peaks := startPeaks(s.ctx, t, nodeVMs(s.c))
 	clusterNamespace(s.ctx, t, s.c.Client, chaosSoakNS)
 	s.startWorkloads(t)
 	base := s.baseline(t)
@@ -122,7 +123,7 @@ func (s *soak) run(t *testing.T) {
 	sums := s.memory(t, samples)
 	s.keep(t, samples, sums)
 	ch := s.churn
-	chaos.Record(t, "", chaos.Row{Case: "nodes-soak", TrafficAttempted: attempted + 20, TrafficFailed: failed + broken,
+	peaks.record(t, chaos.Row{Case: "nodes-soak", TrafficAttempted: attempted + 20, TrafficFailed: failed + broken,
 		KernelWrites: writes, ConvergeSeconds: seconds(converge), Leaks: leaks,
 		Notes: fmt.Sprintf("%s of churn at %d Services: %d rounds, %d scales, %d rolling restarts, %d Services created, %d deleted, "+
 			"%d EndpointSlices changed, %d API errors; held 20, broken %d; agent restarts %d; RSS %s",

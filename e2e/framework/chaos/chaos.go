@@ -37,6 +37,11 @@ type Row struct {
 	// Leaks counts virtual servers, real servers, addresses and set
 	// entries present that should not be (Diff.Leaks).
 	Leaks int `json:"leaks"`
+	// AgentPeakMiB is the highest peak resident memory (VmHWM) of an
+	// agent process over the case, on any node; 0 when not read (rows of
+	// runs before it was, cases that do not read it). The notes say each
+	// node's.
+	AgentPeakMiB float64 `json:"agent_peak_mib,omitempty"`
 	// Notes: anything else worth a reader's eye, short.
 	Notes string `json:"notes"`
 }
@@ -88,8 +93,8 @@ func Record(t testing.TB, dir string, r Row) {
 		t.Error(err)
 		return
 	}
-	t.Logf("chaos row %s: attempted %d, failed %d, writes %d, converged in %.1f s, leaks %d; %s",
-		r.Case, r.TrafficAttempted, r.TrafficFailed, r.KernelWrites, r.ConvergeSeconds, r.Leaks, r.Notes)
+	t.Logf("chaos row %s: attempted %d, failed %d, writes %d, converged in %.1f s, leaks %d, agent peak RSS %s MiB; %s",
+		r.Case, r.TrafficAttempted, r.TrafficFailed, r.KernelWrites, r.ConvergeSeconds, r.Leaks, peakCell(r.AgentPeakMiB), r.Notes)
 }
 
 // Read returns every row of dir (files *.json), sorted by case.
@@ -117,12 +122,20 @@ func Read(dir string) ([]Row, error) {
 // Table renders rows as a Markdown table.
 func Table(rows []Row) string {
 	var b strings.Builder
-	b.WriteString("| case | traffic attempted | traffic failed | kernel writes | converge (s) | leaks | notes |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("| case | traffic attempted | traffic failed | kernel writes | converge (s) | leaks | agent peak RSS (MiB) | notes |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rows {
 		notes := strings.NewReplacer("|", `\|`, "\n", " ").Replace(r.Notes)
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %.1f | %d | %s |\n", r.Case, r.TrafficAttempted, r.TrafficFailed,
-			r.KernelWrites, r.ConvergeSeconds, r.Leaks, notes)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %.1f | %d | %s | %s |\n", r.Case, r.TrafficAttempted, r.TrafficFailed,
+			r.KernelWrites, r.ConvergeSeconds, r.Leaks, peakCell(r.AgentPeakMiB), notes)
 	}
 	return b.String()
+}
+
+// peakCell is a row's agent peak in MiB, "-" when it was not read.
+func peakCell(mib float64) string {
+	if mib <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", mib)
 }

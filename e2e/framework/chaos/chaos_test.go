@@ -12,7 +12,7 @@ import (
 func TestWriteReadTable(t *testing.T) {
 	dir := t.TempDir()
 	rows := []Row{
-		{Case: "restart-sigterm", TrafficAttempted: 1200, KernelWrites: 0, ConvergeSeconds: 3.25, Notes: "writes 0 | held 3"},
+		{Case: "restart-sigterm", TrafficAttempted: 1200, KernelWrites: 0, ConvergeSeconds: 3.25, AgentPeakMiB: 87.4, Notes: "writes 0 | held 3"},
 		{Case: "apiserver-down", TrafficAttempted: 900, TrafficFailed: 1, Leaks: 2, Notes: "line\nbreak"},
 	}
 	for _, r := range rows {
@@ -43,10 +43,10 @@ func TestWriteReadTable(t *testing.T) {
 		}
 	}
 	table := Table(got)
-	wantTable := "| case | traffic attempted | traffic failed | kernel writes | converge (s) | leaks | notes |\n" +
-		"|---|---:|---:|---:|---:|---:|---|\n" +
-		"| apiserver-down | 900 | 1 | 0 | 0.0 | 2 | line break |\n" +
-		"| restart-sigterm | 1200 | 0 | 7 | 3.2 | 0 | writes 0 \\| held 3 |\n"
+	wantTable := "| case | traffic attempted | traffic failed | kernel writes | converge (s) | leaks | agent peak RSS (MiB) | notes |\n" +
+		"|---|---:|---:|---:|---:|---:|---:|---|\n" +
+		"| apiserver-down | 900 | 1 | 0 | 0.0 | 2 | - | line break |\n" +
+		"| restart-sigterm | 1200 | 0 | 7 | 3.2 | 0 | 87 | writes 0 \\| held 3 |\n"
 	if table != wantTable {
 		t.Errorf("table:\n%s\nwant:\n%s", table, wantTable)
 	}
