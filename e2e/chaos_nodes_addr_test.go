@@ -58,11 +58,17 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 
 	b.run(t, n1.VM, "sysctl", "-qw", "net.ipv4.conf."+cluster.SegmentIface+".promote_secondaries=1")
 	syncs := b.syncTimes(t, n1)
+	cpu := b.metric(t, n1, "process_cpu_seconds_total")
 	added := time.Now()
 	b.run(t, n1.VM, "ip", "addr", "add", newIP+"/24", "dev", cluster.SegmentIface)
 	busiest := b.busiestLater(t, n1, 5*time.Second)
 	defer func() { <-busiest }() // also when the wait below fails the test
 	follow := b.waitVirtualServersOn(t, n1, newIP, len(b.nodePorted), added)
+	// What the agent had of the CPU meanwhile: a follow of many seconds
+	// with little CPU is a starved agent, not slow work.
+	cpu = b.metric(t, n1, "process_cpu_seconds_total") - cpu
+	t.Logf("%s: the agent used %.1f s of CPU in the %s until the node ports were on the new address (%.0f%% of one CPU)",
+		n1.Name, cpu, follow.Round(100*time.Millisecond), 100*cpu/follow.Seconds())
 	syncs = b.logSyncs(t, n1, syncs, "the add and its node ports")
 	b.waitAnswered(t, b.nodePort(newIP))
 	answered := time.Since(added)
@@ -94,10 +100,10 @@ func (b *nodesBed) nodeAddressChange(t *testing.T) {
 	clocks := vmClocks{node: b.clockOffset(t, n1.VM), outside: b.clockOffset(t, b.c.Outside)}
 	inFlight, failed, attempted := splitFailures(t, tr.results(t), clocks, removalWindow(removed), removalWindow(restored))
 	otherWrites := other.check(b.ctx, t, b)
-	notes := fmt.Sprintf("%s's segment address %s -> %s: its %d node ports in the IPVS table %s after the add, answered from the outside host after %s; "+
+	notes := fmt.Sprintf("%s's segment address %s -> %s: its %d node ports in the IPVS table %s after the add (the agent's CPU meanwhile %.1f s), answered from the outside host after %s; "+
 		"old address's virtual servers gone %s after the delete; %d connections in flight when an address went failed (the kernel's, below); "+
 		"restarts %d; Node Ready throughout: %v; %s untouched (%d writes); %d Services",
-		n1.Name, oldIP, newIP, newPorts, follow.Round(100*time.Millisecond), answered.Round(100*time.Millisecond), dropped.Round(100*time.Millisecond),
+		n1.Name, oldIP, newIP, newPorts, follow.Round(100*time.Millisecond), cpu, answered.Round(100*time.Millisecond), dropped.Round(100*time.Millisecond),
 		inFlight, restarted, ready, n2.Name, otherWrites, b.size)
 	peaks.record(t, chaos.Row{Case: "nodes-address-change", TrafficAttempted: attempted, TrafficFailed: failed,
 		KernelWrites: ownWrites, ConvergeSeconds: math.Round(follow.Seconds()*10) / 10, Leaks: leaks, Notes: notes})
