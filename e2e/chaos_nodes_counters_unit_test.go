@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -81,6 +82,16 @@ func TestFakeServiceTypes(t *testing.T) {
 	} {
 		if diff := cmp.Diff(tc.want, count(tc.first, tc.n)); diff != "" {
 			t.Errorf("%d Services from %d (-want +got):\n%s", tc.n, tc.first, diff)
+		}
+	}
+}
+
+// TestRolloutLimit: 20 minutes up to 2,000 Services, 3 more per 1,000
+// above.
+func TestRolloutLimit(t *testing.T) {
+	for size, want := range map[int]time.Duration{300: 20 * time.Minute, 2000: 20 * time.Minute, 2500: 21*time.Minute + 30*time.Second, 5000: 29 * time.Minute} {
+		if got := rolloutLimit(size); got != want {
+			t.Errorf("rolloutLimit(%d) = %s, want %s", size, got, want)
 		}
 	}
 }
