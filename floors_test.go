@@ -22,6 +22,7 @@ var floors = map[string]int{
 	"netlinkutil/probe":     0,
 	"proxier/nodelock":      0,
 	"proxier/kube":          0,
+	"proxier/background":    0,
 	"netlinkutil":           1,
 	"ipset":                 1,
 	"netlinkutil/fake":      2,

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/background"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/cleanup"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/config"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/ctwatch"
@@ -72,6 +73,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	}
 	cfg.APIServer = agent.APIServerAddresses(ctx, o.Kubeconfig, log)
 	log = log.With(zap.String("node", cfg.NodeName))
+	cfg.Background = background.LowPriority(background.DefaultNice, log)
 	// Once, before any client: klog's logger is klog's process global.
 	config.BridgeKlog(log)
 	gcPercent, gcFromEnv := setGCPercent(os.Getenv)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/fake"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/ktypes"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/background/backgroundtest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube/kubetest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 	"github.com/ipvs-proxy/ipvs-proxy/scheduler"
@@ -570,6 +571,30 @@ func TestLoopResyncReadOffTheLoop(t *testing.T) {
 	}
 	if w := b.links.Writes(); len(w) != 0 {
 		t.Errorf("address writes of the resync: %q", w)
+	}
+}
+
+// TestLoopResyncReadStartsThroughBackground: the periodic resync's read
+// off the loop is started by Config.Background (the agent's lower
+// priority), once per resync; the first sync, in the loop, starts none.
+func TestLoopResyncReadStartsThroughBackground(t *testing.T) {
+	var bg backgroundtest.Counting
+	b := newLoopBedWith(t, func(c *Config) { c.MinSyncPeriod, c.Background = 0, bg.Start },
+		testService("a", "10.96.0.10", "rr"))
+	b.p.SetResyncReader(b.ipvs, b.links)
+	b.run()
+	b.eventually("the first sync", func() bool { return len(b.calls("AddRealServer")) == 1 })
+	b.idle()
+	if n := bg.Count(); n != 0 {
+		t.Fatalf("%d reads started before the periodic resync", n)
+	}
+	b.clk.Step(time.Hour) // the periodic resync
+	b.eventually("the resync's end", func() bool {
+		var m dto.Metric
+		return b.p.reporter.metrics.ResyncDuration.Write(&m) == nil && m.GetHistogram().GetSampleCount() == 1
+	})
+	if n := bg.Count(); n != 1 {
+		t.Errorf("the resync's read started %d times through Config.Background; want 1", n)
 	}
 }
 

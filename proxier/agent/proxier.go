@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/background"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/kube"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
@@ -66,6 +67,10 @@ type Config struct {
 	ResyncSlice int
 	// Clock defaults to the real clock (tests pass a fake one).
 	Clock clock.WithTicker
+	// Background starts the periodic resync's read of the kernel off the
+	// sync loop (background.LowPriority in the agent); default a plain
+	// goroutine.
+	Background background.Start
 	// AdoptInterface is kube-proxy's interface when taking a node over from
 	// it (model.Ownership.Adopt); empty otherwise.
 	AdoptInterface string
@@ -116,6 +121,9 @@ func New(cfg Config, client kube.Client, ipvs netlinkutil.IPVS, links netlinkuti
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
+	if cfg.Background == nil {
+		cfg.Background = background.Go
+	}
 	if cfg.RetryBase <= 0 {
 		cfg.RetryBase = time.Second
 	}
@@ -123,6 +131,7 @@ func New(cfg Config, client kube.Client, ipvs netlinkutil.IPVS, links netlinkuti
 	rcfg := reconciler.Config{Ownership: cfg.Ownership(), RetryBase: cfg.RetryBase, RetryMax: retryMax, Clock: cfg.Clock,
 		ResyncSlice: cfg.ResyncSlice}
 	run := newRunner(cfg.Clock, cfg.MinSyncPeriod, cfg.SyncPeriod, log)
+	run.background = cfg.Background
 	readAddresses := func() ([]netip.Addr, error) {
 		return links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/background"
 )
 
 // runner paces the syncs: a partial one when something changed (kick), no
@@ -26,6 +28,8 @@ type runner struct {
 	// change need not wait (waitMinPeriod).
 	news chan struct{}
 	log  *zap.Logger
+	// background starts the resync's read off the loop.
+	background background.Start
 
 	beatMu sync.Mutex
 	beat   time.Time // the loop's heartbeat (heartbeat)
@@ -50,7 +54,8 @@ type resyncer interface {
 }
 
 func newRunner(clk clock.WithTicker, minPeriod, period time.Duration, log *zap.Logger) *runner {
-	return &runner{clock: clk, minPeriod: minPeriod, period: period, trigger: make(chan struct{}, 1), news: make(chan struct{}, 1), log: log}
+	return &runner{clock: clk, minPeriod: minPeriod, period: period, trigger: make(chan struct{}, 1), news: make(chan struct{}, 1), log: log,
+		background: background.Go}
 }
 
 // kickNews is kick for the tracker: it also tells a wait for the min
@@ -206,10 +211,10 @@ func (r *runner) startFull(t *turns, rs resyncer) {
 	t.nextFull = t.last.Add(r.period)
 	if run, ok := rs.StartResyncRead(); ok {
 		t.reading = true
-		go func() {
+		r.background(func() {
 			run()
 			r.kick()
-		}()
+		})
 		t.full = false
 	}
 }

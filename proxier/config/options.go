@@ -322,7 +322,7 @@ func (o *Options) GlueConfig(cfg agent.Config) (glue.Config, error) {
 		return glue.Config{}, fmt.Errorf("--iptables-backend: %q is not auto, nft or legacy", o.IPTablesBackend)
 	}
 	g := glue.Config{Interface: cfg.Interface, NodePortAddresses: cfg.NodePortAddresses, ClusterCIDRs: cidrs,
-		MasqueradeAll: o.MasqueradeAll, AcceptServices: o.AcceptServiceTraffic, IPv4: cfg.IPv4, IPv6: cfg.IPv6}
+		MasqueradeAll: o.MasqueradeAll, AcceptServices: o.AcceptServiceTraffic, IPv4: cfg.IPv4, IPv6: cfg.IPv6, Background: cfg.Background}
 	switch o.DetectLocalMode {
 	case "", DetectClusterCIDR:
 	case DetectNodeCIDR:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	ipsetfake "github.com/ipvs-proxy/ipvs-proxy/ipset/fake"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/background/backgroundtest"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
 
@@ -383,5 +384,27 @@ func TestFailedRepairKeepsFullSyncsInTheLoop(t *testing.T) {
 	}
 	if st := b.sync(t, true); !st.CheckStarted {
 		t.Errorf("the next periodic full sync %+v; want a check again", st)
+	}
+}
+
+// TestCheckStartsThroughBackground: the check's read off the loop is
+// started by Config.Background (the agent's lower priority), once per
+// check; the first full sync, whole in the loop, starts none.
+func TestCheckStartsThroughBackground(t *testing.T) {
+	var bg backgroundtest.Counting
+	cfg := dualStack
+	cfg.Background = bg.Start
+	b := newCheckBed(t, cfg)
+	p1 := service(1)
+	b.g.SetPlan(p1.Service, p1)
+	if st := b.sync(t, true); st.CheckStarted || bg.Count() != 0 {
+		t.Fatalf("the first sync %+v started %d reads; want it whole in the loop, none started", st, bg.Count())
+	}
+	if st := b.sync(t, true); !st.CheckStarted {
+		t.Fatalf("periodic full sync %+v; want a check started", st)
+	}
+	b.waitWoken(t)
+	if n := bg.Count(); n != 1 {
+		t.Errorf("the check's read started %d times through Config.Background; want 1", n)
 	}
 }

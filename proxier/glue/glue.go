@@ -30,6 +30,7 @@ import (
 
 	"github.com/ipvs-proxy/ipvs-proxy/ipset"
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil"
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/background"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/consumer"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/model"
 )
@@ -61,6 +62,9 @@ type Config struct {
 	IPv4, IPv6 bool
 	// Clock is the proxier's clock (Config.Clock); default the real one.
 	Clock clock.PassiveClock
+	// Background starts the check's read off the sync loop (the agent's
+	// Config.Background); default a plain goroutine.
+	Background background.Start
 }
 
 // Glue programs the iptables glue. It is a consumer.Consumer and, like the
@@ -124,6 +128,9 @@ var _ consumer.Consumer = (*Glue)(nil)
 func New(cfg Config, sets ipset.Interface, ipt map[ipset.Family]*IPTables, links netlinkutil.Links, log *zap.Logger) *Glue {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Background == nil {
+		cfg.Background = background.Go
 	}
 	g := &Glue{
 		cfg: cfg, syncer: ipset.NewSyncer(sets), sets: sets, ipt: ipt, links: links, log: log, clock: cfg.Clock,
