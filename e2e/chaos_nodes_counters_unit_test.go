@@ -95,3 +95,12 @@ func TestRolloutLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleLimit: 5 minutes up to 2,000 Services, 2 more per 1,000 above.
+func TestStaleLimit(t *testing.T) {
+	for size, want := range map[int]time.Duration{300: 5 * time.Minute, 2000: 5 * time.Minute, 5000: 11 * time.Minute} {
+		if got := staleLimit(size); got != want {
+			t.Errorf("staleLimit(%d) = %s, want %s", size, got, want)
+		}
+	}
+}

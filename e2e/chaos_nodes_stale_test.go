@@ -88,10 +88,23 @@ func (s staleEnd) String() string {
 	return fmt.Sprintf("the agent container exited %d (pod seen Ready by %d polls: its probes reach the running agent)", s.exit, s.readySeen)
 }
 
+// staleLimit bounds the wait for a stale agent pod's end: its preflight
+// init container runs first, then the agent, which refuses. Up to 2,000
+// Services 5 minutes; above, on the loaded emulated node, 2 minutes more
+// per 1,000 (at 5,000 the refusal came 3m46s after the pod's creation in
+// one run, and the preflight still ran after 5 minutes in the next).
+func staleLimit(size int) time.Duration {
+	limit := 5 * time.Minute
+	if size > 2000 {
+		limit += time.Duration(size-2000) * 2 * time.Minute / 1000
+	}
+	return limit
+}
+
 // runStale creates the stale agent pod name on n from the DaemonSet's pod
-// template (its ports kept or dropped), waits until it has ended (5
-// minutes at most: its preflight runs first), checks it was never Ready
-// and never restarted, deletes it and says how it ended.
+// template (its ports kept or dropped), waits until it has ended
+// (staleLimit: its preflight runs first), checks it was never Ready and
+// never restarted, deletes it and says how it ended.
 func (b *nodesBed) runStale(t *testing.T, n *cluster.Node, name string, ports bool) staleEnd {
 	t.Helper()
 	api := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem)
@@ -105,7 +118,7 @@ func (b *nodesBed) runStale(t *testing.T, n *cluster.Node, name string, ports bo
 		}
 	}()
 	readySeen := 0 // polls that found it Ready
-	waitWithin(b.ctx, t, 5*time.Minute, "stale agent pod "+name+" ended", func() (bool, string) {
+	waitWithin(b.ctx, t, staleLimit(b.size), "stale agent pod "+name+" ended", func() (bool, string) {
 		got, err := api.Get(b.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
