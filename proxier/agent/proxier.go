@@ -121,9 +121,6 @@ func New(cfg Config, client kube.Client, ipvs netlinkutil.IPVS, links netlinkuti
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	if cfg.Background == nil {
-		cfg.Background = background.Go
-	}
 	if cfg.RetryBase <= 0 {
 		cfg.RetryBase = time.Second
 	}
@@ -131,7 +128,9 @@ func New(cfg Config, client kube.Client, ipvs netlinkutil.IPVS, links netlinkuti
 	rcfg := reconciler.Config{Ownership: cfg.Ownership(), RetryBase: cfg.RetryBase, RetryMax: retryMax, Clock: cfg.Clock,
 		ResyncSlice: cfg.ResyncSlice}
 	run := newRunner(cfg.Clock, cfg.MinSyncPeriod, cfg.SyncPeriod, log)
-	run.background = cfg.Background
+	if cfg.Background != nil {
+		run.background = cfg.Background
+	}
 	readAddresses := func() ([]netip.Addr, error) {
 		return links.NodeAddresses(netlinkutil.ProxyInterfaces(cfg.Interface)...)
 	}

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/ipvs-proxy/ipvs-proxy/proxier/background"
 )
 
 // OffLoop is a read of the kernel made off the sync loop, one at a time,
@@ -55,11 +57,12 @@ func (o *OffLoop[T]) Begin(read func() T, wake func()) (run func(), ok bool) {
 	}, true
 }
 
-// Start is Begin with the read run on a goroutine of its own.
-func (o *OffLoop[T]) Start(read func() T, wake func()) bool {
+// Start is Begin with the read started by start (a goroutine of its own:
+// background.Go, or background.LowPriority's thread).
+func (o *OffLoop[T]) Start(start background.Start, read func() T, wake func()) bool {
 	run, ok := o.Begin(read, wake)
 	if ok {
-		go run()
+		start(run)
 	}
 	return ok
 }

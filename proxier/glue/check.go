@@ -68,7 +68,7 @@ func (g *Glue) startCheck() {
 	for _, fam := range g.families() {
 		ipt[fam] = g.ipt[fam] // nil: syncRules reports the missing tools
 	}
-	run, ok := g.check.Begin(func() checkResult {
+	g.check.Start(g.cfg.Background, func() checkResult {
 		res := checkResult{sets: map[setID]setRead{}, saved: map[ipset.Family]savedRead{}}
 		start := clk.Now()
 		for _, id := range ids {
@@ -85,9 +85,6 @@ func (g *Glue) startCheck() {
 		res.rulesRead = clk.Since(start) - res.setRead
 		return res
 	}, g.wake)
-	if ok {
-		g.cfg.Background(run)
-	}
 }
 
 // checkRepair is a finished check being applied, a few sets a sync: the
