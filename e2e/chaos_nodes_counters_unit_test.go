@@ -96,6 +96,16 @@ func TestRolloutLimit(t *testing.T) {
 	}
 }
 
+// TestAddressWait: 2 minutes up to 2,000 Services, 2 more per 1,000
+// above.
+func TestAddressWait(t *testing.T) {
+	for size, want := range map[int]time.Duration{300: 2 * time.Minute, 2000: 2 * time.Minute, 2500: 3 * time.Minute, 5000: 8 * time.Minute} {
+		if got := addressWait(size); got != want {
+			t.Errorf("addressWait(%d) = %s, want %s", size, got, want)
+		}
+	}
+}
+
 // TestStaleLimit: 5 minutes up to 2,000 Services, 2 more per 1,000 above.
 func TestStaleLimit(t *testing.T) {
 	for size, want := range map[int]time.Duration{300: 5 * time.Minute, 2000: 5 * time.Minute, 5000: 11 * time.Minute} {

@@ -34,11 +34,17 @@ const rolloutAnnotation = "ipvs-proxy.io/chaos-revision"
 // after their creation on node-1, run of 656006f): 3 minutes more per
 // 1,000.
 func rolloutLimit(size int) time.Duration {
-	limit := 20 * time.Minute
-	if size > 2000 {
-		limit += time.Duration(size-2000) * 3 * time.Minute / 1000
+	return sizedLimit(size, 20*time.Minute, 3*time.Minute)
+}
+
+// sizedLimit is base up to 2,000 Services (issue 45's size, where the
+// chaos bounds were set) and perThousand more for each 1,000 above: the
+// waits whose work grows with the Services on a loaded emulated node.
+func sizedLimit(size int, base, perThousand time.Duration) time.Duration {
+	if size <= 2000 {
+		return base
 	}
-	return limit
+	return base + time.Duration(size-2000)*perThousand/1000
 }
 
 // agentLockLine is the agent's lock in /proc/net/unix: held while an

@@ -94,11 +94,7 @@ func (s staleEnd) String() string {
 // per 1,000 (at 5,000 the refusal came 3m46s after the pod's creation in
 // one run, and the preflight still ran after 5 minutes in the next).
 func staleLimit(size int) time.Duration {
-	limit := 5 * time.Minute
-	if size > 2000 {
-		limit += time.Duration(size-2000) * 2 * time.Minute / 1000
-	}
-	return limit
+	return sizedLimit(size, 5*time.Minute, 2*time.Minute)
 }
 
 // runStale creates the stale agent pod name on n from the DaemonSet's pod
