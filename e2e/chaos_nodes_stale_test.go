@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
@@ -127,7 +128,7 @@ func (b *nodesBed) runStale(t *testing.T, n *cluster.Node, name string, ports bo
 		}
 		p = got
 		return got.Status.Phase == corev1.PodFailed || got.Status.Phase == corev1.PodSucceeded, cluster.PodSummary(got)
-	})
+	}, func() string { return b.staleProgress(n, name) })
 	end := staleEnd{reason: p.Status.Reason + ": " + p.Status.Message, readySeen: readySeen}
 	if podReady(p) {
 		t.Errorf("stale agent pod %s ended Ready: %s", name, cluster.PodSummary(p))
@@ -149,6 +150,17 @@ func (b *nodesBed) runStale(t *testing.T, n *cluster.Node, name string, ports bo
 	}
 	t.Logf("stale agent pod %s on %s (host ports declared: %v): %s; %s; log:\n%s", name, n.Name, ports, end, cluster.PodSummary(p), end.log)
 	return end
+}
+
+// staleProgress says, when the stale pod has not ended in time, where its
+// init container is: its log (the preflight's line of step times, once
+// done) and the node's processes of the preflight and the tools it runs.
+func (b *nodesBed) staleProgress(n *cluster.Node, name string) string {
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	raw, err := b.c.Client.CoreV1().Pods(metav1.NamespaceSystem).GetLogs(name, &corev1.PodLogOptions{Container: "preflight"}).DoRaw(ctx)
+	procs, perr := n.VM.RunOK(ctx, "sh", "-c", `top -b -n 1 | grep -E 'Mem:|CPU:|Load|PID|preflight|iptables|ipset|modprobe'`)
+	return fmt.Sprintf("preflight's log (%v):\n%s\n%s's processes (%v):\n%s", err, strings.TrimSpace(string(raw)), n.Name, perr, procs)
 }
 
 // stalePod is the DaemonSet's pod spec pinned to n as a bare Pod of its

@@ -10,8 +10,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ipvs-proxy/ipvs-proxy/netlinkutil/kmod"
 	"github.com/ipvs-proxy/ipvs-proxy/proxier/agent"
@@ -672,6 +675,44 @@ func TestPreflightAllSchedulers(t *testing.T) {
 	}
 	if rep.OK {
 		t.Error("ok with a scheduler missing")
+	}
+}
+
+// TestPreflightLogsStepTimes: one line gives each step's time and the
+// whole, so a slow init container's log says where its minutes went (here
+// the Services' read, slowed on purpose, is the schedulers' step).
+func TestPreflightLogsStepTimes(t *testing.T) {
+	const slow = 50 * time.Millisecond
+	n := newFakeNode()
+	n.inUse = func(context.Context) (map[string][]string, int, error) {
+		time.Sleep(slow)
+		return nil, 3, nil
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	Run(context.Background(), n.system(), Config{Scheduler: "rr", IPv4: true, IPTablesBackend: "auto"}, zap.New(core))
+	lines := logs.FilterMessage("preflight checks ran").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d lines of the steps' times, want 1 (all: %v)", len(lines), logs.All())
+	}
+	took := map[string]time.Duration{}
+	for k, v := range lines[0].ContextMap() {
+		d, ok := v.(time.Duration)
+		if !ok {
+			t.Errorf("field %s = %v (%T), want a duration", k, v, v)
+		}
+		took[k] = d
+	}
+	var names []string
+	for k := range took {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	want := []string{"capabilities", "config", "conntrack", "dummy", "ipsets", "iptables", "ipv6", "ipvs", "schedulers", "sysctls", "took"}
+	if !slices.Equal(names, want) {
+		t.Errorf("fields %v, want %v", names, want)
+	}
+	if took["schedulers"] < slow || took["took"] < took["schedulers"] {
+		t.Errorf("schedulers took %s, all %s; want at least %s, and the whole at least that", took["schedulers"], took["took"], slow)
 	}
 }
 
