@@ -24,6 +24,14 @@ import (
 
 var _ consumer.Yielder = (*Glue)(nil)
 
+// checkReadTimeout bounds a check's iptables-save, in place of the loop's
+// toolTimeout: the read holds nothing up and runs at a lower priority
+// (Config.Background), so on a starved node it is slow, not stuck. Killed
+// at a minute (issue 45, case 7 at 5,000 Services: ip6tables-nft-save),
+// the check failed and its fallback, a full sync in the loop, held the
+// loop 49 s with changes waiting.
+const checkReadTimeout = 5 * time.Minute
+
 // checkResult is what a check read.
 type checkResult struct {
 	sets  map[setID]setRead
@@ -78,7 +86,7 @@ func (g *Glue) startCheck() {
 		res.setRead = clk.Since(start)
 		for fam, t := range ipt {
 			if t != nil {
-				saved, err := t.Save(context.Background())
+				saved, err := t.SaveWithin(context.Background(), checkReadTimeout)
 				res.saved[fam] = savedRead{saved, err}
 			}
 		}

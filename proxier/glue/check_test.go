@@ -408,3 +408,35 @@ func TestCheckStartsThroughBackground(t *testing.T) {
 		t.Errorf("the check's read started %d times through Config.Background; want 1", n)
 	}
 }
+
+// TestCheckReadsRulesWithinItsOwnLimit: the loop's iptables-save is
+// killed after toolTimeout; a check's, off the loop at a lower priority,
+// gets checkReadTimeout, so that on a starved node a slow read does not
+// fail the check and send the glue's next full sync into the loop.
+func TestCheckReadsRulesWithinItsOwnLimit(t *testing.T) {
+	b := newCheckBed(t, Config{Interface: "ipvs-proxy0", IPv4: true})
+	saves := func() []time.Duration {
+		b.ipt.mu.Lock()
+		defer b.ipt.mu.Unlock()
+		var out []time.Duration
+		for i, c := range b.ipt.calls {
+			if strings.HasSuffix(c, "-save") {
+				out = append(out, b.ipt.limits[i])
+			}
+		}
+		return out
+	}
+	b.sync(t, true)
+	inLoop := saves()
+	if len(inLoop) == 0 || slices.ContainsFunc(inLoop, func(d time.Duration) bool { return d <= 0 || d > toolTimeout }) {
+		t.Fatalf("the first sync's saves had %v left; want each bounded by %s", inLoop, toolTimeout)
+	}
+	if st := b.sync(t, true); !st.CheckStarted {
+		t.Fatalf("periodic full sync %+v; want a check started", st)
+	}
+	b.waitWoken(t)
+	checked := saves()[len(inLoop):]
+	if len(checked) != 1 || checked[0] <= toolTimeout || checked[0] > checkReadTimeout {
+		t.Errorf("the check's saves had %v left; want one, more than %s and at most %s", checked, toolTimeout, checkReadTimeout)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // fakeIPTables is a Runner that simulates iptables-save and
@@ -18,6 +19,7 @@ type fakeIPTables struct {
 	tools  map[string]bool             // tools on PATH
 	state  map[string]map[string]*fTab // "nft4" -> table -> contents
 	calls  []string                    // "iptables-nft-restore --noflush" and the like
+	limits []time.Duration             // each call's time left to its context's deadline (0: none)
 	inputs []string                    // restore inputs, in order
 	fail   func(tool string) error
 	// inputPolicy is filter INPUT's policy ("": ACCEPT).
@@ -80,10 +82,15 @@ func (f *fakeIPTables) LookPath(name string) error {
 	return os.ErrNotExist
 }
 
-func (f *fakeIPTables) Run(_ context.Context, name string, args []string, stdin []byte) ([]byte, error) {
+func (f *fakeIPTables) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, strings.TrimSpace(name+" "+strings.Join(args, " ")))
+	var limit time.Duration
+	if d, ok := ctx.Deadline(); ok {
+		limit = time.Until(d)
+	}
+	f.limits = append(f.limits, limit)
 	if !f.tools[name] {
 		return nil, os.ErrNotExist
 	}

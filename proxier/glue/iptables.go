@@ -118,7 +118,12 @@ func (t *IPTables) String() string {
 
 // Save returns the parsed state of every table.
 func (t *IPTables) Save(ctx context.Context) (Saved, error) {
-	ctx, cancel := context.WithTimeout(ctx, toolTimeout)
+	return t.SaveWithin(ctx, toolTimeout)
+}
+
+// SaveWithin is Save with limit in place of toolTimeout.
+func (t *IPTables) SaveWithin(ctx context.Context, limit time.Duration) (Saved, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	out, err := t.Runner.Run(ctx, t.save, nil, nil)
 	if err != nil {
