@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
@@ -207,6 +208,27 @@ func TestDeployDaemonSet(t *testing.T) {
 	// address at its start, gone once the node is renumbered.
 	if want := []string{"127.0.0.1:10256/livez", "127.0.0.1:10256/livez", "127.0.0.1:10256/healthz"}; !slices.Equal(probes, want) {
 		t.Errorf("probes %v, want %v", probes, want)
+	}
+	livenessWindows(t, agent.LivenessProbe)
+}
+
+// livenessWindows: the liveness probe restarts an agent whose loop has
+// stalled (/livez answers 503 at once) within 2 minutes of the handler's
+// own verdict, but one that a starved node leaves unanswered only after 3
+// minutes of silence. kubelet asks a container's probe one at a time, so
+// failureThreshold unanswered probes take failureThreshold × max(timeout,
+// period). With 5 s timeouts, a soak at 2,000 Services on the emulated
+// bed (issue 45's case 8) had node-1's agent killed for six slow answers,
+// and the swamped node did not start it again for over 20 minutes; a
+// restart never gives a starved agent CPU, and its cold start adds load.
+func livenessWindows(t *testing.T, p *corev1.Probe) {
+	t.Helper()
+	secs := func(n int32) time.Duration { return time.Duration(n) * time.Second }
+	answered := time.Duration(p.FailureThreshold) * secs(p.PeriodSeconds)
+	silent := time.Duration(p.FailureThreshold) * max(secs(p.TimeoutSeconds), secs(p.PeriodSeconds))
+	if answered > 2*time.Minute || silent < 3*time.Minute {
+		t.Errorf("liveness probe (period %ds, timeout %ds, %d failures): restarts a stalled loop after %s (want at most 2m0s), "+
+			"a silent agent after %s (want at least 3m0s)", p.PeriodSeconds, p.TimeoutSeconds, p.FailureThreshold, answered, silent)
 	}
 }
 
