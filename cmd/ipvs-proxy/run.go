@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,6 +85,7 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 	rev := buildRevision(debug.ReadBuildInfo)
 	log.Info("starting ipvs-proxy", zap.String("version", version), zap.String("revision", rev), zap.String("interface", cfg.Interface),
 		zap.String("scheduler", cfg.Scheduler.Name), zap.Int("gcPercent", gcPercent), zap.Int("gcPercentDuringLists", listPercent))
+	defer logStop(ctx, log)()
 
 	reg := prometheus.NewRegistry()
 	agent.RegisterBuildInfo(reg, version, rev)
@@ -171,6 +173,28 @@ func run(ctx context.Context, o *config.Options, warn *config.Warning, hooks ker
 		gcDuringLists(ctx, p.Listed())
 	}
 	return p.Run(ctx)
+}
+
+// logStop logs when the agent is told to stop (SIGTERM, SIGINT: ctx
+// done) and, from the func it returns, deferred to the command's end,
+// that it stopped and how long that took. A node that reported the
+// agent's container running long after kubelet killed it, its ports
+// refusing and its log silent (issue 45's soak at 2,000), left unknown
+// whether the agent ever saw the signal.
+func logStop(ctx context.Context, log *zap.Logger) func() {
+	var asked atomic.Int64
+	stopWatch := context.AfterFunc(ctx, func() {
+		asked.Store(time.Now().UnixNano())
+		log.Info("stopping: signalled")
+	})
+	return func() {
+		stopWatch()
+		if at := asked.Load(); at != 0 {
+			log.Info("stopped", zap.Duration("took", time.Since(time.Unix(0, at))))
+		} else if ctx.Err() != nil {
+			log.Info("stopped")
+		}
+	}
 }
 
 // prepareKernel sets the sysctls and IPVS timeouts run needs, creates the

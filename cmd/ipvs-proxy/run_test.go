@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestCommandsTakeConfig: run, preflight and status share the options and
@@ -65,6 +67,40 @@ func TestGCDuringLists(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); gcPercent() != defaultGCPercent; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("5 s after the lists, the percentage is %d, want %d", gcPercent(), defaultGCPercent)
+		}
+	}
+}
+
+// TestLogStop: a signal (ctx done) logs "stopping: signalled" at once and
+// the end "stopped" with its time; an end without a signal (an error)
+// logs neither.
+func TestLogStop(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := logStop(ctx, zap.New(core))
+	cancel()
+	waitFor(t, func() bool { return logs.FilterMessage("stopping: signalled").Len() == 1 })
+	done()
+	stopped := logs.FilterMessage("stopped").All()
+	if len(stopped) != 1 {
+		t.Fatalf("stopped logged %d times, want 1: %v", len(stopped), logs.All())
+	}
+	if _, ok := stopped[0].ContextMap()["took"]; !ok {
+		t.Errorf("stopped without its time: %v", stopped[0].ContextMap())
+	}
+
+	core, logs = observer.New(zap.InfoLevel)
+	logStop(context.Background(), zap.New(core))()
+	if logs.Len() != 0 {
+		t.Errorf("an end without a signal logged %v", logs.All())
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not within 5 s")
 		}
 	}
 }
