@@ -63,10 +63,11 @@ func soakPeriod(t *testing.T) time.Duration {
 
 // TestChaosSoak: on TestChaosNodes' two nodes, outside host and Services
 // (CHAOS_SIZE bulk ones, the live one), CHAOS_SOAK of churn in rounds of
-// CHAOS_SOAK_ROUND (30 s): a Deployment scaled between 1 and 3 pods, another (2 pods)
-// restarted as `kubectl rollout restart` does every other round, a batch
-// of Services created and the batch of two rounds before deleted, and a
-// batch of the bulk Services' EndpointSlices changed. The live Service
+// CHAOS_SOAK_ROUND (30 s): a Deployment scaled between 1 and 3 pods,
+// another (2 pods) restarted as `kubectl rollout restart` does every
+// other round, a batch of Services created and the batch of two rounds
+// before deleted, and a batch of the bulk Services' EndpointSlices
+// changed. The live Service
 // is never touched: the streams of TestChaosNodes (new TCP connections
 // from every kind of client) and 20 held connections use it the whole
 // time. Each agent's RSS (VmRSS of its process) is read every minute. At
